@@ -1,0 +1,3 @@
+from hyperpipe.cli import main
+
+raise SystemExit(main())

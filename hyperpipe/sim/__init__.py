@@ -1,0 +1,1 @@
+"""Clusters, cost model, plans, schedules, the SimPy simulator, search and calibration."""

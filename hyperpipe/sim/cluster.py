@@ -1,0 +1,255 @@
+"""Clusters: nodes of devices, the links inside a node and between nodes.
+
+Topology model (kept simple on purpose, see DESIGN.md "Links"):
+
+* Inside a node every device has its own port to a switch (NVSwitch or a PCIe switch),
+  one per direction, of the node's `intra_link` bandwidth. A transfer from device a to
+  device b on the same node crosses two hops: ``a:out`` then ``b:in``.
+* Between nodes every node has one NIC per direction (`nic` bandwidth, by default the
+  cluster's `inter_node` bandwidth) into a non-blocking fabric. A transfer from node x to
+  node y crosses ``x:nic-out`` then ``y:nic-in``.
+
+A path's latency is the latency of its link class, paid once; its bandwidth is that of
+its slowest hop. The simulator treats every hop as a shared resource.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from hyperpipe.errors import BadInput
+from hyperpipe.files import Fields, load_document
+from hyperpipe.sim.catalog import DeviceType, builtin_device_types
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link class: bandwidth per direction (bytes/s) and one-way latency (s)."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def time_s(self, nbytes: float) -> float:
+        """Alpha-beta time of one message of `nbytes` bytes on an idle link."""
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One direction of one physical port: the unit of bandwidth sharing."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Route:
+    """The route of a transfer: the hops it crosses, and its link class."""
+
+    hops: tuple[Hop, ...]
+    link: Link
+    link_class: str          # "local", "intra:<node>" or "inter"
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return min(h.bandwidth_bytes_per_s for h in self.hops) if self.hops else float("inf")
+
+    def time_s(self, nbytes: float) -> float:
+        """Time on idle hops: latency + bytes / slowest hop. Zero for a device to itself."""
+        if not self.hops:
+            return 0.0
+        return self.link.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    device_type: str
+    count: int
+    intra_link: Link
+    nic: Link
+    price_per_hour: float | None = None   # USD per device-hour
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str                # "NODE/INDEX"
+    node: str
+    index: int
+    type: DeviceType
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    device_types: dict[str, DeviceType]
+    nodes: tuple[Node, ...]
+    inter_node: Link
+    source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        devices = tuple(
+            Device(f"{n.name}/{i}", n.name, i, self.device_types[n.device_type])
+            for n in self.nodes for i in range(n.count))
+        object.__setattr__(self, "_devices", devices)
+        object.__setattr__(self, "_by_name", {d.name: d for d in devices})
+        object.__setattr__(self, "_node_by_name", {n.name: n for n in self.nodes})
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return self._devices  # type: ignore[attr-defined]
+
+    def device(self, name: str) -> Device:
+        try:
+            return self._by_name[name]  # type: ignore[attr-defined]
+        except KeyError:
+            raise BadInput(f"cluster {self.name}", f"a device named NODE/INDEX of this cluster "
+                           f"(e.g. {self.devices[0].name})", name) from None
+
+    def has_device(self, name: str) -> bool:
+        return name in self._by_name  # type: ignore[attr-defined]
+
+    def node(self, name: str) -> Node:
+        return self._node_by_name[name]  # type: ignore[attr-defined]
+
+    def path(self, src: str, dst: str) -> Route:
+        """The hops a transfer from device `src` to device `dst` crosses."""
+        a, b = self.device(src), self.device(dst)
+        if a.name == b.name:
+            return Route((), Link(float("inf"), 0.0), "local")
+        if a.node == b.node:
+            link = self.node(a.node).intra_link
+            return Route((Hop(f"{a.name}:out", link.bandwidth_bytes_per_s),
+                          Hop(f"{b.name}:in", link.bandwidth_bytes_per_s)),
+                         link, f"intra:{a.node}")
+        na, nb = self.node(a.node), self.node(b.node)
+        link = Link(min(na.nic.bandwidth_bytes_per_s, nb.nic.bandwidth_bytes_per_s),
+                    max(na.nic.latency_s, nb.nic.latency_s))
+        return Route((Hop(f"{a.node}:nic-out", na.nic.bandwidth_bytes_per_s),
+                      Hop(f"{b.node}:nic-in", nb.nic.bandwidth_bytes_per_s)), link, "inter")
+
+    def price_per_hour(self, device: str) -> float | None:
+        d = self.device(device)
+        node_price = self.node(d.node).price_per_hour
+        return node_price if node_price is not None else d.type.price_per_hour
+
+    def with_devices_of(self, node_counts: dict[str, int]) -> Cluster:
+        """A copy with some nodes' device counts changed (what-if studies)."""
+        nodes = tuple(replace(n, count=node_counts.get(n.name, n.count)) for n in self.nodes)
+        return replace(self, nodes=tuple(n for n in nodes if n.count > 0))
+
+
+# ---------------------------------------------------------------------------- loading
+
+_DEVICE_KEYS = ("peak_flops", "efficiency", "memory", "mem_bandwidth", "link_bandwidth",
+                "link_latency", "price_per_hour", "base", "source")
+_NODE_KEYS = ("name", "device", "count", "intra_link", "nic", "price_per_hour", "repeat")
+_LINK_KEYS = ("bandwidth", "latency")
+
+
+def builtin_cluster_names() -> list[str]:
+    folder = resources.files("hyperpipe") / "data" / "clusters"
+    return sorted(p.name.rsplit(".", 1)[0] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_cluster(ref: str | dict | Path, *, base_dir: Path | None = None) -> Cluster:
+    """A cluster from a built-in name, a YAML/JSON file path, or already-parsed data."""
+    if isinstance(ref, dict):
+        return cluster_from_dict(ref, where="cluster", name=str(ref.get("name", "inline")))
+    text = str(ref)
+    if text in builtin_cluster_names():
+        path = resources.files("hyperpipe") / "data" / "clusters" / f"{text}.yaml"
+        with resources.as_file(path) as p:
+            return cluster_from_dict(load_document(p), where=f"cluster {text}", name=text)
+    p = Path(text)
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p
+    if not p.exists():
+        raise BadInput("--cluster", f"a built-in cluster ({', '.join(builtin_cluster_names())}) "
+                       "or a YAML/JSON file", text)
+    return cluster_from_dict(load_document(p), where=str(p), name=p.stem)
+
+
+def _link(f: Fields, key: str, default: Link | None) -> Link:
+    if not f.has(key):
+        if default is None:
+            raise BadInput(f.at(key), "a link {bandwidth, latency}", has_got=False)
+        return default
+    lf = f.sub(key, _LINK_KEYS)
+    if default is None:
+        return Link(lf.quantity("bandwidth", "bandwidth"),
+                    lf.quantity("latency", "time", 0.0, positive=False))
+    bw = lf.quantity("bandwidth", "bandwidth", default.bandwidth_bytes_per_s)
+    lat = lf.quantity("latency", "time", default.latency_s, positive=False)
+    return Link(bw, lat)
+
+
+def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> DeviceType:
+    base_name = f.string("base") if f.has("base") else (name if name in catalog else None)
+    if base_name is not None and base_name not in catalog:
+        raise BadInput(f.at("base"), f"a known device type ({', '.join(sorted(catalog))})",
+                       base_name)
+    base = catalog.get(base_name) if base_name else None
+    if base is None:
+        peak = f.quantity("peak_flops", "flops")
+        mem = f.quantity("memory", "bytes")
+        base = DeviceType(name=name, peak_flops=peak, memory_bytes=mem,
+                          mem_bandwidth_bytes_per_s=1e12, source="user-defined")
+    return replace(
+        base, name=name,
+        peak_flops=f.quantity("peak_flops", "flops", base.peak_flops),
+        memory_bytes=f.quantity("memory", "bytes", base.memory_bytes),
+        mem_bandwidth_bytes_per_s=f.quantity("mem_bandwidth", "bandwidth",
+                                             base.mem_bandwidth_bytes_per_s),
+        efficiency=f.number("efficiency", base.efficiency, positive=True, at_most=1.0),
+        link_bandwidth_bytes_per_s=f.quantity("link_bandwidth", "bandwidth",
+                                              base.link_bandwidth_bytes_per_s),
+        link_latency_s=f.quantity("link_latency", "time", base.link_latency_s, positive=False),
+        price_per_hour=f.number("price_per_hour", base.price_per_hour)
+        if f.has("price_per_hour") else base.price_per_hour,
+        source=f.string("source", base.source or "user-defined"),
+    )
+
+
+def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
+    """Check and convert a parsed cluster document (units converted here, once)."""
+    top = Fields(data, where, ("name", "device_types", "nodes", "inter_node", "description"))
+    catalog = builtin_device_types()
+    if top.has("device_types"):
+        types = top.sub("device_types")
+        for type_name in types.data:
+            catalog[str(type_name)] = _device_type(
+                str(type_name), types.sub(str(type_name), _DEVICE_KEYS), catalog)
+    inter = _link(top, "inter_node", Link(12.5e9, 5e-6))  # default 100 Gbit/s, 5 us
+    nodes: list[Node] = []
+    raw_nodes = top.items("nodes")
+    if not raw_nodes:
+        raise BadInput(top.at("nodes"), "a non-empty list of nodes", raw_nodes)
+    for i, raw in enumerate(raw_nodes):
+        nf = Fields(raw, f"{where}: nodes[{i}]", _NODE_KEYS)
+        dev_name = nf.string("device")
+        if dev_name not in catalog:
+            raise BadInput(nf.at("device"), f"a known device type ({', '.join(sorted(catalog))}) "
+                           "or one defined under device_types", dev_name)
+        dtype = catalog[dev_name]
+        count = nf.positive_int("count")
+        intra = _link(nf, "intra_link", Link(dtype.link_bandwidth_bytes_per_s,
+                                             dtype.link_latency_s))
+        nic = _link(nf, "nic", inter)
+        price = nf.number("price_per_hour") if nf.has("price_per_hour") else None
+        repeat = nf.positive_int("repeat", 1)
+        base_name = nf.string("name", f"n{len(nodes)}")
+        for r in range(repeat):
+            node_name = base_name if repeat == 1 else f"{base_name}{r}"
+            if "/" in node_name or any(n.name == node_name for n in nodes):
+                raise BadInput(nf.at("name"), "a unique node name without '/'", node_name)
+            nodes.append(Node(node_name, dev_name, count, intra, nic, price))
+    used = {n.device_type for n in nodes}
+    return Cluster(name=str(top.raw("name", name)),
+                   device_types={k: v for k, v in catalog.items() if k in used},
+                   nodes=tuple(nodes), inter_node=inter, source=json.loads(json.dumps(data)))
+

@@ -1,0 +1,220 @@
+"""Plans: how a model is cut into stages, which devices run them, and how it is scheduled.
+
+A plan is plain data with a JSON round trip (format ``hyperpipe.plan/1``, see DESIGN.md):
+data-parallel replicas ("pipelines", which may differ from one another for heterogeneous
+data parallelism), each a list of stages (half-open layer range, devices, tensor-parallel
+degree), with its own micro-batch size and count. With an interleaved schedule of v
+chunks a pipeline of p devices has p·v stages, stage k on the devices of stage k mod p.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hyperpipe.errors import BadInput
+from hyperpipe.files import Fields, load_document, write_atomic
+
+PLAN_FORMAT = "hyperpipe.plan/1"
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    layers: tuple[int, int]          # half-open [start, end)
+    devices: tuple[str, ...]         # the tensor-parallel group, "NODE/INDEX" names
+    tp: int = 1
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    micro_batch: int                 # samples per micro-batch
+    num_microbatches: int
+    stages: tuple[StagePlan, ...]
+
+    @property
+    def samples(self) -> int:
+        return self.micro_batch * self.num_microbatches
+
+    def devices(self) -> list[str]:
+        """Every device of the pipeline, each once, in stage order."""
+        seen: dict[str, None] = {}
+        for s in self.stages:
+            for d in s.devices:
+                seen.setdefault(d, None)
+        return list(seen)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str | dict                # built-in name, path (relative to the plan) or inline
+    cluster: str | dict
+    global_batch: int
+    schedule: str                    # a kind from hyperpipe.sim.generators.SCHEDULE_KINDS
+    chunks: int
+    pipelines: tuple[PipelinePlan, ...]
+    base_dir: Path | None = field(default=None, compare=False)
+
+    # ------------------------------------------------------------------ shape
+    def num_devices(self, pipeline: int = 0) -> int:
+        """p: pipeline ranks of one pipeline (stages / chunks)."""
+        return len(self.pipelines[pipeline].stages) // self.chunks
+
+    @property
+    def devices(self) -> list[str]:
+        return [d for p in self.pipelines for d in p.devices()]
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "model": self.model,
+            "cluster": self.cluster,
+            "global_batch": self.global_batch,
+            "schedule": {"kind": self.schedule, "chunks": self.chunks},
+            "pipelines": [
+                {"micro_batch": p.micro_batch, "num_microbatches": p.num_microbatches,
+                 "stages": [{"layers": list(s.layers), "devices": list(s.devices), "tp": s.tp}
+                            for s in p.stages]}
+                for p in self.pipelines],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        write_atomic(path, self.to_json())
+
+    def with_pipelines(self, pipelines: list[PipelinePlan]) -> Plan:
+        return replace(self, pipelines=tuple(pipelines))
+
+    # ------------------------------------------------------------------ resolving refs
+    def load_model(self, override: Any = None):
+        """The ModelSpec this plan names (or `override`, e.g. from --model)."""
+        from hyperpipe.models import load_model
+        return load_model(self.model if override is None else override, base_dir=self.base_dir)
+
+    def load_cluster(self, override: Any = None):
+        from hyperpipe.sim.cluster import load_cluster
+        return load_cluster(self.cluster if override is None else override,
+                            base_dir=self.base_dir)
+
+    # ------------------------------------------------------------------ checks
+    def check(self, model, cluster, *, where: str = "plan") -> None:
+        """Raise BadInput unless this plan fits `model` (ModelSpec) and `cluster` (Cluster):
+        layers covered exactly once and in order, devices exist and each is used by one
+        stage (one per chunk for interleaved), batch sizes add up, known schedule kind."""
+        from hyperpipe.sim.generators import SCHEDULE_KINDS
+        if self.schedule not in SCHEDULE_KINDS:
+            raise BadInput(f"{where}: schedule.kind",
+                           f"one of {sorted(SCHEDULE_KINDS)}", self.schedule)
+        if self.chunks != 1 and self.schedule != "interleaved-1f1b":
+            raise BadInput(f"{where}: schedule.chunks",
+                           f"1 for schedule {self.schedule!r} (only interleaved-1f1b takes "
+                           "chunks)", self.chunks)
+        total = sum(p.samples for p in self.pipelines)
+        if total != self.global_batch:
+            raise BadInput(f"{where}: global_batch", "the sum over pipelines of micro_batch x "
+                           f"num_microbatches ({total})", self.global_batch)
+        owner: dict[str, str] = {}
+        for i, pipe in enumerate(self.pipelines):
+            pw = f"{where}: pipelines[{i}]"
+            if len(pipe.stages) % self.chunks:
+                raise BadInput(f"{pw}.stages", f"a multiple of chunks={self.chunks} stages",
+                               len(pipe.stages))
+            p = len(pipe.stages) // self.chunks
+            pos = 0
+            for k, st in enumerate(pipe.stages):
+                sw = f"{pw}.stages[{k}]"
+                a, b = st.layers
+                if a != pos:
+                    what = "overlapping" if a < pos else "missing"
+                    raise BadInput(f"{sw}.layers", f"to start at layer {pos} ({what} layers "
+                                   f"{min(a, pos)}..{max(a, pos)})", list(st.layers))
+                if b <= a:
+                    raise BadInput(f"{sw}.layers", "a non-empty half-open range [start, end)",
+                                   list(st.layers))
+                pos = b
+                if len(st.devices) != st.tp:
+                    raise BadInput(f"{sw}.devices", f"tp={st.tp} devices", list(st.devices))
+                for d in st.devices:
+                    if not cluster.has_device(d):
+                        raise BadInput(f"{sw}.devices", f"devices of cluster {cluster.name!r} "
+                                       f"named NODE/INDEX (e.g. {cluster.devices[0].name})", d)
+                home = pipe.stages[k % p]
+                if k >= p and st.devices != home.devices:
+                    raise BadInput(f"{sw}.devices", f"the devices of stage {k % p} (looped "
+                                   f"placement of chunks)", list(st.devices))
+                if k < p:
+                    for d in st.devices:
+                        if d in owner:
+                            raise BadInput(f"{sw}.devices", "each device in one stage only "
+                                           f"(also used by {owner[d]})", d)
+                        owner[d] = sw
+                if len({cluster.device(d).type.name for d in st.devices}) > 1:
+                    raise BadInput(f"{sw}.devices", "one device type inside a tensor-parallel "
+                                   "group", list(st.devices))
+            if pos != model.num_layers:
+                raise BadInput(f"{pw}.stages", f"layers covering 0..{model.num_layers} of model "
+                               f"{model.name!r}", f"coverage ending at {pos}")
+
+
+_TOP_KEYS = ("format", "model", "cluster", "global_batch", "schedule", "pipelines", "notes")
+
+
+def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = None) -> Plan:
+    """Check the shape of a plan document (not yet against its model and cluster)."""
+    top = Fields(data, where, _TOP_KEYS)
+    fmt = top.raw("format", None)
+    if fmt != PLAN_FORMAT:
+        raise BadInput(top.at("format"), f"{PLAN_FORMAT!r}", fmt)
+    model = top.raw("model")
+    cluster = top.raw("cluster")
+    for key, value in (("model", model), ("cluster", cluster)):
+        if not isinstance(value, (str, dict)) or not value:
+            raise BadInput(top.at(key), "a built-in name, a file path or an inline mapping",
+                           value)
+    sched = top.raw("schedule")
+    if isinstance(sched, str):
+        kind, chunks = sched, 1
+    else:
+        sf = Fields(sched, top.at("schedule"), ("kind", "chunks"))
+        kind, chunks = sf.string("kind"), sf.positive_int("chunks", 1)
+    pipelines = []
+    raw_pipes = top.items("pipelines")
+    if not raw_pipes:
+        raise BadInput(top.at("pipelines"), "at least one pipeline", raw_pipes)
+    for i, raw in enumerate(raw_pipes):
+        pf = Fields(raw, f"{where}: pipelines[{i}]", ("micro_batch", "num_microbatches",
+                                                       "stages"))
+        stages = []
+        raw_stages = pf.items("stages")
+        if not raw_stages:
+            raise BadInput(pf.at("stages"), "at least one stage", raw_stages)
+        for k, rs in enumerate(raw_stages):
+            sf = Fields(rs, f"{pf.where}.stages[{k}]", ("layers", "devices", "tp"))
+            layers = sf.items("layers")
+            if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                           and x >= 0 for x in layers):
+                raise BadInput(sf.at("layers"), "[start, end] with non-negative integers",
+                               layers)
+            devices = sf.items("devices")
+            if not devices or not all(isinstance(d, str) for d in devices):
+                raise BadInput(sf.at("devices"), "a non-empty list of device names "
+                               "(NODE/INDEX)", devices)
+            tp = sf.positive_int("tp", len(devices))
+            stages.append(StagePlan((layers[0], layers[1]), tuple(devices), tp))
+        pipelines.append(PipelinePlan(pf.positive_int("micro_batch"),
+                                      pf.positive_int("num_microbatches"), tuple(stages)))
+    return Plan(model=model, cluster=cluster, global_batch=top.positive_int("global_batch"),
+                schedule=kind, chunks=chunks, pipelines=tuple(pipelines), base_dir=base_dir)
+
+
+def load_plan(path: str | Path) -> Plan:
+    p = Path(path)
+    return plan_from_dict(load_document(p), where=str(p), base_dir=p.resolve().parent)

@@ -1,0 +1,109 @@
+"""Calibration profiles: measured numbers that replace the analytic cost model's.
+
+A profile is plain data with a JSON round trip. Compute entries are keyed by
+``"DEVICE_TYPE|LAYER_KIND|OP"`` and give time = a_s + b_s_per_unit · FLOPs of that op
+for one micro-batch; link entries are keyed by link class (``"inter"``,
+``"intra:NODE"``, ``"local"`` or ``"*"`` for every class) and give an alpha-beta link;
+optimizer entries are keyed by device type, with x = parameters held.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hyperpipe.errors import BadInput
+from hyperpipe.files import Fields, load_document, write_atomic
+from hyperpipe.sim.cluster import Link
+
+PROFILE_FORMAT = "hyperpipe.profile/1"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """time_s = a_s + b_s_per_unit * x, from a least-squares fit."""
+
+    a_s: float
+    b_s_per_unit: float
+    samples: int = 0
+    rel_rmse: float = 0.0          # root-mean-square residual / mean time, of the fit
+
+    def __call__(self, x: float) -> float:
+        return max(0.0, self.a_s + self.b_s_per_unit * x)
+
+
+@dataclass(frozen=True)
+class Profile:
+    compute: dict[str, Fit] = field(default_factory=dict)
+    links: dict[str, Link] = field(default_factory=dict)
+    optimizer: dict[str, Fit] = field(default_factory=dict)
+    allreduce: dict[str, Fit] = field(default_factory=dict)   # key "*" or link class; x=bytes
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def emulated(self) -> bool:
+        return bool(self.provenance.get("emulated", False))
+
+    @staticmethod
+    def key(device_type: str, layer_kind: str, op: str) -> str:
+        return f"{device_type}|{layer_kind}|{op}"
+
+    def link(self, link_class: str) -> Link | None:
+        return self.links.get(link_class) or self.links.get("*")
+
+    def to_dict(self) -> dict[str, Any]:
+        fit = lambda f: {"a_s": f.a_s, "b_s_per_unit": f.b_s_per_unit,  # noqa: E731
+                         "samples": f.samples, "rel_rmse": f.rel_rmse}
+        return {
+            "format": PROFILE_FORMAT,
+            "provenance": self.provenance,
+            "compute": {k: fit(v) for k, v in sorted(self.compute.items())},
+            "links": {k: {"bandwidth_bytes_per_s": v.bandwidth_bytes_per_s,
+                          "latency_s": v.latency_s} for k, v in sorted(self.links.items())},
+            "optimizer": {k: fit(v) for k, v in sorted(self.optimizer.items())},
+            "allreduce": {k: fit(v) for k, v in sorted(self.allreduce.items())},
+        }
+
+    def save(self, path: str | Path) -> None:
+        write_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def _fit(data: Any, where: str) -> Fit:
+    f = Fields(data, where, ("a_s", "b_s_per_unit", "samples", "rel_rmse"))
+    a = f.raw("a_s")
+    b = f.raw("b_s_per_unit")
+    for key, v in (("a_s", a), ("b_s_per_unit", b)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise BadInput(f.at(key), "a number", v)
+    return Fit(float(a), float(b), int(f.number("samples", 0)), f.number("rel_rmse", 0.0))
+
+
+def profile_from_dict(data: Any, *, where: str) -> Profile:
+    top = Fields(data, where, ("format", "provenance", "compute", "links", "optimizer",
+                               "allreduce"))
+    if top.raw("format", None) != PROFILE_FORMAT:
+        raise BadInput(top.at("format"), repr(PROFILE_FORMAT), top.raw("format", None))
+    compute = {str(k): _fit(v, f"{where}: compute.{k}")
+               for k, v in Fields(top.raw("compute", {}), top.at("compute")).data.items()}
+    for k in compute:
+        if k.count("|") != 2:
+            raise BadInput(f"{where}: compute.{k}", "a key DEVICE_TYPE|LAYER_KIND|OP", k)
+    links = {}
+    for k, v in Fields(top.raw("links", {}), top.at("links")).data.items():
+        lf = Fields(v, f"{where}: links.{k}", ("bandwidth_bytes_per_s", "latency_s"))
+        links[str(k)] = Link(lf.number("bandwidth_bytes_per_s", positive=True),
+                             lf.number("latency_s"))
+    opt = {str(k): _fit(v, f"{where}: optimizer.{k}")
+           for k, v in Fields(top.raw("optimizer", {}), top.at("optimizer")).data.items()}
+    ar = {str(k): _fit(v, f"{where}: allreduce.{k}")
+          for k, v in Fields(top.raw("allreduce", {}), top.at("allreduce")).data.items()}
+    prov = top.raw("provenance", {})
+    if not isinstance(prov, dict):
+        raise BadInput(top.at("provenance"), "a mapping", prov)
+    return Profile(compute, links, opt, ar, prov)
+
+
+def load_profile(path: str | Path) -> Profile:
+    return profile_from_dict(load_document(path), where=str(path))
