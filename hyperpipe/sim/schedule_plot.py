@@ -1,0 +1,98 @@
+"""Draw a schedule as a PNG: one row per rank, one box per action, in unit time.
+
+Times here are illustrative, not simulated: F, I and W take one unit and B two (a full
+backward is I + W), each action starting once its rank is free and its dependencies (from
+`dependencies`) are done, with free links. The SimPy simulator gives real times.
+Uses matplotlib's Agg canvas directly, so no pyplot state or display is touched.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hyperpipe.sim.schedule import Action, Schedule, ScheduleError, dependencies
+
+_UNITS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+_COLORS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868"}
+
+
+def unit_times(schedule: Schedule) -> dict[Action, tuple[float, float]]:
+    """(start, end) of each action in units (F = I = W = 1, B = 2), free links.
+
+    Raises ScheduleError if the ranks cannot all finish (call `validate` for the reason).
+    """
+    deps = dependencies(schedule)
+    times: dict[Action, tuple[float, float]] = {}
+    free = [0.0] * schedule.num_devices
+    cursor = [0] * schedule.num_devices
+    moved = True
+    while moved:
+        moved = False
+        for d, row in enumerate(schedule.actions):
+            while cursor[d] < len(row) and all(x in times for x in deps[row[cursor[d]]]):
+                a = row[cursor[d]]
+                start = max([free[d], *(times[x][1] for x in deps[a])])
+                times[a] = (start, start + _UNITS[a.op])
+                free[d] = start + _UNITS[a.op]
+                cursor[d] += 1
+                moved = True
+    if len(times) != sum(len(row) for row in schedule.actions):
+        raise ScheduleError(
+            f"{schedule.kind} schedule", "a schedule that can finish", None, has_got=False
+        )
+    return times
+
+
+def draw_schedule(schedule: Schedule, path: str | os.PathLike, *, title: str | None = None) -> None:
+    """Write a PNG timeline of `schedule` to `path` (rank 0 on top, time in units)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    times = unit_times(schedule)
+    makespan = max((end for _, end in times.values()), default=1.0)
+    p = schedule.num_devices
+    fig = Figure(figsize=(min(4 + makespan * 0.12, 40), 1 + 0.5 * p), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    label = makespan <= 200  # micro-batch numbers stay legible only on small schedules
+    for a, (start, end) in times.items():
+        d = schedule.device_of(a.stage)
+        # Later chunks of an interleaved schedule are drawn paler.
+        alpha = 1.0 - 0.5 * (a.stage // p) / max(schedule.chunks - 1, 1)
+        ax.broken_barh(
+            [(start, end - start)],
+            (d - 0.4, 0.8),
+            facecolors=_COLORS[a.op],
+            edgecolor="black",
+            linewidth=0.3,
+            alpha=alpha,
+        )
+        if label:
+            ax.text(
+                (start + end) / 2,
+                d,
+                str(a.microbatch),
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white",
+            )
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_xlim(0, makespan)
+    ax.set_yticks(range(p), [f"rank {d}" for d in range(p)])
+    ax.set_xlabel("time (units: F = I = W = 1, B = 2)")
+    ax.set_title(
+        title
+        or f"{schedule.kind}: p={p}, v={schedule.chunks}, "
+        f"m={schedule.num_microbatches}, makespan {makespan:g}"
+    )
+    ops = sorted({a.op for a in times}, key="FBIW".index)
+    ax.legend(
+        handles=[Patch(color=_COLORS[op], label=op) for op in ops],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7,
+    )
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), format="png")
