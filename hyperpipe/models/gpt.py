@@ -1,0 +1,275 @@
+"""Torch modules built from a ModelSpec, one nn.Module per spec layer (nanoGPT style).
+
+Shapes: B micro-batch, S sequence, D d_model, V vocabulary.
+
+* embedding: token ids (B, S) long -> (B, S, D)
+* block:     (B, S, D) -> (B, S, D)
+* head:      (x (B, S, D), targets (B, S) long) -> mean cross-entropy over B·S tokens
+             (without targets: fp32 logits (B, S, V))
+* synthetic: (B, S, hidden) -> (B, S, hidden); the model's last one, given targets of the
+             same shape, returns the mean squared error instead
+
+Weights are a pure function of (seed, layer index): each layer is built on the meta device
+and then filled from its own torch.Generator, so a stage [start, end) built alone holds
+exactly the weights of the same layers of the whole model, and the global RNG is not
+touched. Modules are fp32 on the CPU; under ``with torch.device("meta")`` they stay on
+the meta device without values (for counting parameters of big models).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyperpipe.errors import BadInput
+from hyperpipe.models.spec import GPTConfig, ModelSpec, SyntheticLayer
+
+INIT_STD = 0.02          # GPT-2's initialiser (Radford et al. 2019; nanoGPT)
+NORM_EPS = 1e-5          # GPT-2's layer_norm_epsilon and Llama 2's rms_norm_eps
+_SEED_STRIDE = 2**20     # (seed, index) -> seed·2²⁰ + index is unique for index < 2²⁰
+
+
+def _norm(c: GPTConfig) -> nn.Module:
+    if c.norm == "rmsnorm":
+        return nn.RMSNorm(c.d_model, eps=NORM_EPS)
+    return nn.LayerNorm(c.d_model, eps=NORM_EPS, bias=c.bias)
+
+
+class Embedding(nn.Module):
+    takes_targets = False
+
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.seq_len = c.seq_len
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)
+        self.wpe = nn.Embedding(c.seq_len, c.d_model) if c.position == "learned" else None
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        s = idx.shape[1]
+        if s > self.seq_len:
+            raise ValueError(f"sequence of {s} tokens, the model's limit is {self.seq_len}")
+        x = self.wte(idx)                                            # (B, S, D)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(s, device=idx.device))     # + (S, D)
+        return self.drop(x)
+
+
+def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021), rotate-half form as in Llama's HF code.
+    x: (B, H, S, hd). Elementwise only: no matmul FLOPs to count."""
+    hd, s = x.shape[-1], x.shape[-2]
+    inv_freq = theta ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
+    angles = torch.arange(s, device=x.device, dtype=torch.float32)[:, None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)                    # (S, hd)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x * angles.cos() + rotated * angles.sin()).to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = c.n_head, c.n_kv_head, c.head_dim
+        self.kv_dim = c.kv_dim
+        self.rope_theta = c.rope_theta if c.position == "rope" else None
+        self.dropout = c.dropout
+        self.c_attn = nn.Linear(c.d_model, c.d_model + 2 * c.kv_dim, bias=c.bias)  # Q, K, V
+        self.c_proj = nn.Linear(c.d_model, c.d_model, bias=c.bias)
+        self.attn_drop = nn.Dropout(c.dropout)
+        self.resid_drop = nn.Dropout(c.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, D = x.shape
+        q, k, v = self.c_attn(x).split([D, self.kv_dim, self.kv_dim], dim=2)
+        q = q.view(B, S, self.n_head, self.head_dim).transpose(1, 2)      # (B, nh, S, hd)
+        k = k.view(B, S, self.n_kv_head, self.head_dim).transpose(1, 2)   # (B, nkv, S, hd)
+        v = v.view(B, S, self.n_kv_head, self.head_dim).transpose(1, 2)   # (B, nkv, S, hd)
+        if self.rope_theta is not None:
+            q, k = _rope(q, self.rope_theta), _rope(k, self.rope_theta)
+        if self.n_kv_head != self.n_head:       # GQA: each K/V head serves a group of Qs
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, S, hd)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        if x.is_cuda:   # fused kernel; the same FLOPs as below
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        else:           # explicit, so that torch's FlopCounterMode sees the two matmuls
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B,nh,S,S)
+            causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
+            att = self.attn_drop(att.masked_fill(~causal, float("-inf")).softmax(dim=-1))
+            y = att @ v                                                   # (B, nh, S, hd)
+        y = y.transpose(1, 2).contiguous().view(B, S, D)
+        return self.resid_drop(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.swiglu = c.mlp == "swiglu"
+        self.c_fc = nn.Linear(c.d_model, c.ffn_hidden, bias=c.bias)      # up
+        # SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))
+        self.c_gate = nn.Linear(c.d_model, c.ffn_hidden, bias=c.bias) if self.swiglu else None
+        self.c_proj = nn.Linear(c.ffn_hidden, c.d_model, bias=c.bias)    # down
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.c_gate is not None:
+            h = F.silu(self.c_gate(x)) * self.c_fc(x)                    # (B, S, F)
+        else:
+            h = F.gelu(self.c_fc(x))                                     # (B, S, F)
+        return self.drop(self.c_proj(h))                                 # (B, S, D)
+
+
+class Block(nn.Module):
+    takes_targets = False
+
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.ln_1 = _norm(c)
+        self.attn = CausalSelfAttention(c)
+        self.ln_2 = _norm(c)
+        self.mlp = MLP(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Head(nn.Module):
+    takes_targets = True
+
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.ln_f = _norm(c)
+        # Untied from the embedding: pipeline stages must not share weights, and the two
+        # usually live on different devices (GPT-2 ties them; we count both).
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.lm_head(self.ln_f(x)).float()                      # (B, S, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+class Synthetic(nn.Module):
+    """Linear(hidden, hidden) + tanh; the model's last one returns an MSE loss."""
+
+    def __init__(self, hidden: int, last: bool):
+        super().__init__()
+        self.takes_targets = last
+        self.fc = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        y = torch.tanh(self.fc(x))                                       # (B, S, hidden)
+        if self.takes_targets and targets is not None:
+            return F.mse_loss(y, targets)
+        return y
+
+
+class StageModule(nn.Module):
+    """Layers [start, end) of a model. Parameter names carry the global layer index
+    (``layers.5.attn.c_attn.weight``), so a stage's state dict is a slice of the model's."""
+
+    def __init__(self, layers: dict[int, nn.Module], start: int, end: int):
+        super().__init__()
+        self.start, self.end = start, end
+        self.layers = nn.ModuleDict({str(i): m for i, m in layers.items()})
+
+    @property
+    def has_head(self) -> bool:
+        """True if the stage ends with the loss (it wants targets)."""
+        return bool(getattr(list(self.layers.values())[-1], "takes_targets", False))
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x, targets) if layer.takes_targets else layer(x)
+        return x
+
+
+def _make(spec: ModelSpec, index: int) -> nn.Module:
+    layer = spec.layers[index]
+    if isinstance(layer, SyntheticLayer):
+        if layer.hidden is None:
+            raise BadInput(f"model {spec.name}: layers[{index}].hidden",
+                           "a width (needed to build a synthetic model for real)",
+                           has_got=False)
+        return Synthetic(layer.hidden, last=index == spec.num_layers - 1)
+    return {"embedding": Embedding, "block": Block, "head": Head}[layer.kind](layer.config)
+
+
+@torch.no_grad()
+def _init(module: nn.Module, gen: torch.Generator, n_layer: int) -> None:
+    """GPT-2's scheme (nanoGPT): N(0, 0.02) weights, residual projections scaled by
+    1/sqrt(2·n_layer) (Radford et al. 2019, sec. 2.3), zero biases, unit norm gains.
+    Synthetic layers use N(0, 1/hidden) so tanh neither saturates nor vanishes."""
+    for name, m in module.named_modules():
+        if isinstance(m, nn.Linear):
+            if isinstance(module, Synthetic):
+                std = 1.0 / math.sqrt(m.in_features)
+            elif name.endswith("c_proj"):
+                std = INIT_STD / math.sqrt(2 * n_layer)
+            else:
+                std = INIT_STD
+            m.weight.normal_(0.0, std, generator=gen)
+            if m.bias is not None:
+                m.bias.zero_()
+        elif isinstance(m, nn.Embedding):
+            m.weight.normal_(0.0, INIT_STD, generator=gen)
+        elif isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
+            m.weight.fill_(1.0)
+            if getattr(m, "bias", None) is not None:
+                m.bias.zero_()
+
+
+def build_layer(spec: ModelSpec, index: int, seed: int) -> nn.Module:
+    """The module of layer `index`, its weights a function of (seed, index) only."""
+    if not 0 <= index < spec.num_layers:
+        raise IndexError(f"layer {index} of a {spec.num_layers}-layer model")
+    on_meta = torch.get_default_device().type == "meta"
+    with torch.device("meta"):           # no wasted default init, no global RNG use
+        module = _make(spec, index).to(torch.float32)
+    if on_meta:
+        return module
+    module = module.to_empty(device="cpu")
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed((seed * _SEED_STRIDE + index) % 2**63)
+    n_layer = spec.config.n_layer if spec.config is not None else spec.num_layers
+    _init(module, gen, n_layer)
+    return module
+
+
+def build_stage(spec: ModelSpec, start: int, end: int, seed: int) -> StageModule:
+    """Layers [start, end) of `spec` as one module."""
+    if not 0 <= start < end <= spec.num_layers:
+        raise ValueError(f"layer range [{start}, {end}) of a {spec.num_layers}-layer model")
+    return StageModule({i: build_layer(spec, i, seed) for i in range(start, end)}, start, end)
+
+
+def build_model(spec: ModelSpec, seed: int) -> StageModule:
+    """The whole model: build_stage(spec, 0, spec.num_layers, seed)."""
+    return build_stage(spec, 0, spec.num_layers, seed)
+
+
+def example_batch(spec: ModelSpec, micro_batch: int, seed: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A deterministic random (inputs, targets) pair that the model's first and last
+    layers accept: token ids (B, S) and next tokens (B, S) for a GPT; (B, S, hidden)
+    floats for a synthetic model."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed % 2**63)
+    b, s = micro_batch, spec.seq_len
+    if spec.config is not None:
+        tokens = torch.randint(0, spec.config.vocab_size, (b, s + 1), generator=gen)
+        return tokens[:, :-1], tokens[:, 1:]
+    first, last = spec.layers[0], spec.layers[-1]
+    for i, layer in ((0, first), (spec.num_layers - 1, last)):
+        if layer.hidden is None:
+            raise BadInput(f"model {spec.name}: layers[{i}].hidden",
+                           "a width (needed to build a synthetic model for real)",
+                           has_got=False)
+    return (torch.randn(b, s, first.hidden, generator=gen),
+            torch.randn(b, s, last.hidden, generator=gen).tanh())

@@ -1,0 +1,548 @@
+"""Layer-level model specs: what each layer costs, from its shapes, with sources.
+
+A model is an ordered tuple of small frozen layer specs (embedding, N transformer blocks,
+head; or synthetic layers). Each layer answers `cost(micro_batch, seq_len, dtype_bytes)`
+with a `LayerCost` for one micro-batch: FLOPs of the forward, the input-gradient (I) and
+the weight-gradient (W) backward, bytes sent to the next layer, bytes stashed until the
+backward, and bytes moved through device memory. The torch modules built from the same
+spec live in `hyperpipe.models.gpt`.
+
+>>> spec = load_model("gpt2-small")
+>>> spec.num_layers, spec.params
+(14, 163037184)
+>>> spec.layer_cost(1, micro_batch=8).fwd_flops / 1e12    # one block, 8 x 1024 tokens
+0.141733920768
+
+FLOPs count multiply-adds as 2 and only the matrix multiplications (elementwise work is
+memory-bound; `mem_bytes` covers it). Backward names follow torch.distributed.pipelining:
+`I` is the input-gradient pass (the zero-bubble paper, Qi et al. 2023, calls it "B"), `W`
+the weight-gradient pass.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hyperpipe.errors import BadInput
+from hyperpipe.files import Fields, check_int, load_document, resolve_ref
+
+DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+MLP_KINDS = ("gelu", "swiglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+POSITION_KINDS = ("learned", "rope")
+
+TOKEN_ID_BYTES = 8  # token ids are int64 (torch.long), the index type nn.Embedding takes
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Costs of one layer for ONE micro-batch of `micro_batch` samples (FLOPs and bytes)."""
+
+    fwd_flops: float    # forward FLOPs
+    i_flops: float      # input-gradient backward FLOPs ("I"; the zero-bubble paper's "B")
+    w_flops: float      # weight-gradient backward FLOPs ("W")
+    send_bytes: float   # activation bytes sent to the next layer/stage (0 for the head)
+    stash_bytes: float  # bytes kept from forward until backward
+    mem_bytes: float    # bytes moved through device memory by the forward (roofline)
+
+
+# --------------------------------------------------------------------------- config
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """A GPT-style decoder (GPT-2/3 and Llama are all points in this space)."""
+
+    vocab_size: int
+    n_layer: int                    # transformer blocks (the spec adds embedding and head)
+    n_head: int
+    d_model: int
+    seq_len: int                    # tokens per sample; also the learned position table size
+    ffn_hidden: int | None = None   # None -> 4 * d_model (GPT-2/3)
+    n_kv_head: int | None = None    # None -> n_head (no grouped-query attention)
+    mlp: str = "gelu"               # "gelu" (GPT) or "swiglu" (Llama: gate, up, down)
+    norm: str = "layernorm"         # "layernorm" (GPT) or "rmsnorm" (Llama)
+    position: str = "learned"       # "learned" table (GPT) or "rope" (Llama)
+    dropout: float = 0.0            # 0.0: pretraining at scale uses none (nanoGPT's default)
+    bias: bool = True               # biases in linears and layernorms (GPT: yes, Llama: no)
+    rope_theta: float = 10000.0     # RoPE base (Su et al. 2021); Llama 3 uses 500000
+
+    def __post_init__(self):
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.d_model)
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        check_config(asdict(self), lambda key: f"GPTConfig: {key}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): d_model * n_kv_head / n_head."""
+        return self.head_dim * self.n_kv_head
+
+
+def check_config(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
+    """Raise BadInput (naming the field through `at`) unless `v` is a valid GPT config."""
+    for key in ("vocab_size", "n_layer", "n_head", "d_model", "seq_len", "ffn_hidden",
+                "n_kv_head"):
+        check_int(v[key], at(key))
+    for key, options in (("mlp", MLP_KINDS), ("norm", NORM_KINDS),
+                         ("position", POSITION_KINDS)):
+        if v[key] not in options:
+            raise BadInput(at(key), f"one of {list(options)}", v[key])
+    dropout = v["dropout"]
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+            or not 0 <= dropout < 1:
+        raise BadInput(at("dropout"), "a number in [0, 1)", dropout)
+    if not isinstance(v["bias"], bool):
+        raise BadInput(at("bias"), "true or false", v["bias"])
+    theta = v["rope_theta"]
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0 \
+            or theta == float("inf"):
+        raise BadInput(at("rope_theta"), "a positive number", theta)
+    if v["d_model"] % v["n_head"]:
+        raise BadInput(at("n_head"), f"a divisor of d_model ({v['d_model']})", v["n_head"])
+    if v["n_head"] % v["n_kv_head"]:
+        raise BadInput(at("n_kv_head"), f"a divisor of n_head ({v['n_head']})",
+                       v["n_kv_head"])
+    if v["position"] == "rope" and (v["d_model"] // v["n_head"]) % 2:
+        raise BadInput(at("d_model"), "an even head size d_model / n_head with rope",
+                       f"{v['d_model']} / {v['n_head']}")
+
+
+# --------------------------------------------------------------------------- layers
+
+@dataclass(frozen=True)
+class EmbeddingLayer:
+    """Token embedding (plus the learned position table, if any): (B, S) ids -> (B, S, D).
+
+    No matrix multiplication: a row lookup, memory-bound. FLOPs counted: none forward, no
+    input gradient (token ids have none), and b·s·h adds per table for the gradient
+    scatter (W).
+    """
+
+    config: GPTConfig
+    kind: ClassVar[str] = "embedding"
+
+    @property
+    def params(self) -> int:
+        c = self.config
+        return c.vocab_size * c.d_model + (c.seq_len * c.d_model if _learned(c) else 0)
+
+    def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
+        c = self.config
+        b, s, h, d = micro_batch, seq_len, c.d_model, dtype_bytes
+        tables = 2 if _learned(c) else 1
+        out_bytes = b * s * h * d                       # (B, S, D) activations written
+        ids_bytes = b * s * TOKEN_ID_BYTES              # kept for the backward scatter
+        rows_bytes = b * s * h * d + (s * h * d if _learned(c) else 0)
+        stash = ids_bytes + (b * s * h if c.dropout > 0 else 0)   # + 1-byte dropout mask
+        return LayerCost(
+            fwd_flops=0.0, i_flops=0.0, w_flops=float(tables * b * s * h),
+            send_bytes=float(out_bytes), stash_bytes=float(stash),
+            mem_bytes=float(ids_bytes + rows_bytes + out_bytes))
+
+
+@dataclass(frozen=True)
+class TransformerBlock:
+    """One pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(x)).
+
+    With b micro-batch, s sequence, h d_model, f ffn_hidden, a heads, h_kv the K/V width
+    (h · n_kv_head / n_head), forward FLOPs (2 per multiply-add, matmuls only):
+
+    * QKV projection 2bsh(h + 2h_kv); scores QKᵀ 2bs²h and weighted sum AV 2bs²h, counted
+      over the full s x s square (causal kernels may skip half; the papers and torch's
+      FLOP counter count it all); output projection 2bsh²; MLP 2bshf · (2 for GELU:
+      up and down; 3 for SwiGLU: gate, up and down).
+    * For f = 4h and no GQA this is 24bsh² + 4bs²h, Narayanan et al. 2021 ("Efficient
+      Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", sec. 5.1,
+      per-layer term of the FLOPs formula).
+    * Backward: every weight matmul Y = XW costs its forward again for dX (I) and again for
+      dW (W). The two s² matmuls have no weights: both their operands are activations, so
+      all of their backward (2 x forward) is input gradient. Hence
+      I = matmul + 2 · attention-s², W = matmul, and I + W = 2 · forward.
+
+    Stash (bytes kept for the backward), Korthikanti et al. 2022 ("Reducing Activation
+    Recomputation in Large Transformer Models", sec. 4.1), who get sbh(34 + 5as/h) at 16
+    bits with dropout. Generalised to d bytes per element, GQA, any f and SwiGLU, with the
+    1-byte dropout masks (and the dropped-out copy of the probabilities) only when
+    dropout > 0:
+
+    * attention: QKV input sbh·d, Q sbh·d, K and V 2·sb·h_kv·d (5sbh·d without GQA, their
+      11sbh at d = 2 less the 1-byte mask), output-projection input sbh·d; softmax output
+      as²b·d; with dropout also its mask as²b and dropout output as²b·d (their 5as²b) and
+      the residual dropout mask sbh.
+    * MLP: input sbh·d; GELU input and output 2·sbf·d (their 16sbh at f = 4h, d = 2);
+      SwiGLU gate, up, silu(gate) and their product 4·sbf·d; with dropout a mask sbh.
+    * two norms: their inputs 2·sbh·d (per-token mean and rstd are negligible).
+
+    send bytes: the (B, S, D) output, b·s·h·d. mem_bytes (a lower bound for the roofline):
+    weights read once, stashed tensors and the output written once.
+    """
+
+    config: GPTConfig
+    kind: ClassVar[str] = "block"
+
+    @property
+    def params(self) -> int:
+        c = self.config
+        h, f, kv = c.d_model, c.ffn_hidden, c.kv_dim
+        n_in = 2 if c.mlp == "swiglu" else 1                  # gate and up, or just up
+        weights = h * (h + 2 * kv) + h * h + n_in * h * f + f * h
+        biases = (h + 2 * kv) + h + n_in * f + h if c.bias else 0
+        return weights + biases + 2 * _norm_params(c)
+
+    def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
+        c = self.config
+        b, s, h, f, a, d = micro_batch, seq_len, c.d_model, c.ffn_hidden, c.n_head, dtype_bytes
+        kv = c.kv_dim
+        swiglu = c.mlp == "swiglu"
+        # forward FLOPs
+        qkv = 2 * b * s * h * (h + 2 * kv)
+        attn_s2 = 4 * b * s * s * h             # QKᵀ and AV; no weights
+        out_proj = 2 * b * s * h * h
+        mlp = 2 * b * s * h * f * (3 if swiglu else 2)
+        matmul = qkv + out_proj + mlp
+        # stash bytes
+        tokens = b * s
+        attn = tokens * (3 * h + 2 * kv) * d + a * s * s * b * d
+        ffn = tokens * h * d + (4 if swiglu else 2) * tokens * f * d
+        norms = 2 * tokens * h * d
+        if c.dropout > 0:
+            attn += a * s * s * b * (1 + d) + tokens * h   # probs mask and output, resid mask
+            ffn += tokens * h                               # residual dropout mask
+        stash = attn + ffn + norms
+        out = tokens * h * d
+        return LayerCost(
+            fwd_flops=float(matmul + attn_s2), i_flops=float(matmul + 2 * attn_s2),
+            w_flops=float(matmul), send_bytes=float(out), stash_bytes=float(stash),
+            mem_bytes=float(self.params * d + stash + out))
+
+
+@dataclass(frozen=True)
+class HeadLayer:
+    """Final norm, LM head (D -> V, no bias) and cross-entropy: (B, S, D) -> scalar loss.
+
+    FLOPs: the LM head 2bshV forward, the same again for I and for W (a weight matmul).
+    Stash: norm input and output 2·bsh·d, and the fp32 logits b·s·V·4 that cross-entropy
+    keeps (its softmax). Untied from the embedding (see `hyperpipe.models.gpt`), so it
+    counts its own V·h parameters. Sends nothing: the loss ends the forward.
+    """
+
+    config: GPTConfig
+    kind: ClassVar[str] = "head"
+
+    @property
+    def params(self) -> int:
+        c = self.config
+        return c.vocab_size * c.d_model + _norm_params(c)
+
+    def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
+        c = self.config
+        b, s, h, v, d = micro_batch, seq_len, c.d_model, c.vocab_size, dtype_bytes
+        lm = 2 * b * s * h * v
+        stash = 2 * b * s * h * d + b * s * v * 4
+        return LayerCost(
+            fwd_flops=float(lm), i_flops=float(lm), w_flops=float(lm), send_bytes=0.0,
+            stash_bytes=float(stash), mem_bytes=float(self.params * d + stash))
+
+
+@dataclass(frozen=True)
+class SyntheticLayer:
+    """A layer given by its costs per sample, for what-if and test work (DESIGN.md).
+
+    All `*_per_sample` values already include the sequence and the dtype, so `cost` only
+    multiplies by the micro-batch. `hidden` (optional) is the width of the small module
+    (Linear(hidden, hidden) + tanh) built when a synthetic model is run for real.
+    """
+
+    fwd_flops_per_sample: float
+    i_flops_per_sample: float
+    w_flops_per_sample: float
+    activation_bytes_per_sample: float
+    stash_bytes_per_sample: float
+    params: int = 0
+    hidden: int | None = None
+    kind: ClassVar[str] = "synthetic"
+
+    def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
+        b = micro_batch
+        send = b * self.activation_bytes_per_sample
+        return LayerCost(
+            fwd_flops=b * self.fwd_flops_per_sample, i_flops=b * self.i_flops_per_sample,
+            w_flops=b * self.w_flops_per_sample, send_bytes=float(send),
+            stash_bytes=b * self.stash_bytes_per_sample,
+            mem_bytes=float(self.params * dtype_bytes + send))
+
+
+Layer = EmbeddingLayer | TransformerBlock | HeadLayer | SyntheticLayer
+
+
+def _learned(c: GPTConfig) -> bool:
+    return c.position == "learned"
+
+
+def _norm_params(c: GPTConfig) -> int:
+    """LayerNorm: weight (+ bias when c.bias); RMSNorm: weight only."""
+    return c.d_model * (2 if c.norm == "layernorm" and c.bias else 1)
+
+
+# --------------------------------------------------------------------------- model
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """An ordered tuple of layers: embedding, N blocks, head (or synthetic layers)."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    seq_len: int                        # tokens per sample
+    dtype: str = "bf16"                 # training dtype of weights and activations
+    config: GPTConfig | None = None     # None for synthetic models
+
+    def __post_init__(self):
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.layers:
+            raise BadInput(f"model {self.name}: layers", "at least one layer", 0)
+        check_int(self.seq_len, f"model {self.name}: seq_len")
+        if self.dtype not in DTYPE_BYTES:
+            raise BadInput(f"model {self.name}: dtype", f"one of {list(DTYPE_BYTES)}",
+                           self.dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def layer_cost(self, index: int, micro_batch: int) -> LayerCost:
+        """Cost of layer `index` for one micro-batch of `micro_batch` samples."""
+        if not 0 <= index < len(self.layers):
+            raise IndexError(f"layer {index} of a {len(self.layers)}-layer model")
+        if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) \
+                or micro_batch < 1:
+            raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
+        return self.layers[index].cost(micro_batch, self.seq_len, self.dtype_bytes)
+
+    def to_dict(self) -> dict:
+        """A JSON-able form that `load_model` reads back to an equal spec."""
+        if self.config is not None:
+            return {"kind": "gpt", "name": self.name, "dtype": self.dtype,
+                    **asdict(self.config)}
+        rows = [_synthetic_row(layer) for layer in self.layers]
+        out: dict[str, Any] = {"kind": "synthetic", "name": self.name, "dtype": self.dtype,
+                               "seq_len": self.seq_len}
+        if all(row == rows[0] for row in rows):
+            out.update(rows[0], layers=len(rows))
+        else:
+            out["layers"] = rows
+        return out
+
+
+def gpt_spec(name: str, config: GPTConfig, dtype: str = "bf16") -> ModelSpec:
+    """The layers of a GPT: embedding, config.n_layer blocks, head."""
+    block = TransformerBlock(config)
+    layers = (EmbeddingLayer(config), *([block] * config.n_layer), HeadLayer(config))
+    return ModelSpec(name=name, layers=layers, seq_len=config.seq_len, dtype=dtype,
+                     config=config)
+
+
+def _synthetic_row(layer: Layer) -> dict:
+    if not isinstance(layer, SyntheticLayer):
+        raise TypeError(f"a model without a GPT config holds {type(layer).__name__}")
+    row = {"fwd_flops_per_sample": layer.fwd_flops_per_sample,
+           "i_flops_per_sample": layer.i_flops_per_sample,
+           "w_flops_per_sample": layer.w_flops_per_sample,
+           "activation_bytes_per_sample": layer.activation_bytes_per_sample,
+           "stash_bytes_per_sample": layer.stash_bytes_per_sample,
+           "params_per_layer": layer.params}
+    if layer.hidden is not None:
+        row["hidden"] = layer.hidden
+    return row
+
+
+# --------------------------------------------------------------------------- loading
+
+GPT_KEYS = tuple(f.name for f in fields(GPTConfig))
+SYNTHETIC_LAYER_KEYS = ("fwd_flops_per_sample", "i_flops_per_sample", "w_flops_per_sample",
+                        "activation_bytes_per_sample", "stash_bytes_per_sample",
+                        "params_per_layer", "hidden")
+
+
+class _Fields(Fields):
+    """`Fields` with the file and the field path apart: ``m.yaml: layers[1].hidden``."""
+
+    def __init__(self, data: Any, file: str, path: str = "", allowed=None):
+        where = f"{file}: {path[:-1]}" if path else file
+        super().__init__(data, where)          # checks it is a mapping
+        self.file, self.path = file, path
+        if allowed is not None:
+            unknown = sorted(set(map(str, data)) - set(allowed))
+            if unknown:
+                raise BadInput(self.at(unknown[0]), f"one of the known keys {sorted(allowed)}",
+                               "an unknown key", has_got=False)
+
+    def at(self, key: str) -> str:
+        return f"{self.file}: {self.path}{key}"
+
+
+def load_model(ref: Any, *, where: str = "model", base_dir: str | os.PathLike | None = None,
+               overrides: Mapping[str, Any] | None = None) -> ModelSpec:
+    """A ModelSpec from a preset name, a YAML/JSON file path, or an already parsed dict.
+
+    Dict forms: ``{preset: gpt2-medium, seq_len: 512, ...}`` (any GPTConfig field or
+    dtype/name overrides the preset), an explicit ``{kind: gpt, vocab_size: ..., ...}``,
+    or ``{kind: synthetic, layers: 8, fwd_flops_per_sample: 1.0e9, ...}``. `overrides`
+    are merged over the top level of whichever form. A ModelSpec is accepted as is.
+    Errors are BadInput naming the file (or `where`) and the field.
+    """
+    from hyperpipe.models.presets import PRESETS
+
+    if isinstance(ref, ModelSpec):
+        if not overrides:
+            return ref
+        ref = ref.to_dict()
+    if isinstance(ref, (str, os.PathLike)):
+        text = os.fspath(ref)
+        if isinstance(ref, str) and text in PRESETS:
+            data: Any = {"preset": text}
+        elif Path(text).suffix.lower() in (".yaml", ".yml", ".json") \
+                or (text and resolve_ref(text, _dir(base_dir)).is_file()):
+            path = resolve_ref(text, _dir(base_dir))
+            data = load_document(path)
+            where = str(path)
+            if isinstance(data, str) and data in PRESETS:
+                data = {"preset": data}
+        else:
+            raise BadInput(where, f"a preset name (one of {sorted(PRESETS)}) or a model "
+                           "file (.yaml, .yml, .json)", text)
+    else:
+        data = ref
+    if not isinstance(data, dict):
+        raise BadInput(where, "a model mapping, preset name or file", type(data).__name__)
+    if overrides:
+        if not isinstance(overrides, Mapping):
+            raise BadInput(f"{where} (overrides)", "a mapping", type(overrides).__name__)
+        data = {**data, **overrides}
+    kind = data.get("kind")
+    if kind is None or kind == "gpt":
+        return _load_gpt(data, where, PRESETS)
+    if kind == "synthetic":
+        return _load_synthetic(data, where)
+    raise BadInput(f"{where}: kind", "one of ['gpt', 'synthetic']", kind)
+
+
+def _dir(base_dir: str | os.PathLike | None) -> Path | None:
+    return None if base_dir is None else Path(base_dir)
+
+
+def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
+    f = _Fields(data, where, allowed=("kind", "name", "preset", "dtype", *GPT_KEYS))
+    base: dict[str, Any] = {}
+    name, dtype = "gpt", "bf16"
+    if f.has("preset"):
+        preset = f.raw("preset")
+        if not isinstance(preset, str) or preset not in presets:
+            raise BadInput(f.at("preset"), f"one of the presets {sorted(presets)}", preset)
+        base = asdict(presets[preset].config)
+        # Keep derived defaults derived: overriding d_model of gpt2-small should give a
+        # 4·d_model MLP, and overriding n_head should not leave a stale n_kv_head.
+        if base["ffn_hidden"] == 4 * base["d_model"]:
+            del base["ffn_hidden"]
+        if base["n_kv_head"] == base["n_head"]:
+            del base["n_kv_head"]
+        name, dtype = preset, presets[preset].dtype
+    values = dict(base)
+    for key in GPT_KEYS:
+        if f.has(key):
+            values[key] = f.raw(key)
+    defaults = {k.name: k.default for k in fields(GPTConfig) if k.default is not MISSING}
+    for key in ("vocab_size", "n_layer", "n_head", "d_model", "seq_len"):
+        if key not in values:
+            f.raw(key)                          # raises "a value (the field is required)"
+    values = {**{k: v for k, v in defaults.items() if k not in values}, **values}
+    if values.get("ffn_hidden") is None and isinstance(values["d_model"], int):
+        values["ffn_hidden"] = 4 * values["d_model"]
+    if values.get("n_kv_head") is None:
+        values["n_kv_head"] = values["n_head"]
+    check_config(values, f.at)
+    config = GPTConfig(**values)
+    dtype = f.choice("dtype", list(DTYPE_BYTES), dtype)
+    return gpt_spec(f.string("name", name), config, dtype)
+
+
+def _load_synthetic(data: dict, where: str) -> ModelSpec:
+    f = _Fields(data, where, allowed=("kind", "name", "dtype", "seq_len", "layers",
+                                      *SYNTHETIC_LAYER_KEYS))
+    dtype = f.choice("dtype", list(DTYPE_BYTES), "bf16")
+    seq_len = f.positive_int("seq_len", 1)     # tokens per sample, for tokens/s metrics
+    defaults = _synthetic_values(f)
+    raw = f.raw("layers")
+    if isinstance(raw, list) and raw:
+        rows = [_Fields(item, where, f"layers[{i}].", SYNTHETIC_LAYER_KEYS)
+                for i, item in enumerate(raw)]
+    elif isinstance(raw, list) or isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise BadInput(f.at("layers"), "a positive integer or a non-empty list of layers",
+                       raw)
+    else:
+        rows = [None] * raw
+    layers = []
+    for row in rows:
+        values = defaults if row is None else {**defaults, **_synthetic_values(row)}
+        layers.append(_synthetic_layer(values, row or f, seq_len, DTYPE_BYTES[dtype]))
+    return ModelSpec(name=f.string("name", "synthetic"), layers=tuple(layers),
+                     seq_len=seq_len, dtype=dtype, config=None)
+
+
+def _synthetic_values(f: _Fields) -> dict[str, Any]:
+    """The synthetic layer fields present in `f`, checked and in SI units."""
+    out: dict[str, Any] = {}
+    for key in SYNTHETIC_LAYER_KEYS:
+        if not f.has(key):
+            continue
+        if key in ("params_per_layer", "hidden"):
+            out[key] = f.positive_int(key, allow_zero=key == "params_per_layer")
+        else:
+            out[key] = f.quantity(key, "flop" if "flops" in key else "bytes", positive=False)
+    return out
+
+
+def _synthetic_layer(v: dict[str, Any], f: _Fields, seq_len: int, dtype_bytes: int
+                     ) -> SyntheticLayer:
+    """Fill defaults: I and W = forward, stash = activation bytes (DESIGN.md); with a
+    `hidden` width the defaults are those of the Linear(hidden, hidden) it builds."""
+    h = v.get("hidden")
+    fwd = v.get("fwd_flops_per_sample")
+    if fwd is None:
+        if h is None:
+            raise BadInput(f.at("fwd_flops_per_sample"),
+                           "a value (required unless hidden is given)", has_got=False)
+        fwd = float(2 * seq_len * h * h)
+    act = v.get("activation_bytes_per_sample", float(seq_len * h * dtype_bytes) if h else 0.0)
+    return SyntheticLayer(
+        fwd_flops_per_sample=fwd,
+        i_flops_per_sample=v.get("i_flops_per_sample", fwd),
+        w_flops_per_sample=v.get("w_flops_per_sample", fwd),
+        activation_bytes_per_sample=act,
+        stash_bytes_per_sample=v.get("stash_bytes_per_sample", act),
+        params=v.get("params_per_layer", h * h + h if h else 0),
+        hidden=h)
+
+
+__all__ = [
+    "DTYPE_BYTES", "LayerCost", "GPTConfig", "EmbeddingLayer", "TransformerBlock",
+    "HeadLayer", "SyntheticLayer", "Layer", "ModelSpec", "gpt_spec", "check_config",
+    "load_model",
+]
