@@ -23,6 +23,14 @@ ADAM_STEP_BYTES_PER_PARAM = 28
 BACKWARD_OPS = {"I": ("i_flops",), "W": ("w_flops",), "B": ("i_flops", "w_flops")}
 
 
+def op_flops(model: ModelSpec, layer: int, micro_batch: int, op: str) -> float:
+    """FLOPs of `op` (F, B, I, W) of one layer for one micro-batch."""
+    c = model.layer_cost(layer, micro_batch)
+    if op == "F":
+        return c.fwd_flops
+    return sum(getattr(c, name) for name in BACKWARD_OPS[op])
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Times in seconds, sizes in bytes, for one model on one cluster."""
@@ -35,11 +43,7 @@ class CostModel:
 
     # ---------------------------------------------------------------- compute
     def op_flops(self, layer: int, micro_batch: int, op: str) -> float:
-        """FLOPs of `op` (F, B, I, W) of one layer for one micro-batch."""
-        c = self.model.layer_cost(layer, micro_batch)
-        if op == "F":
-            return c.fwd_flops
-        return sum(getattr(c, name) for name in BACKWARD_OPS[op])
+        return op_flops(self.model, layer, micro_batch, op)
 
     def layer_time_s(self, layer: int, device_type: str, micro_batch: int, op: str,
                      tp: int = 1) -> float:

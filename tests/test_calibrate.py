@@ -1,0 +1,140 @@
+"""Calibration recovers known parameters from synthetic traces."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hyperpipe.models import load_model
+from hyperpipe.sim.calibrate import calibrate, fit_line
+from hyperpipe.sim.cluster import load_cluster
+from hyperpipe.sim.costmodel import CostModel, op_flops
+from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.sim.profile import Profile, load_profile
+from hyperpipe.sim.trace import Trace, TraceEvent
+
+# Known truth: seconds per call and per FLOP, per (device type, layer kind), same for ops.
+TRUTH = {
+    ("A100-80GB", "embedding"): (2e-4, 0.0),
+    ("A100-80GB", "block"): (1e-4, 2e-11),
+    ("A100-80GB", "head"): (3e-4, 4e-11),
+    ("V100-32GB", "embedding"): (5e-4, 0.0),
+    ("V100-32GB", "block"): (2.5e-4, 5e-11),
+    ("V100-32GB", "head"): (7e-4, 1e-10),
+}
+LINK_LATENCY_S, LINK_BW = 60e-6, 2e9
+OPT_A, OPT_B = 1e-3, 3e-9
+
+
+def _plan(cuts: list[int], devices: list[str], micro_batch: int, m: int) -> Plan:
+    bounds = [0, *cuts, 8]
+    stages = tuple(StagePlan((bounds[i], bounds[i + 1]), (devices[i],), 1)
+                   for i in range(len(devices)))
+    return Plan("tiny-gpt", "demo-hetero", micro_batch * m, "1f1b", 1,
+                (PipelinePlan(micro_batch, m, stages),))
+
+
+def _synthetic_trace(plan: Plan, rng: random.Random, noise: float) -> Trace:
+    model = load_model("tiny-gpt")
+    cluster = load_cluster("demo-hetero")
+    events = []
+    pipe = plan.pipelines[0]
+    # link probes before step 0
+    for k in range(len(pipe.stages) - 1):
+        a, b = pipe.stages[k].devices[0], pipe.stages[k + 1].devices[0]
+        for size in (1e3, 1e5, 1e6, 4e6):
+            t = (LINK_LATENCY_S + size / LINK_BW) * (1 + rng.uniform(-noise, noise))
+            events.append(TraceEvent(a, "send", k, 0, 0.0, t, size, b, -1))
+    for step in range(3):
+        for k, stage in enumerate(pipe.stages):
+            dev = stage.devices[0]
+            dtype = cluster.device(dev).type.name
+            for mb in range(pipe.num_microbatches):
+                for op in ("F", "I", "W"):
+                    t = 0.0
+                    for i in range(*stage.layers):
+                        a, b = TRUTH[(dtype, model.layers[i].kind)]
+                        t += a + b * op_flops(model, i, pipe.micro_batch, op)
+                    t *= 1 + rng.uniform(-noise, noise)
+                    events.append(TraceEvent(dev, op, k, mb, 0.0, t, step=step))
+            params = sum(model.layers[i].params for i in range(*stage.layers))
+            events.append(TraceEvent(dev, "optimizer", k, 0, 0.0, OPT_A + OPT_B * params,
+                                     step=step))
+    return Trace(tuple(events), {"source": "measured", "emulated": True,
+                                 "plan": plan.to_dict()})
+
+
+def test_fit_line_recovers_known_line():
+    xs = [1e3, 1e4, 1e5, 1e6]
+    fit = fit_line(xs, [2e-5 + 3e-9 * x for x in xs])
+    assert fit.a_s == pytest.approx(2e-5, rel=1e-6)
+    assert fit.b_s_per_unit == pytest.approx(3e-9, rel=1e-6)
+    assert fit.rel_rmse < 1e-9
+
+
+def test_calibration_recovers_parameters_within_2_percent(tmp_path):
+    rng = random.Random(0)
+    plans = [
+        _plan([1, 4, 6], ["a100/0", "a100/1", "v100/0", "v100/1"], 2, 4),
+        _plan([3, 5, 7], ["v100/0", "a100/0", "v100/1", "a100/1"], 4, 4),
+        _plan([2, 6, 7], ["a100/1", "v100/1", "a100/0", "v100/0"], 1, 4),
+        _plan([1, 2, 5], ["v100/1", "v100/0", "a100/1", "a100/0"], 8, 2),
+    ]
+    traces = [_synthetic_trace(p, rng, noise=0.0) for p in plans]
+    profile = calibrate(traces, sources=[f"t{i}" for i in range(len(traces))])
+    model = load_model("tiny-gpt")
+    cluster = load_cluster("demo-hetero")
+    cost = CostModel(model, cluster, profile)
+    # Recovered per-layer times (not raw coefficients, which trade off when FLOPs are
+    # proportional to the call count) within 2% of the truth at every micro-batch size.
+    for (dtype, kind), (a, b) in TRUTH.items():
+        i = next(j for j, layer in enumerate(model.layers) if layer.kind == kind)
+        for mb in (1, 2, 4, 8):
+            for op in ("F", "I", "W"):
+                true_t = a + b * op_flops(model, i, mb, op)
+                assert cost.layer_time_s(i, dtype, mb, op) == pytest.approx(true_t, rel=0.02)
+    link = profile.link("inter")
+    assert link.latency_s == pytest.approx(LINK_LATENCY_S, rel=0.02)
+    assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BW, rel=0.02)
+    opt = profile.optimizer["A100-80GB"]
+    assert opt.a_s == pytest.approx(OPT_A, rel=0.02)
+    assert opt.b_s_per_unit == pytest.approx(OPT_B, rel=0.02)
+    assert profile.emulated and profile.provenance["traces"] == ["t0", "t1", "t2", "t3"]
+    profile.save(tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == profile
+
+
+def test_noisy_calibration_predicts_unseen_stages_within_2_percent():
+    rng = random.Random(2)
+    plans = [
+        _plan([1, 4, 6], ["a100/0", "a100/1", "v100/0", "v100/1"], 2, 4),
+        _plan([3, 5, 7], ["v100/0", "a100/0", "v100/1", "a100/1"], 4, 4),
+        _plan([2, 6, 7], ["a100/1", "v100/1", "a100/0", "v100/0"], 1, 4),
+        _plan([1, 2, 5], ["v100/1", "v100/0", "a100/1", "a100/0"], 8, 2),
+    ]
+    profile = calibrate([_synthetic_trace(p, rng, noise=0.01) for p in plans])
+    model = load_model("tiny-gpt")
+    cost = CostModel(model, load_cluster("demo-hetero"), profile)
+    for stage in ((0, 3), (3, 8), (2, 5), (0, 8)):          # partitions no trace had
+        for dtype in ("A100-80GB", "V100-32GB"):
+            for mb, op in ((3, "F"), (6, "I"), (2, "W")):
+                true_t = sum(TRUTH[(dtype, model.layers[i].kind)][0]
+                             + TRUTH[(dtype, model.layers[i].kind)][1]
+                             * op_flops(model, i, mb, op) for i in range(*stage))
+                assert cost.stage_compute_s(stage, dtype, mb, op) == \
+                    pytest.approx(true_t, rel=0.02)
+
+
+def test_calibration_shares_a_fit_when_kinds_are_not_identifiable():
+    rng = random.Random(1)
+    plan = _plan([4], ["a100/0", "v100/0"], 2, 4)
+    profile = calibrate([_synthetic_trace(plan, rng, noise=0.0)])
+    model = load_model("tiny-gpt")
+    cost = CostModel(model, load_cluster("demo-hetero"), profile)
+    # The stage sums it was fitted on are reproduced even so.
+    for stage, dtype in (((0, 4), "A100-80GB"), ((4, 8), "V100-32GB")):
+        true_t = sum(TRUTH[(dtype, model.layers[i].kind)][0] + TRUTH[(dtype, model.layers[i]
+                     .kind)][1] * op_flops(model, i, 2, "F") for i in range(*stage))
+        assert cost.stage_compute_s(stage, dtype, 2, "F") == pytest.approx(true_t, rel=0.02)
+    assert Profile.key("A100-80GB", "block", "F") in profile.compute
