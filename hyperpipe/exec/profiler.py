@@ -1,0 +1,137 @@
+"""Per-layer profiling on the local device, without a pipeline run.
+
+Like Metis and HAPT, which profile each layer kind on each GPU type, this measures the
+forward (F), input-gradient (I), weight-gradient (W) and full backward (B) time of one
+layer of each kind of a model, at several micro-batch sizes (warm-up, repeats, median),
+fits time = a + b·FLOPs per (kind, op) and writes the usual calibration Profile.
+
+On a CPU standing in for a hypothetical cluster, `device_types` maps each device type to
+the factor its compute is stretched by under emulation (see exec.emulation), so that the
+profile predicts the emulated run.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import statistics
+import time
+
+import torch
+
+from hyperpipe.models import ModelSpec, build_layer, example_batch
+from hyperpipe.progress import Progress
+from hyperpipe.sim.calibrate import fit_line
+from hyperpipe.sim.costmodel import op_flops
+from hyperpipe.sim.profile import Fit, Profile
+
+OPS = ("F", "I", "W", "B")
+
+
+def _layer_inputs(model: ModelSpec, index: int, micro_batch: int, seed: int):
+    """(input, targets) for layer `index` alone: token ids for the embedding, floats
+    (B, S, D) needing grad for the others, targets for the last layer."""
+    tokens, targets = example_batch(model, micro_batch, seed)
+    if index == 0 and model.config is not None:
+        return tokens, targets
+    layer = model.layers[index]
+    width = model.config.d_model if model.config is not None else layer.hidden
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(micro_batch, model.seq_len, width, generator=gen, requires_grad=True)
+    return x, targets
+
+
+def measure_op_times(model: ModelSpec, index: int, micro_batch: int, *, repeats: int = 5,
+                     warmup: int = 2, seed: int = 0) -> dict[str, float]:
+    """Median seconds of F, I, W and B of layer `index` for one micro-batch."""
+    layer = build_layer(model, index, seed)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    x, targets = _layer_inputs(model, index, micro_batch, seed)
+    last = index == model.num_layers - 1
+    differentiable_input = x.is_floating_point()
+
+    def forward():
+        return layer(x, targets) if last else layer(x)
+
+    samples: dict[str, list[float]] = {op: [] for op in OPS}
+    inputs = ([x] if differentiable_input else []) + params
+    clock = time.perf_counter
+    for rep in range(warmup + repeats):
+        t0 = clock()
+        out = forward()
+        t1 = clock()
+        grad_out = None if out.dim() == 0 else torch.ones_like(out)
+        t2 = clock()
+        if differentiable_input:  # the embedding's input is token ids: no input gradient
+            torch.autograd.grad(out, x, grad_out, retain_graph=True)
+        t3 = clock()
+        torch.autograd.grad(out, params, grad_out)
+        t4 = clock()
+        out = forward()
+        t5 = clock()
+        torch.autograd.grad(out, inputs, grad_out)
+        t6 = clock()
+        if rep >= warmup:
+            for op, dt in (("F", t1 - t0), ("I", t3 - t2), ("W", t4 - t3), ("B", t6 - t5)):
+                samples[op].append(dt)
+    return {op: statistics.median(v) for op, v in samples.items()}
+
+
+def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
+                   micro_batches: tuple[int, ...] = (1, 2, 4), repeats: int = 5,
+                   warmup: int = 2, seed: int = 0, threads: int = 1,
+                   progress: bool | None = None) -> Profile:
+    """Measure each layer kind of `model` here and return a Profile for `device_types`
+    (device type name -> time multiplier, 1.0 for this device at native speed)."""
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    first_of_kind: dict[str, int] = {}
+    for i, layer in enumerate(model.layers):
+        first_of_kind.setdefault(layer.kind, i)
+    measured: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    try:
+        with Progress(len(first_of_kind) * len(micro_batches), "profiling layers",
+                      enabled=progress) as bar:
+            for kind, index in sorted(first_of_kind.items()):
+                for mb in micro_batches:
+                    times = measure_op_times(model, index, mb, repeats=repeats,
+                                             warmup=warmup, seed=seed)
+                    for op, t in times.items():
+                        measured.setdefault((kind, op), []).append(
+                            (op_flops(model, index, mb, op), t))
+                    bar.advance(note=f"{kind} mb={mb}")
+    finally:
+        torch.set_num_threads(old_threads)
+    compute: dict[str, Fit] = {}
+    for (kind, op), pts in sorted(measured.items()):
+        base = fit_line([f for f, _ in pts], [t for _, t in pts])
+        for dtype, factor in sorted(device_types.items()):
+            compute[Profile.key(dtype, kind, op)] = Fit(base.a_s * factor,
+                                                        base.b_s_per_unit * factor,
+                                                        base.samples, base.rel_rmse)
+    return Profile(compute=compute, provenance={
+        "method": "layer profiling", "model": model.name, "host": socket.gethostname(),
+        "platform": platform.platform(), "torch": torch.__version__, "threads": threads,
+        "micro_batches": list(micro_batches), "repeats": repeats,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "emulated": any(f != 1.0 for f in device_types.values()),
+        "device_types": dict(device_types)})
+
+
+def measure_profile(model_ref, cluster_ref=None, *, micro_batches: tuple[int, ...] = (1, 2, 4),
+                    emulate: bool = True, emulation_scale: float = 1.0,
+                    progress: bool | None = None) -> Profile:
+    """`hyperpipe calibrate --measure`: profile `model_ref` here, with entries for every
+    device type of `cluster_ref` stretched as the executor emulates them (or a single
+    ``local`` type when no cluster is given)."""
+    from hyperpipe.exec.emulation import emulation_factors
+    from hyperpipe.models import load_model
+    from hyperpipe.sim.cluster import load_cluster
+    model = load_model(model_ref)
+    if cluster_ref is None:
+        factors = {"local": 1.0}
+    else:
+        cluster = load_cluster(cluster_ref)
+        factors = emulation_factors(cluster, emulation_scale) if emulate else \
+            {name: 1.0 for name in cluster.device_types}
+    return profile_layers(model, factors, micro_batches=micro_batches, progress=progress)

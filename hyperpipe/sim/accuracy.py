@@ -1,0 +1,86 @@
+"""How well a simulated plan matches a measured run of the same plan.
+
+The measured iteration time is the median over the run's steps after the first (the
+first one warms up allocators and caches); per-action times are means over those steps,
+matched to the simulated actions by (device, op, stage, micro-batch).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from hyperpipe.errors import BadInput
+from hyperpipe.sim.trace import COMPUTE_OPS, Trace
+
+
+def measured_iteration_s(trace: Trace) -> float:
+    """Median wall time of the steps after the warm-up step (all steps if only one)."""
+    steps = {k: v for k, v in trace.step_times_s().items() if k >= 0}
+    if not steps:
+        raise BadInput("trace", "events of at least one training step", has_got=False)
+    later = [v for k, v in steps.items() if k >= 1] or list(steps.values())
+    return statistics.median(later)
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured
+
+
+@dataclass(frozen=True)
+class OpError:
+    device: str
+    op: str
+    predicted_s: float       # mean duration of this (device, op) in the simulation
+    measured_s: float        # mean duration in the measured steps after warm-up
+    error: float
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    predicted_iteration_s: float
+    measured_iteration_s: float
+    error: float
+    per_device_op: list[OpError] = field(default_factory=list)
+    action_mape: float = 0.0  # mean |pred - meas| / meas over matched compute actions
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        lines = [f"{'device':<12}{'op':<4}{'predicted':>12}{'measured':>12}{'error':>8}"]
+        for r in self.per_device_op:
+            lines.append(f"{r.device:<12}{r.op:<4}{r.predicted_s * 1e3:>10.3f}ms"
+                         f"{r.measured_s * 1e3:>10.3f}ms{r.error:>8.1%}")
+        return "\n".join(lines)
+
+
+def compare(predicted_iteration_s: float, predicted: Trace, measured: Trace) -> AccuracyReport:
+    """Compare a simulation (its iteration time and trace) with a measured trace."""
+    meas_iter = measured_iteration_s(measured)
+    pred_actions: dict[tuple, float] = {}
+    for e in predicted.events:
+        if e.op in COMPUTE_OPS and e.step == 0:
+            pred_actions[(e.device, e.op, e.stage, e.microbatch)] = e.duration_s
+    meas_actions: dict[tuple, list[float]] = defaultdict(list)
+    for e in measured.events:
+        if e.op in COMPUTE_OPS and e.step >= 1:
+            meas_actions[(e.device, e.op, e.stage, e.microbatch)].append(e.duration_s)
+    by_dev_op: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    action_errors = []
+    for key, durations in sorted(meas_actions.items()):
+        if key not in pred_actions:
+            continue
+        m = statistics.fmean(durations)
+        by_dev_op[key[:2]].append((pred_actions[key], m))
+        if m > 0:
+            action_errors.append(relative_error(pred_actions[key], m))
+    rows = []
+    for (dev, op), pairs in sorted(by_dev_op.items()):
+        p = statistics.fmean(x for x, _ in pairs)
+        m = statistics.fmean(y for _, y in pairs)
+        rows.append(OpError(dev, op, p, m, relative_error(p, m) if m > 0 else 0.0))
+    return AccuracyReport(predicted_iteration_s, meas_iter,
+                          relative_error(predicted_iteration_s, meas_iter), rows,
+                          statistics.fmean(action_errors) if action_errors else 0.0)
