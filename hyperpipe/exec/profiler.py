@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from hyperpipe.exec.emulation import cpu_clock
 from hyperpipe.models import ModelSpec, build_layer, example_batch
 from hyperpipe.progress import Progress
 from hyperpipe.sim.calibrate import fit_line
@@ -55,7 +56,7 @@ def measure_op_times(model: ModelSpec, index: int, micro_batch: int, *, repeats:
 
     samples: dict[str, list[float]] = {op: [] for op in OPS}
     inputs = ([x] if differentiable_input else []) + params
-    clock = time.perf_counter
+    clock = cpu_clock  # CPU seconds, as the executor's emulation stretches them
     for rep in range(warmup + repeats):
         t0 = clock()
         out = forward()

@@ -1,0 +1,61 @@
+"""Replaying a heterogeneous cluster's speed ratios on one CPU machine.
+
+All ranks of a local run compute on the same kind of core, so a plan for, say, two A100
+and two V100 would run at one speed. Emulation stretches each compute action of a
+device of type T to ``scale · ratio_T`` times its measured CPU time, by sleeping for the
+difference after the real compute, where ``ratio_T = achievable FLOP/s of the cluster's
+fastest device type / achievable FLOP/s of T`` (from the device catalog). The reference
+is the cluster, not the plan, so that a device type runs at one emulated speed whatever
+plan uses it (a plan of V100s only is slower than one of A100s, as on the real cluster),
+and `hyperpipe calibrate --measure` (exec.profiler) stretches its per-layer timings by
+the same factors. The fastest type keeps its native speed at scale 1; scale > 1
+stretches every device, which keeps the cores free (sleeping ranks do not compete) when
+more ranks than cores run. Traces of emulated runs say so (``meta.emulated``) and carry
+the factors per device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from hyperpipe.sim.cluster import Cluster
+
+
+def emulation_factors(cluster: Cluster, scale: float = 1.0) -> dict[str, float]:
+    """Device type name -> stretch factor (>= scale) of its compute times."""
+    speed = {name: t.achievable_flops for name, t in cluster.device_types.items()}
+    fastest = max(speed.values())
+    return {name: scale * fastest / s for name, s in speed.items()}
+
+
+def device_factors(devices: list[str], cluster: Cluster, scale: float = 1.0
+                   ) -> dict[str, float]:
+    """Device name -> stretch factor of its compute times (its type's factor)."""
+    by_type = emulation_factors(cluster, scale)
+    return {d: by_type[cluster.device(d).type.name] for d in devices}
+
+
+def cpu_clock() -> float:
+    """CPU seconds used by this process (all its threads)."""
+    return time.process_time()
+
+
+def stretch(start_s: float, start_cpu_s: float, factor: float,
+            clock: Callable[[], float] = time.perf_counter) -> float:
+    """Sleep so that the compute that began at `start_s` (on `clock`) with the process
+    at `start_cpu_s` CPU seconds (`cpu_clock`), and has just ended, takes `factor` times
+    its CPU time in wall time; return the end time on `clock`.
+
+    Why CPU time and not wall time: when more ranks than cores compute at once, a
+    rank's wall time includes the time it waited for a core, which the device it stands
+    for would not wait; its CPU time does not (so emulated speeds stay those of the
+    catalog). With factor 1 (no emulation) the native wall time stands.
+    """
+    end_s = clock()
+    if factor > 1.0:
+        target_s = start_s + (cpu_clock() - start_cpu_s) * factor
+        while (left_s := target_s - clock()) > 0:
+            time.sleep(left_s)
+        end_s = clock()
+    return end_s

@@ -1,0 +1,246 @@
+"""Starting the ranks of a real run, and stopping all of them when one fails.
+
+`run_plan` checks the plan (bad input exits 2 before any rank computes), then either
+
+* runs one rank in this process, when torchrun started it (RANK, WORLD_SIZE and
+  MASTER_ADDR in the environment; that is how a run spans machines), or
+* starts one local process per plan device. Rendezvous goes through a file store in a
+  private temporary directory and gloo binds to the loopback interface, so a local run
+  listens on 127.0.0.1 only, on ports the kernel picks. Processes come from a fork
+  server that has imported torch once, so a launch costs tens of milliseconds.
+
+Both paths run `job.rank_main`. A rank that raises writes its cause to the run directory
+and exits; the launcher, watching every child's exit, waits a moment for the first
+cause, kills the rest and raises RunFailed("rank R (device D) failed: cause"). Every
+blocking wait inside a rank has a timeout, so a hung peer becomes a failure too.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hyperpipe.errors import BadInput, HyperPipeError
+from hyperpipe.exec.comm import PeerFailure
+from hyperpipe.exec.job import Prepared, prepare, rank_main
+from hyperpipe.exec.options import RunOptions, RunResult
+from hyperpipe.files import write_atomic
+from hyperpipe.sim.plan import Plan
+
+FAILURE_GRACE_S = 1.0     # after the first failed exit, time for the root cause to land
+KILL_GRACE_S = 3.0        # SIGTERM, then SIGKILL after this long
+
+
+class RunFailed(HyperPipeError):
+    """A rank raised or died. str() is ``rank R (device D) failed: cause``; `details` holds
+    the failing rank's traceback; `exit_codes` every rank's exit status once stopped."""
+
+    def __init__(self, rank: int, device: str, cause: str, details: str = "",
+                 exit_codes: dict[int, int | None] | None = None):
+        super().__init__(f"rank {rank} ({device}) failed: {cause}")
+        self.rank, self.device, self.cause = rank, device, cause
+        self.details = details
+        self.exit_codes = exit_codes or {}
+
+
+def run_plan(plan: Plan, options: RunOptions) -> RunResult:
+    """Run `plan` for `options.steps` steps on real ranks and return the gathered result.
+
+    Under torchrun this process is one rank (every rank gets the whole result); otherwise
+    one local process per plan device is started and this process waits for them (a
+    script calling this needs the ``if __name__ == "__main__":`` guard: the children
+    start from a fork server, which imports the main script as multiprocessing's spawn
+    does). Raises BadInput for a bad plan or options, RunFailed when a rank fails.
+    """
+    prep = prepare(plan, options)
+    env = torchrun_env()
+    if env is not None:
+        rank, world, local_rank, local_world = env
+        if world != len(plan.devices):
+            raise BadInput("WORLD_SIZE (from torchrun)", f"{len(plan.devices)}, one rank per "
+                           "device of the plan", world)
+        use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+        try:
+            return rank_main(prep, options, rank, local_rank, use_cuda=use_cuda)
+        except BaseException as exc:
+            if isinstance(exc, (BadInput, KeyboardInterrupt)):
+                raise
+            raise RunFailed(rank, plan.devices[rank], _cause(exc),
+                            traceback.format_exc()) from exc
+    return _run_local(prep, options)
+
+
+def torchrun_env() -> tuple[int, int, int, int] | None:
+    """(rank, world size, local rank, local world size) when torchrun started us."""
+    if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return None
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    except ValueError:
+        raise BadInput("RANK / WORLD_SIZE / LOCAL_RANK (environment)", "integers",
+                       {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+                       ) from None
+    return rank, world, local_rank, local_world
+
+
+# ---------------------------------------------------------------------- local launch
+def _run_local(prep: Prepared, options: RunOptions) -> RunResult:
+    world = len(prep.plan.devices)
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    results = launch_local(_plan_rank, (prep, options, use_cuda), prep.plan.devices)
+    if results[0] is None:
+        raise RunFailed(0, prep.plan.devices[0], "exited without a result")
+    return results[0]
+
+
+def _plan_rank(rank: int, world: int, store: dist.Store, prep: Prepared,
+               options: RunOptions, use_cuda: bool) -> RunResult | None:
+    result = rank_main(prep, options, rank, rank, use_cuda=use_cuda, store=store,
+                       world_size=world)
+    return result if rank == 0 else None       # every rank holds it; one copy is enough
+
+
+def launch_local(target: Callable[..., Any], args: tuple, devices: list[str]) -> list[Any]:
+    """Run ``target(rank, world, store, *args)`` in one local process per device and
+    return what each rank returned (rank order). `store` is the rendezvous store for
+    ``dist.init_process_group``. `target` must be importable (a module-level function),
+    and a script that calls this needs the ``if __name__ == "__main__":`` guard, as with
+    any multiprocessing start method but fork. Raises RunFailed when a rank fails."""
+    world = len(devices)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["hyperpipe.exec.launch"])
+    with tempfile.TemporaryDirectory(prefix="hyperpipe-run-") as tmp:
+        run_dir = Path(tmp)
+        procs = [ctx.Process(target=_child, name=f"hyperpipe-rank{r}", daemon=True,
+                             args=(target, args, r, world, str(run_dir)))
+                 for r in range(world)]
+        try:
+            for p in procs:
+                p.start()
+            _watch(procs, devices, run_dir)
+        finally:
+            _stop(procs)
+        results = []
+        for r in range(world):
+            path = run_dir / f"result-{r}.pkl"
+            # Our own file, written by our own child a moment ago: plain pickle is fine.
+            with open(path, "rb") as f:
+                results.append(pickle.load(f))
+        return results
+
+
+def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_dir: str
+           ) -> None:
+    """Body of one local child process: rendezvous on a file, loopback sockets only."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ["NCCL_SOCKET_IFNAME"] = "lo"
+    try:
+        store = dist.FileStore(os.path.join(run_dir, "store"), world)
+        result = target(rank, world, store, *args)
+        tmp = Path(run_dir) / f".result-{rank}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(result, f)
+        os.replace(tmp, Path(run_dir) / f"result-{rank}.pkl")
+    except BaseException as exc:  # every failure must reach the launcher
+        report = {"time": time.time(), "rank": rank, "cause": _cause(exc),
+                  "secondary": _lost_peer(exc), "traceback": traceback.format_exc()}
+        write_atomic(Path(run_dir) / f"failure-{rank}.json", json.dumps(report))
+        os._exit(1)     # no clean-up that could block on dead peers
+
+
+# What gloo and NCCL say when the other side went away (collectives outside comm.wait).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Timed out waiting", "NCCL communicator was aborted")
+
+
+def _lost_peer(exc: BaseException) -> bool:
+    """True if `exc` is the echo of another rank's failure, not a cause of its own."""
+    return isinstance(exc, PeerFailure) or any(s in str(exc) for s in _PEER_LOST)
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _watch(procs: list, devices: list[str], run_dir: Path) -> None:
+    """Return when every child exited 0; raise RunFailed as soon as one fails.
+
+    Blame, in this order: the earliest failure a rank reported of its own (not the echo
+    of a lost peer), else the first rank seen dead without a report (killed by a signal,
+    out of memory), else the earliest lost-peer report."""
+    died_at: dict[int, float] = {}
+    while True:
+        now = time.time()
+        for r, p in enumerate(procs):
+            if p.exitcode not in (None, 0):
+                died_at.setdefault(r, now)
+        if died_at:
+            break
+        if all(p.exitcode == 0 for p in procs):
+            return
+        multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None],
+                                        timeout=0.5)
+    # The first exit seen may be a peer that lost its connection: give every rank a
+    # moment to fail and report, then pick the root cause.
+    deadline = time.monotonic() + FAILURE_GRACE_S
+    while time.monotonic() < deadline and any(p.exitcode is None for p in procs):
+        multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None],
+                                        timeout=0.05)
+        now = time.time()
+        for r, p in enumerate(procs):
+            if p.exitcode not in (None, 0):
+                died_at.setdefault(r, now)
+    _stop(procs)
+    codes = {r: p.exitcode for r, p in enumerate(procs)}
+    reports = {}
+    for path in run_dir.glob("failure-*.json"):
+        try:
+            rep = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        reports[rep["rank"]] = rep
+    own = [rep for rep in reports.values() if not rep["secondary"]]
+    silent = sorted((t, r) for r, t in died_at.items() if r not in reports)
+    if own or not silent:
+        first = min(own or reports.values(), key=lambda rep: rep["time"])
+        rank = first["rank"]
+        raise RunFailed(rank, devices[rank], first["cause"], first["traceback"], codes)
+    rank = silent[0][1]
+    code = codes[rank]
+    if code is not None and code < 0:
+        cause = f"killed by signal {signal.Signals(-code).name}"
+    else:
+        cause = f"exited with status {code} without a report"
+    raise RunFailed(rank, devices[rank], cause, "", codes)
+
+
+def _stop(procs: list) -> None:
+    """Terminate every child still running, then kill what ignores that; reap them all."""
+    for p in procs:
+        if p.pid is not None and p.exitcode is None:
+            p.terminate()
+    deadline = time.monotonic() + KILL_GRACE_S
+    for p in procs:
+        if p.pid is not None:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+
+

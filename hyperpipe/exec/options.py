@@ -1,0 +1,85 @@
+"""What a run is asked to do (`RunOptions`) and what it hands back (`RunResult`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hyperpipe.errors import BadInput
+from hyperpipe.sim.trace import Trace
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Options of `run_plan`. Times in seconds.
+
+    `inject_fault` is ``(rank, step)``: that rank raises at the start of that step (for
+    tests and drills). `emulation_scale` stretches every device's compute by this factor
+    on top of its speed ratio (scale > 1 keeps CPU contention low when more ranks than
+    cores run). `timeout_s` bounds every blocking wait (process-group and receive waits).
+    `capture_state` makes every rank hand back its parameters and the last step's
+    gradients (for tests that compare with a single-process run). `probe_links` runs the
+    point-to-point ping-pong before step 0 that calibration fits links to.
+    """
+
+    steps: int = 1
+    seed: int = 0
+    trace_path: str | None = None
+    chrome_path: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    inject_fault: tuple[int, int] | None = None
+    emulate: bool = True
+    emulation_scale: float = 1.0
+    threads_per_rank: int = 1
+    timeout_s: float = 30.0
+    lr: float = 1e-3
+    capture_state: bool = False
+    probe_links: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "threads_per_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInput(f"run option {name}", "a positive integer", value)
+        for name in ("seed", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise BadInput(f"run option {name}", "a non-negative integer", value)
+        for name in ("emulation_scale", "timeout_s", "lr"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value < float("inf"):
+                raise BadInput(f"run option {name}", "a positive number", value)
+        if self.emulation_scale < 1.0:
+            raise BadInput("run option emulation_scale", "a number >= 1 (emulation can only "
+                           "slow a device down)", self.emulation_scale)
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise BadInput("run option checkpoint_every", "a checkpoint directory with it",
+                           has_got=False)
+        if self.resume and not self.checkpoint_dir:
+            raise BadInput("run option resume", "a checkpoint directory to resume from",
+                           has_got=False)
+        if self.inject_fault is not None:
+            fault = self.inject_fault
+            if len(fault) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                          and x >= 0 for x in fault):
+                raise BadInput("run option inject_fault", "(rank, step), two non-negative "
+                               "integers", fault)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run: its measured trace (all ranks, aligned clocks), the wall time of
+    each step (first rank's start to last rank's end, seconds), the full-batch mean loss
+    of each step, and whether compute times were emulated. Steps resumed from a
+    checkpoint are not in the lists. `state` (only with `capture_state`): one dict per
+    rank, parameter name -> {"param", "grad"} tensors after the last step."""
+
+    trace: Trace
+    step_times_s: list[float]
+    losses: list[float]
+    emulated: bool
+    first_step: int = 0
+    state: list[dict[str, Any]] | None = field(default=None, repr=False)

@@ -1,0 +1,394 @@
+"""Replaying one rank's share of a plan: its stages, its actions in IR order, its optimizer.
+
+The rank runs ``generate(plan.schedule, p, m, chunks).actions[d]`` exactly in order and
+never decides the order itself. One small primitive per action kind:
+
+- ``F``: run the stage forward; the last stage returns the loss, scaled by
+  micro_batch / global_batch so that summing over micro-batches and pipelines gives the
+  gradient of the full-batch mean loss. The output goes to the next stage.
+- ``B``: full backward (input and weight gradients); the input gradient goes back.
+- ``I``: input gradient only (torch.distributed.pipelining's ``stage_backward_input``:
+  autograd.grad w.r.t. the stage input with the graph kept, remembering the gradients
+  that reach the weights). The first stage's input is token ids, so its graph is cut
+  after the embedding: I differentiates w.r.t. the embedding's output (the blocks' input
+  gradients, as the cost model counts them) and W adds the embedding's weight gradient.
+- ``W``: weight gradients from what I kept, accumulated into ``.grad``.
+
+What to receive comes from `dependencies(schedule)`: an action waits for an action of
+another rank exactly when data crosses ranks. Receives are posted ahead, a window of
+them per sender, in the order that sender sends (every rank knows every rank's action
+list): a wait never blocks a message the peer sends earlier, so ordering cannot
+deadlock, data arrives while the rank computes, and NCCL, which matches messages by
+order rather than tag, pairs them correctly. Sends are asynchronous and reaped between
+actions. Each direction between two ranks has its own process group (comm.Channels).
+After the last action: the data-parallel all-reduce, then AdamW. Every action becomes
+a TraceEvent (seconds on the rank's clock, which the launcher aligns across ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hyperpipe.exec import comm
+from hyperpipe.exec.data import micro_batch_of, step_batch
+from hyperpipe.exec.emulation import cpu_clock, stretch
+from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups
+from hyperpipe.models import build_stage
+from hyperpipe.models.spec import ModelSpec
+from hyperpipe.sim.generators import generate
+from hyperpipe.sim.plan import Plan
+from hyperpipe.sim.schedule import Action, dependencies
+from hyperpipe.sim.trace import TraceEvent
+
+try:    # torch's own I/W split (the graph walk of its zero-bubble schedules)
+    from torch.distributed.pipelining._backward import (
+        stage_backward_input,
+        stage_backward_weight,
+    )
+except ImportError:     # pragma: no cover - older or newer torch without the private API
+    stage_backward_input = stage_backward_weight = None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One step on one rank: its events, the summed scaled loss of its last stage (0 if
+    it has none), and when the step began and ended (rank clock, seconds)."""
+
+    step: int
+    events: list[TraceEvent]
+    loss: float
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class _Stage:
+    index: int
+    module: torch.nn.Module
+    is_first: bool          # takes the model's inputs (no input gradient)
+    is_last: bool           # ends with the loss
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Recv:
+    """One message a rank receives in a step."""
+
+    kind: int               # comm.ACTIVATION or comm.GRADIENT
+    stage: int              # the stage the data flows into
+    microbatch: int
+    src: int                # global rank
+    shape: tuple[int, ...]
+
+
+def boundary_shape(spec: ModelSpec, layer: int, micro_batch: int) -> tuple[int, ...]:
+    """Shape of the activation that layer `layer` outputs (and of its gradient): (B, S, D)
+    for a GPT, (B, S, hidden) for a synthetic layer."""
+    width = spec.config.d_model if spec.config is not None else spec.layers[layer].hidden
+    return (micro_batch, spec.seq_len, width)
+
+
+class RankRuntime:
+    """The stages, optimizer and communication of one rank; `run_step` replays a step.
+
+    Every rank of the job constructs its RankRuntime at the same time (the data-parallel
+    process groups are created collectively). `clock` returns seconds on the rank's
+    aligned clock; `emulation_factor` stretches compute (1 = native speed).
+    """
+
+    def __init__(self, plan: Plan, spec: ModelSpec, where: RankPlacement, *, seed: int,
+                 lr: float, device: torch.device, timeout_s: float,
+                 clock: Callable[[], float], emulation_factor: float = 1.0):
+        self.plan, self.spec, self.where = plan, spec, where
+        self.seed, self.device, self.timeout_s = seed, device, timeout_s
+        self.clock, self.factor = clock, emulation_factor
+        self.devices = plan.devices
+        self.name = where.device
+        pipe = plan.pipelines[where.pipeline]
+        self.micro_batch, self.num_mb = pipe.micro_batch, pipe.num_microbatches
+        self.loss_scale = pipe.micro_batch / plan.global_batch
+        self.schedule = generate(plan.schedule, where.num_pipe_ranks, self.num_mb, plan.chunks)
+        self.actions: tuple[Action, ...] = self.schedule.actions[where.pipe_rank]
+        last = len(pipe.stages) - 1
+        self.stages: dict[int, _Stage] = {}
+        for s in where.stages:
+            a, b = pipe.stages[s].layers
+            module = build_stage(spec, a, b, seed).to(device)
+            self.stages[s] = _Stage(s, module, s == 0, s == last,
+                                    boundary_shape(spec, max(a - 1, 0), self.micro_batch),
+                                    boundary_shape(spec, b - 1, self.micro_batch))
+        self.params = [p for s in sorted(self.stages) for p in self.stages[s].module.parameters()]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr)
+        self.inbox = self._inbox()
+        # Receives posted ahead per sender: enough to keep 1F1B's steady state fed,
+        # bounded so that buffers for every micro-batch are not allocated up front.
+        self.window = 2 * len(pipe.stages) + 2
+        # process groups: created collectively, the same order on every rank
+        self.channels = comm.Channels(adjacent_pairs(plan), timeout_s)
+        self.reducer = comm.GradReducer(dp_groups(plan), where.rank, self._params_by_layer(),
+                                        self.devices, timeout_s)
+
+    # ------------------------------------------------------------------ set-up
+    def _inbox(self) -> dict[int, list[_Recv]]:
+        """Sender rank -> the messages it sends this rank in one step, in its send order.
+
+        What is received comes from `dependencies` (an action of this rank that waits
+        for an action of another rank); the order from the sender's action list (it
+        sends after each F to the next stage and after each B or I to the previous)."""
+        deps = dependencies(self.schedule)
+        d, last = self.where.pipe_rank, self.schedule.num_stages - 1
+        needed: dict[tuple[int, int, int], int] = {}
+        for a in self.actions:
+            for x in deps[a]:
+                if self.schedule.device_of(x.stage) != d:
+                    kind = comm.ACTIVATION if a.op == "F" else comm.GRADIENT
+                    needed[(kind, a.stage, a.microbatch)] = self.where.rank_of_stage(x.stage)
+        inbox: dict[int, list[_Recv]] = {}
+        for e, row in enumerate(self.schedule.actions):
+            if e == d:
+                continue
+            for a in row:
+                if a.op == "F" and a.stage < last:
+                    key = (comm.ACTIVATION, a.stage + 1, a.microbatch)
+                elif a.op in ("B", "I") and a.stage > 0:
+                    key = (comm.GRADIENT, a.stage - 1, a.microbatch)
+                else:
+                    continue
+                if self.schedule.device_of(key[1]) != d:
+                    continue
+                src = self.where.first_rank + e
+                if needed.pop(key, None) != src:
+                    raise RuntimeError(f"rank {self.where.rank}: rank {src} sends {key}, "
+                                       "which no action here waits for")
+                st = self.stages[key[1]]
+                shape = st.in_shape if key[0] == comm.ACTIVATION else st.out_shape
+                inbox.setdefault(src, []).append(_Recv(*key, src, shape))
+        if needed:
+            raise RuntimeError(f"rank {self.where.rank}: nothing sends {sorted(needed)}")
+        return inbox
+
+    def _params_by_layer(self) -> dict[int, list[torch.nn.Parameter]]:
+        # StageModule names parameters by global layer index: "layers.5.attn.c_attn.weight"
+        out: dict[int, list[torch.nn.Parameter]] = {}
+        for st in self.stages.values():
+            for name, p in st.module.named_parameters():
+                out.setdefault(int(name.split(".")[1]), []).append(p)
+        return out
+
+    # ------------------------------------------------------------------ one step
+    def run_step(self, step: int) -> StepOutcome:
+        """Replay this rank's actions for training step `step`, all-reduce, AdamW."""
+        start_s = self.clock()
+        self.events: list[TraceEvent] = []
+        self.step = step
+        self.optimizer.zero_grad(set_to_none=True)
+        self.local: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.stash: dict[tuple[int, int], list] = {}
+        self.posted: dict[tuple[int, int, int], tuple[dist.Work, torch.Tensor, int]] = {}
+        self.cursor = {src: 0 for src in self.inbox}
+        self.outstanding = {src: 0 for src in self.inbox}
+        self.sends = comm.PendingSends(self.timeout_s, self.clock)
+        self.loss_sum = torch.zeros((), device=self.device)
+        ends = [s for s in self.stages.values() if s.is_first or s.is_last]
+        self.batch = step_batch(self.spec, self.plan.global_batch, step, self.seed) \
+            if ends else None
+        for src in self.inbox:
+            self._post(src)
+        primitive = {"F": self._forward, "B": self._backward, "I": self._backward_input,
+                     "W": self._backward_weight}
+        for a in self.actions:
+            primitive[a.op](a)
+            self.sends.reap(self.events)
+        self.sends.reap(self.events, block=True)
+        unread = {src: len(q) - self.cursor[src] for src, q in self.inbox.items()
+                  if self.cursor[src] < len(q)}
+        if self.stash or self.local or self.posted or unread:
+            raise RuntimeError(f"rank {self.where.rank}: step {step} left work behind "
+                               f"(stash {sorted(self.stash)}, local {sorted(self.local)}, "
+                               f"receives {sorted(self.posted)}, unread {unread})")
+        self.events += self.reducer.reduce(self.name, step, self.clock)
+        t = self.clock()
+        self.optimizer.step()
+        self._sync()
+        self.events.append(self._event("optimizer", -1, -1, t, self.clock()))
+        return StepOutcome(step, self.events, float(self.loss_sum.item()), start_s,
+                           self.clock())
+
+    # ------------------------------------------------------------------ primitives
+    def _forward(self, a: Action) -> None:
+        st = self.stages[a.stage]
+        if st.is_first:
+            x = self._micro(a.microbatch)[0].to(self.device)
+        else:
+            x = self._take(comm.ACTIVATION, a.stage, a.microbatch).requires_grad_()
+        start, cpu = self.clock(), cpu_clock()
+        embedded = None
+        if st.is_first and self.spec.config is not None:
+            # Cut the graph after the embedding, so that I has an input to differentiate
+            # (token ids have no gradient): I = the blocks' input gradients, as the cost
+            # model counts it; W = the weight gradients, the embedding's included.
+            embedded = st.module.layers[str(st.module.start)](x)
+            x = embedded.detach().requires_grad_()
+            layers = list(st.module.layers.values())[1:]
+        else:
+            layers = list(st.module.layers.values())
+        targets = self._micro(a.microbatch)[1].to(self.device) if st.is_last else None
+        out = x
+        for layer in layers:
+            out = layer(out, targets) if layer.takes_targets else layer(out)
+        if st.is_last:
+            out = out * self.loss_scale
+            self.loss_sum += out.detach()
+        self.events.append(self._event("F", a.stage, a.microbatch, start,
+                                       self._done(start, cpu)))
+        self.stash[(a.stage, a.microbatch)] = [x, out, None, embedded]
+        if not st.is_last:
+            self._give(comm.ACTIVATION, a.stage + 1, a.microbatch, out.detach(), a.stage)
+
+    def _backward(self, a: Action) -> None:
+        st = self.stages[a.stage]
+        x, out, _, embedded = self.stash.pop((a.stage, a.microbatch))
+        grad = None if st.is_last else self._take(comm.GRADIENT, a.stage, a.microbatch)
+        start, cpu = self.clock(), cpu_clock()
+        torch.autograd.backward(out, grad)
+        if embedded is not None:
+            torch.autograd.backward(embedded, x.grad)
+        self.events.append(self._event("B", a.stage, a.microbatch, start,
+                                       self._done(start, cpu)))
+        if not st.is_first:
+            self._give(comm.GRADIENT, a.stage - 1, a.microbatch, x.grad, a.stage)
+
+    def _backward_input(self, a: Action) -> None:
+        st = self.stages[a.stage]
+        entry = self.stash[(a.stage, a.microbatch)]
+        x, out, _, embedded = entry
+        grad = None if st.is_last else self._take(comm.GRADIENT, a.stage, a.microbatch)
+        start, cpu = self.clock(), cpu_clock()
+        if not x.requires_grad:             # a first stage without an embedding to cut at
+            entry[2] = ("full", grad)       # W runs the whole backward
+        elif out is x:                      # a stage of the embedding alone: nothing to do
+            entry[2] = ("done", None)
+        elif stage_backward_input is not None:
+            dx, groups = stage_backward_input([out], None if grad is None else [grad], [x],
+                                              st.module.parameters())
+            entry[1:3] = [None, ("groups", groups)]
+            dx = dx[0]
+        else:                               # pragma: no cover - fallback without torch's split
+            dx = torch.autograd.grad(out, x, grad, retain_graph=True)[0]
+            entry[2] = ("full", grad)
+        if embedded is not None and entry[2][0] != "full":
+            entry[3] = (embedded, grad if out is x else dx)   # for W
+        self.events.append(self._event("I", a.stage, a.microbatch, start,
+                                       self._done(start, cpu)))
+        if not st.is_first:
+            self._give(comm.GRADIENT, a.stage - 1, a.microbatch, dx, a.stage)
+
+    def _backward_weight(self, a: Action) -> None:
+        st = self.stages[a.stage]
+        _, out, (kind, payload), embedded = self.stash.pop((a.stage, a.microbatch))
+        start, cpu = self.clock(), cpu_clock()
+        if kind == "groups":
+            stage_backward_weight(st.module.parameters(), payload)
+        elif kind == "full":
+            torch.autograd.backward(out, payload)
+        if isinstance(embedded, tuple):     # the embedding's weight gradient
+            torch.autograd.backward(*embedded)
+        self.events.append(self._event("W", a.stage, a.microbatch, start,
+                                       self._done(start, cpu)))
+
+    # ------------------------------------------------------------------ data movement
+    def _micro(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return micro_batch_of(self.batch, self.where.sample_offset, self.micro_batch, index)
+
+    def _post(self, src: int, until: tuple[int, int, int] | None = None) -> None:
+        """Post receives from `src` in its send order: up to `until` (a message key), or
+        else while fewer than `window` are outstanding."""
+        queue, cursor = self.inbox[src], self.cursor
+        while cursor[src] < len(queue):
+            r = queue[cursor[src]]
+            key = (r.kind, r.stage, r.microbatch)
+            if until is None and self.outstanding[src] >= self.window:
+                return
+            buf = torch.empty(r.shape, dtype=torch.float32, device=self.device)
+            tag = comm.message_tag(r.kind, r.stage, r.microbatch, self.num_mb)
+            group = self.channels.group(src, self.where.rank)
+            self.posted[key] = (dist.irecv(buf, src, group=group, tag=tag), buf, src)
+            cursor[src] += 1
+            self.outstanding[src] += 1
+            if key == until:
+                return
+
+    def _take(self, kind: int, stage: int, mb: int) -> torch.Tensor:
+        """The activation or gradient flowing into (stage, mb): handed over locally, or
+        waited for (a `recv` event)."""
+        key = (kind, stage, mb)
+        if key in self.local:
+            return self.local.pop(key)
+        src = self.where.rank_of_stage(stage - 1 if kind == comm.ACTIVATION else stage + 1)
+        if key not in self.posted:
+            self._post(src, until=key)
+        work, buf, src = self.posted.pop(key)
+        self.outstanding[src] -= 1
+        start = self.clock()
+        what = "activation" if kind == comm.ACTIVATION else "gradient"
+        comm.wait(work, self.timeout_s, f"waiting for the {what} of stage {stage} "
+                  f"micro-batch {mb} from rank {src} ({self.devices[src]})")
+        self._sync()
+        self.events.append(self._event("recv", stage, mb, start, self.clock(),
+                                       float(buf.numel() * buf.element_size()),
+                                       self.devices[src]))
+        self._post(src)
+        return buf
+
+    def _give(self, kind: int, stage: int, mb: int, tensor: torch.Tensor, src_stage: int
+              ) -> None:
+        """Hand the activation or gradient flowing into (stage, mb) to its rank."""
+        dst = self.where.rank_of_stage(stage)
+        if dst == self.where.rank:
+            self.local[(kind, stage, mb)] = tensor
+            return
+        tensor = tensor.contiguous()
+        ev = self._event("send", src_stage, mb, self.clock(), 0.0,
+                         float(tensor.numel() * tensor.element_size()), self.devices[dst])
+        self.sends.send(tensor, dst, comm.message_tag(kind, stage, mb, self.num_mb),
+                        self.channels.group(self.where.rank, dst), ev)
+
+    # ------------------------------------------------------------------ helpers
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _done(self, start: float, start_cpu: float) -> float:
+        """End of a compute action that began at `start` (clock) and `start_cpu`
+        (cpu_clock): synchronised, then stretched."""
+        self._sync()
+        return stretch(start, start_cpu, self.factor, self.clock)
+
+    def _event(self, op: str, stage: int, mb: int, start: float, end: float,
+               nbytes: float = 0.0, peer: str = "") -> TraceEvent:
+        return TraceEvent(self.name, op, stage, mb, start, end, nbytes, peer, self.step)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Model and optimizer state of this rank (for checkpoints)."""
+        return {"stages": {str(s): st.module.state_dict() for s, st in self.stages.items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for s, st in self.stages.items():
+            st.module.load_state_dict(state["stages"][str(s)])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def captured(self) -> dict[str, dict[str, torch.Tensor | None]]:
+        """Parameter name -> {"param", "grad"} on the CPU (tests compare these)."""
+        out = {}
+        for st in self.stages.values():
+            for name, p in st.module.named_parameters():
+                out[name] = {"param": p.detach().cpu().clone(),
+                             "grad": None if p.grad is None else p.grad.detach().cpu().clone()}
+        return out
