@@ -1,0 +1,368 @@
+"""The analytic tier: closed forms and recurrences per plan, for pruning the search.
+
+`estimate(plan, cost)` returns the same `Metrics` as `simulate`, from per-stage times
+of the cost model and no events. With t_r the work of rank r per micro-batch (F + B of
+its stages; F + I + W for zb-h1), c the slowest link direction per micro-batch and
+T = max(max_r t_r, c) the steady-state period, one pipeline takes
+
+* gpipe, 1f1b:            m T + (sum_r t_r - max_r t_r) + sum of link times
+  (for equal stages and free links: (m + p - 1)(t_F + t_B), the GPipe/1F1B closed form);
+* interleaved-1f1b (v):   m T + (sum_r t_r - max_r t_r) / v + sum of link times / v
+  (equal chunks: 3 m v t + 3 (p - 1) t, Megatron's (p - 1) / v bubble);
+* zb-h1:                  m T + sum over non-bottleneck ranks of (F + I - W) + links
+  (equal F = I = W = t: 3 m t + (p - 1) t, Qi et al. 2023).
+
+Stage s (on rank r) ends its last backward about sum_{r' < r} (backward of r') before
+the pipeline ends; its data-parallel all-reduce (the cost model's ring time, in
+buckets, overlapped with that last backward as the simulator does) and its optimizer
+step follow. Replicas with the same stages, device types and micro-batches are
+computed once. Peak memory is static state plus the closed-form in-flight count
+(`memory.peak_in_flight`) times the stash of one micro-batch.
+
+What it leaves out, and the simulator has: link sharing (between replicas and between
+concurrent all-reduces), and the exact interleaving of heterogeneous stages. The tests
+check it equals the simulation on equal stages with free links and bound the gap on
+heterogeneous ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import chain, pairwise, repeat
+from operator import attrgetter, eq, itemgetter
+
+from hyperpipe.sim.catalog import DeviceType
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.memory import oom_detail, peak_in_flight
+from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.network import p2p_edges, p2p_spec
+from hyperpipe.sim.plan import Plan
+
+DDP_BUCKET_BYTES = 25e6      # PyTorch DDP's default bucket_cap_mb=25, as SimOptions
+
+
+@dataclass(frozen=True)
+class RankUse:
+    """What one pipeline rank used in an iteration, for every device it stands for
+    (its tensor-parallel group, in every replica with the same timing)."""
+
+    devices: tuple[str, ...]
+    device_type: DeviceType
+    stages: tuple[int, ...]
+    peak_bytes: float
+    busy_s: float                  # compute time per device (F, B, I, W)
+
+
+def summarize(plan: Plan, cost: CostModel, iteration_s: float, ranks: list[RankUse],
+              extra: dict, cache: dict | None = None) -> Metrics:
+    """DESIGN.md's metrics from an iteration time and per-rank usage (both tiers)."""
+    cache = _cache_for(cost, cache)
+    model = cost.model
+    t = iteration_s
+    throughput = plan.global_batch / t if t > 0 else 0.0
+    sizes = set(map(_MB, plan.pipelines))
+    if len(sizes) == 1:                  # one micro-batch size: no loop over pipelines
+        model_flops = sum(map(_M, plan.pipelines)) * _model_flops(cost, sizes.pop(), cache)
+    else:
+        model_flops = sum(p.num_microbatches * _model_flops(cost, p.micro_batch, cache)
+                          for p in plan.pipelines)
+    n_dev = busy = peak_flops = 0.0
+    peaks: dict[str, float] = {}
+    oom: list[str] = []
+    detail: list[dict] = []
+    for r in ranks:
+        n = len(r.devices)
+        n_dev += n
+        busy += r.busy_s * n
+        peak_flops += r.device_type.peak_flops * n
+        peaks.update(dict.fromkeys(r.devices, r.peak_bytes))
+        if r.peak_bytes > r.device_type.memory_bytes:
+            oom += r.devices
+            detail.append(oom_detail(r.devices, r.stages, r.peak_bytes,
+                                     r.device_type.memory_bytes))
+    if detail:
+        extra = {**extra, "oom_detail": detail}
+    price = _price_per_s(cost.cluster, ranks, cache)
+    tokens_per_s = throughput * model.seq_len
+    return Metrics(
+        iteration_time_s=t,
+        throughput_samples_per_s=throughput,
+        tokens_per_s=tokens_per_s,
+        bubble_fraction=1.0 - busy / (t * n_dev) if t > 0 and n_dev else 0.0,
+        mfu=model_flops / (t * peak_flops) if t > 0 and peak_flops else 0.0,
+        peak_memory_bytes=peaks, oom=oom,
+        cost_per_million_tokens=price / tokens_per_s * 1e6
+        if price is not None and tokens_per_s > 0 else None,
+        extra=extra)
+
+
+def _cache_for(cost: CostModel, cache: dict | None) -> dict:
+    """`cache` emptied unless it was filled for this very cost model (look-ups that
+    depend only on the cost model, kept between plans by a caller that passes it)."""
+    if cache is None:
+        return {"cost": cost}
+    if cache.get("cost") is not cost:
+        cache.clear()
+        cache["cost"] = cost
+    return cache
+
+
+def _model_flops(cost: CostModel, micro_batch: int, cache: dict) -> float:
+    """F + I + W FLOPs of the whole model for one micro-batch (what MFU counts)."""
+    key = ("flops", micro_batch)
+    if key not in cache:
+        cache[key] = sum(cost.op_flops(i, micro_batch, op)
+                         for i in range(cost.model.num_layers) for op in "FIW")
+    return cache[key]
+
+
+def _price_per_s(cluster, ranks: list[RankUse], cache: dict) -> float | None:
+    """USD per second of every used device, or None if one has no price."""
+    prices = cache.get("prices")
+    if prices is None:
+        prices = cache["prices"] = {}
+    total = 0.0
+    for r in ranks:
+        price = prices.get(r.devices)
+        if price is None:
+            each = [cluster.price_per_hour(dev) for dev in r.devices]
+            if None in each:
+                return None
+            price = prices[r.devices] = sum(each)
+        total += price
+    return total / 3600.0
+
+
+# ---------------------------------------------------------------------------- estimate
+
+def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
+             bucket_bytes: float = DDP_BUCKET_BYTES, overlap_dp_allreduce: bool = True,
+             include_optimizer: bool = True) -> Metrics:
+    """Closed-form metrics of one iteration of `plan` (see the module doc).
+
+    Fast: no events, one pass over each distinct pipeline's stages. A caller that
+    estimates many plans of one cost model (the search) passes the same `cache` dict
+    each time, to keep per-device and per-ring look-ups between plans.
+    """
+    cache = _cache_for(cost, cache)
+    cluster = cost.cluster
+    v, kind = plan.chunks, plan.schedule
+    types: dict = cache.setdefault("types", {})          # device -> its DeviceType
+    names: dict = cache.setdefault("type_names", {})     # device -> its type's name
+    try:
+        classes = _classes(plan, names)
+    except KeyError:                     # devices not seen yet: look their types up
+        every_stage = chain.from_iterable(map(_STAGES, plan.pipelines))
+        for dev in sorted(set(map(_FIRST, map(_DEVICES, every_stage))) - names.keys()):
+            types[dev] = cluster.device(dev).type
+            names[dev] = types[dev].name
+        classes = _classes(plan, names)
+
+    ranks: list[RankUse] = []
+    ready: dict[tuple[int, int], tuple[float, float]] = {}  # (class, stage) -> (end, last)
+    rank_info = []        # (class, compute end, stages of the rank)
+    rank_devices: dict[tuple[int, int], tuple[str, ...]] = {}   # (class, stage) -> devices
+    spans = []
+    for c, members in enumerate(classes.values()):
+        pipe = plan.pipelines[members[0]]
+        st, m, b = pipe.stages, pipe.num_microbatches, pipe.micro_batch
+        n_st = len(st)
+        p = n_st // v
+        t_f = [cost.stage_time_s(s.layers, s.devices, b, "F") for s in st]
+        if kind == "zb-h1":
+            t_i = [cost.stage_time_s(s.layers, s.devices, b, "I") for s in st]
+            t_w = [cost.stage_time_s(s.layers, s.devices, b, "W") for s in st]
+            t_b = [i + w for i, w in zip(t_i, t_w, strict=True)]
+            last = t_w
+        else:
+            t_b = last = [cost.stage_time_s(s.layers, s.devices, b, "B") for s in st]
+        sizes = [_stage_bytes(cost, s, b, cache) for s in st]
+        links = [_link_times(cost, x, y, sizes[k][2], cache)
+                 for k, (x, y) in enumerate(pairwise(st))]
+        work = [sum(t_f[s] + t_b[s] for s in range(r, n_st, p)) for r in range(p)]
+        top = max(range(p), key=work.__getitem__)
+        period = max([work[top]] + [max(fwd, bwd) for fwd, bwd in links])
+        link_sum = sum(fwd + bwd for fwd, bwd in links)
+        if kind == "zb-h1":
+            fill = sum(t_f[r] + t_i[r] - t_w[r] for r in range(p) if r != top) + link_sum
+        else:
+            fill = (sum(work) - work[top] + link_sum) / v
+        span = m * period + fill
+        spans.append(span)
+        # The backward wave leaves rank r after the ranks below it have run theirs.
+        below = 0.0
+        columns = list(zip(*[plan.pipelines[q].stages for q in members], strict=True))
+        for r in range(p):
+            mine = range(r, n_st, p)
+            for s in mine:
+                ready[(c, s)] = (span - below, last[s])
+            rank_info.append((c, span - below, mine))
+            below += sum(t_b[s] for s in mine)
+            stash = sum(sizes[s][0] for s in mine) / len(mine)
+            peak = sum(sizes[s][1] for s in mine) + stash * peak_in_flight(kind, p, m, v, r)
+            devices = tuple(chain.from_iterable(map(_DEVICES, columns[r])))
+            for s in mine:
+                rank_devices[(c, s)] = devices
+            ranks.append(RankUse(devices, types[st[r].devices[0]], tuple(mine), peak,
+                                 m * work[r]))
+
+    reps = [members[0] for members in classes.values()]
+    done = _allreduce_done(plan, cost, list(classes.values()), ready, rank_devices, cache,
+                           bucket_bytes, overlap_dp_allreduce)
+    iteration = max(spans)
+    for c, end, mine in rank_info:
+        t = end
+        for s in sorted(mine, key=lambda s, c=c: ready[(c, s)][0]):
+            t = max(t, done.get((c, s), 0.0))
+            if include_optimizer:
+                t += _optimizer_s(cost, plan.pipelines[reps[c]].stages[s], types, cache)
+        iteration = max(iteration, t)
+    extra = {"tier": "analytic", "pipeline_s": max(spans),
+             "replica_classes": list(classes.values())}
+    return summarize(plan, cost, iteration, ranks, extra, cache)
+
+
+def _classes(plan: Plan, names: dict) -> dict[tuple, list[int]]:
+    """Pipelines grouped by micro-batches, cuts, tp and device types (`names`: device ->
+    type name; KeyError for a device not in it). C-level maps where it can: this sees
+    every stage of a 1024-GPU plan."""
+    pipes = plan.pipelines
+    if _all_alike(pipes, names, len(pipes[0].stages) // plan.chunks):
+        return {(): list(range(len(pipes)))}
+    classes: dict[tuple, list[int]] = {}
+    for q, pipe in enumerate(pipes):
+        st = pipe.stages
+        key = (pipe.micro_batch, pipe.num_microbatches, tuple(map(_LAYERS, st)),
+               tuple(map(_TP, st)), tuple(map(names.__getitem__, map(_FIRST, map(_DEVICES, st)))))
+        classes.setdefault(key, []).append(q)
+    return classes
+
+
+def _all_alike(pipes, names: dict, p: int) -> bool:
+    """Whether every pipeline has the same micro-batches, cuts, tp and device types per
+    stage: one column at a time, with C-level maps (the common data-parallel case).
+    Device types are checked on the first `p` stages: chunk c's stages sit on the same
+    devices (looped placement, `Plan.check`)."""
+    if len(set(map(_MB, pipes))) > 1 or len(set(map(_M, pipes))) > 1 or \
+            len(set(map(len, map(_STAGES, pipes)))) > 1:
+        return False
+    for k, column in enumerate(zip(*[p.stages for p in pipes], strict=True)):
+        head = column[0]
+        if not all(map(eq, map(_LAYERS, column), repeat(head.layers))) or \
+                not all(map(eq, map(_TP, column), repeat(head.tp))):
+            return False
+        if k < p and not all(map(eq, map(names.__getitem__, map(_FIRST, map(_DEVICES, column))),
+                                 repeat(names[head.devices[0]]))):
+            return False
+    return True
+
+
+_LAYERS, _TP, _DEVICES, _FIRST = (attrgetter("layers"), attrgetter("tp"),
+                                  attrgetter("devices"), itemgetter(0))
+_MB, _M, _STAGES = (attrgetter("micro_batch"), attrgetter("num_microbatches"),
+                    attrgetter("stages"))
+
+
+def bucket_count(nbytes: float, bucket_bytes: float) -> int:
+    """Buckets a gradient of `nbytes` fills at `bucket_bytes` each (DDP); 1 if unbounded."""
+    if not 0 < bucket_bytes < float("inf"):
+        return 1
+    return max(1, math.ceil(nbytes / bucket_bytes))
+
+
+def _stage_bytes(cost: CostModel, stage, micro_batch: int, cache: dict
+                 ) -> tuple[float, float, float]:
+    """(stash per micro-batch, static state, bytes sent on) of a stage, per device."""
+    key = ("bytes", stage.layers, micro_batch, stage.tp)
+    if key not in cache:
+        cache[key] = (cost.stash_bytes(stage.layers, micro_batch, stage.tp),
+                      cost.state_bytes(stage.layers, stage.tp),
+                      cost.send_bytes(stage.layers, micro_batch))
+    return cache[key]
+
+
+def _link_times(cost: CostModel, x, y, nbytes: float, cache: dict) -> tuple[float, float]:
+    """Idle-link times of the activations x -> y and the gradients y -> x."""
+    key = ("link", x.devices, y.devices, nbytes)
+    if key not in cache:
+        fwd = p2p_spec(cost, p2p_edges(x.devices, y.devices), nbytes)
+        bwd = p2p_spec(cost, p2p_edges(y.devices, x.devices), nbytes)
+        cache[key] = (fwd.time_s if fwd else 0.0, bwd.time_s if bwd else 0.0)
+    return cache[key]
+
+
+def _optimizer_s(cost: CostModel, stage, types: dict, cache: dict) -> float:
+    name = types[stage.devices[0]].name
+    key = ("opt", stage.layers, name, stage.tp)
+    if key not in cache:
+        cache[key] = cost.optimizer_time_s(stage.layers, name, stage.tp)
+    return cache[key]
+
+
+def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
+                    ready: dict[tuple[int, int], tuple[float, float]],
+                    rank_devices: dict[tuple[int, int], tuple[str, ...]], cache: dict,
+                    bucket_bytes: float, overlap: bool) -> dict[tuple[int, int], float]:
+    """When each (class, stage)'s gradient all-reduce ends: per layer range held by one
+    stage in every replica, ring time of the cost model in buckets; with `overlap` the
+    buckets stream during the last backward (bucket j ready after (j+1)/k of it)."""
+    grad_bytes = cost.model.dtype_bytes
+    pipes = plan.pipelines
+    done: dict[tuple[int, int], float] = {}
+    if len(pipes) == 1:
+        return done
+    cuts = sorted({s.layers[1] for members in classes for s in pipes[members[0]].stages})
+    # Members of a class share their cuts: the stage holding each layer, once per class.
+    firsts = [{s.layers[0]: k for k, s in enumerate(pipes[members[0]].stages)}
+              for members in classes]
+    start = 0
+    for end in cuts:
+        layers = (start, end)
+        parts = [(c, firsts[c][start] if start in firsts[c] else
+                  _holding(pipes[members[0]].stages, start))
+                 for c, members in enumerate(classes)]
+        start = end
+        if ("params", layers) not in cache:
+            cache[("params", layers)] = cost.stage_params(layers)
+        params = cache[("params", layers)]
+        tps = [pipes[classes[c][0]].stages[k].tp for c, k in parts]
+        nbytes = params * grad_bytes / min(tps)
+        if nbytes <= 0:
+            continue
+        k = bucket_count(nbytes, bucket_bytes)
+        tp = max(tps)
+        if tp == min(tps):
+            # Every member's group, class by class: the devices its ranks stand for.
+            flat = rank_devices[parts[0]] if len(parts) == 1 else \
+                tuple([d for part in parts for d in rank_devices[part]])
+            key = ("ring", flat, tp, nbytes / k)
+            if key not in cache:
+                cache[key] = max(cost.allreduce_time_s(flat[i::tp], nbytes / k)
+                                 for i in range(tp))
+        else:
+            groups = tuple([pipes[q].stages[k].devices for (_, k), members
+                            in zip(parts, classes, strict=True) for q in members])
+            key = ("ring", groups, nbytes / k)
+            if key not in cache:
+                cache[key] = max(cost.allreduce_time_s([g[i % len(g)] for g in groups],
+                                                       nbytes / k) for i in range(tp))
+        a = cache[key]
+        ends = [ready[part] for part in parts]
+        if overlap:
+            s0 = max(e - length for e, length in ends)
+            d = max(length for _, length in ends) / k
+            finish = s0 + max(d + k * a, k * d + a)   # the buckets' queue, see the doc
+        else:
+            finish = max(e for e, _ in ends) + k * a
+        for part in parts:
+            done[part] = max(done.get(part, 0.0), finish)
+    return done
+
+
+def _holding(stages, layer: int) -> int:
+    """Index of the stage whose layer range holds `layer`."""
+    for k, s in enumerate(stages):
+        if s.layers[0] <= layer < s.layers[1]:
+            return k
+    raise ValueError(f"no stage holds layer {layer}")

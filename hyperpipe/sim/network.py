@@ -1,0 +1,313 @@
+"""Links as shared resources: transfers are flows over hops that share them equally.
+
+Every hop of the cluster (one direction of one port: ``n0/1:out``, ``n0:nic-in``, see
+`hyperpipe.sim.cluster`) is a resource. A transfer is a *flow*: a set of hops, each with
+a weight (how many streams of the flow cross it), some work and a latency:
+
+* ``work_s``: seconds its bytes take at full speed on idle hops, i.e. bytes / the
+  route's bandwidth (the cost model's, so a calibration profile's link applies);
+* ``latency_s``: paid once, after the bytes (propagation and software start-up; it does
+  not occupy the hops). On idle hops a flow therefore takes ``latency_s + work_s``:
+  the cost model's alpha-beta time.
+
+Sharing model: **equal time-sharing per hop**. A hop carrying streams of total weight
+W gives each stream 1/W of its time, and a flow moves at the speed of its most loaded
+hop, ``speed = 1 / max over its hops of W``. Two equal flows started together on one hop
+each take twice as long; a flow that starts while another is half done slows it for the
+overlap only. We chose this over max-min fairness because it is what NCCL's and the
+NICs' round-robin arbitration does to equal streams, it needs no iterative solve (a
+change touches only the flows on the hops of the flow that started or ended) and it is
+conservative: a flow held back elsewhere does not hand its unused share to others.
+Weights let one simulated flow stand for several identical ones moving in lock step (the
+copies of a data-parallel replica, or the streams of a ring all-reduce).
+
+Events: a flow alone on its hops costs one SimPy event (its delivery), or none when its
+caller takes the delivery time instead (``lazy``); a flow that shares a hop gets an
+event when its bytes end (to speed up the others) and one for its delivery; stale
+events left behind by a rate change are skipped. No per-byte or per-packet events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import simpy
+
+
+class _Flow:
+    """One flow's state (mutable, internal: the network updates it on rate changes)."""
+
+    __slots__ = ("hops", "remaining_s", "speed", "mark_s", "end_s", "latency_s",
+                 "done", "token", "event", "alone", "lazy")
+
+    def __init__(self, hops, work_s, latency_s, done, token, now, speed):
+        self.hops = hops
+        self.remaining_s = work_s        # work left, in seconds at full speed
+        self.speed = speed               # fraction of full speed
+        self.mark_s = now                # when remaining_s was last brought up to date
+        self.end_s = now + work_s / speed    # projected end of the byte phase
+        self.latency_s = latency_s
+        self.done = done
+        self.token = token
+        self.event = None                # its pending SimPy event; older ones are stale
+        self.alone = True
+        self.lazy = False
+
+
+class Network:
+    """The hops of one simulation and the flows crossing them.
+
+    ``start(hops, work_s, latency_s, done, token)`` begins a flow now and calls
+    ``done(token)`` (inside a SimPy callback) at its delivery. Hop names are free-form
+    strings (`cluster.path(...).hops[i].name`), weights positive integers.
+
+    With ``lazy=True`` a flow that finds its hops idle gets no event at all: `start`
+    returns its delivery time, which holds unless another flow joins one of its hops
+    before its bytes end; then ``on_delay(token)`` is called and ``done(token)`` follows
+    at the real delivery. (Point-to-point sends mostly run alone, so this saves an
+    event per transfer.) Otherwise `start` returns None.
+    """
+
+    def __init__(self, env: simpy.Environment,
+                 on_delay: Callable[[Any], None] | None = None):
+        self.env = env
+        self.on_delay = on_delay
+        self._load: dict[str, int] = {}             # hop -> total weight of tracked flows
+        self._on: dict[str, list[_Flow]] = {}       # hop -> tracked flows in their bytes
+        self._lazy: dict[str, tuple] = {}           # hop -> the lazy flow last on it
+
+    def start(self, hops: tuple[tuple[str, int], ...], work_s: float, latency_s: float,
+              done: Callable[[Any], None], token: Any = None, lazy: bool = False,
+              speed: float | None = None) -> float | None:
+        """`speed`, if given, is 1 / the largest weight of `hops` (precomputed)."""
+        env = self.env
+        now = env.now
+        if work_s <= 0.0 or not hops:
+            if lazy:
+                return now + latency_s
+            env.timeout(latency_s).callbacks.append(lambda _e: done(token))
+            return None
+        on, lazies = self._on, self._lazy
+        busy = False
+        for hop, _ in hops:
+            entry = lazies.get(hop)
+            if entry is not None and entry[0] > now:
+                busy = True
+            flows = on.get(hop)
+            if flows:
+                # A tracked flow alone on its hops keeps them until its delivery event;
+                # once its bytes are through (latency left) it no longer loads them.
+                for f in [f for f in flows if f.end_s <= now]:
+                    self._detach(f)
+                busy = busy or bool(flows)
+        if not busy:                                 # idle hops: the common case
+            speed = speed or 1.0 / max(w for _, w in hops)
+            if lazy:
+                # No event and no flow object: a plain record per hop, which a flow
+                # that joins before its end turns into a tracked flow.
+                end_s = now + work_s / speed
+                entry = (end_s, hops, work_s, latency_s, done, token, now, speed)
+                for hop, _ in hops:
+                    lazies[hop] = entry
+                return end_s + latency_s
+            flow = _Flow(hops, work_s, latency_s, done, token, now, speed)
+            self._attach(flow)
+            self._schedule(flow, now)
+            return None
+        touched: list[_Flow] = []
+        for hop, _ in hops:                          # lazy flows still moving become tracked
+            entry = lazies.get(hop)
+            if entry is not None and entry[0] > now:
+                _, f_hops, work, lat, f_done, f_token, start, f_speed = entry
+                for h, _ in f_hops:
+                    if lazies.get(h) is entry:
+                        del lazies[h]
+                f = _Flow(f_hops, work, lat, f_done, f_token, start, f_speed)
+                f.lazy = True                        # `_reschedule` calls on_delay
+                self._attach(f)
+                touched.append(f)
+        flow = _Flow(hops, work_s, latency_s, done, token, now, 1.0)
+        for hop, _ in hops:
+            for f in on.get(hop, ()):
+                if f not in touched:
+                    touched.append(f)
+        self._attach(flow)
+        touched.append(flow)
+        self._reschedule(touched, now)
+        return None
+
+    def start_lazy(self, spec: FlowSpec, now: float, done: Callable[[Any], None],
+                   token: Any) -> float | None:
+        """`start(..., lazy=True)` of a `FlowSpec` at `now` (the current time), with a
+        short path for idle hops: the simulator's hot path."""
+        work_s = spec.work_s
+        if work_s <= 0.0:
+            return now + spec.latency_s
+        lazies, on = self._lazy, self._on
+        for hop in spec.names:
+            entry = lazies.get(hop)
+            if (entry is not None and entry[0] > now) or on.get(hop):
+                return self.start(spec.hops, work_s, spec.latency_s, done, token, True,
+                                  spec.speed)
+        end_s = now + work_s / spec.speed
+        entry = (end_s, spec.hops, work_s, spec.latency_s, done, token, now, spec.speed)
+        for hop in spec.names:
+            lazies[hop] = entry
+        return end_s + spec.latency_s
+
+    # ------------------------------------------------------------------ internals
+    def _attach(self, flow: _Flow) -> None:
+        on, load = self._on, self._load
+        for hop, weight in flow.hops:
+            on.setdefault(hop, []).append(flow)
+            load[hop] = load.get(hop, 0) + weight
+
+    def _detach(self, flow: _Flow) -> None:
+        for hop, weight in flow.hops:
+            flows = self._on[hop]
+            if flow in flows:
+                flows.remove(flow)
+                self._load[hop] -= weight
+
+    def _schedule(self, f: _Flow, now: float) -> None:
+        # Alone on every hop: nothing else speeds up when its bytes end, so one event at
+        # delivery does; otherwise an event at the end of the bytes.
+        on = self._on
+        f.alone = all(len(on[hop]) == 1 for hop, _ in f.hops)
+        delay = f.end_s - now + (f.latency_s if f.alone else 0.0)
+        f.event = ev = self.env.timeout(delay, f)
+        ev.callbacks.append(self._fire)
+
+    def _reschedule(self, flows: list[_Flow], now: float) -> None:
+        """Bring `flows` up to date at `now`, give them their new speed and new events."""
+        load = self._load
+        for f in flows:
+            f.remaining_s = max(0.0, f.remaining_s - (now - f.mark_s) * f.speed)
+            f.mark_s = now
+            f.speed = 1.0 / max(load[hop] for hop, _ in f.hops)
+            f.end_s = now + f.remaining_s / f.speed
+            if f.lazy:                       # its caller's delivery time no longer holds
+                f.lazy = False
+                if self.on_delay is not None:
+                    self.on_delay(f.token)
+            self._schedule(f, now)
+
+    def _fire(self, event: simpy.Event) -> None:
+        flow = event.value
+        if event is not flow.event:
+            return                                   # superseded by a rate change
+        flow.event = None
+        self._detach(flow)
+        if flow.alone:
+            flow.done(flow.token)
+            return
+        touched: list[_Flow] = []
+        for hop, _ in flow.hops:
+            for f in self._on[hop]:
+                if f not in touched:
+                    touched.append(f)
+        if touched:
+            self._reschedule(touched, self.env.now)
+        if flow.latency_s > 0.0:
+            done, token = flow.done, flow.token
+            self.env.timeout(flow.latency_s).callbacks.append(lambda _e: done(token))
+        else:
+            flow.done(flow.token)
+
+
+# ---------------------------------------------------------------------------- flow specs
+# The simulator and the analytic tier turn a transfer into (hops, work, latency) here,
+# always through the cost model, so a calibration profile's links apply to both.
+
+class FlowSpec:
+    """A transfer ready to `Network.start`: weighted hops, work and latency (seconds)."""
+
+    __slots__ = ("hops", "names", "work_s", "latency_s", "nbytes", "speed")
+
+    def __init__(self, hops: tuple[tuple[str, int], ...], work_s: float, latency_s: float,
+                 nbytes: float):
+        self.hops = hops
+        self.names = tuple(name for name, _ in hops)
+        self.speed = 1.0 / max((w for _, w in hops), default=1)   # on otherwise idle hops
+        self.work_s = work_s
+        self.latency_s = latency_s
+        self.nbytes = nbytes          # bytes per stream
+
+    @property
+    def time_s(self) -> float:
+        """Time on idle hops."""
+        return self.work_s + self.latency_s if self.hops and self.work_s > 0 \
+            else self.latency_s
+
+
+def count_hops(cost, edges, keep=None) -> dict[str, int]:
+    """Hop name -> how many of `edges` ((src, dst) device pairs) cross it; `keep(edge)`
+    may drop edges."""
+    counts: dict[str, int] = {}
+    for src, dst in edges:
+        if keep is not None and not keep(src, dst):
+            continue
+        for hop in cost.route(src, dst)[0].hops:
+            counts[hop.name] = counts.get(hop.name, 0) + 1
+    return counts
+
+
+def p2p_edges(src_group: tuple[str, ...], dst_group: tuple[str, ...]
+              ) -> list[tuple[str, str]]:
+    """Device pairs that carry a stage's output to the next stage's tensor-parallel group.
+
+    Megatron's scatter-gather (Narayanan et al. 2021, sec. 4.1): each of the
+    max(tp_src, tp_dst) streams carries 1/that of the tensor; rank i talks to rank i of
+    the other group (modulo its size). The all-gather after it runs on the fast
+    intra-group links and is not modelled.
+    """
+    n = max(len(src_group), len(dst_group))
+    return [(src_group[i % len(src_group)], dst_group[i % len(dst_group)]) for i in range(n)]
+
+
+def p2p_spec(cost, edges: list[tuple[str, str]], nbytes: float,
+             hops: dict[str, int] | None = None) -> FlowSpec | None:
+    """A stage-to-stage transfer of `nbytes` split over `edges`; None when it is free
+    (all edges local, or nothing to send). `hops` overrides the hop weights (copies of
+    a replica sharing a hop)."""
+    per_edge = nbytes / len(edges)
+    work = lat = 0.0
+    crossing = False
+    for src, dst in edges:
+        route, link = cost.route(src, dst)
+        if not route.hops:
+            continue
+        crossing = True
+        lat = max(lat, link.latency_s)
+        work = max(work, cost.transfer_time_s(src, dst, per_edge) - link.latency_s)
+    if not crossing or (work <= 0.0 and lat <= 0.0):
+        return None
+    weights = hops if hops is not None else count_hops(cost, edges)
+    return FlowSpec(tuple(weights.items()), max(work, 0.0), lat, per_edge)
+
+
+def ring_spec(cost, rings: list[list[str]], nbytes: float, keep=None) -> FlowSpec | None:
+    """A ring all-reduce of `nbytes` per device, run on every ring of `rings` at once
+    (the tensor-parallel ranks of data-parallel replicas), as one flow.
+
+    Its time on idle links is the cost model's `allreduce_time_s` (2(n-1)/n of the bytes
+    over the slowest ring link, plus 2(n-1) latencies: Patarasuk and Yuan 2009); the
+    latency part is kept apart so that sharing slows only the bytes. All edges of a ring
+    move in lock step, so one flow with every edge's hops (weighted by how many edges
+    cross each) stands for the whole ring. `keep(src, dst)` may leave out edges whose
+    hops no simulated flow can touch (a speed-up for big plans).
+    """
+    n = len(rings[0]) if rings else 0
+    if n <= 1 or nbytes <= 0:
+        return None
+    time_s = max(cost.allreduce_time_s(ring, nbytes) for ring in rings)
+    edges = [(ring[i], ring[(i + 1) % n]) for ring in rings for i in range(n)]
+    if cost.profile is not None and "*" in cost.profile.allreduce:
+        lat = 0.0                       # a measured fit: no separate latency term
+    else:
+        lat = 2 * (n - 1) * max(cost.route(a, b)[1].latency_s for a, b in edges)
+    hops = count_hops(cost, edges, keep)
+    if not hops:                        # every edge local or left out: a pure delay
+        return FlowSpec((), 0.0, time_s, nbytes)
+    return FlowSpec(tuple(hops.items()), max(time_s - lat, 0.0), lat, nbytes)

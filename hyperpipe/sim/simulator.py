@@ -1,0 +1,651 @@
+"""The SimPy simulator: one training iteration of a plan, event by event.
+
+What is modelled (each choice is the simplest one that keeps the closed forms exact):
+
+* **Compute.** A pipeline rank is a stage's tensor-parallel group with one compute
+  stream: a SimPy process that runs its schedule row (`generate(plan.schedule, p, m,
+  chunks)`) in order, each action taking `CostModel.stage_time_s` (tensor-parallel
+  all-reduces included), after waiting for its input. In the trace a rank's actions
+  sit on the group's first device; its tensor-parallel peers do the same at the same
+  times (they appear in `memory_timeline` and the peak memory).
+* **Point-to-point.** When F of stage k ends, its output (`CostModel.send_bytes`) flows
+  to stage k+1; when B or I of stage k ends, the same number of bytes flow back to stage
+  k-1. Sends are flows over the route's hops (`hyperpipe.sim.network`: equal
+  time-sharing per hop, latency once per transfer) and overlap with compute. Sends
+  between one pair of stages in one direction go one after another, in issue order
+  (NCCL runs a peer pair's sends on one stream); different pairs share hops.
+* **Data parallelism.** The gradients of each layer range are ring-all-reduced among the
+  replicas holding it, over the real links, as PyTorch DDP does: in buckets of
+  `bucket_bytes`, the first ready as the stage's last backward action starts, bucket j
+  after (j+1)/k of it, run one after another (`overlap_dp_allreduce`; otherwise all of
+  them after the rank's last action). Then each rank runs the optimizer step of each
+  of its stages (`CostModel.optimizer_time_s`) on its compute stream.
+* **Memory** (`hyperpipe.sim.memory`): static state plus one stash per in-flight
+  micro-batch, from F's start to the end of its B (or W). `memory_timeline` gives
+  every used device; a replica simulated through its representative shares its list.
+* **Scale.** Replicas with the same micro-batch size and count, stage layer ranges,
+  device types, tensor-parallel degrees and link classes are simulated once, by their
+  first member (its "representative"). A hop crossed by k copies of one transfer at the
+  same point of the schedule carries weight k (they move in lock step), so a NIC shared
+  by eight replicas' activations is eight times as busy. Collectives are simulated once
+  for all replicas; their ring edges are tracked on the nodes that host a simulated
+  device (elsewhere the copies see what their representative sees). Heterogeneous
+  replicas are each simulated, in the same SimPy environment, so they share links.
+
+Engine (kept lean: about one SimPy event per action). Each message has a box holding
+its arrival time once known. A send on idle hops costs no event (the network returns
+its arrival time); a rank that needs a message not there yet sleeps, and the sender,
+on learning the arrival time, wakes it at the *end* of its next action, with that
+action's start, so a blocked action also costs one event. If a later flow slows the
+message down, the network says so (`_delayed`) and the reader waits for the real
+delivery instead. Channel queues, bucket chains and flows that share hops use
+callbacks on timeouts, not processes.
+
+Deterministic: SimPy orders events by (time, priority, insertion), and nothing here
+iterates over a set or reads a clock. A schedule that cannot finish ends with a
+`ScheduleError` naming the stuck actions (the engine stops when no event is left, so
+it never hangs).
+
+Example::
+
+    >>> from hyperpipe.models import load_model
+    >>> from hyperpipe.sim.baselines import uniform_plan
+    >>> from hyperpipe.sim.cluster import load_cluster
+    >>> model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    >>> plan = uniform_plan(model, cluster, pp=4, micro_batch=2, global_batch=16)
+    >>> result = simulate(plan, CostModel(model, cluster))
+    >>> result.metrics.iteration_time_s > 0, len(result.trace.devices())
+    (True, 4)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import pairwise
+
+import simpy
+
+from hyperpipe.errors import BadInput
+from hyperpipe.sim.analytic import RankUse, bucket_count, summarize
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.generators import generate
+from hyperpipe.sim.memory import peak_of
+from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.network import Network, count_hops, p2p_edges, p2p_spec, ring_spec
+from hyperpipe.sim.plan import Plan
+from hyperpipe.sim.schedule import Schedule, ScheduleError, validate
+from hyperpipe.sim.trace import Trace, TraceEvent
+
+_NEVER = float("inf")       # a message's arrival time before it is known
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    overlap_dp_allreduce: bool = True     # buckets start during the last backward
+    bucket_bytes: float = 25e6            # PyTorch DDP's default bucket_cap_mb=25
+    include_optimizer: bool = True
+    grad_bytes_per_param: float | None = None   # None: the model's dtype (bf16: 2)
+    trace: bool = True                    # False: skip building the Trace (search)
+    check_plan: bool = True               # Plan.check against model and cluster first
+    validate_schedule: bool = True        # validate a user-given schedule first
+
+
+@dataclass(frozen=True)
+class SimResult:
+    metrics: Metrics
+    trace: Trace
+    memory_timeline: dict[str, list[tuple[float, float]]]   # device -> (time_s, bytes)
+
+
+class _Rank:
+    """One simulated pipeline rank's program (flat lists, for a lean inner loop)."""
+
+    __slots__ = ("pipe", "d", "devices", "ops", "stages", "mbs", "program", "grad_order",
+                 "cursor", "end_s", "timeline", "starts", "opt_log", "busy_s", "compute_end_s")
+
+    def __init__(self, pipe: _Pipe, d: int, devices: tuple[str, ...]):
+        self.pipe, self.d, self.devices = pipe, d, devices
+        self.cursor, self.end_s, self.busy_s, self.compute_end_s = 0, 0.0, 0.0, 0.0
+        self.starts: list[float] = []              # start of each action, in order
+        self.opt_log: list[tuple[int, float, float]] = []
+
+
+class _Pipe:
+    """A simulated (representative) pipeline, its message boxes and collective state."""
+
+    def __init__(self, index: int, members: list[int], schedule: Schedule):
+        self.index, self.members, self.schedule = index, members, schedule
+        self.ranks: list[_Rank] = []
+        self.segments: dict[int, list[_Segment]] = {}    # stage -> its collectives
+        self.pending: dict[int, int] = {}                # stage -> collectives not done
+        self.reduce_wait: dict[int, simpy.Event] = {}
+
+
+class _Segment:
+    """The gradient all-reduce of one layer range among every replica that holds it."""
+
+    def __init__(self, layers, parts, full, last, k, nbytes):
+        self.layers, self.parts = layers, parts          # parts: [(pipe, stage)]
+        self.full, self.last, self.k, self.nbytes = full, last, k, nbytes
+        self.reports: list[tuple[float, float]] = []
+        self.log: list[tuple[int, float, float]] = []
+        self.done_s = 0.0
+
+
+def simulate(plan: Plan, cost: CostModel, options: SimOptions = SimOptions(), *,
+             schedule: Schedule | None = None) -> SimResult:
+    """Simulate one training iteration of `plan` (times in seconds, sizes in bytes).
+
+    `schedule` replaces the generated one for every pipeline (a user's own order); it is
+    validated first and must have each pipeline's ranks, stages and micro-batches.
+    """
+    if options.check_plan:
+        plan.check(cost.model, cost.cluster)
+    if schedule is not None and options.validate_schedule:
+        validate(schedule)
+    return _Engine(plan, cost, options, schedule).run()
+
+
+class _Engine:
+    def __init__(self, plan: Plan, cost: CostModel, options: SimOptions,
+                 schedule: Schedule | None):
+        self.plan, self.cost, self.opt = plan, cost, options
+        self.env = simpy.Environment()
+        self.net = Network(self.env, on_delay=self._delayed)
+        self.pipes: list[_Pipe] = []
+        self.segments: list[_Segment] = []
+        schedules: dict[tuple[int, int], Schedule] = {}
+        for members in _replica_classes(plan, cost):
+            pipe = plan.pipelines[members[0]]
+            p, m = len(pipe.stages) // plan.chunks, pipe.num_microbatches
+            if schedule is not None:
+                got = (schedule.num_devices, schedule.num_stages, schedule.num_microbatches)
+                if got != (p, len(pipe.stages), m):
+                    raise BadInput("schedule", f"{p} ranks, {len(pipe.stages)} stages and "
+                                   f"{m} micro-batches (pipeline {members[0]})", got)
+                sched = schedule
+            else:
+                sched = schedules.get((p, m)) or generate(plan.schedule, p, m, plan.chunks)
+                schedules[(p, m)] = sched
+            self.pipes.append(self._prepare(_Pipe(members[0], members, sched)))
+        self._prepare_collectives()
+
+    # ------------------------------------------------------------------ preparation
+    def _prepare(self, pipe: _Pipe) -> _Pipe:
+        plan, cost = self.plan, self.cost
+        pp = plan.pipelines[pipe.index]
+        stages, n_st, m, mb = pp.stages, len(pp.stages), pp.num_microbatches, pp.micro_batch
+        sched = pipe.schedule
+        stash = [cost.stash_bytes(s.layers, mb, s.tp) for s in stages]
+        fwd = [self._boundary(pipe, k, k + 1) for k in range(n_st - 1)]
+        bwd = [self._boundary(pipe, k + 1, k) for k in range(n_st - 1)]
+        # Per (stage, op): duration, first box it waits for (-1: none), first box it
+        # sends (-1: none), the flow, the stash change. Box k*m + j is micro-batch j's
+        # message on channel k: channel k < n_st is forward out of stage k, channel
+        # n_st + k backward out of stage k + 1.
+        shapes: dict[tuple[int, str], tuple] = {}
+
+        def shape(s: int, op: str) -> tuple:
+            dur = cost.stage_time_s(stages[s].layers, stages[s].devices, mb, op)
+            if op == "F":
+                return (dur, (s - 1) * m if s > 0 else -1,
+                        s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
+                        stash[s])
+            if op == "W":
+                return (dur, -1, -1, None, -stash[s])
+            return (dur, n_st * m + s * m if s < n_st - 1 else -1,        # B or I
+                    n_st * m + (s - 1) * m if s > 0 else -1, bwd[s - 1] if s > 0 else None,
+                    -stash[s] if op == "B" else 0.0)
+
+        for d, row in enumerate(sched.actions):
+            rank = _Rank(pipe, d, stages[d].devices)
+            rank.ops = [a.op for a in row]
+            rank.stages = [a.stage for a in row]
+            rank.mbs = [a.microbatch for a in row]
+            # One tuple per action for the inner loop: (duration, box to wait for or -1,
+            # box to send or -1, its channel, its flow (None: free), stash change, stage
+            # to report or -1).
+            program = []
+            for s, op, j in zip(rank.stages, rank.ops, rank.mbs, strict=True):
+                sh = shapes.get((s, op))
+                if sh is None:
+                    sh = shapes[(s, op)] = shape(s, op)
+                dur, wait, send, spec, delta = sh
+                program.append((dur, wait + j if wait >= 0 else -1,
+                                send + j if send >= 0 else -1, send // m, spec, delta, -1))
+            # The last gradient-producing action of each stage starts its all-reduce.
+            rank.grad_order = []
+            for i in range(len(row) - 1, -1, -1):
+                if rank.ops[i] in "BW" and rank.stages[i] not in rank.grad_order:
+                    rank.grad_order.insert(0, rank.stages[i])
+                    if self.opt.overlap_dp_allreduce:
+                        program[i] = (*program[i][:6], rank.stages[i])
+            rank.program = program
+            static = sum(cost.state_bytes(stages[s].layers, stages[s].tp)
+                         for s in range(d, n_st, len(sched.actions)))
+            rank.timeline = [(0.0, static)]
+            pipe.ranks.append(rank)
+        pipe.eta = [_NEVER] * (2 * n_st * m)
+        pipe.waiters = [None] * (2 * n_st * m)
+        pipe.fuse = [-1.0] * (2 * n_st * m)       # the blocked reader's action time
+        pipe.wake = [None] * (2 * n_st * m)       # the timeout a reader sleeps on
+        pipe.sent_at = [None] * (2 * n_st * m)
+        pipe.fwd, pipe.bwd, pipe.m = fwd, bwd, m
+        pipe.channel_spec = [*fwd, None, *bwd, None]
+        pipe.busy_until = [0.0] * (2 * n_st)
+        pipe.queue = [deque() for _ in range(2 * n_st)]
+        return pipe
+
+    def _boundary(self, pipe: _Pipe, a: int, b: int):
+        """The flow carrying stage a's output to stage b, weighted by the class's copies."""
+        cost, plan = self.cost, self.plan
+        stages = plan.pipelines[pipe.index].stages
+        edges = p2p_edges(stages[a].devices, stages[b].devices)
+        nbytes = cost.send_bytes(stages[min(a, b)].layers, plan.pipelines[pipe.index]
+                                 .micro_batch)
+        counts: dict[str, int] = {}
+        for q in pipe.members:
+            st = plan.pipelines[q].stages
+            for hop, n in count_hops(cost, p2p_edges(st[a].devices, st[b].devices)).items():
+                counts[hop] = counts.get(hop, 0) + n
+        own = count_hops(cost, edges)
+        return p2p_spec(cost, edges, nbytes, {h: counts[h] for h in own})
+
+    def _prepare_collectives(self) -> None:
+        plan, cost, opt = self.plan, self.cost, self.opt
+        grad_bytes = opt.grad_bytes_per_param or cost.model.dtype_bytes
+        cuts = sorted({s.layers[1] for p in self.pipes
+                       for s in plan.pipelines[p.index].stages})
+        simulated_nodes = {cost.cluster.device(dev).node for p in self.pipes
+                           for s in plan.pipelines[p.index].stages for dev in s.devices}
+
+        def keep(src: str, dst: str) -> bool:
+            c = cost.cluster
+            return c.device(src).node in simulated_nodes or c.device(dst).node in \
+                simulated_nodes
+
+        start = 0
+        for end in cuts:
+            layers = (start, end)
+            start = end
+            holders = [_stage_holding(plan.pipelines[q].stages, layers[0])
+                       for q in range(len(plan.pipelines))]
+            groups = [plan.pipelines[q].stages[k].devices for q, k in enumerate(holders)]
+            nbytes = max(cost.stage_params(layers) * grad_bytes / len(g) for g in groups)
+            if len(groups) <= 1 or nbytes <= 0:
+                continue
+            tp = max(len(g) for g in groups)
+            # Ring i joins tensor-parallel rank i of every replica (modulo its group size).
+            rings = [[g[i % len(g)] for g in groups] for i in range(tp)]
+            k = bucket_count(nbytes, opt.bucket_bytes)
+            bucket = nbytes / k if k == 1 else opt.bucket_bytes
+            last = nbytes - bucket * (k - 1)
+            full = ring_spec(cost, rings, bucket, keep)
+            tail = full if last == bucket else ring_spec(cost, rings, last, keep)
+            parts = [(p, _stage_holding(plan.pipelines[p.index].stages, layers[0]))
+                     for p in self.pipes]
+            seg = _Segment(layers, parts, full, tail, k, nbytes)
+            self.segments.append(seg)
+            for p, s in parts:
+                p.segments.setdefault(s, []).append(seg)
+                p.pending[s] = p.pending.get(s, 0) + 1
+
+    # ------------------------------------------------------------------ processes
+    def _rank_process(self, rank: _Rank):
+        env, pipe, opt = self.env, rank.pipe, self.opt
+        eta, waiters, busy_until = pipe.eta, pipe.waiters, pipe.busy_until
+        overlap = opt.overlap_dp_allreduce
+        timeline, starts = rank.timeline, rank.starts
+        current = timeline[0][1]
+        timeout, arrive, delivered = env.timeout, self._arrive, self._delivered
+        start_lazy, sent_at, fuse, report_to = self.net.start_lazy, pipe.sent_at, pipe.fuse, \
+            self._report
+        t1 = env.now
+        for i, (dur, wait, box, chan, spec, delta, report) in enumerate(rank.program):
+            if wait >= 0 and eta[wait] > t1:
+                rank.cursor = i
+                started = None
+                while eta[wait] > env.now:           # not sent yet, or still on its way
+                    if eta[wait] == _NEVER:
+                        # The sender learns the arrival time first; unless this action
+                        # must report its start, it wakes us at the action's end.
+                        fuse[wait] = dur if report < 0 else -1.0
+                        ev = waiters[wait] = env.event()
+                        started = yield ev
+                        if started is not None and eta[wait] == started:
+                            break                    # ran [started, now] meanwhile
+                        started = None
+                    else:
+                        yield timeout(eta[wait] - env.now)
+                t0 = env.now if started is None else started
+            else:
+                t0, started = t1, None
+            if delta > 0:
+                current += delta
+                timeline.append((t0, current))
+            starts.append(t0)
+            if started is None:
+                if report >= 0:
+                    report_to(pipe, report, t0, dur)
+                yield timeout(dur)
+            t1 = env.now
+            if delta < 0:
+                current += delta
+                timeline.append((t1, current))
+            if box >= 0:
+                if spec is None:
+                    arrive(pipe, box, t1)            # same device or free link
+                elif busy_until[chan] > t1:          # the channel's last send still going
+                    self._enqueue(pipe, box, t1)
+                else:                                # `_launch`, inlined: the hot path
+                    sent_at[box] = t1
+                    t = start_lazy(spec, t1, delivered, (pipe, box))
+                    if t is None:
+                        busy_until[chan] = _NEVER
+                    else:
+                        busy_until[chan] = eta[box] = t
+                        if waiters[box] is not None:
+                            arrive(pipe, box, t)
+        rank.cursor = len(rank.program)
+        rank.busy_s = sum(action[0] for action in rank.program)
+        rank.compute_end_s = env.now
+        if not overlap:
+            for s in rank.grad_order:
+                self._report(pipe, s, env.now, 0.0)
+        if opt.include_optimizer:
+            for s in rank.grad_order:
+                if pipe.pending.get(s, 0) > 0:
+                    ev = pipe.reduce_wait[s] = env.event()
+                    yield ev
+                st = self.plan.pipelines[pipe.index].stages[s]
+                dt = self.cost.optimizer_time_s(
+                    st.layers, self.cost.cluster.device(st.devices[0]).type.name, st.tp)
+                if dt > 0:
+                    t0 = env.now
+                    yield timeout(dt)
+                    rank.opt_log.append((s, t0, env.now))
+        rank.end_s = env.now
+
+    # ------------------------------------------------------------------ transfers
+    # A box (one per message) holds its arrival time `eta`: _NEVER until it is known.
+    # Channel c (one stage pair, one direction) sends one message at a time; `busy_until`
+    # is when its current one lands (_NEVER while that is not known yet).
+    def _arrive(self, pipe: _Pipe, box: int, t: float) -> None:
+        """Message `box` lands at time t (now or later): wake its reader then."""
+        pipe.eta[box] = t
+        ev = pipe.waiters[box]
+        if ev is not None:
+            pipe.waiters[box] = None
+            now = self.env.now
+            run_s = pipe.fuse[box]
+            if run_s >= 0:
+                # The reader is idle and its action starts at t: wake it at the action's
+                # end, with t as the start (it checks t still holds). Its resume callback
+                # moves with `callbacks`; `_delayed` moves it back if t stops holding.
+                later = self.env.timeout(t - now + run_s, t)
+                later.callbacks, ev.callbacks = ev.callbacks, []
+                pipe.wake[box] = later
+            elif t <= now:
+                ev.succeed()
+            else:
+                later = self.env.timeout(t - now)
+                later.callbacks, ev.callbacks = ev.callbacks, []
+                pipe.wake[box] = later
+
+    def _enqueue(self, pipe: _Pipe, box: int, now: float) -> None:
+        channel = box // pipe.m
+        queue = pipe.queue[channel]
+        queue.append(box)
+        if len(queue) == 1 and pipe.busy_until[channel] < _NEVER:
+            self._pump_at(pipe, channel, now)
+
+    def _launch(self, pipe: _Pipe, channel: int, box: int, now: float, spec) -> None:
+        pipe.sent_at[box] = now
+        t = self.net.start_lazy(spec, now, self._delivered, (pipe, box))
+        if t is None:
+            pipe.busy_until[channel] = _NEVER       # shared hops: `_delivered` will tell
+            return
+        pipe.busy_until[channel] = t
+        pipe.eta[box] = t
+        if pipe.waiters[box] is not None:
+            self._arrive(pipe, box, t)
+
+    def _pump_at(self, pipe: _Pipe, channel: int, now: float) -> None:
+        """Pump the channel when its current message lands, unless that time changes."""
+        landing = pipe.busy_until[channel]
+        self.env.timeout(landing - now).callbacks.append(
+            lambda _e: pipe.busy_until[channel] == landing and self._pump(pipe, channel))
+
+    def _pump(self, pipe: _Pipe, channel: int) -> None:
+        """Start the channel's next queued message (its current one has landed)."""
+        now = self.env.now
+        queue = pipe.queue[channel]
+        if not queue:
+            return
+        self._launch(pipe, channel, queue.popleft(), now, pipe.channel_spec[channel])
+        if queue and pipe.busy_until[channel] < _NEVER:
+            self._pump_at(pipe, channel, now)
+
+    def _delivered(self, token) -> None:
+        """Network callback: a message whose time was not known in advance landed."""
+        pipe, box = token
+        now = self.env.now
+        self._arrive(pipe, box, now)
+        # A channel sends one message at a time, so this one is its current one.
+        channel = box // pipe.m
+        pipe.busy_until[channel] = now
+        self._pump(pipe, channel)
+
+    def _delayed(self, token) -> None:
+        """Network callback: another flow joined this message's hops; time unknown."""
+        pipe, box = token
+        pipe.eta[box] = _NEVER
+        later = pipe.wake[box]
+        if later is not None and later.callbacks:
+            # The reader sleeps until a time that no longer holds: make it wait for the
+            # delivery instead (the stale timeout fires with nobody listening).
+            ev = pipe.waiters[box] = self.env.event()
+            ev.callbacks, later.callbacks = later.callbacks, []
+        pipe.wake[box] = None
+        pipe.busy_until[box // pipe.m] = _NEVER
+
+    def _report(self, pipe: _Pipe, stage: int, start_s: float, dur_s: float) -> None:
+        for seg in pipe.segments.get(stage, ()):
+            seg.reports.append((start_s, dur_s))
+            if len(seg.reports) == len(seg.parts):
+                self._bucket(seg, 0)
+
+    def _bucket(self, seg: _Segment, j: int) -> None:
+        env = self.env
+        if j == seg.k:
+            seg.done_s = env.now
+            for pipe, s in seg.parts:
+                pipe.pending[s] -= 1
+                if pipe.pending[s] == 0 and s in pipe.reduce_wait:
+                    pipe.reduce_wait[s].succeed()
+            return
+        ready = max(t + (j + 1) / seg.k * d for t, d in seg.reports)
+        if ready > env.now:
+            env.timeout(ready - env.now).callbacks.append(lambda _e: self._bucket(seg, j))
+            return
+        spec = seg.full if j < seg.k - 1 else seg.last
+        self.net.start(spec.hops, spec.work_s, spec.latency_s, self._bucket_done,
+                       (seg, j, env.now))
+
+    def _bucket_done(self, token) -> None:
+        seg, j, t0 = token
+        seg.log.append((j, t0, self.env.now))
+        self._bucket(seg, j + 1)
+
+    # ------------------------------------------------------------------ run and results
+    def run(self) -> SimResult:
+        for pipe in self.pipes:
+            for rank in pipe.ranks:
+                self.env.process(self._rank_process(rank))
+        self.env.run()
+        self._check_finished()
+        return self._result()
+
+    def _result(self) -> SimResult:
+        plan, cost = self.plan, self.cost
+        cluster = cost.cluster
+        iteration = max([r.end_s for p in self.pipes for r in p.ranks]
+                        + [seg.done_s for seg in self.segments])
+        timelines: dict[str, list[tuple[float, float]]] = {}
+        uses: list[RankUse] = []
+        for pipe in self.pipes:
+            p = len(pipe.ranks)
+            for r in pipe.ranks:
+                devices = tuple(dev for q in pipe.members
+                                for dev in plan.pipelines[q].stages[r.d].devices)
+                for dev in devices:
+                    timelines[dev] = r.timeline
+                uses.append(RankUse(devices, cluster.device(r.devices[0]).type,
+                                    tuple(range(r.d, len(plan.pipelines[pipe.index].stages), p)),
+                                    peak_of(r.timeline), r.busy_s))
+        ranks = [r for pipe in self.pipes for r in pipe.ranks]
+        top = max(ranks, key=lambda r: r.busy_s)
+        extra = {
+            "tier": "simulated",
+            "bottleneck": {"pipeline": top.pipe.index, "rank": top.d, "device": top.devices[0],
+                           "device_type": cluster.device(top.devices[0]).type.name,
+                           "stages": sorted(set(top.stages)), "busy_s": top.busy_s},
+            "phases": {
+                "pipeline_s": max(r.compute_end_s for r in ranks),
+                "dp_allreduce_end_s": max((seg.done_s for seg in self.segments), default=0.0),
+                "optimizer_s": max(sum(b - a for _, a, b in r.opt_log) for r in ranks),
+                "iteration_s": iteration},
+            "ranks": [{"pipeline": r.pipe.index, "rank": r.d, "device": r.devices[0],
+                       "busy_s": r.busy_s, "compute_end_s": r.compute_end_s,
+                       "end_s": r.end_s} for r in ranks],
+            "replica_classes": [pipe.members for pipe in self.pipes],
+            "simulated_actions": sum(len(r.ops) for r in ranks),
+        }
+        metrics = summarize(plan, cost, iteration, uses, extra)
+        return SimResult(metrics, self._trace(), timelines)
+
+    def _trace(self) -> Trace:
+        plan = self.plan
+        meta = {"source": "simulated", "emulated": False, "plan": plan.to_dict(),
+                "device_types": {}, "represents": {}}
+        if not self.opt.trace:
+            return Trace((), meta)
+        events: list[TraceEvent] = []
+        for pipe in self.pipes:
+            meta["represents"][str(pipe.index)] = pipe.members
+            stages, m = plan.pipelines[pipe.index].stages, pipe.m
+            n_st = len(stages)
+            nbytes = [spec.nbytes * len(p2p_edges(stages[k].devices, stages[k + 1].devices))
+                      if spec else 0.0 for k, spec in enumerate(pipe.fwd)]
+            sent: dict[int, list[TraceEvent]] = {}
+            for box, t0 in enumerate(pipe.sent_at):
+                if t0 is None:
+                    continue
+                t1 = pipe.eta[box]
+                fwd = box < n_st * m
+                k, j = divmod(box if fwd else box - n_st * m, m)
+                src, dst = (k, k + 1) if fwd else (k + 1, k)
+                rank = src % len(pipe.ranks)
+                sent.setdefault(rank, []).append(TraceEvent(
+                    stages[src].devices[0], "send", src, j, t0, t1, nbytes[k],
+                    stages[dst].devices[0]))
+            for r in pipe.ranks:
+                dev = r.devices[0]
+                meta["device_types"][dev] = self.cost.cluster.device(dev).type.name
+                ops, stg, mbs = r.ops, r.stages, r.mbs
+                events.extend(TraceEvent(dev, ops[i], stg[i], mbs[i], t0, t0 + action[0])
+                              for i, (t0, action) in enumerate(zip(r.starts, r.program,
+                                                                   strict=False)))
+                events.extend(sent.get(r.d, ()))
+                events.extend(TraceEvent(dev, "optimizer", s, 0, t0, t1)
+                              for s, t0, t1 in r.opt_log)
+        for seg in self.segments:
+            for pipe, s in seg.parts:
+                dev = plan.pipelines[pipe.index].stages[s].devices[0]
+                events.extend(TraceEvent(dev, "allreduce", s, j, t0, t1,
+                                         seg.full.nbytes if j < seg.k - 1 else seg.last.nbytes)
+                              for j, t0, t1 in seg.log)
+        return Trace(tuple(events), meta)
+
+    def _check_finished(self) -> None:
+        stuck = []
+        for pipe in self.pipes:
+            for r in pipe.ranks:
+                if r.cursor < len(r.ops):
+                    i = r.cursor
+                    s, op, j = r.stages[i], r.ops[i], r.mbs[i]
+                    if op == "F":
+                        waits = f"{s - 1}F{j}"
+                    else:
+                        later = {a.op for a in pipe.schedule.actions[(s + 1) % len(
+                            pipe.ranks)] if a.stage == s + 1 and a.microbatch == j}
+                        waits = f"{s + 1}{'I' if 'I' in later else 'B'}{j}"
+                    stuck.append(f"pipeline {pipe.index} rank {r.d} step {i} {s}{op}{j} "
+                                 f"waits for {waits}")
+        if stuck:
+            raise ScheduleError("simulate", "every rank to finish its actions (deadlock)",
+                                got_text="; ".join(stuck))
+
+
+def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
+    """A short human summary of a simulation (the `hyperpipe simulate` text output)."""
+    from hyperpipe.units import format_quantity, format_seconds
+    m, cluster = result.metrics, cost.cluster
+    pipes = plan.pipelines
+    shape = (f"{len(pipes)} pipeline(s) x {len(pipes[0].stages) // plan.chunks} stage "
+             f"device(s)" + (f" x {plan.chunks} chunks" if plan.chunks > 1 else ""))
+    lines = [
+        f"model {cost.model.name} on cluster {cluster.name}: {len(plan.devices)} devices, "
+        f"{shape}, {plan.schedule}, global batch {plan.global_batch} "
+        f"(micro-batch {pipes[0].micro_batch} x {pipes[0].num_microbatches})",
+        f"iteration   {format_seconds(m.iteration_time_s)}   "
+        f"{m.throughput_samples_per_s:.4g} samples/s   {m.tokens_per_s:.4g} tokens/s",
+        f"bubble      {m.bubble_fraction:.1%} of device time idle   MFU {m.mfu:.1%}",
+    ]
+    top = m.extra["bottleneck"]
+    lines.append(f"bottleneck  pipeline {top['pipeline']} rank {top['rank']} ({top['device']}, "
+                 f"{top['device_type']}), stages {top['stages']}, busy "
+                 f"{format_seconds(top['busy_s'])}")
+    ph = m.extra["phases"]
+    reduce = f"data-parallel all-reduce ends {format_seconds(ph['dp_allreduce_end_s'])}" \
+        if ph["dp_allreduce_end_s"] > 0 else "no data-parallel all-reduce"
+    lines.append(f"phases      pipeline {format_seconds(ph['pipeline_s'])}, {reduce}, "
+                 f"optimizer {format_seconds(ph['optimizer_s'])}")
+    dev = max(m.peak_memory_bytes, key=m.peak_memory_bytes.get)
+    cap = cluster.device(dev).type.memory_bytes
+    lines.append(f"memory      peak {format_quantity(m.peak_memory_bytes[dev], 'B')} on {dev} "
+                 f"(of {format_quantity(cap, 'B')})")
+    if m.oom:
+        worst = max(m.extra["oom_detail"], key=lambda d: d["bytes_over"])
+        lines.append(f"OUT OF MEMORY on {len(m.oom)} device(s): worst {worst['device']} "
+                     f"(stages {worst['stages']}) by {format_quantity(worst['bytes_over'], 'B')}")
+    if m.cost_per_million_tokens is not None:
+        lines.append(f"cost        ${m.cost_per_million_tokens:.4g} per million tokens")
+    return "\n".join(lines) + "\n"
+
+
+def _stage_holding(stages, layer: int) -> int:
+    for k, s in enumerate(stages):
+        if s.layers[0] <= layer < s.layers[1]:
+            return k
+    raise BadInput("plan stages", f"a stage holding layer {layer}", has_got=False)
+
+
+def _replica_classes(plan: Plan, cost: CostModel) -> list[list[int]]:
+    """Pipelines grouped by everything that sets their timing (see the module doc)."""
+    cluster = cost.cluster
+    groups: dict[tuple, list[int]] = {}
+    for q, pipe in enumerate(plan.pipelines):
+        st = pipe.stages
+        key = (pipe.micro_batch, pipe.num_microbatches,
+               tuple((s.layers, s.tp, cluster.device(s.devices[0]).type.name,
+                      tuple(cost.route(a, b)[1] for a, b in pairwise(s.devices)))
+                     for s in st),
+               tuple((cost.route(a, b)[1], len(cost.route(a, b)[0].hops))
+                     for x, y in pairwise(st) for a, b in p2p_edges(x.devices, y.devices)))
+        groups.setdefault(key, []).append(q)
+    return list(groups.values())
+
+
+__all__ = ["SimOptions", "SimResult", "simulate", "describe"]

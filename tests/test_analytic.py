@@ -1,0 +1,134 @@
+"""The analytic tier: exact where its closed forms hold, bounded elsewhere.
+
+The makespan closed forms (free links, equal stages) are checked for both tiers in
+test_simulator.py; here: stash counts against the generated schedules, data-parallel
+all-reduce against the event simulation, a 1024-GPU plan's gap, and the cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hyperpipe.models import load_model
+from hyperpipe.sim.analytic import estimate
+from hyperpipe.sim.baselines import uniform_plan
+from hyperpipe.sim.cluster import load_cluster
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.generators import generate
+from hyperpipe.sim.memory import peak_in_flight
+from hyperpipe.sim.simulator import SimOptions, simulate
+
+
+def counted_in_flight(schedule):
+    """Most micro-batches each rank holds between an F and its B (or W), by walking it."""
+    peaks = []
+    for row in schedule.actions:
+        held = peak = 0
+        for a in row:
+            held += 1 if a.op == "F" else -1 if a.op in "BW" else 0
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b"])
+def test_in_flight_closed_forms_against_the_schedules(kind):
+    for p in range(1, 7):
+        for m in range(1, 13):
+            for v in ((1, 2, 3) if kind == "interleaved-1f1b" else (1,)):
+                counted = counted_in_flight(generate(kind, p, m, v))
+                closed = [peak_in_flight(kind, p, m, v, r) for r in range(p)]
+                if m % p == 0 or v == 1:
+                    assert closed == counted, (p, m, v)
+                else:   # a short last round: an upper bound, at most v over here
+                    assert all(0 <= c - n <= v for c, n in zip(closed, counted, strict=True))
+
+
+def cluster_dict(nodes, per_node, *, bandwidth=1e9, latency=1e-4, price=None):
+    link = {"bandwidth": bandwidth, "latency": latency}
+    node = {"device": "unit", "count": per_node, "intra_link": link}
+    if price is not None:
+        node["price_per_hour"] = price
+    return {"name": "test",
+            "device_types": {"unit": {"peak_flops": 1e12, "efficiency": 1.0,
+                                      "memory": "1000 GB", "mem_bandwidth": 1e30}},
+            "nodes": [{**node, "name": f"n{i}"} for i in range(nodes)],
+            "inter_node": link}
+
+
+def synthetic(layers, params):
+    return load_model({"kind": "synthetic", "layers": layers, "fwd_flops_per_sample": 1e9,
+                       "params_per_layer": params, "activation_bytes_per_sample": 0,
+                       "stash_bytes_per_sample": 1e6})
+
+
+@pytest.mark.parametrize("n,pp,bucket,overlap,tolerance", [
+    (4, 1, 3e6, True, 1e-9), (4, 1, 1e12, True, 1e-9), (4, 1, 3e6, False, 1e-9),
+    (2, 2, 3e6, True, 0.01), (4, 2, 1e6, True, 0.01)])
+def test_allreduce_estimate_against_simulation(n, pp, bucket, overlap, tolerance):
+    model = synthetic(4, params=3_000_000)
+    cluster = load_cluster(cluster_dict(n, pp))
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=pp, dp=n, micro_batch=1, global_batch=4 * n)
+    sim = simulate(plan, cost, SimOptions(bucket_bytes=bucket, overlap_dp_allreduce=overlap))
+    est = estimate(plan, cost, bucket_bytes=bucket, overlap_dp_allreduce=overlap)
+    assert sim.metrics.extra["phases"]["dp_allreduce_end_s"] > \
+        sim.metrics.extra["phases"]["pipeline_s"]          # the all-reduce matters here
+    assert est.iteration_time_s == pytest.approx(sim.metrics.iteration_time_s, rel=tolerance)
+    assert est.peak_memory_bytes == pytest.approx(sim.metrics.peak_memory_bytes)
+
+
+def test_price_and_cache():
+    model = synthetic(4, params=1000)
+    cluster = load_cluster(cluster_dict(2, 2, price=3.6))       # $0.001 per device-second
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=1, global_batch=8)
+    cache: dict = {}
+    first = estimate(plan, cost, cache=cache)
+    assert estimate(plan, cost, cache=cache) == first == estimate(plan, cost)
+    tokens = 8 * model.seq_len
+    assert first.cost_per_million_tokens == pytest.approx(
+        4 * 0.001 * first.iteration_time_s / tokens * 1e6)
+    # A cache filled for another cost model is not reused.
+    slow = load_cluster({**cluster_dict(2, 2, price=3.6),
+                         "device_types": {"unit": {"peak_flops": 5e11, "efficiency": 1.0,
+                                                   "memory": "1000 GB",
+                                                   "mem_bandwidth": 1e30}}})
+    other = estimate(plan, CostModel(model, slow), cache=cache)
+    assert other.iteration_time_s == pytest.approx(2 * first.iteration_time_s, rel=0.01)
+
+
+def test_1024_gpu_plan_gap_is_bounded():
+    model, cluster = load_model("gpt3-13b"), load_cluster("scale-1024")
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=16, dp=64, micro_batch=1, global_batch=4096)
+    sim = simulate(plan, cost, SimOptions(trace=False)).metrics
+    est = estimate(plan, cost)
+    assert sim.extra["replica_classes"] == [list(range(64))]
+    assert len(est.peak_memory_bytes) == len(sim.peak_memory_bytes) == 1024
+    assert sorted(est.oom) == sorted(sim.oom)
+    # Measured gap 3.6%: the estimate misses the eight replicas sharing each NIC.
+    assert est.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=0.10)
+    assert est.iteration_time_s <= sim.iteration_time_s
+
+
+def test_heterogeneous_replicas_and_new_devices_with_a_shared_cache():
+    from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
+    model = synthetic(4, params=1000)
+    cluster = load_cluster({**cluster_dict(2, 2), "device_types": {
+        "unit": {"peak_flops": 1e12, "efficiency": 1.0, "memory": "1000 GB",
+                 "mem_bandwidth": 1e30},
+        "half": {"peak_flops": 5e11, "efficiency": 1.0, "memory": "1000 GB",
+                 "mem_bandwidth": 1e30}},
+        "nodes": [{"name": "n0", "device": "unit", "count": 2},
+                  {"name": "n1", "device": "half", "count": 2}]})
+    cost, cache = CostModel(model, cluster), {}
+    one = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=4)
+    estimate(one, cost, cache=cache)                   # the cache now knows n0's devices
+    fast = PipelinePlan(1, 4, (StagePlan((0, 2), ("n0/0",)), StagePlan((2, 4), ("n0/1",))))
+    slow = PipelinePlan(1, 4, (StagePlan((0, 2), ("n1/0",)), StagePlan((2, 4), ("n1/1",))))
+    two = Plan("inline", "inline", 8, "1f1b", 1, (fast, slow))
+    est = estimate(two, cost, cache=cache)
+    sim = simulate(two, cost).metrics
+    assert est.extra["replica_classes"] == sim.extra["replica_classes"] == [[0], [1]]
+    assert est.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=0.01)

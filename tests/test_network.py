@@ -1,0 +1,218 @@
+"""Links as shared resources: alpha-beta transfers, equal time-sharing, ring all-reduce.
+
+Expected times are written from the link numbers (latency + bytes / bandwidth, and
+Patarasuk and Yuan's ring: 2(n-1)/n of the bytes plus 2(n-1) latencies), not from the
+cost model's code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from hyperpipe.models import load_model
+from hyperpipe.sim.baselines import uniform_plan
+from hyperpipe.sim.cluster import load_cluster
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.network import Network, p2p_edges, p2p_spec, ring_spec
+from hyperpipe.sim.simulator import SimOptions, simulate
+
+BW = 1e9         # bytes/s between nodes
+LAT = 1e-4       # s
+
+
+def cluster_dict(nodes, *, bandwidth, latency):
+    """`nodes`: (name, count) of 1 TFLOP/s devices; every link `bandwidth`, `latency`."""
+    link = {"bandwidth": bandwidth, "latency": latency}
+    return {"name": "test",
+            "device_types": {"unit": {"peak_flops": 1e12, "efficiency": 1.0,
+                                      "memory": "1000 GB", "mem_bandwidth": 1e30}},
+            "nodes": [{"name": n, "device": "unit", "count": c, "intra_link": link}
+                      for n, c in nodes],
+            "inter_node": link}
+
+
+def synthetic(layers, *, params=0, act=0.0, stash=1e6):
+    """1 ms of F, I and W per layer and sample on a 1 TFLOP/s device."""
+    return load_model({"kind": "synthetic", "layers": layers, "fwd_flops_per_sample": 1e9,
+                       "params_per_layer": params, "activation_bytes_per_sample": act,
+                       "stash_bytes_per_sample": stash})
+
+
+def run_flows(flows):
+    """flows: (start_s, hops, work_s, latency_s). Returns each flow's delivery time."""
+    env = simpy.Environment()
+    net = Network(env)
+    done = {}
+
+    def starter(i, start, hops, work, lat):
+        yield env.timeout(start)
+        net.start(hops, work, lat, lambda token: done.__setitem__(token, env.now), i)
+
+    for i, flow in enumerate(flows):
+        env.process(starter(i, *flow))
+    env.run()
+    return [done[i] for i in range(len(flows))]
+
+
+def test_one_flow_takes_latency_plus_work():
+    assert run_flows([(0.5, (("h", 1),), 2.0, 0.25)]) == [pytest.approx(2.75)]
+
+
+def test_two_flows_on_one_hop_each_take_twice_as_long():
+    hop = (("h", 1),)
+    assert run_flows([(0.0, hop, 1.0, 0.1), (0.0, hop, 1.0, 0.1)]) == \
+        [pytest.approx(2.1), pytest.approx(2.1)]
+    # Overlap only: the second starts half-way; both run at half speed while together.
+    # First: 0.5 alone + 0.5 of work at 1/2 -> 1.5. Second: 0.5 done by 1.5, rest alone.
+    assert run_flows([(0.0, hop, 1.0, 0.0), (0.5, hop, 1.0, 0.0)]) == \
+        [pytest.approx(1.5), pytest.approx(2.0)]
+    # Flows on different hops do not interact; a weight-2 flow is two in lock step.
+    assert run_flows([(0.0, (("a", 1),), 1.0, 0.0), (0.0, (("b", 1),), 1.0, 0.0)]) == \
+        [pytest.approx(1.0), pytest.approx(1.0)]
+    assert run_flows([(0.0, (("a", 2),), 1.0, 0.0)]) == [pytest.approx(2.0)]
+    # A flow is as slow as its most loaded hop: x shares "a" with y, and y "b" with z.
+    assert run_flows([(0.0, (("a", 1),), 1.0, 0.0), (0.0, (("a", 1), ("b", 1)), 1.0, 0.0),
+                      (0.0, (("b", 1),), 1.0, 0.0)]) == [pytest.approx(2.0)] * 3
+
+
+def two_nodes(per_node=2, **kw):
+    return load_cluster(cluster_dict([("a", per_node), ("b", per_node)],
+                                     bandwidth=BW, latency=LAT, **kw))
+
+
+def test_point_to_point_transfer_in_the_simulator():
+    nbytes = 2e6                                     # activations per sample
+    model = synthetic(2, act=nbytes)
+    cluster = two_nodes(1)
+    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=1)
+    sends = [e for e in simulate(plan, CostModel(model, cluster)).trace.events
+             if e.op == "send"]
+    assert [(e.device, e.peer) for e in sends] == [("a/0", "b/0"), ("b/0", "a/0")]
+    for e in sends:
+        assert e.duration_s == pytest.approx(LAT + nbytes / BW)
+        assert e.bytes == nbytes
+
+
+def test_replicas_sharing_a_nic_share_its_bandwidth():
+    nbytes = 2e6
+    model = synthetic(2, act=nbytes)
+    cluster = two_nodes(2)
+    # Megatron order: stage 0 of both replicas on node a, stage 1 on node b, so both
+    # replicas' activations cross a's NIC at the same time: each at half speed.
+    plan = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=1, global_batch=2)
+    assert [s.devices for s in plan.pipelines[1].stages] == [("a/1",), ("b/1",)]
+    sends = [e for e in simulate(plan, CostModel(model, cluster)).trace.events
+             if e.op == "send"]
+    assert sends and all(e.duration_s == pytest.approx(LAT + 2 * nbytes / BW) for e in sends)
+
+
+def test_sends_of_one_stage_pair_go_one_after_another():
+    nbytes = 2e6
+    model = synthetic(2, act=nbytes, stash=0)
+    cluster = two_nodes(1)
+    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=3,
+                        schedule="gpipe")
+    fwd = [e for e in simulate(plan, CostModel(model, cluster)).trace.events
+           if e.op == "send" and e.device == "a/0"]
+    one = LAT + nbytes / BW
+    assert [e.duration_s for e in fwd] == [pytest.approx(one)] * 3
+    # F takes 1 ms < one transfer (2.1 ms): each send starts when the one before lands.
+    assert [e.start_s for e in fwd] == [pytest.approx(1e-3 + i * one) for i in range(3)]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_allreduce_matches_its_formula(n):
+    params = 3_000_000                              # 2 layers: 12 MB of bf16 gradients
+    model = synthetic(2, params=params)
+    cluster = load_cluster(cluster_dict([(f"n{i}", 1) for i in range(n)],
+                                        bandwidth=BW, latency=LAT))
+    cost = CostModel(model, cluster)
+    grad = 2 * params * 2
+    expected = 2 * (n - 1) / n * grad / BW + 2 * (n - 1) * LAT
+    spec = ring_spec(cost, [[d.name for d in cluster.devices]], grad)
+    assert spec.time_s == pytest.approx(expected)
+    plan = uniform_plan(model, cluster, pp=1, dp=n, micro_batch=1, global_batch=n)
+    for overlap in (True, False):
+        result = simulate(plan, cost, SimOptions(bucket_bytes=1e12,
+                                                 overlap_dp_allreduce=overlap))
+        reduce = [e for e in result.trace.events if e.op == "allreduce"]
+        assert len(reduce) == 1 and reduce[0].duration_s == pytest.approx(expected)
+        compute_end = max(e.end_s for e in result.trace.events if e.op in "FB")
+        assert reduce[0].start_s == pytest.approx(compute_end)   # one bucket: at the end
+    # Buckets overlap the backward (F 2 ms, B 4 ms): 4 buckets of 3 MB, the first ready
+    # after a quarter of the backward; the link-bound queue then runs them back to back.
+    result = simulate(plan, cost, SimOptions(bucket_bytes=3e6))
+    reduce = [e for e in result.trace.events if e.op == "allreduce"]
+    bucket = 2 * (n - 1) / n * 3e6 / BW + 2 * (n - 1) * LAT
+    assert len(reduce) == 4
+    assert reduce[0].start_s == pytest.approx(2e-3 + 0.25 * 4e-3)
+    assert bucket > 1e-3                  # slower than the backward makes them: queued
+    assert [e.start_s for e in reduce] == \
+        [pytest.approx(reduce[0].start_s + j * bucket) for j in range(4)]
+    assert reduce[-1].end_s == pytest.approx(reduce[0].start_s + 4 * bucket)
+
+
+def test_tensor_parallel_transfer_is_split_over_the_group():
+    cluster = two_nodes(2)
+    cost = CostModel(synthetic(2), cluster)
+    edges = p2p_edges(("a/0", "a/1"), ("b/0", "b/1"))
+    assert edges == [("a/0", "b/0"), ("a/1", "b/1")]
+    spec = p2p_spec(cost, edges, 4e6)
+    # Two half-size streams through one NIC each way: as long as one full-size stream.
+    assert dict(spec.hops) == {"a:nic-out": 2, "b:nic-in": 2}
+    assert run_flows([(0.0, spec.hops, spec.work_s, spec.latency_s)]) == \
+        [pytest.approx(LAT + 4e6 / BW)]
+    assert p2p_spec(cost, p2p_edges(("a/0",), ("a/0",)), 4e6) is None    # same device
+
+
+def test_buckets_faster_than_the_backward_start_as_they_become_ready():
+    params = 3_000_000
+    model = synthetic(2, params=params)
+    cluster = load_cluster(cluster_dict([("n0", 1), ("n1", 1)], bandwidth=1e11, latency=0.0))
+    plan = uniform_plan(model, cluster, pp=1, dp=2, micro_batch=1, global_batch=2)
+    result = simulate(plan, CostModel(model, cluster), SimOptions(bucket_bytes=3e6))
+    reduce = [e for e in result.trace.events if e.op == "allreduce"]
+    bucket = 3e6 / 1e11                   # 2(n-1)/n = 1 for n = 2: 30 us << 1 ms
+    # Backward 2..6 ms; bucket j is ready after (j + 1) / 4 of it and starts right away.
+    assert [e.start_s for e in reduce] == [pytest.approx(2e-3 + (j + 1) * 1e-3)
+                                           for j in range(4)]
+    assert result.metrics.iteration_time_s == pytest.approx(6e-3 + bucket)
+
+
+def test_lazy_flow_delayed_by_a_later_one():
+    env = simpy.Environment()
+    delayed, done = [], {}
+    net = Network(env, on_delay=delayed.append)
+    hop = (("h", 1),)
+
+    def go():
+        assert net.start(hop, 1.0, 0.1, lambda t: done.__setitem__(t, env.now), "a",
+                         lazy=True) == pytest.approx(1.1)       # alone: no event needed
+        yield env.timeout(0.5)
+        assert net.start(hop, 1.0, 0.1, lambda t: done.__setitem__(t, env.now), "b",
+                         lazy=True) is None                     # shares: time not known yet
+
+    env.process(go())
+    env.run()
+    assert delayed == ["a"]
+    assert done == {"a": pytest.approx(1.6), "b": pytest.approx(2.1)}
+
+
+def test_a_reader_waiting_on_a_delayed_message_starts_at_its_real_arrival():
+    """Two replicas with different cuts send through one NIC, 1 ms apart. Replica 0's
+    message is alone at first (arrival 3.1 ms) until replica 1's joins at 2 ms: both then
+    move at half speed, so replica 0's lands at 4.1 ms, replica 1's at 5.1 ms."""
+    from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
+    model = synthetic(3, act=2e6)
+    cluster = two_nodes(2)
+    a = PipelinePlan(1, 1, (StagePlan((0, 1), ("a/0",)), StagePlan((1, 3), ("b/0",))))
+    b = PipelinePlan(1, 1, (StagePlan((0, 2), ("a/1",)), StagePlan((2, 3), ("b/1",))))
+    plan = Plan("inline", "inline", 2, "1f1b", 1, (a, b))
+    events = simulate(plan, CostModel(model, cluster)).trace.events
+    start = {(e.device, e.op): e.start_s for e in events}
+    end = {(e.device, e.op): e.end_s for e in events}
+    assert end[("a/0", "send")] == pytest.approx(4.1e-3)
+    assert end[("a/1", "send")] == pytest.approx(5.1e-3)
+    assert start[("b/0", "F")] == pytest.approx(4.1e-3)
+    assert start[("b/1", "F")] == pytest.approx(5.1e-3)
