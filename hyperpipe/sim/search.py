@@ -1,0 +1,564 @@
+"""Heterogeneity-aware plan search.
+
+Five phases, each reported with how many candidates it saw, pruned and found
+infeasible, and how long it took:
+
+1. **templates** (`hyperpipe.sim.templates`) – a template is a class of identical
+   pipelines: schedule, micro-batch size, tp degree, group of device types, replica
+   count, units per type, stage order and replica layout (the generators of
+   `hyperpipe.sim.space`), its layers cut by the bottleneck DP of
+   `hyperpipe.sim.partition`. Per type group, branch and bound over all of them.
+2. **assemble** – a plan is one template per block of a set partition of the device
+   types (heterogeneous data parallelism: pipelines may differ; unused types are left
+   out). The batch is split over all pipelines in proportion to their speed
+   (water-filling), the combinations are ranked by the templates' closed form, and the
+   best of each grouping and overall are built and checked with the analytic tier
+   (`hyperpipe.sim.analytic.estimate`): out-of-memory plans are infeasible.
+3. **refine** – single layers moved across cuts, judged by the analytic tier.
+4. **simulate** – the short list and the baselines are ranked with the SimPy simulator
+   (`hyperpipe.sim.simulator.simulate`), over `workers` processes, and the best plans
+   polished by single-layer moves judged by the simulator, within a budget.
+5. **baselines** – `uniform` and `proportional` (`hyperpipe.sim.baselines`), tuned over
+   the (pp, dp, tp, micro-batch) grid with the analytic tier, simulated in phase 4.
+
+Objectives: "throughput" (least iteration time) or "cost" (least USD per million
+tokens, when the cluster has prices); the result carries the (time, cost) Pareto front
+of the simulated plans either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.sim import space
+from hyperpipe.sim.baselines import proportional_plan, uniform_plan
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.sim.space import SearchConstraints
+from hyperpipe.sim.templates import (
+    KEEP_PER_GROUP,
+    PhaseStats,
+    SearchContext,
+    Template,
+    objective_value,
+    templates_at,
+    templates_phase,
+)
+
+__all__ = ["SearchConstraints", "Candidate", "SearchResult", "search", "pareto_front"]
+
+ASSEMBLE_LIMIT = 64       # combinations built as plans and estimated, besides ...
+ASSEMBLE_PER_GROUPING = 4  # ... the best few of every grouping of the device types
+SIMULATE_MIN = 6          # at least this many plans ranked by the simulator
+SIMULATE_MAX = 64         # at most this many in the short list
+SIM_ACTION_BUDGET = 100_000   # schedule actions simulated for the short list and polish
+POLISH_TOP = 2            # best simulated plans polished by single-layer moves
+REFINE_BUDGET = 200       # analytic estimates spent on moving single layers across cuts
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: Plan
+    metrics: Metrics
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "metrics": self.metrics.to_dict()}
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Candidate
+    ranked: list[Candidate]
+    baselines: dict[str, Candidate]
+    candidates_evaluated: int
+    search_time_s: float
+    phases: list[dict]             # per phase: name, seen, pruned, infeasible, seconds
+    pareto: list[Candidate] = field(default_factory=list)   # (iteration time, cost) front
+
+    def to_dict(self) -> dict[str, Any]:
+        """DESIGN.md's `search --json` object."""
+        return {"best": self.best.to_dict(),
+                "ranked": [c.to_dict() for c in self.ranked],
+                "baselines": {k: c.to_dict() for k, c in self.baselines.items()},
+                "candidates_evaluated": self.candidates_evaluated,
+                "search_time_s": self.search_time_s}
+
+
+# ---------------------------------------------------------------------------- assembling
+
+def _combined_time(tpls: tuple[Template, ...], big_m: int) -> float:
+    """Iteration time when M micro-batches are spread over all pipelines so that they
+    finish together: a continuous relaxation of the water-filling split, by bisection on
+    the time T, pipeline i taking m_i(T) micro-batches (the inverse of its
+    `Template.time_s`), and every pipeline at least one."""
+    def share(t: Template, total: float) -> float:
+        room = total - t.sync_s
+        if room < t.part.total_s:
+            return 0.0
+        return min((room - t.fill_s) / t.device_load_s + 1, room / t.device_load_s)
+
+    lo = max(t.time_s(1) for t in tpls)          # every pipeline does one micro-batch
+    hi = max(t.time_s(big_m) for t in tpls)
+    if sum(t.dp * share(t, lo) for t in tpls) >= big_m:
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(t.dp * share(t, mid) for t in tpls) >= big_m:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def split_batch(times: list, big_m: int) -> list[int]:
+    """Integer micro-batch counts (each >= 1, summing to big_m) minimising the slowest
+    pipeline, `times[i](m)` being pipeline i's time for m micro-batches (greedy
+    water-filling, optimal for non-decreasing times)."""
+    n = len(times)
+    if big_m < n:
+        raise InfeasiblePlan(f"{big_m} micro-batches cannot feed {n} pipelines")
+    counts = [1] * n
+    heap = [(times[i](2), i) for i in range(n)]
+    heapq.heapify(heap)
+    for _ in range(big_m - n):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        heapq.heappush(heap, (times[i](counts[i] + 1), i))
+    return counts
+
+
+def _build_plan(ctx: SearchContext, tpls: tuple[Template, ...]) -> Plan:
+    mb = tpls[0].micro_batch
+    rows = [(t, r) for t in tpls for r in range(t.dp)]
+    counts = split_batch([t.time_s for t, _ in rows], ctx.c.global_batch // mb)
+    pipes = [PipelinePlan(mb, m, t.stages(r)) for (t, r), m in zip(rows, counts, strict=True)]
+    plan = Plan(model=ctx.refs[0], cluster=ctx.refs[1],
+                global_batch=ctx.c.global_batch, schedule=tpls[0].kind,
+                chunks=tpls[0].chunks, pipelines=tuple(pipes))
+    plan.check(ctx.model, ctx.cluster)
+    return plan
+
+
+def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]):
+    """Yield (objective, templates) over set partitions of subsets of the types. One
+    block: its kept templates. Several: they must share (schedule, micro-batch), so each
+    block's templates are taken at the configs where some block does best."""
+    c = ctx.c
+    for blocks in space.type_groups(types):
+        if len(blocks) == 1:
+            choices = [(t,) for t in templates_at(ctx, phase, tuple(blocks[0]), None)]
+        else:
+            firsts = [templates_at(ctx, phase, tuple(b), None) for b in blocks]
+            if not all(firsts):
+                continue
+            # each block's favourite config, and smaller micro-batches of it: alone a
+            # block takes the whole batch, shared it gets fewer micro-batches
+            configs = dict.fromkeys(
+                (kind, v, b) for kind, v, mb in (f[0].config for f in firsts)
+                for b in [mb, *(x for x in space.micro_batches(c) if x < mb)])
+            choices = []
+            for cfg in configs:
+                options = [templates_at(ctx, phase, tuple(b), cfg)[:KEEP_PER_GROUP]
+                           for b in blocks]
+                choices += list(itertools.product(*options))
+        for tpls in choices:
+            phase.seen += 1
+            big_m = c.global_batch // tpls[0].micro_batch
+            n_pipes = sum(t.dp for t in tpls)
+            if (c.dp is not None and n_pipes != c.dp) or n_pipes > big_m:
+                phase.infeasible += 1
+                continue
+            total = _combined_time(tpls, big_m)
+            price = sum(t.price_per_hour for t in tpls)
+            yield objective_value(ctx, total, price), tpls
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+def _estimate(plan: Plan, cost: CostModel) -> Metrics:
+    from hyperpipe.sim.analytic import estimate
+    return estimate(plan, cost)
+
+
+def _simulate_one(plan: Plan, cost: CostModel) -> Metrics:
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    return simulate(plan, cost, SimOptions(trace=False)).metrics
+
+
+def _simulate_task(args) -> Metrics:
+    plan, model, cluster, profile = args
+    return _simulate_one(plan, CostModel(model, cluster, profile))
+
+
+def _simulate_all(plans: list[Plan], cost: CostModel, pool=None, bar=None) -> list[Metrics]:
+    """Metrics of each plan by the simulator, over the worker `pool` (None: here)."""
+    out: list[Metrics] = []
+    if pool is None or len(plans) <= 1:
+        for p in plans:
+            out.append(_simulate_one(p, cost))
+            if bar is not None:
+                bar.advance()
+        return out
+    tasks = [(p, cost.model, cost.cluster, cost.profile) for p in plans]
+    for metrics in pool.map(_simulate_task, tasks):
+        out.append(metrics)
+        if bar is not None:
+            bar.advance()
+    return out
+
+
+def _rank_key(c: SearchConstraints, m: Metrics) -> tuple:
+    value = m.iteration_time_s
+    if c.objective == "cost":
+        value = m.cost_per_million_tokens if m.cost_per_million_tokens is not None \
+            else math.inf
+    return (bool(m.oom), value, m.iteration_time_s)
+
+
+def pareto_front(cands: list[Candidate]) -> list[Candidate]:
+    """Feasible candidates not beaten on both iteration time and cost per million
+    tokens, by increasing iteration time (empty when the cluster has no prices)."""
+    pts = [c for c in cands if c.metrics.feasible and c.metrics.cost_per_million_tokens
+           is not None]
+    pts.sort(key=lambda c: (c.metrics.iteration_time_s, c.metrics.cost_per_million_tokens))
+    front, best_cost = [], math.inf
+    for cand in pts:
+        if cand.metrics.cost_per_million_tokens < best_cost - 1e-12:
+            front.append(cand)
+            best_cost = cand.metrics.cost_per_million_tokens
+    return front
+
+
+# ---------------------------------------------------------------------------- refining
+
+def _neighbours(plan: Plan) -> Iterable[Plan]:
+    """Plans with one layer moved across one cut, in every class of pipelines that share
+    a layer cut (the replicas of one template move together)."""
+    classes: dict[tuple, list[int]] = {}
+    for i, pipe in enumerate(plan.pipelines):
+        classes.setdefault(tuple(s.layers for s in pipe.stages), []).append(i)
+    for cut, members in classes.items():
+        for k in range(len(cut) - 1):
+            for step in (-1, 1):
+                edge = cut[k][1] + step
+                if not cut[k][0] < edge < cut[k + 1][1]:
+                    continue
+                pipes = list(plan.pipelines)
+                for i in members:
+                    st = list(pipes[i].stages)
+                    st[k] = StagePlan((st[k].layers[0], edge), st[k].devices, st[k].tp)
+                    st[k + 1] = StagePlan((edge, st[k + 1].layers[1]), st[k + 1].devices,
+                                          st[k + 1].tp)
+                    pipes[i] = PipelinePlan(pipes[i].micro_batch, pipes[i].num_microbatches,
+                                            tuple(st))
+                yield plan.with_pipelines(pipes)
+
+
+def _refine(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate], budget: int
+            ) -> list[Candidate]:
+    """Steepest-descent over single-layer moves, judged by the analytic tier: the DP
+    balances the bottleneck, this also sees where in the pipeline the load sits (which
+    changes fill and drain) and the exact schedule. Candidates best first, until
+    `budget` estimates are spent."""
+    out = []
+    for cand in cands:
+        if budget <= 0:
+            break
+        current = cand
+        while budget > 0:
+            best = None
+            for plan in _neighbours(current.plan):
+                if budget <= 0:
+                    break
+                budget -= 1
+                phase.seen += 1
+                metrics = _estimate(plan, ctx.cost)
+                if metrics.oom:
+                    phase.infeasible += 1
+                    continue
+                if _rank_key(ctx.c, metrics) < _rank_key(ctx.c, (best or current).metrics):
+                    best = Candidate(plan, metrics)
+            if best is None:
+                break
+            current = best
+        out.append(current)
+    return out
+
+
+# ---------------------------------------------------------------------------- baselines
+
+def _baseline_grid(ctx: SearchContext) -> Iterable[dict]:
+    """(pp, dp, tp, micro-batch) choices of a Megatron-style run: the fixed dimensions as
+    given, the others over their options, as many replicas as the devices allow (the
+    first pp x dp x tp devices in cluster order)."""
+    c = ctx.c
+    n = len(ctx.cluster.devices)
+    kind = c.schedule or "1f1b"
+    chunks = c.chunks or (2 if space.takes_chunks(kind) else 1)
+    for tp in space.tp_options(ctx.cluster, ctx.model, c):
+        for pp in ([c.pp] if c.pp else range(1, n // tp + 1)):
+            dp = c.dp or n // (tp * pp)
+            if dp < 1 or pp * dp * tp > n or pp * chunks > ctx.model.num_layers \
+                    or (c.dp is None and c.pp is None and n % (tp * pp)):
+                continue
+            for mb in space.micro_batches(c):
+                if c.global_batch % (dp * mb) == 0:
+                    yield dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
+                               global_batch=c.global_batch, schedule=kind, chunks=chunks)
+
+
+def _baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, Plan]:
+    """Per baseline, the plan of the (pp, dp, tp, micro-batch) grid the analytic tier
+    likes best (memory-feasible first): what a user tuning Megatron-LM would pick."""
+    c = ctx.c
+    out: dict[str, Plan] = {}
+    for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
+        best = None
+        for dims in _baseline_grid(ctx):
+            phase.seen += 1
+            try:
+                plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs)
+            except (InfeasiblePlan, BadInput):
+                phase.infeasible += 1
+                continue
+            if not _state_fits(ctx, plan):
+                phase.pruned += 1        # weights alone overflow a device: no estimate
+                if best is None:         # (still a baseline to show, if nothing fits)
+                    best = ((True, math.inf, math.inf), plan)
+                continue
+            key = _rank_key(c, _estimate(plan, ctx.cost))
+            if best is None or key < best[0]:
+                best = (key, plan)
+        if best is not None:
+            out[name] = best[1]
+    return out
+
+
+def _state_fits(ctx: SearchContext, plan: Plan) -> bool:
+    """Whether every stage's weights, gradients and optimizer state fit its devices."""
+    held: dict[str, float] = {}
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            held[st.devices[0]] = held.get(st.devices[0], 0.0) + \
+                ctx.cost.state_bytes(st.layers, st.tp)
+    return all(b <= ctx.cluster.device(d).type.memory_bytes for d, b in held.items())
+
+
+# ---------------------------------------------------------------------------- search
+
+def _shortfall(ctx: SearchContext) -> str:
+    """One line saying what is short when no plan fits."""
+    model, cluster = ctx.model, ctx.cluster
+    need = ctx.cost.state_bytes((0, model.num_layers))
+    have = sum(d.type.memory_bytes for d in cluster.devices)
+    biggest = max(model.layers[i].params for i in range(model.num_layers)) * \
+        ctx.cost.state_bytes_per_param
+    largest_dev = max(d.type.memory_bytes for d in cluster.devices)
+    if need > have:
+        return (f"model {model.name} needs {need / 1e9:.1f} GB for weights, gradients and "
+                f"optimizer state; cluster {cluster.name} has {have / 1e9:.1f} GB in all")
+    if biggest > largest_dev * max(ctx.c.tp or 1, 1):
+        return (f"the largest layer of {model.name} needs {biggest / 1e9:.1f} GB of state; "
+                f"the largest device has {largest_dev / 1e9:.1f} GB")
+    return (f"no plan within the constraints fits in memory: model {model.name} needs "
+            f"{need / 1e9:.1f} GB of state plus activations (micro-batch "
+            f"{ctx.c.micro_batch or 'any'}), cluster {cluster.name} has "
+            f"{have / 1e9:.1f} GB")
+
+
+def search(model, cluster, constraints: SearchConstraints, *, profile=None, top: int = 5,
+           workers: int = 1, progress: bool = False) -> SearchResult:
+    """Find the best plans for `model` on `cluster` under `constraints`.
+
+    Raises InfeasiblePlan (one line saying what is short) when nothing fits, BadInput
+    when the constraints contradict the cluster.
+    """
+    start = time.perf_counter()
+    c = constraints
+    if top < 1 or workers < 1:
+        raise BadInput("--top/--workers", "positive integers", (top, workers))
+    _check_constraints(model, cluster, c)
+    ctx = SearchContext(CostModel(model, cluster, profile), c)
+    show = progress or None          # None: the bar shows itself on a terminal only
+    phases = [PhaseStats("templates"), PhaseStats("assemble"), PhaseStats("refine"),
+              PhaseStats("simulate"), PhaseStats("baselines")]
+
+    workers_ctx = ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext()
+    with workers_ctx as pool:
+        types = _timed(phases[0], templates_phase, ctx, show, pool)
+        estimated = _timed(phases[1], _assemble_phase, ctx, types)
+        base_plans = _timed(phases[4], _baselines, ctx)
+        if not estimated:
+            raise InfeasiblePlan(_shortfall(ctx))
+        estimated.sort(key=lambda cand: _rank_key(c, cand.metrics))
+        refined = _timed(phases[2], _refine, ctx, _dedupe(estimated), _refine_budget(ctx))
+        short = sorted(_dedupe(refined + estimated),
+                       key=lambda cand: _rank_key(c, cand.metrics))
+        ranked, baselines = _timed(phases[3], _simulate_phase, ctx, short, base_plans,
+                                   pool, show, max(top, SIMULATE_MIN))
+    feasible = [cand for cand in ranked if cand.metrics.feasible]
+    if not feasible:
+        raise InfeasiblePlan(_shortfall(ctx))
+    return SearchResult(best=feasible[0], ranked=feasible[:top], baselines=baselines,
+                        candidates_evaluated=sum(p.seen for p in phases),
+                        search_time_s=time.perf_counter() - start,
+                        phases=[p.as_dict() for p in phases],
+                        pareto=pareto_front(ranked + list(baselines.values())))
+
+
+def _check_constraints(model, cluster, c: SearchConstraints) -> None:
+    """Fixed dimensions the cluster or model cannot have: bad input, not infeasible."""
+    largest = max(n.count for n in cluster.nodes)
+    if c.tp is not None and c.tp > largest:
+        raise BadInput("--tp", f"at most the largest node's {largest} devices (tensor "
+                       "parallelism stays inside a node)", c.tp)
+    need = (c.pp or 1) * (c.dp or 1) * (c.tp or 1)
+    if need > len(cluster.devices):
+        raise BadInput("--pp x --dp x --tp", f"at most the cluster's {len(cluster.devices)} "
+                       "devices", need)
+    stages = (c.pp or 1) * (c.chunks or 1)
+    if stages > model.num_layers:
+        raise BadInput("--pp x --chunks", f"at most the model's {model.num_layers} layers "
+                       "(one layer per stage at least)", stages)
+    if c.objective == "cost":
+        unpriced = [n.name for n in cluster.nodes
+                    if cluster.price_per_hour(f"{n.name}/0") is None]
+        if unpriced:
+            raise BadInput("--objective cost", "a cluster with prices (price_per_hour on "
+                           "every node or device type)", f"none on nodes {unpriced[:4]}")
+    if model.config is not None and c.tp is not None and model.config.n_head % c.tp:
+        raise BadInput("--tp", f"a divisor of the model's {model.config.n_head} attention "
+                       "heads", c.tp)
+
+
+def _refine_budget(ctx: SearchContext) -> int:
+    """Analytic estimates for refining: REFINE_BUDGET on small clusters, fewer on large
+    ones, where each estimate walks more pipelines (about the same time either way)."""
+    return max(REFINE_BUDGET // 10, REFINE_BUDGET * 64 // max(64, len(ctx.cluster.devices)))
+
+
+def _timed(phase: PhaseStats, fn, *args):
+    t0 = time.perf_counter()
+    try:
+        return fn(*args[:1], phase, *args[1:])
+    finally:
+        phase.seconds = time.perf_counter() - t0
+
+
+def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str]
+                    ) -> list[Candidate]:
+    """Phase 2: combine type groups, split the batch, build plans, check them with the
+    analytic tier (out of memory: infeasible)."""
+    combos = list(_combinations(ctx, phase, types))
+    # the best few of every way of grouping the types first, then the best overall:
+    # the closed form misjudges some groupings (shared links, all-reduces across
+    # unlike pipelines), so no grouping may crowd the others out
+    by_groups: dict[tuple, list] = {}
+    for value, tpls in combos:
+        by_groups.setdefault(tuple(t.types for t in tpls), []).append((value, tpls))
+    picked = {id(x[1]): x for group in by_groups.values()
+              for x in heapq.nsmallest(ASSEMBLE_PER_GROUPING, group, key=lambda x: x[0])}
+    for x in heapq.nsmallest(ASSEMBLE_LIMIT, combos, key=lambda x: x[0]):
+        picked.setdefault(id(x[1]), x)
+    best = sorted(picked.values(), key=lambda x: x[0])[:ASSEMBLE_LIMIT + len(by_groups)]
+    phase.pruned += len(combos) - len(best)
+    out: list[Candidate] = []
+    for _, tpls in best:
+        try:
+            plan = _build_plan(ctx, tpls)
+        except InfeasiblePlan:
+            phase.infeasible += 1
+            continue
+        metrics = _estimate(plan, ctx.cost)
+        if metrics.oom:
+            phase.infeasible += 1
+            continue
+        out.append(Candidate(plan, metrics))
+    return out
+
+
+def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate],
+                    base_plans: dict[str, Plan], pool, show, n_min: int):
+    """Phase 3: the short list and the baselines, ranked by the SimPy simulator. The
+    short list is the best `n_min` by the analytic tier, longer while the simulation
+    budget (in schedule actions) allows: the analytic tier ties plans that differ only
+    in which stage sits where, the simulator does not. Then single-layer moves on the
+    best simulated plans, judged by the simulator, while budget is left."""
+    from hyperpipe.progress import Progress
+    budget = SIM_ACTION_BUDGET
+    short = []
+    for cand in cands:
+        size = _actions(cand.plan)
+        if len(short) >= n_min and (size > budget or len(short) >= SIMULATE_MAX):
+            break
+        budget -= size
+        short.append(cand)
+    names = list(base_plans)
+    todo = [cand.plan for cand in short] + [base_plans[k] for k in names]
+    with Progress(len(todo), "search: simulate", enabled=show) as bar:
+        metrics = _simulate_all(todo, ctx.cost, pool, bar)
+    phase.seen = len(todo)
+    n = len(short)
+    ranked = [Candidate(cand.plan, m) for cand, m in zip(short, metrics[:n], strict=True)]
+    phase.infeasible = sum(1 for cand in ranked if cand.metrics.oom)
+    baselines = {k: Candidate(base_plans[k], m)
+                 for k, m in zip(names, metrics[n:], strict=True)}
+    ranked.sort(key=lambda cand: _rank_key(ctx.c, cand.metrics))
+    ranked = _polish(ctx, phase, ranked, budget, pool)
+    # never return something worse than a baseline: if the simulator prefers one, it is
+    # a plan the user may take as well
+    for cand in baselines.values():
+        if _rank_key(ctx.c, cand.metrics) < _rank_key(ctx.c, ranked[0].metrics):
+            ranked.insert(0, cand)
+    return ranked, baselines
+
+
+def _actions(plan: Plan) -> int:
+    """Schedule actions the simulator runs for `plan` (identical replicas once)."""
+    seen = {(p.num_microbatches, tuple(s.layers for s in p.stages)): len(p.stages) *
+            p.num_microbatches for p in plan.pipelines}
+    return 2 * sum(seen.values())
+
+
+def _polish(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate], budget: int,
+            pool) -> list[Candidate]:
+    """Steepest descent over single-layer moves of the best simulated plans, judged by
+    the simulator, while `budget` actions are left."""
+    out = list(ranked)
+    for i, cand in enumerate(ranked[:POLISH_TOP]):
+        current = cand
+        while current.metrics.feasible:
+            moves = list(_neighbours(current.plan))
+            cost = sum(_actions(p) for p in moves)
+            if not moves or cost > budget:
+                break
+            budget -= cost
+            phase.seen += len(moves)
+            metrics = _simulate_all(moves, ctx.cost, pool)
+            best = min(zip(moves, metrics, strict=True), key=lambda pm: _rank_key(ctx.c, pm[1]))
+            if _rank_key(ctx.c, best[1]) >= _rank_key(ctx.c, current.metrics):
+                break
+            current = Candidate(*best)
+        out[i] = current
+    return _dedupe(sorted(out, key=lambda cand: _rank_key(ctx.c, cand.metrics)))
+
+
+def _dedupe(cands: list[Candidate]) -> list[Candidate]:
+    seen, out = set(), []
+    for cand in cands:
+        p = cand.plan
+        key = (p.schedule, p.chunks, p.pipelines)
+        if key not in seen:
+            seen.add(key)
+            out.append(cand)
+    return out

@@ -1,0 +1,119 @@
+"""The text report of a search: ranked plans, why the best wins, speed-ups, phases."""
+
+from __future__ import annotations
+
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.plan import Plan
+from hyperpipe.units import format_seconds
+
+RUN = 3                   # longer runs of one stage kind print as one item
+LIST_GROUPS = 6           # memory headroom lines (devices grouped by type and headroom)
+
+
+def describe_plan(plan: Plan, cluster) -> str:
+    """One part per class of identical pipelines: 'N x [TYPE L0-5 | ...] mb b x m'.
+    Runs of more than RUN stages of one type and tp degree print as one item
+    'TYPE tpN xK L0-40' (K stages over layers 0-40)."""
+    classes: dict[tuple, int] = {}
+    for pipe in plan.pipelines:
+        runs: list[list] = []
+        for s in pipe.stages:
+            name = cluster.device(s.devices[0]).type.name + ("" if s.tp == 1 else f" tp{s.tp}")
+            if runs and runs[-1][0] == name:
+                runs[-1][1].append(s.layers)
+            else:
+                runs.append([name, [s.layers]])
+        items = []
+        for name, ranges in runs:
+            if len(ranges) > RUN:
+                items.append(f"{name} x{len(ranges)} L{ranges[0][0]}-{ranges[-1][1] - 1}")
+            else:
+                items += [f"{name} L{a}-{b - 1}" for a, b in ranges]
+        key = (" | ".join(items), pipe.micro_batch, pipe.num_microbatches)
+        classes[key] = classes.get(key, 0) + 1
+    sched = plan.schedule + (f" v={plan.chunks}" if plan.chunks > 1 else "")
+    parts = [f"{n} x [{st}] mb {mb} x {m}" for (st, mb, m), n in classes.items()]
+    return f"{sched}: " + "; ".join(parts)
+
+
+def _metrics_row(m) -> str:
+    cost = f"  ${m.cost_per_million_tokens:.3f}/Mtok" \
+        if m.cost_per_million_tokens is not None else ""
+    return (f"{format_seconds(m.iteration_time_s):>10}  {m.throughput_samples_per_s:9.2f} "
+            f"samples/s  bubble {m.bubble_fraction:5.1%}  MFU {m.mfu:5.1%}{cost}")
+
+
+def why_best(plan: Plan, metrics, cost: CostModel) -> list[str]:
+    """The bottleneck stage, the bubble and the memory headroom of a plan."""
+    cluster = cost.cluster
+    lines = []
+    worst = None
+    for q, pipe in enumerate(plan.pipelines):
+        for k, st in enumerate(pipe.stages):
+            t = sum(cost.stage_time_s(st.layers, st.devices, pipe.micro_batch, op)
+                    for op in ("F", "B"))
+            if worst is None or t > worst[0]:
+                worst = (t, q, k, st)
+    t, q, k, st = worst
+    lines.append(f"bottleneck: pipeline {q} stage {k} on {_names(list(st.devices))} "
+                 f"({cluster.device(st.devices[0]).type.name}, layers {st.layers[0]}-"
+                 f"{st.layers[1] - 1}): {format_seconds(t)} of forward+backward per "
+                 f"micro-batch of {plan.pipelines[q].micro_batch}")
+    lines.append(f"bubble fraction: {metrics.bubble_fraction:.1%} of device time idle")
+    groups: dict[tuple[str, float, float], list[str]] = {}
+    for d, b in metrics.peak_memory_bytes.items():
+        cap = _cap(cluster, d)
+        key = (cluster.device(d).type.name, round((cap - b) / 1e8) / 10, cap)
+        groups.setdefault(key, []).append(d)
+    items = sorted(groups.items(), key=lambda kv: kv[0][1])
+    shown = [f"{len(devs)} x {t} {free:.1f} GB free of {cap / 1e9:.0f} "
+             f"({_names(devs)})" for (t, free, cap), devs in items[:LIST_GROUPS]]
+    if len(items) > LIST_GROUPS:
+        shown.append(f"... {len(items) - LIST_GROUPS} more groups")
+    lines.append("memory headroom, least first: " + "; ".join(shown))
+    return lines
+
+
+def _names(devs: list[str]) -> str:
+    return ", ".join(devs) if len(devs) <= 3 else f"{devs[0]} ... {devs[-1]}"
+
+
+def _cap(cluster, device: str) -> float:
+    return cluster.device(device).type.memory_bytes
+
+
+def format_search(result, cost: CostModel, *, objective: str = "throughput") -> str:
+    cluster, model = cost.cluster, cost.model
+    best = result.best
+    out = [f"search: model {model.name} on cluster {cluster.name} "
+           f"({len(cluster.devices)} devices), global batch {best.plan.global_batch}, "
+           f"objective {objective}", "", "ranked plans (simulated):"]
+    for i, cand in enumerate(result.ranked, 1):
+        out.append(f"{i:>3}. {_metrics_row(cand.metrics)}")
+        out.append(f"     {describe_plan(cand.plan, cluster)}")
+    out += ["", "baselines (same simulator):"]
+    for name, cand in result.baselines.items():
+        speedup = cand.metrics.iteration_time_s / best.metrics.iteration_time_s
+        versus = f"best is {speedup:.2f}x faster"
+        if objective == "cost" and cand.metrics.cost_per_million_tokens is not None:
+            cheaper = cand.metrics.cost_per_million_tokens / \
+                best.metrics.cost_per_million_tokens
+            versus = f"best is {cheaper:.2f}x cheaper per token ({speedup:.2f}x the speed)"
+        oom = f"  OUT OF MEMORY on {len(cand.metrics.oom)} device(s)" \
+            if cand.metrics.oom else ""
+        out.append(f"  {name:<13}{_metrics_row(cand.metrics)}  -> {versus}{oom}")
+        out.append(f"     {describe_plan(cand.plan, cluster)}")
+    out += ["", "why the best wins:"] + [f"  {line}" for line in
+                                           why_best(best.plan, best.metrics, cost)]
+    if result.pareto and len(result.pareto) > 1:
+        out += ["", "Pareto front (iteration time vs USD per million tokens):"]
+        for cand in result.pareto:
+            out.append(f"  {_metrics_row(cand.metrics)}  "
+                       f"{len(cand.plan.devices)} devices")
+    out += ["", "phases:"]
+    for ph in result.phases:
+        out.append(f"  {ph['name']:<10} {ph['seen']:>7} seen  {ph['pruned']:>6} pruned  "
+                   f"{ph['infeasible']:>6} infeasible  {ph['seconds']:7.2f} s")
+    out.append(f"candidates evaluated: {result.candidates_evaluated} in "
+               f"{result.search_time_s:.2f} s")
+    return "\n".join(out) + "\n"

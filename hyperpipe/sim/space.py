@@ -1,0 +1,222 @@
+"""The search space, declared as small generators of valid factors (STYLE.md point 9).
+
+A plan is assembled from independent choices, each a generator here, so that the
+search combines them and prunes each as early as it can instead of nesting loops:
+
+* `schedule_options`  schedule kind and chunks (every kind the generators know)
+* `micro_batches`     micro-batch sizes that divide the global batch
+* `tp_options`        tensor-parallel degrees that fit inside a node
+* `unit_pools`        per device type, its tp groups ("units"), node by node: identical
+                      devices are interchangeable, so only counts per type matter
+* `type_groups`       which device types form pipelines together: every set partition
+                      of every non-empty subset of the types (a block of one type is a
+                      homogeneous pipeline class, unused types are left out)
+* `dp_recipes`        replicas per group and units of each type per pipeline
+* `stage_orders`      which type takes which stage: distinct orders of the type multiset
+                      when they are few, else contiguous blocks of each type
+* `layouts`           which units form which replica: a pipeline's units together
+                      (stage traffic inside nodes) or a stage's replicas together
+                      (gradient all-reduce inside nodes, Megatron's rank order)
+
+Any dimension fixed in `SearchConstraints` collapses its generator to that one value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hyperpipe.errors import BadInput
+
+MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
+MAX_ORDERS = 120              # distinct stage orders enumerated in full below this count
+MAX_CHUNKS = 4                # interleaved chunks tried (Megatron-LM uses 2-4 in practice)
+
+
+@dataclass(frozen=True)
+class SearchConstraints:
+    """What the user fixed. None leaves that dimension to the search."""
+
+    global_batch: int
+    micro_batch: int | None = None
+    schedule: str | None = None
+    pp: int | None = None
+    dp: int | None = None
+    tp: int | None = None
+    chunks: int | None = None
+    objective: str = "throughput"      # or "cost" (USD per million tokens)
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "micro_batch", "pp", "dp", "tp", "chunks"):
+            value = getattr(self, name)
+            if value is None and name != "global_batch":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInput(f"--{name.replace('_', '-')}", "a positive integer", value)
+        if self.objective not in ("throughput", "cost"):
+            raise BadInput("--objective", "throughput or cost", self.objective)
+        if self.micro_batch is not None and self.global_batch % self.micro_batch:
+            raise BadInput("--micro-batch", f"a divisor of the global batch "
+                           f"({self.global_batch})", self.micro_batch)
+        if self.schedule is not None:
+            from hyperpipe.sim.generators import SCHEDULE_KINDS
+            if self.schedule not in SCHEDULE_KINDS:
+                raise BadInput("--schedule", f"one of {', '.join(SCHEDULE_KINDS)}",
+                               self.schedule)
+
+
+@dataclass(frozen=True)
+class UnitPool:
+    """The tp groups of one device type: same type, same node, in cluster order."""
+
+    type_name: str
+    tp: int
+    units: tuple[tuple[str, ...], ...]
+
+
+def takes_chunks(kind: str) -> bool:
+    """Whether a schedule kind places several stages (chunks) on a device."""
+    from hyperpipe.sim.generators import generate
+    try:
+        generate(kind, 2, 2, 2)
+    except BadInput:
+        return False
+    return True
+
+
+def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[str, int]]:
+    from hyperpipe.sim.generators import SCHEDULE_KINDS
+    for kind in ([c.schedule] if c.schedule else list(SCHEDULE_KINDS)):
+        if not takes_chunks(kind):
+            if c.chunks in (None, 1):
+                yield kind, 1
+            continue
+        chunk_options = [c.chunks] if c.chunks else range(2, MAX_CHUNKS + 1, 2)
+        for v in chunk_options:
+            if 2 * v <= num_layers:      # at least two devices of v stages each
+                yield kind, v
+
+
+def micro_batches(c: SearchConstraints) -> Iterator[int]:
+    if c.micro_batch is not None:
+        yield c.micro_batch
+        return
+    divisors = [d for d in range(1, min(c.global_batch, MAX_MICRO_BATCH) + 1)
+                if c.global_batch % d == 0]
+    powers = [d for d in divisors if d & (d - 1) == 0]
+    yield from (powers if len(powers) > 1 else divisors[:6])
+
+
+def tp_options(cluster, model, c: SearchConstraints) -> Iterator[int]:
+    """Powers of two up to the largest node; only 1 for synthetic models, whose layers
+    have no tensor-parallel communication to cost (so tp would look free)."""
+    if c.tp is not None:
+        yield c.tp
+        return
+    if model.config is None:
+        yield 1
+        return
+    largest = max(n.count for n in cluster.nodes)
+    tp = 1
+    while tp <= largest:
+        if model.config.n_head % tp == 0:
+            yield tp
+        tp *= 2
+
+
+def unit_pools(cluster, tp: int) -> dict[str, UnitPool]:
+    """Per device type, its tp groups node by node (a node's leftover devices unused)."""
+    groups: dict[str, list[tuple[str, ...]]] = {}
+    for node in cluster.nodes:
+        names = [f"{node.name}/{i}" for i in range(node.count)]
+        units = groups.setdefault(node.device_type, [])
+        units.extend(tuple(names[k:k + tp]) for k in range(0, node.count - tp + 1, tp))
+    return {t: UnitPool(t, tp, tuple(u)) for t, u in groups.items() if u}
+
+
+def set_partitions(items: list[str]) -> Iterator[list[tuple[str, ...]]]:
+    """Every partition of `items` into non-empty blocks (Bell(n) of them)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [(first,), *part]
+        for k in range(len(part)):
+            yield [*part[:k], (first, *part[k]), *part[k + 1:]]
+
+
+def type_groups(types: list[str]) -> Iterator[list[tuple[str, ...]]]:
+    """Set partitions of every non-empty subset of the device types."""
+    for r in range(len(types), 0, -1):
+        for subset in itertools.combinations(types, r):
+            yield from set_partitions(list(subset))
+
+
+def dp_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
+               pp: int | None, dp: int | None) -> Iterator[tuple[int, dict[str, int]]]:
+    """(replicas, units of each type per pipeline) for one group of types with `counts`
+    units each. Every type in the group gives each pipeline at least one unit; a pipeline
+    has at most num_layers / chunks devices. Without a fixed pp each pipeline takes all
+    it can (units // replicas); with one, every split of pp units over the types."""
+    most = min(counts.values())
+    for d in range(1, most + 1):
+        if dp is not None and d > dp:
+            break
+        if pp is None:
+            recipe = {t: n // d for t, n in counts.items()}
+            if sum(recipe.values()) * chunks <= num_layers:
+                yield d, recipe
+            continue
+        if pp * chunks > num_layers:
+            return
+        caps = [counts[t] // d for t in counts]
+        for ks in _compositions(pp, caps):
+            yield d, dict(zip(counts, ks, strict=True))
+
+
+def _compositions(total: int, caps: list[int]) -> Iterator[tuple[int, ...]]:
+    """Tuples of positive ints, k_i <= caps[i], summing to total."""
+    if len(caps) == 1:
+        if 1 <= total <= caps[0]:
+            yield (total,)
+        return
+    rest_min = len(caps) - 1
+    for k in range(1, min(caps[0], total - rest_min) + 1):
+        for tail in _compositions(total - k, caps[1:]):
+            yield (k, *tail)
+
+
+def stage_orders(recipe: dict[str, int]) -> Iterator[tuple[str, ...]]:
+    """Which type takes each stage of a pipeline. Identical units are interchangeable, so
+    the distinct orders of the type multiset are all there is; when there are more than
+    MAX_ORDERS of them, each type's units stay contiguous (one block per type)."""
+    types = [t for t in recipe if recipe[t] > 0]
+    n = sum(recipe[t] for t in types)
+    distinct = math.factorial(n)
+    for t in types:
+        distinct //= math.factorial(recipe[t])
+    if distinct <= MAX_ORDERS:
+        yield from _multiset_permutations(tuple(t for t in types for _ in range(recipe[t])))
+        return
+    for perm in itertools.permutations(types):
+        yield tuple(t for t in perm for _ in range(recipe[t]))
+
+
+def _multiset_permutations(items: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    if not items:
+        yield ()
+        return
+    for head in dict.fromkeys(items):
+        rest = list(items)
+        rest.remove(head)
+        for tail in _multiset_permutations(tuple(rest)):
+            yield (head, *tail)
+
+
+def layouts(dp: int) -> tuple[str, ...]:
+    """How replicas take units: "pipeline" (each replica's units together) and, with
+    several replicas, "stage" (the replicas of each stage together)."""
+    return ("pipeline", "stage") if dp > 1 else ("pipeline",)
