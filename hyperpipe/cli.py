@@ -45,6 +45,121 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output file (required for png; stdout otherwise)")
     p.set_defaults(func=cmd_schedule)
 
+    p = _command(sub, "simulate", "simulate one plan: --plan P, or --cluster C --model M "
+                 "and plan options (uniform stages, devices in cluster order)")
+    p.add_argument("--plan", help="plan JSON; it names its model and cluster")
+    p.add_argument("--cluster", help="built-in cluster or YAML/JSON file (overrides the plan's)")
+    p.add_argument("--model", help="preset name or YAML/JSON file (overrides the plan's)")
+    p.add_argument("--pp", type=int, help="devices per pipeline (plan options)")
+    p.add_argument("--dp", type=int, default=1, help="pipelines (data-parallel replicas)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree per stage")
+    p.add_argument("--micro-batch", type=int, help="samples per micro-batch")
+    p.add_argument("--global-batch", type=int, help="samples per iteration")
+    p.add_argument("--schedule", default="1f1b", help="schedule kind (plan options)")
+    p.add_argument("--chunks", type=int, default=1, help="stages per device (interleaved)")
+    p.add_argument("--profile", help="calibration profile JSON")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="all-reduce gradients after the backward, not during it")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument("--timeline", help="write a timeline PNG here")
+    p.add_argument("--trace", help="write the predicted trace (hyperpipe.trace/1 JSON)")
+    p.add_argument("--chrome", help="write the trace as Chrome trace JSON (Perfetto)")
+    p.set_defaults(func=cmd_simulate)
+
+    p = _command(sub, "demo", "the main job: search, simulate, run for real, calibrate, "
+                 "report (built-in defaults)")
+    p.add_argument("--out", default="hyperpipe-demo", help="output directory")
+    p.add_argument("--steps", type=int, default=6, help="training steps per real run")
+    p.add_argument("--emulation-scale", type=float, default=2.0,
+                   help="stretch every emulated device by this factor (>= 1)")
+    p.add_argument("--workers", type=int, default=1, help="search worker processes")
+    p.set_defaults(func=cmd_demo)
+
+    p = _command(sub, "calibrate", "fit the cost model to measured traces, or profile each "
+                 "layer kind here (--measure)")
+    p.add_argument("--trace", nargs="+", default=[], help="measured trace files (hyperpipe run)")
+    p.add_argument("--base", help="with --trace: a profile from --measure to scale to the "
+                   "traces (keeps its per-layer shape)")
+    p.add_argument("--measure", action="store_true",
+                   help="profile F/I/W/B of each layer kind of --model on this machine")
+    p.add_argument("--model", help="model to profile with --measure")
+    p.add_argument("--cluster", help="with --measure: the device types to write entries for "
+                   "(compute stretched as the executor emulates them)")
+    p.add_argument("--emulation-scale", type=float, default=1.0,
+                   help="with --measure: the executor's --emulation-scale")
+    p.add_argument("--no-emulate", action="store_true",
+                   help="with --measure: every device type at this machine's native speed")
+    p.add_argument("--micro-batches", default="1,2,4", help="with --measure: sizes to time")
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = _command(sub, "run", "run a plan for real: one local process per device, or one "
+                 "rank under torchrun")
+    p.add_argument("--plan", required=True, metavar="P",
+                   help="plan JSON (e.g. from search --out)")
+    p.add_argument("--steps", type=int, default=3, metavar="N", help="training steps in all")
+    p.add_argument("--trace", metavar="T",
+                   help="write the measured trace (hyperpipe.trace/1 JSON)")
+    p.add_argument("--chrome", metavar="T",
+                   help="write the trace as Chrome trace JSON (Perfetto)")
+    p.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="checkpoint every N steps (and after the last)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--inject-fault", metavar="RANK:STEP",
+                   help="make that rank fail at the start of that step")
+    p.add_argument("--no-emulate", action="store_true",
+                   help="run every device at this machine's native speed")
+    p.add_argument("--emulation-scale", type=float, default=1.0, metavar="S",
+                   help="stretch every device's compute by this factor too")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads per rank")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="weights and data seed")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds any wait may block before the run fails")
+    p.set_defaults(func=cmd_run)
+
+    p = _command(sub, "search", "find the best plans for a model on a cluster; any option "
+                 "given fixes that dimension")
+    p.add_argument("--cluster", required=True, help="built-in cluster name or YAML/JSON file")
+    p.add_argument("--model", required=True, help="preset name or YAML/JSON file")
+    p.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
+    p.add_argument("--micro-batch", type=int, help="fix the micro-batch size")
+    p.add_argument("--schedule", help="fix the schedule kind (e.g. 1f1b, zb-h1)")
+    p.add_argument("--chunks", type=int, help="fix the chunks per device (interleaved)")
+    p.add_argument("--pp", type=int, help="fix the devices per pipeline")
+    p.add_argument("--dp", type=int, help="fix the number of pipelines (replicas)")
+    p.add_argument("--tp", type=int, help="fix the tensor-parallel degree of every stage")
+    p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
+    p.add_argument("--top", type=int, default=5, help="plans to list")
+    p.add_argument("--workers", type=int, default=1, help="worker processes")
+    p.add_argument("--profile", help="calibration profile JSON")
+    p.add_argument("--out", help="write the best plan here (for simulate/run --plan)")
+    p.add_argument("--progress", action="store_true", help="progress bar on stderr even "
+                   "when it is not a terminal")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=cmd_search)
+
+    p = _command(sub, "whatif", "sweep a cluster or model parameter: the best plan per "
+                 "variant, as a table and a plot")
+    p.add_argument("--cluster", required=True, help="built-in cluster name or YAML/JSON file")
+    p.add_argument("--model", required=True, help="preset name or YAML/JSON file")
+    p.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
+    p.add_argument("--vary", action="append", default=[],
+                   help="KEY=V1,V2,... e.g. 'inter_node.bandwidth=10 Gbit/s,100 Gbit/s', "
+                   "'nodes.v100.count=0,4,8', 'nodes.v100.device=V100-32GB,A100-80GB', "
+                   "'model=gpt3-1.3b,gpt3-2.7b', 'global_batch=32,64' (repeat for a grid)")
+    p.add_argument("--pool", action="store_true", help="which subset of the cluster's "
+                   "device types to use: every subset is a variant (with prices: cost too)")
+    p.add_argument("--micro-batch", type=int, help="fix the micro-batch size")
+    p.add_argument("--schedule", help="fix the schedule kind")
+    p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
+    p.add_argument("--workers", type=int, default=1, help="worker processes")
+    p.add_argument("--profile", help="calibration profile JSON")
+    p.add_argument("--plot", help="write a PNG plot of the sweep here")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=cmd_whatif)
+
     return parser
 
 
@@ -67,6 +182,189 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return EXIT_OK
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from hyperpipe.models import load_model
+    from hyperpipe.sim.cluster import load_cluster
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.plan import load_plan
+    from hyperpipe.sim.simulator import SimOptions, describe, simulate
+    shape = {"--pp": args.pp, "--micro-batch": args.micro_batch,
+             "--global-batch": args.global_batch}
+    if args.plan:
+        given = [k for k, v in shape.items() if v is not None]
+        if given:
+            raise BadInput("simulate", f"either --plan or plan options, not both (got --plan "
+                           f"and {' '.join(given)})", has_got=False)
+        plan = load_plan(args.plan)
+        model = load_model(args.model, where="--model") if args.model else plan.load_model()
+        cluster = load_cluster(args.cluster) if args.cluster else plan.load_cluster()
+    else:
+        missing = [k for k in ("--cluster", "--model") if getattr(args, k[2:]) is None]
+        missing += [k for k, v in shape.items() if v is None]
+        if missing:
+            raise BadInput("simulate", f"--plan P, or --cluster C --model M --pp N "
+                           f"--micro-batch B --global-batch G (missing {' '.join(missing)})",
+                           has_got=False)
+        from hyperpipe.sim.baselines import uniform_plan
+        model, cluster = load_model(args.model, where="--model"), load_cluster(args.cluster)
+        plan = uniform_plan(model, cluster, pp=args.pp, dp=args.dp, tp=args.tp,
+                            micro_batch=args.micro_batch, global_batch=args.global_batch,
+                            schedule=args.schedule, chunks=args.chunks)
+    cost = CostModel(model, cluster, _load_profile(args.profile))
+    result = simulate(plan, cost, SimOptions(overlap_dp_allreduce=not args.no_overlap))
+    if args.trace:
+        result.trace.save(args.trace)
+    if args.chrome:
+        result.trace.save_chrome(args.chrome)
+    if args.timeline:
+        from hyperpipe.sim.timeline import plot_timelines
+        plot_timelines([result.trace], [f"simulated: {model.name} on {cluster.name}, "
+                                        f"{plan.schedule}"], args.timeline)
+    if args.json:
+        print_json(result.metrics.to_dict())
+    else:
+        sys.stdout.write(describe(result, plan, cost))
+        for what, path in (("trace", args.trace), ("chrome trace", args.chrome),
+                           ("timeline", args.timeline)):
+            if path:
+                print(f"{what}: {path}")
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hyperpipe.exec import RunFailed, RunOptions, run_plan
+    from hyperpipe.exec.launch import torchrun_env
+    from hyperpipe.sim.plan import load_plan
+    fault = None
+    if args.inject_fault is not None:
+        rank, sep, step = args.inject_fault.partition(":")
+        if not (sep and rank.isdigit() and step.isdigit()):
+            raise BadInput("--inject-fault", "RANK:STEP, e.g. 1:3", args.inject_fault)
+        fault = (int(rank), int(step))
+    options = RunOptions(
+        steps=args.steps, seed=args.seed, trace_path=args.trace, chrome_path=args.chrome,
+        checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
+        resume=args.resume, inject_fault=fault, emulate=not args.no_emulate,
+        emulation_scale=args.emulation_scale, threads_per_rank=args.threads,
+        timeout_s=args.timeout, lr=args.lr)
+    env = torchrun_env()
+    try:
+        result = run_plan(load_plan(args.plan), options)
+    except RunFailed as exc:
+        print(f"hyperpipe: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if env is not None and env[0] != 0:
+        return EXIT_OK                       # under torchrun, rank 0 reports
+    if args.resume and result.first_step == 0:
+        print(f"no complete checkpoint in {args.checkpoint}: started at step 0")
+    speed = "emulated (compute stretched to each device's speed)" if result.emulated \
+        else "native speed"
+    print(f"ran {len(result.losses)} step(s) on {len(result.trace.devices())} rank(s), "
+          f"{speed}")
+    for i, (t, loss) in enumerate(zip(result.step_times_s, result.losses, strict=True)):
+        print(f"step {result.first_step + i}: {t * 1e3:9.1f} ms   loss {loss:.4f}")
+    for what, path in (("trace", args.trace), ("chrome trace", args.chrome)):
+        if path:
+            print(f"{what}: {path}")
+    if not args.trace:
+        print("(no trace written: add --trace T to keep the measured trace)")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from hyperpipe.demo import DemoConfig, run_demo
+    if args.steps < 2:
+        raise BadInput("--steps", "at least 2 (the first step is warm-up)", args.steps)
+    run_demo(DemoConfig(out_dir=Path(args.out), steps=args.steps,
+                        emulation_scale=args.emulation_scale, workers=args.workers))
+    return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.measure == bool(args.trace):
+        raise BadInput("calibrate", "either --trace FILE... or --measure --model M", has_got=False)
+    if args.trace:
+        from hyperpipe.sim.calibrate import calibrate
+        from hyperpipe.sim.profile import load_profile
+        from hyperpipe.sim.trace import load_trace
+        base = load_profile(args.base) if args.base else None
+        profile = calibrate([load_trace(t) for t in args.trace], sources=args.trace, base=base)
+    else:
+        from hyperpipe.exec.profiler import measure_profile
+        if not args.model:
+            raise BadInput("--model", "a model to profile with --measure", has_got=False)
+        sizes = _int_list(args.micro_batches, "--micro-batches")
+        profile = measure_profile(args.model, args.cluster, micro_batches=sizes,
+                                  emulate=not args.no_emulate,
+                                  emulation_scale=args.emulation_scale)
+    profile.save(args.out)
+    fits = profile.compute
+    worst = max((f.rel_rmse for f in fits.values()), default=0.0)
+    print(f"wrote {args.out}: {len(fits)} compute fits (worst relative RMS residual "
+          f"{worst:.1%}), {len(profile.links)} link classes, "
+          f"emulated={profile.emulated}")
+    return EXIT_OK
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from hyperpipe.models import load_model
+    from hyperpipe.sim.cluster import load_cluster
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.search import SearchConstraints, search
+    from hyperpipe.sim.search_report import format_search
+    model, cluster = load_model(args.model, where="--model"), load_cluster(args.cluster)
+    profile = _load_profile(args.profile)
+    c = SearchConstraints(global_batch=args.global_batch, micro_batch=args.micro_batch,
+                          schedule=args.schedule, pp=args.pp, dp=args.dp, tp=args.tp,
+                          chunks=args.chunks, objective=args.objective)
+    result = search(model, cluster, c, profile=profile, top=args.top, workers=args.workers,
+                    progress=args.progress)
+    if args.out:
+        result.best.plan.save(args.out)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        sys.stdout.write(format_search(result, CostModel(model, cluster, profile),
+                                       objective=args.objective))
+        if args.out:
+            print(f"best plan written to {args.out}")
+    return EXIT_OK
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from hyperpipe.sim.whatif import format_whatif, plot_whatif, whatif
+    result = whatif(args.model, args.cluster, global_batch=args.global_batch,
+                    vary=args.vary, pool=args.pool, micro_batch=args.micro_batch,
+                    schedule=args.schedule, objective=args.objective,
+                    profile=_load_profile(args.profile), workers=args.workers)
+    if args.plot:
+        plot_whatif(result, args.plot)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        sys.stdout.write(format_whatif(result))
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return EXIT_OK
+
+
+def _load_profile(path: str | None):
+    if path is None:
+        return None
+    from hyperpipe.sim.profile import load_profile
+    return load_profile(path)
+
+
+def _int_list(text: str, where: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise BadInput(where, "a comma-separated list of positive integers", text)
+    return values
 
 
 def print_json(obj: Any) -> None:

@@ -38,17 +38,18 @@ def _ev(dev, op, start, end, step, stage=0, mb=0):
     return TraceEvent(dev, op, stage, mb, start, end, step=step)
 
 
-def test_compare_uses_median_of_steps_after_warmup():
+def test_compare_uses_the_median_period_between_steps():
     measured = Trace((
         _ev("a", "F", 0.0, 5.0, 0),                       # warm-up step, ignored
         _ev("a", "F", 10.0, 11.0, 1), _ev("a", "B", 11.0, 13.0, 1),
         _ev("a", "F", 20.0, 21.2, 2), _ev("a", "B", 21.2, 23.4, 2),
         _ev("a", "F", 30.0, 31.0, 3), _ev("a", "B", 31.0, 33.6, 3),
     ))
-    assert measured_iteration_s(measured) == pytest.approx(3.4)  # median of 3.0, 3.4, 3.6
+    # step ends 5.0, 13.0, 23.4, 33.6: periods 8.0, 10.4, 10.2 -> median 10.2
+    assert measured_iteration_s(measured) == pytest.approx(10.2)
     predicted = Trace((_ev("a", "F", 0.0, 1.0, 0), _ev("a", "B", 1.0, 3.5, 0)))
-    report = compare(3.5, predicted, measured)
-    assert report.error == pytest.approx(0.1 / 3.4)
+    report = compare(10.0, predicted, measured)
+    assert report.error == pytest.approx(0.2 / 10.2)
     rows = {r.op: r for r in report.per_device_op}
     assert rows["F"].measured_s == pytest.approx((1.0 + 1.2 + 1.0) / 3)
     assert rows["B"].predicted_s == pytest.approx(2.5)

@@ -42,19 +42,24 @@ def cpu_clock() -> float:
 
 
 def stretch(start_s: float, start_cpu_s: float, factor: float,
-            clock: Callable[[], float] = time.perf_counter) -> float:
+            clock: Callable[[], float] = time.perf_counter, *,
+            reference_s: float | None = None) -> float:
     """Sleep so that the compute that began at `start_s` (on `clock`) with the process
-    at `start_cpu_s` CPU seconds (`cpu_clock`), and has just ended, takes `factor` times
-    its CPU time in wall time; return the end time on `clock`.
+    at `start_cpu_s` CPU seconds (`cpu_clock`), and has just ended, ends `factor` times
+    its reference time after it began, or, without a reference, `factor` times the CPU
+    time it used; return the end time on `clock`.
 
-    Why CPU time and not wall time: when more ranks than cores compute at once, a
-    rank's wall time includes the time it waited for a core, which the device it stands
-    for would not wait; its CPU time does not (so emulated speeds stay those of the
-    catalog). With factor 1 (no emulation) the native wall time stands.
+    Why not the wall time it took: when more ranks than cores compute at once (or two
+    share a core's hyperthreads), a rank's compute takes longer than alone, which the
+    device it stands for would not. The reference is the same action timed alone
+    before the run (RankRuntime.measure_reference); CPU time is the fallback, immune to
+    waiting for a core but not to sharing one. With factor 1 (no emulation) the native
+    wall time stands.
     """
     end_s = clock()
     if factor > 1.0:
-        target_s = start_s + (cpu_clock() - start_cpu_s) * factor
+        used_s = reference_s if reference_s is not None else cpu_clock() - start_cpu_s
+        target_s = start_s + used_s * factor
         while (left_s := target_s - clock()) > 0:
             time.sleep(left_s)
         end_s = clock()

@@ -112,6 +112,16 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
         runtime.load_state_dict(state)
         checkpoint.set_rng_state(state["rng"])
         first_step = int(state["step"])
+    if emulated:                    # reference times, one rank at a time (uncontended)
+        for r in range(dist.get_world_size()):
+            dist.barrier()
+            if r == rank:
+                runtime.measure_reference()
+        if options.reference_profile:
+            from hyperpipe.sim.costmodel import CostModel
+            from hyperpipe.sim.profile import load_profile
+            runtime.reference_from(CostModel(spec, prep.cluster,
+                                             load_profile(options.reference_profile)))
     dist.barrier()
     t0 = time.perf_counter()        # aligned: every rank leaves the barrier together
     events: list[TraceEvent] = []
@@ -129,6 +139,8 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
             _save_checkpoint(prep, options, runtime, rank, done)
     mine = {"events": events + [e for o in outcomes for e in o.events],
             "steps": [(o.step, o.start_s, o.end_s, o.loss) for o in outcomes],
+            "reference": {f"{k[0]}{k[1]}" if isinstance(k, tuple) else k: v
+                          for k, v in runtime.reference.items()},
             "state": runtime.captured() if options.capture_state else None}
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -167,6 +179,10 @@ def _assemble(prep: Prepared, options: RunOptions, gathered: list, emulated: boo
     meta = {
         "source": "measured", "emulated": emulated,
         "emulation_factors": factors if emulated else {},
+        # per device, the uncontended seconds of each action ("2F" = stage 2's F) that
+        # emulation stretched by the device's factor
+        "reference_s": {plan.devices[r]: g["reference"] for r, g in enumerate(gathered)}
+        if emulated else {},
         "emulation_scale": options.emulation_scale if emulated else 1.0,
         "device_types": {d: prep.cluster.device(d).type.name for d in plan.devices},
         "plan": portable_plan(prep), "model": prep.spec.name, "torch": torch.__version__,

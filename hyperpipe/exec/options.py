@@ -20,6 +20,9 @@ class RunOptions:
     `capture_state` makes every rank hand back its parameters and the last step's
     gradients (for tests that compare with a single-process run). `probe_links` runs the
     point-to-point ping-pong before step 0 that calibration fits links to.
+    `reference_profile` (a profile JSON of native speeds, `hyperpipe calibrate --measure
+    --no-emulate`) gives emulation its compute references instead of timing each action
+    before the run (see RankRuntime.reference_from).
     """
 
     steps: int = 1
@@ -37,6 +40,7 @@ class RunOptions:
     lr: float = 1e-3
     capture_state: bool = False
     probe_links: bool = True
+    reference_profile: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "threads_per_rank"):

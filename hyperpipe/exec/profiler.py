@@ -2,7 +2,8 @@
 
 Like Metis and HAPT, which profile each layer kind on each GPU type, this measures the
 forward (F), input-gradient (I), weight-gradient (W) and full backward (B) time of one
-layer of each kind of a model, at several micro-batch sizes (warm-up, repeats, median),
+layer of each kind of a model, at several micro-batch sizes (warm-up, then the fastest
+of the repeats, as the executor's emulation reference takes it),
 fits time = a + b·FLOPs per (kind, op) and writes the usual calibration Profile.
 
 On a CPU standing in for a hypothetical cluster, `device_types` maps each device type to
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 import platform
 import socket
-import statistics
 import time
 
 import torch
 
+from hyperpipe.exec import compute
 from hyperpipe.exec.emulation import cpu_clock
 from hyperpipe.models import ModelSpec, build_layer, example_batch
 from hyperpipe.progress import Progress
@@ -44,42 +45,41 @@ def _layer_inputs(model: ModelSpec, index: int, micro_batch: int, seed: int):
 
 def measure_op_times(model: ModelSpec, index: int, micro_batch: int, *, repeats: int = 5,
                      warmup: int = 2, seed: int = 0) -> dict[str, float]:
-    """Median seconds of F, I, W and B of layer `index` for one micro-batch."""
+    """Fastest CPU seconds of F, I, W and B of layer `index` for one micro-batch, each
+    run through the executor's own compute functions (exec.compute)."""
     layer = build_layer(model, index, seed)
-    params = [p for p in layer.parameters() if p.requires_grad]
+    params = list(layer.parameters())
     x, targets = _layer_inputs(model, index, micro_batch, seed)
     last = index == model.num_layers - 1
-    differentiable_input = x.is_floating_point()
-
-    def forward():
-        return layer(x, targets) if last else layer(x)
-
+    cut = index == 0 and model.config is not None
     samples: dict[str, list[float]] = {op: [] for op in OPS}
-    inputs = ([x] if differentiable_input else []) + params
     clock = cpu_clock  # CPU seconds, as the executor's emulation stretches them
     for rep in range(warmup + repeats):
         t0 = clock()
-        out = forward()
+        entry = compute.forward([layer], x, targets if last else None, cut_after_first=cut)
         t1 = clock()
-        grad_out = None if out.dim() == 0 else torch.ones_like(out)
+        out = entry[1]
+        grad = None if last else torch.randn_like(out)
         t2 = clock()
-        if differentiable_input:  # the embedding's input is token ids: no input gradient
-            torch.autograd.grad(out, x, grad_out, retain_graph=True)
+        compute.input_grad(params, entry, grad)
         t3 = clock()
-        torch.autograd.grad(out, params, grad_out)
+        compute.weight_grad(params, entry)
         t4 = clock()
-        out = forward()
+        entry = compute.forward([layer], x, targets if last else None, cut_after_first=cut)
         t5 = clock()
-        torch.autograd.grad(out, inputs, grad_out)
+        compute.backward(entry, grad)
         t6 = clock()
+        layer.zero_grad(set_to_none=True)
+        if x.is_floating_point():
+            x.grad = None
         if rep >= warmup:
             for op, dt in (("F", t1 - t0), ("I", t3 - t2), ("W", t4 - t3), ("B", t6 - t5)):
                 samples[op].append(dt)
-    return {op: statistics.median(v) for op, v in samples.items()}
+    return {op: min(v) for op, v in samples.items()}   # as the executor's reference
 
 
 def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
-                   micro_batches: tuple[int, ...] = (1, 2, 4), repeats: int = 5,
+                   micro_batches: tuple[int, ...] = (1, 2, 4), repeats: int = 10,
                    warmup: int = 2, seed: int = 0, threads: int = 1,
                    progress: bool | None = None) -> Profile:
     """Measure each layer kind of `model` here and return a Profile for `device_types`
@@ -103,13 +103,11 @@ def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
                     bar.advance(note=f"{kind} mb={mb}")
     finally:
         torch.set_num_threads(old_threads)
-    compute: dict[str, Fit] = {}
-    for (kind, op), pts in sorted(measured.items()):
-        base = fit_line([f for f, _ in pts], [t for _, t in pts])
-        for dtype, factor in sorted(device_types.items()):
-            compute[Profile.key(dtype, kind, op)] = Fit(base.a_s * factor,
-                                                        base.b_s_per_unit * factor,
-                                                        base.samples, base.rel_rmse)
+    native = {(kind, op): fit_line([f for f, _ in pts], [t for _, t in pts])
+              for (kind, op), pts in sorted(measured.items())}
+    compute = {Profile.key(dtype, kind, op): _scaled(fit, factor)
+               for (kind, op), fit in native.items()
+               for dtype, factor in sorted(device_types.items())}
     return Profile(compute=compute, provenance={
         "method": "layer profiling", "model": model.name, "host": socket.gethostname(),
         "platform": platform.platform(), "torch": torch.__version__, "threads": threads,
@@ -117,6 +115,21 @@ def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "emulated": any(f != 1.0 for f in device_types.values()),
         "device_types": dict(device_types)})
+
+
+def _scaled(fit: Fit, factor: float) -> Fit:
+    return Fit(fit.a_s * factor, fit.b_s_per_unit * factor, fit.samples, fit.rel_rmse)
+
+
+def emulated_profile(native: Profile, factors: dict[str, float]) -> Profile:
+    """A native-speed profile (every device type at factor 1) with each device type's
+    compute stretched by its emulation factor: what emulated runs will take."""
+    compute = {k: _scaled(f, factors.get(k.split("|")[0], 1.0))
+               for k, f in native.compute.items()}
+    prov = {**native.provenance, "emulated": any(f != 1.0 for f in factors.values()),
+            "device_types": dict(factors)}
+    return Profile(compute, dict(native.links), dict(native.optimizer),
+                   dict(native.allreduce), dict(native.overhead), prov)
 
 
 def measure_profile(model_ref, cluster_ref=None, *, micro_batches: tuple[int, ...] = (1, 2, 4),

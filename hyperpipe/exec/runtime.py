@@ -33,24 +33,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hyperpipe.exec import comm
+from hyperpipe.exec import comm, compute
 from hyperpipe.exec.data import micro_batch_of, step_batch
 from hyperpipe.exec.emulation import cpu_clock, stretch
 from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups
-from hyperpipe.models import build_stage
+from hyperpipe.models import build_stage, example_batch
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.sim.generators import generate
 from hyperpipe.sim.plan import Plan
 from hyperpipe.sim.schedule import Action, dependencies
 from hyperpipe.sim.trace import TraceEvent
-
-try:    # torch's own I/W split (the graph walk of its zero-bubble schedules)
-    from torch.distributed.pipelining._backward import (
-        stage_backward_input,
-        stage_backward_weight,
-    )
-except ImportError:     # pragma: no cover - older or newer torch without the private API
-    stage_backward_input = stage_backward_weight = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +99,7 @@ class RankRuntime:
         self.plan, self.spec, self.where = plan, spec, where
         self.seed, self.device, self.timeout_s = seed, device, timeout_s
         self.clock, self.factor = clock, emulation_factor
+        self.reference: dict = {}       # (stage, op) or "optimizer" -> seconds (emulation)
         self.devices = plan.devices
         self.name = where.device
         pipe = plan.pipelines[where.pipeline]
@@ -212,10 +205,11 @@ class RankRuntime:
                                f"(stash {sorted(self.stash)}, local {sorted(self.local)}, "
                                f"receives {sorted(self.posted)}, unread {unread})")
         self.events += self.reducer.reduce(self.name, step, self.clock)
-        t = self.clock()
+        t, cpu = self.clock(), cpu_clock()
         self.optimizer.step()
-        self._sync()
-        self.events.append(self._event("optimizer", -1, -1, t, self.clock()))
+        # emulated like compute: the optimizer step's speed is the device's too
+        self.events.append(self._event("optimizer", -1, -1, t, self._done(t, cpu,
+                                                                          "optimizer")))
         return StepOutcome(step, self.events, float(self.loss_sum.item()), start_s,
                            self.clock())
 
@@ -226,80 +220,117 @@ class RankRuntime:
             x = self._micro(a.microbatch)[0].to(self.device)
         else:
             x = self._take(comm.ACTIVATION, a.stage, a.microbatch).requires_grad_()
-        start, cpu = self.clock(), cpu_clock()
-        embedded = None
-        if st.is_first and self.spec.config is not None:
-            # Cut the graph after the embedding, so that I has an input to differentiate
-            # (token ids have no gradient): I = the blocks' input gradients, as the cost
-            # model counts it; W = the weight gradients, the embedding's included.
-            embedded = st.module.layers[str(st.module.start)](x)
-            x = embedded.detach().requires_grad_()
-            layers = list(st.module.layers.values())[1:]
-        else:
-            layers = list(st.module.layers.values())
         targets = self._micro(a.microbatch)[1].to(self.device) if st.is_last else None
-        out = x
-        for layer in layers:
-            out = layer(out, targets) if layer.takes_targets else layer(out)
-        if st.is_last:
-            out = out * self.loss_scale
-            self.loss_sum += out.detach()
+        start, cpu = self.clock(), cpu_clock()
+        entry = self._compute_forward(st, x, targets)
         self.events.append(self._event("F", a.stage, a.microbatch, start,
-                                       self._done(start, cpu)))
-        self.stash[(a.stage, a.microbatch)] = [x, out, None, embedded]
+                                       self._done(start, cpu, (a.stage, "F"))))
+        out = entry[1]
+        if st.is_last:
+            self.loss_sum += out.detach()
+        self.stash[(a.stage, a.microbatch)] = entry
         if not st.is_last:
             self._give(comm.ACTIVATION, a.stage + 1, a.microbatch, out.detach(), a.stage)
 
     def _backward(self, a: Action) -> None:
         st = self.stages[a.stage]
-        x, out, _, embedded = self.stash.pop((a.stage, a.microbatch))
+        entry = self.stash.pop((a.stage, a.microbatch))
         grad = None if st.is_last else self._take(comm.GRADIENT, a.stage, a.microbatch)
         start, cpu = self.clock(), cpu_clock()
-        torch.autograd.backward(out, grad)
-        if embedded is not None:
-            torch.autograd.backward(embedded, x.grad)
+        dx = compute.backward(entry, grad)
         self.events.append(self._event("B", a.stage, a.microbatch, start,
-                                       self._done(start, cpu)))
+                                       self._done(start, cpu, (a.stage, "B"))))
         if not st.is_first:
-            self._give(comm.GRADIENT, a.stage - 1, a.microbatch, x.grad, a.stage)
+            self._give(comm.GRADIENT, a.stage - 1, a.microbatch, dx, a.stage)
 
     def _backward_input(self, a: Action) -> None:
         st = self.stages[a.stage]
         entry = self.stash[(a.stage, a.microbatch)]
-        x, out, _, embedded = entry
         grad = None if st.is_last else self._take(comm.GRADIENT, a.stage, a.microbatch)
         start, cpu = self.clock(), cpu_clock()
-        if not x.requires_grad:             # a first stage without an embedding to cut at
-            entry[2] = ("full", grad)       # W runs the whole backward
-        elif out is x:                      # a stage of the embedding alone: nothing to do
-            entry[2] = ("done", None)
-        elif stage_backward_input is not None:
-            dx, groups = stage_backward_input([out], None if grad is None else [grad], [x],
-                                              st.module.parameters())
-            entry[1:3] = [None, ("groups", groups)]
-            dx = dx[0]
-        else:                               # pragma: no cover - fallback without torch's split
-            dx = torch.autograd.grad(out, x, grad, retain_graph=True)[0]
-            entry[2] = ("full", grad)
-        if embedded is not None and entry[2][0] != "full":
-            entry[3] = (embedded, grad if out is x else dx)   # for W
+        dx = compute.input_grad(st.module.parameters(), entry, grad)
         self.events.append(self._event("I", a.stage, a.microbatch, start,
-                                       self._done(start, cpu)))
+                                       self._done(start, cpu, (a.stage, "I"))))
         if not st.is_first:
             self._give(comm.GRADIENT, a.stage - 1, a.microbatch, dx, a.stage)
 
     def _backward_weight(self, a: Action) -> None:
         st = self.stages[a.stage]
-        _, out, (kind, payload), embedded = self.stash.pop((a.stage, a.microbatch))
+        entry = self.stash.pop((a.stage, a.microbatch))
         start, cpu = self.clock(), cpu_clock()
-        if kind == "groups":
-            stage_backward_weight(st.module.parameters(), payload)
-        elif kind == "full":
-            torch.autograd.backward(out, payload)
-        if isinstance(embedded, tuple):     # the embedding's weight gradient
-            torch.autograd.backward(*embedded)
+        compute.weight_grad(st.module.parameters(), entry)
         self.events.append(self._event("W", a.stage, a.microbatch, start,
-                                       self._done(start, cpu)))
+                                       self._done(start, cpu, (a.stage, "W"))))
+
+    # ------------------------------------------------------------------ compute
+    def _compute_forward(self, st: _Stage, x: torch.Tensor, targets: torch.Tensor | None
+                         ) -> list:
+        return compute.forward(list(st.module.layers.values()), x, targets,
+                               cut_after_first=st.is_first and self.spec.config is not None,
+                               loss_scale=self.loss_scale)
+
+    def measure_reference(self, *, repeats: int = 5, warmup: int = 2) -> dict:
+        """Time each (stage, op) this rank runs, and its optimizer step, on stand-in data
+        (the fastest of `repeats`: on a shared machine every slower one had company).
+        The launcher calls it one rank at a time, so that the times are uncontended;
+        emulation then stretches each action to its factor times this reference
+        (`_done`). Gradients it leaves behind are cleared."""
+        ops: dict[int, set[str]] = {}
+        for a in self.actions:
+            ops.setdefault(a.stage, set()).add(a.op)
+        tokens, targets = example_batch(self.spec, self.micro_batch, self.seed)
+        samples: dict = {}
+        record = [False]                  # the first `warmup` rounds are not recorded
+
+        def timed(key, fn):
+            t0 = cpu_clock()
+            result = fn()
+            if record[0]:
+                samples.setdefault(key, []).append(cpu_clock() - t0)
+            return result
+
+        for rep in range(warmup + repeats):
+            record[0] = rep >= warmup
+            for s, st in self.stages.items():
+                x = tokens.to(self.device) if st.is_first else \
+                    torch.randn(st.in_shape, device=self.device, requires_grad=True)
+                tg = targets.to(self.device) if st.is_last else None
+                grad = None if st.is_last else torch.randn(st.out_shape, device=self.device)
+                for op in sorted(ops[s]):
+                    entry = timed((s, "F"), lambda st=st, x=x, tg=tg:
+                                  self._compute_forward(st, x, tg))
+                    if op == "B":
+                        timed((s, "B"), lambda e=entry, g=grad: compute.backward(e, g))
+                    elif op == "I":
+                        params = list(st.module.parameters())
+                        timed((s, "I"), lambda p=params, e=entry, g=grad:
+                              compute.input_grad(p, e, g))
+                        timed((s, "W"), lambda p=params, e=entry: compute.weight_grad(p, e))
+        clone = [torch.nn.Parameter(p.detach().clone()) for p in self.params]
+        for p in clone:
+            p.grad = torch.zeros_like(p)
+        opt = torch.optim.AdamW(clone)
+        for rep in range(warmup + repeats):
+            record[0] = rep >= warmup
+            timed("optimizer", opt.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.reference = {k: min(v) for k, v in samples.items()}
+        return self.reference
+
+    def reference_from(self, cost) -> dict:
+        """Replace the compute references by a native-speed profile's times for this
+        rank's stages (`cost`: a CostModel over such a profile, e.g. from `hyperpipe
+        calibrate --measure --no-emulate`). Why: a shared machine's own speed drifts by
+        tens of percent from one second to the next; a profile taken once holds every
+        run of a study to the same native speed, so that emulated device speeds stay
+        put. The optimizer keeps its measured reference."""
+        pipe = self.plan.pipelines[self.where.pipeline]
+        for a in self.actions:
+            st = pipe.stages[a.stage]
+            dtype = cost.cluster.device(st.devices[0]).type.name
+            self.reference[(a.stage, a.op)] = cost.stage_compute_s(
+                st.layers, dtype, self.micro_batch, a.op, st.tp)
+        return self.reference
 
     # ------------------------------------------------------------------ data movement
     def _micro(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -363,11 +394,13 @@ class RankRuntime:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _done(self, start: float, start_cpu: float) -> float:
+    def _done(self, start: float, start_cpu: float, key: tuple | str) -> float:
         """End of a compute action that began at `start` (clock) and `start_cpu`
-        (cpu_clock): synchronised, then stretched."""
+        (cpu_clock): synchronised, then stretched to `factor` times its reference time
+        (measure_reference) or, without one, its CPU time."""
         self._sync()
-        return stretch(start, start_cpu, self.factor, self.clock)
+        return stretch(start, start_cpu, self.factor, self.clock,
+                       reference_s=self.reference.get(key))
 
     def _event(self, op: str, stage: int, mb: int, start: float, end: float,
                nbytes: float = 0.0, peer: str = "") -> TraceEvent:

@@ -1,8 +1,9 @@
 """How well a simulated plan matches a measured run of the same plan.
 
-The measured iteration time is the median over the run's steps after the first (the
-first one warms up allocators and caches); per-action times are means over those steps,
-matched to the simulated actions by (device, op, stage, micro-batch).
+The measured iteration time is the median period between the ends of consecutive steps
+(so the first step, which warms up allocators and caches, counts only as the start of
+the second); per-action times are means over the steps after the first, matched to the
+simulated actions by (device, op, stage, micro-batch).
 """
 
 from __future__ import annotations
@@ -16,12 +17,22 @@ from hyperpipe.sim.trace import COMPUTE_OPS, Trace
 
 
 def measured_iteration_s(trace: Trace) -> float:
-    """Median wall time of the steps after the warm-up step (all steps if only one)."""
-    steps = {k: v for k, v in trace.step_times_s().items() if k >= 0}
-    if not steps:
+    """The steady-state iteration time of a measured run: the median period between the
+    ends of consecutive steps (the end of a step: its last event, usually an optimizer
+    step). Not a step's own span from first event to last, which counts the early
+    ranks' wait for the first activation of the step, time they would otherwise idle
+    at the end of the previous one. With fewer than two steps, the span of the one."""
+    ends: dict[int, float] = {}
+    for e in trace.events:
+        if e.step >= 0:
+            ends[e.step] = max(ends.get(e.step, e.end_s), e.end_s)
+    if not ends:
         raise BadInput("trace", "events of at least one training step", has_got=False)
-    later = [v for k, v in steps.items() if k >= 1] or list(steps.values())
-    return statistics.median(later)
+    steps = sorted(ends)
+    periods = [ends[b] - ends[a] for a, b in zip(steps, steps[1:], strict=False) if b == a + 1]
+    if not periods:
+        return trace.step_times_s()[steps[0]]
+    return statistics.median(periods)
 
 
 def relative_error(predicted: float, measured: float) -> float:

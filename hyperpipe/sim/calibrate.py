@@ -6,9 +6,14 @@
   apart (every stage holds the same mix), the kinds share one (a, b) fit.
 * Links: an alpha-beta fit (time = latency + bytes / bandwidth) of the point-to-point
   probe messages the executor records before its first step (``send`` events with step
-  -1), per link class and over all classes (``"*"``).
+  -1), per link class and over all classes (``"*"``); the latency is then replaced by
+  what messages of the training steps took when their receiver was already waiting.
 * All-reduce and optimizer: time = a + b · x with x the ring's bytes per device
-  (2(n-1)/n · bytes) or the parameters a device holds.
+  (2(n-1)/n · bytes; the shortest event of each group and step, since the others
+  include waiting for the last member) or the parameters a device holds.
+
+With a base profile from per-layer profiling, compute is instead the base scaled per
+device type: time = c + k · base time, c a per-action overhead.
 
 The first step of a run (warm-up) is left out of compute fits.
 """
@@ -27,7 +32,7 @@ import numpy as np
 from hyperpipe.errors import BadInput
 from hyperpipe.models import ModelSpec
 from hyperpipe.sim.cluster import Cluster, Link
-from hyperpipe.sim.costmodel import op_flops
+from hyperpipe.sim.costmodel import CostModel, op_flops
 from hyperpipe.sim.plan import Plan, plan_from_dict
 from hyperpipe.sim.profile import Fit, Profile
 from hyperpipe.sim.trace import COMPUTE_OPS, Trace
@@ -41,6 +46,7 @@ class _Sample:
     op: str
     kinds: dict[str, tuple[int, float]]
     time_s: float
+    base_s: float = 0.0      # the base profile's time of the same action (its layers' sum)
 
 
 def _lstsq(rows: list[list[float]], ys: list[float]) -> tuple[np.ndarray, int]:
@@ -84,7 +90,7 @@ def _rel_rmse(pred: list[float], ys: list[float]) -> float:
 
 
 def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
-                     device_types: dict[str, str]) -> list[_Sample]:
+                     device_types: dict[str, str], base: CostModel | None) -> list[_Sample]:
     stage_of: dict[tuple[str, int], tuple[tuple[int, int], int]] = {}
     for pipe in plan.pipelines:
         for k, stage in enumerate(pipe.stages):
@@ -99,7 +105,10 @@ def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
         for i in range(*layers):
             n, f = kinds.get(model.layers[i].kind, (0, 0.0))
             kinds[model.layers[i].kind] = (n + 1, f + op_flops(model, i, mb, e.op))
-        out.append(_Sample(device_types[e.device], e.op, kinds, e.duration_s))
+        dtype = device_types[e.device]
+        base_s = 0.0 if base is None else \
+            sum(base.layer_time_s(i, dtype, mb, e.op) for i in range(*layers))
+        out.append(_Sample(dtype, e.op, kinds, e.duration_s, base_s))
     return out
 
 
@@ -128,48 +137,160 @@ def _fit_compute(samples: list[_Sample]) -> dict[str, Fit]:
     return fits
 
 
+def _in_run_delays(trace: Trace) -> list[tuple[str, str, float, float]]:
+    """(src, dst, bytes, delay_s) of messages of the training steps whose receiver was
+    already waiting when the sender posted them: delay = the receiver's wait end - the
+    send's start, i.e. what the simulator calls a transfer (sender's action end to data
+    at the receiver), wake-ups and all. Sends and receives of one (step, src, dst,
+    micro-batch) pair up in time order (an activation always precedes the gradient)."""
+    sends: dict[tuple, list] = defaultdict(list)
+    recvs: dict[tuple, list] = defaultdict(list)
+    for e in trace.events:
+        if e.step < 0 or not e.peer:
+            continue
+        if e.op == "send":
+            sends[(e.step, e.device, e.peer, e.microbatch)].append(e)
+        elif e.op == "recv":
+            recvs[(e.step, e.peer, e.device, e.microbatch)].append(e)
+    out = []
+    for key, rs in recvs.items():
+        ss = sorted(sends.get(key, []), key=lambda e: e.start_s)
+        for r, s in zip(sorted(rs, key=lambda e: e.end_s), ss, strict=False):
+            if r.start_s <= s.start_s <= r.end_s:
+                out.append((s.device, r.device, r.bytes, r.end_s - s.start_s))
+    return out
+
+
+def _fit_to_base(samples: list[_Sample], base: Profile) -> tuple[dict[str, Fit],
+                                                                 dict[str, float]]:
+    """Scale a base profile (per-layer profiling, which knows every layer kind at every
+    micro-batch size) to the runs: per device type, time = c + k · base time over all
+    its ops, c being a per-action overhead (dispatch, wake-ups). One (c, k) per device
+    type rather than per op: the runs then pin it down from many shapes, where a fit
+    per op would extrapolate from the few it ran. Device types no trace saw keep the
+    base as it is."""
+    groups: dict[str, list[_Sample]] = defaultdict(list)
+    for s in samples:
+        groups[s.device_type].append(s)
+    scale: dict[str, tuple[float, float, int, float]] = {}
+    for dtype, group in sorted(groups.items()):
+        xs, ys = [s.base_s for s in group], [s.time_s for s in group]
+        (c, k), rank = _lstsq([[1.0, x] for x in xs], ys)
+        if rank < 2:  # one action shape only: a pure ratio
+            c, k = 0.0, float(np.mean(ys)) / max(float(np.mean(xs)), 1e-30)
+        scale[dtype] = (float(k), float(c), len(group),
+                        _rel_rmse([c + k * x for x in xs], ys))
+    compute: dict[str, Fit] = {}
+    overhead: dict[str, float] = {}
+    for key, fit in base.compute.items():
+        dtype, _, op = key.split("|")
+        k, c, n, err = scale.get(dtype, (1.0, base.action_overhead_s(dtype, op), fit.samples,
+                                         fit.rel_rmse))
+        compute[key] = Fit(k * fit.a_s, k * fit.b_s_per_unit, n, err)
+        overhead[f"{dtype}|{op}"] = c
+    return compute, overhead
+
+
+def _in_run_delays(trace: Trace) -> list[tuple[str, str, float, float]]:
+    """(src, dst, bytes, delay_s) of messages of the training steps whose receiver was
+    already waiting when the sender posted them: delay = the receiver's wait end - the
+    send's start, i.e. what the simulator calls a transfer (sender's action end to data
+    at the receiver), wake-ups and all. Sends and receives of one (step, src, dst,
+    micro-batch) pair up in time order (an activation always precedes the gradient)."""
+    sends: dict[tuple, list] = defaultdict(list)
+    recvs: dict[tuple, list] = defaultdict(list)
+    for e in trace.events:
+        if e.step < 0 or not e.peer:
+            continue
+        if e.op == "send":
+            sends[(e.step, e.device, e.peer, e.microbatch)].append(e)
+        elif e.op == "recv":
+            recvs[(e.step, e.peer, e.device, e.microbatch)].append(e)
+    out = []
+    for key, rs in recvs.items():
+        ss = sorted(sends.get(key, []), key=lambda e: e.start_s)
+        for r, s in zip(sorted(rs, key=lambda e: e.end_s), ss, strict=False):
+            if r.start_s <= s.start_s <= r.end_s:
+                out.append((s.device, r.device, r.bytes, r.end_s - s.start_s))
+    return out
+
+
 def _fit_links(traces: list[tuple[Trace, Cluster]]) -> dict[str, Link]:
-    by_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    """Bandwidth from the probe's alpha-beta fit; latency from the probe, or, where the
+    training steps have enough blocked receives, their mean delay less the bandwidth
+    term (under load a message costs more than an idle ping-pong shows)."""
+    probes: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    delays: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for trace, cluster in traces:
         for e in trace.events:
             if e.op == "send" and e.step < 0 and e.peer:
                 cls = cluster.path(e.device, e.peer).link_class
-                by_class[cls].append((e.bytes, e.duration_s))
-                by_class["*"].append((e.bytes, e.duration_s))
+                for c in (cls, "*"):
+                    probes[c].append((e.bytes, e.duration_s))
+        for src, dst, nbytes, delay in _in_run_delays(trace):
+            for c in (cluster.path(src, dst).link_class, "*"):
+                delays[c].append((nbytes, delay))
     links = {}
-    for cls, pts in sorted(by_class.items()):
+    for cls, pts in sorted(probes.items()):
         fit = fit_line([b for b, _ in pts], [t for _, t in pts])
         bw = 1.0 / fit.b_s_per_unit if fit.b_s_per_unit > 0 else float("inf")
-        links[cls] = Link(bw, fit.a_s)
+        latency = fit.a_s
+        if len(delays.get(cls, [])) >= MIN_IN_RUN_SAMPLES:
+            latency = float(np.mean([d - b / bw for b, d in delays[cls]]))
+        links[cls] = Link(bw, max(latency, 0.0))
     return links
 
 
-def _fit_misc(traces, op: str, x_of) -> dict[str, Fit]:
+MIN_IN_RUN_SAMPLES = 5
+
+
+def _fit_optimizer(traces) -> dict[str, Fit]:
     pts: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for trace, plan, model, dtypes in traces:
         for e in trace.events:
-            if e.op == op and e.step >= 1:
-                key, x = x_of(e, plan, model, dtypes)
-                pts[key].append((x, e.duration_s))
+            if e.op == "optimizer" and e.step >= 1:
+                pts[dtypes[e.device]].append((_params_on(e.device, plan, model), e.duration_s))
     return {k: fit_line([x for x, _ in v], [t for _, t in v]) for k, v in sorted(pts.items())}
 
 
-def _allreduce_x(e, plan, model, dtypes):
-    n = len(e.peer.split(",")) + 1 if e.peer else 2
-    return "*", 2 * (n - 1) / n * e.bytes
+def _fit_allreduce(traces) -> dict[str, Fit]:
+    """A rank's all-reduce event also holds its wait for the group's last member; the
+    last to arrive waits least, so each (step, group) contributes its shortest event.
+    x is the ring's bytes per device, 2(n-1)/n · bytes."""
+    shortest: dict[tuple, tuple[float, float]] = {}
+    for n_trace, (trace, *_) in enumerate(traces):
+        for e in trace.events:
+            if e.op != "allreduce" or e.step < 1:
+                continue
+            group = frozenset([e.device, *filter(None, e.peer.split(","))])
+            n = len(group)
+            key = (n_trace, e.step, group, e.bytes)
+            x = 2 * (n - 1) / n * e.bytes
+            if key not in shortest or e.duration_s < shortest[key][1]:
+                shortest[key] = (x, e.duration_s)
+    if not shortest:
+        return {}
+    pts = list(shortest.values())
+    return {"*": fit_line([x for x, _ in pts], [t for _, t in pts])}
 
 
-def _optimizer_x(e, plan, model, dtypes):
+def _params_on(device: str, plan: Plan, model: ModelSpec) -> float:
     params = 0
     for pipe in plan.pipelines:
         for stage in pipe.stages:
-            if e.device in stage.devices:
+            if device in stage.devices:
                 params += sum(model.layers[i].params for i in range(*stage.layers)) // stage.tp
-    return dtypes[e.device], float(params)
+    return float(params)
 
 
-def calibrate(traces: list[Trace], *, sources: list[str] | None = None) -> Profile:
-    """Fit a Profile to measured traces (each must carry its plan in ``meta["plan"]``)."""
+def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
+              base: Profile | None = None) -> Profile:
+    """Fit a Profile to measured traces (each must carry its plan in ``meta["plan"]``).
+
+    With `base` (a profile from per-layer profiling, `hyperpipe calibrate --measure`),
+    its per-layer shape is kept and scaled to the runs (`_fit_to_base`); without it,
+    per-layer-kind lines are fitted from the traces alone. Links, all-reduce and
+    optimizer come from the traces (or the base where the traces have none)."""
     if not traces:
         raise BadInput("--trace", "at least one measured trace", has_got=False)
     samples: list[_Sample] = []
@@ -183,19 +304,26 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None) -> Profi
         plan = plan_from_dict(trace.meta["plan"], where=f"{where}: meta.plan")
         model, cluster = plan.load_model(), plan.load_cluster()
         dtypes = {d: cluster.device(d).type.name for d in plan.devices}
-        samples += _compute_samples(trace, plan, model, dtypes)
+        base_cost = None if base is None else CostModel(model, cluster, base)
+        samples += _compute_samples(trace, plan, model, dtypes, base_cost)
         with_cluster.append((trace, cluster))
         misc.append((trace, plan, model, dtypes))
     if not samples:
         raise BadInput("--trace", "compute events after the warm-up step (run --steps 2 or "
                        "more)", has_got=False)
+    if base is None:
+        compute, overhead = _fit_compute(samples), {}
+    else:
+        compute, overhead = _fit_to_base(samples, base)
     return Profile(
-        compute=_fit_compute(samples),
-        links=_fit_links(with_cluster),
-        optimizer=_fit_misc(misc, "optimizer", _optimizer_x),
-        allreduce=_fit_misc(misc, "allreduce", _allreduce_x),
+        compute=compute,
+        links={**(base.links if base else {}), **_fit_links(with_cluster)},
+        optimizer={**(base.optimizer if base else {}), **_fit_optimizer(misc)},
+        allreduce={**(base.allreduce if base else {}), **_fit_allreduce(misc)},
+        overhead=overhead,
         provenance={
             "traces": list(sources or []),
+            "base": None if base is None else base.provenance,
             "host": socket.gethostname(),
             "platform": platform.platform(),
             "torch": next((t.meta.get("torch") for t in traces if t.meta.get("torch")), None),

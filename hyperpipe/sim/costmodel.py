@@ -67,11 +67,14 @@ class CostModel:
 
     def stage_compute_s(self, layers: tuple[int, int], device_type: str, micro_batch: int,
                         op: str, tp: int = 1) -> float:
-        """Compute time of `op` over layers [start, end) (no tensor-parallel communication)."""
+        """Compute time of `op` over layers [start, end) (no tensor-parallel communication),
+        with the profile's per-action overhead, if any, counted once."""
         key = ("stage", layers, device_type, micro_batch, op, tp)
         if key not in self._cache:
-            self._cache[key] = sum(self.layer_time_s(i, device_type, micro_batch, op, tp)
-                                   for i in range(*layers))
+            overhead = 0.0 if self.profile is None else \
+                self.profile.action_overhead_s(device_type, op)
+            self._cache[key] = overhead + sum(
+                self.layer_time_s(i, device_type, micro_batch, op, tp) for i in range(*layers))
         return self._cache[key]
 
     def stage_time_s(self, layers: tuple[int, int], devices: tuple[str, ...],

@@ -8,6 +8,7 @@ new `Schedule`. Timings quoted below take F = I = W = t (so B = 2t) and free lin
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from hyperpipe.errors import BadInput
 from hyperpipe.sim.schedule import Action, Schedule
@@ -120,8 +121,14 @@ def generate(kind: str, num_devices: int, num_microbatches: int, chunks: int = 1
     """Build the `kind` schedule for p = num_devices, m = num_microbatches, v = chunks.
 
     Raises BadInput for an unknown kind, non-positive counts, or chunks != 1 for a kind
-    that has one stage per rank.
+    that has one stage per rank. Schedules are immutable and a pure function of these
+    four values, so they are memoised: a search simulates the same shapes many times.
     """
+    return _generate(kind, num_devices, num_microbatches, chunks)
+
+
+@lru_cache(maxsize=256)
+def _generate(kind: str, num_devices: int, num_microbatches: int, chunks: int) -> Schedule:
     if kind not in SCHEDULE_KINDS:
         raise BadInput("schedule kind", f"one of {', '.join(SCHEDULE_KINDS)}", kind)
     for name, value in (

@@ -4,7 +4,9 @@ A profile is plain data with a JSON round trip. Compute entries are keyed by
 ``"DEVICE_TYPE|LAYER_KIND|OP"`` and give time = a_s + b_s_per_unit · FLOPs of that op
 for one micro-batch; link entries are keyed by link class (``"inter"``,
 ``"intra:NODE"``, ``"local"`` or ``"*"`` for every class) and give an alpha-beta link;
-optimizer entries are keyed by device type, with x = parameters held.
+optimizer entries are keyed by device type, with x = parameters held. Overhead entries,
+keyed ``"DEVICE_TYPE|OP"``, are seconds each compute action costs on top of its layers
+(dispatch, Python, the executor's bookkeeping), fitted from pipeline runs.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Profile:
     links: dict[str, Link] = field(default_factory=dict)
     optimizer: dict[str, Fit] = field(default_factory=dict)
     allreduce: dict[str, Fit] = field(default_factory=dict)   # key "*" or link class; x=bytes
+    overhead: dict[str, float] = field(default_factory=dict)  # "DEVICE_TYPE|OP" -> s/action
     provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -49,6 +52,9 @@ class Profile:
     @staticmethod
     def key(device_type: str, layer_kind: str, op: str) -> str:
         return f"{device_type}|{layer_kind}|{op}"
+
+    def action_overhead_s(self, device_type: str, op: str) -> float:
+        return self.overhead.get(f"{device_type}|{op}", 0.0)
 
     def link(self, link_class: str) -> Link | None:
         return self.links.get(link_class) or self.links.get("*")
@@ -64,6 +70,7 @@ class Profile:
                           "latency_s": v.latency_s} for k, v in sorted(self.links.items())},
             "optimizer": {k: fit(v) for k, v in sorted(self.optimizer.items())},
             "allreduce": {k: fit(v) for k, v in sorted(self.allreduce.items())},
+            "overhead": dict(sorted(self.overhead.items())),
         }
 
     def save(self, path: str | Path) -> None:
@@ -82,7 +89,7 @@ def _fit(data: Any, where: str) -> Fit:
 
 def profile_from_dict(data: Any, *, where: str) -> Profile:
     top = Fields(data, where, ("format", "provenance", "compute", "links", "optimizer",
-                               "allreduce"))
+                               "allreduce", "overhead"))
     if top.raw("format", None) != PROFILE_FORMAT:
         raise BadInput(top.at("format"), repr(PROFILE_FORMAT), top.raw("format", None))
     compute = {str(k): _fit(v, f"{where}: compute.{k}")
@@ -99,10 +106,15 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
            for k, v in Fields(top.raw("optimizer", {}), top.at("optimizer")).data.items()}
     ar = {str(k): _fit(v, f"{where}: allreduce.{k}")
           for k, v in Fields(top.raw("allreduce", {}), top.at("allreduce")).data.items()}
+    of = Fields(top.raw("overhead", {}), top.at("overhead"))
+    overhead = {str(k): of.number(str(k)) for k in of.data}
+    for k in overhead:
+        if k.count("|") != 1:
+            raise BadInput(f"{where}: overhead.{k}", "a key DEVICE_TYPE|OP", k)
     prov = top.raw("provenance", {})
     if not isinstance(prov, dict):
         raise BadInput(top.at("provenance"), "a mapping", prov)
-    return Profile(compute, links, opt, ar, prov)
+    return Profile(compute, links, opt, ar, overhead, prov)
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -1,0 +1,131 @@
+"""How close are the simulator's predictions to real runs? (issue 6)
+
+Calibrates once (per-layer profiling here, scaled to two short runs of calibration
+plans), then predicts and measures ten other
+plans on the demo cluster (tiny-gpt, device speeds emulated on this CPU) that differ in
+partition, schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1), micro-batch count, data
+parallelism and the device types they use. Prints a table and, last,
+``mape=X max_ape=Y kendall_tau=Z n_plans=N``.
+
+    python experiments/accuracy.py [--steps 5] [--emulation-scale 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hyperpipe.exec import RunOptions, run_plan
+from hyperpipe.exec.emulation import emulation_factors
+from hyperpipe.exec.profiler import emulated_profile, measure_profile
+from hyperpipe.sim.accuracy import measured_iteration_s, relative_error
+from hyperpipe.sim.calibrate import calibrate
+from hyperpipe.sim.cluster import load_cluster
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.sim.simulator import simulate
+
+A0, A1, V0, V1 = "a100/0", "a100/1", "v100/0", "v100/1"
+
+
+def pipeline(micro_batch: int, count: int, cuts: list[int], devices: list[str]) -> PipelinePlan:
+    """Stages between the cuts of tiny-gpt's 8 layers, on `devices` (looped if fewer)."""
+    bounds = [0, *cuts, 8]
+    stages = tuple(StagePlan((bounds[i], bounds[i + 1]), (devices[i % len(devices)],))
+                   for i in range(len(bounds) - 1))
+    return PipelinePlan(micro_batch, count, stages)
+
+
+def plan(kind: str, *pipes: PipelinePlan, chunks: int = 1) -> Plan:
+    return Plan("tiny-gpt", "demo-hetero", sum(p.samples for p in pipes), kind, chunks,
+                tuple(pipes))
+
+
+CALIBRATION = {
+    "cal-1f1b-mb1": plan("1f1b", pipeline(1, 8, [2, 5, 7], [V0, A0, V1, A1])),
+    "cal-zb-dp-mb4": plan("zb-h1", pipeline(4, 2, [3], [A1, V1]), pipeline(4, 2, [5], [A0, V0])),
+}
+
+PLANS = {
+    "gpipe-4x2": plan("gpipe", pipeline(2, 8, [2, 4, 6], [A0, A1, V0, V1])),
+    "1f1b-4-uneven": plan("1f1b", pipeline(2, 8, [3, 6, 7], [A0, A1, V0, V1])),
+    "zb-h1-4-uneven": plan("zb-h1", pipeline(2, 8, [3, 6, 7], [A0, A1, V0, V1])),
+    "interleaved-2x2": plan("interleaved-1f1b", pipeline(2, 8, [2, 4, 6], [A0, V0]),
+                            chunks=2),
+    "1f1b-2-mb4": plan("1f1b", pipeline(4, 4, [5], [A0, V0])),
+    "1f1b-dp2": plan("1f1b", pipeline(2, 4, [5], [A0, V0]), pipeline(2, 4, [5], [A1, V1])),
+    "gpipe-3-mb1": plan("gpipe", pipeline(1, 16, [2, 6], [V0, A0, V1])),
+    "zb-h1-a100-only": plan("zb-h1", pipeline(2, 8, [6], [A0, A1])),
+    "1f1b-v100-only": plan("1f1b", pipeline(2, 8, [4], [V0, V1])),
+    "hetero-dp": plan("1f1b", pipeline(2, 5, [], [A0]), pipeline(2, 3, [4], [V0, V1])),
+}
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-a between two rankings (pairs tied in either count as neither)."""
+    pairs = list(itertools.combinations(range(len(xs)), 2))
+    score = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else
+                 -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0) for i, j in pairs)
+    return score / len(pairs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--emulation-scale", type=float, default=2.0)
+    parser.add_argument("--reference", choices=["profile", "measured"], default="profile",
+                        help="emulation's compute reference: the layer profile taken once "
+                        "(default), or each run's own timing of its actions")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+
+    print("profiling each layer kind here (the base of calibration and, with "
+          "--reference profile, of emulation)", flush=True)
+    cluster = load_cluster("demo-hetero")
+    native = measure_profile("tiny-gpt", "demo-hetero", emulate=False)
+    base = emulated_profile(native, emulation_factors(cluster, args.emulation_scale))
+    with tempfile.TemporaryDirectory() as tmp:
+        return _study(args, native, base, Path(tmp) / "native.json", t0)
+
+
+def _study(args, native, base, native_path: Path, t0: float) -> int:
+    native.save(native_path)
+    opts = RunOptions(steps=args.steps, emulation_scale=args.emulation_scale,
+                      reference_profile=str(native_path) if args.reference == "profile"
+                      else None)
+    print(f"calibration runs ({len(CALIBRATION)}):", flush=True)
+    traces = []
+    for name, p in CALIBRATION.items():
+        traces.append(run_plan(p, opts).trace)
+        print(f"  {name}: {measured_iteration_s(traces[-1]) * 1e3:.1f} ms", flush=True)
+    profile = calibrate(traces, sources=list(CALIBRATION), base=base)
+
+    rows = []
+    for name, p in PLANS.items():
+        model, cluster = p.load_model(), p.load_cluster()
+        predicted = simulate(p, CostModel(model, cluster, profile)).metrics.iteration_time_s
+        measured = measured_iteration_s(run_plan(p, opts).trace)
+        rows.append((name, predicted, measured, relative_error(predicted, measured)))
+        print(f"  {name:<18} predicted {predicted * 1e3:7.1f} ms  measured "
+              f"{measured * 1e3:7.1f} ms  error {rows[-1][3]:6.1%}", flush=True)
+
+    print(f"\n{'plan':<18}{'predicted':>12}{'measured':>12}{'error':>9}")
+    for name, p_s, m_s, err in rows:
+        print(f"{name:<18}{p_s * 1e3:>10.1f}ms{m_s * 1e3:>10.1f}ms{err:>9.1%}")
+    errors = [r[3] for r in rows]
+    tau = kendall_tau([r[1] for r in rows], [r[2] for r in rows])
+    print(f"(emulation scale {args.emulation_scale}, reference {args.reference}, "
+          f"{args.steps} steps per run, "
+          f"{time.perf_counter() - t0:.0f} s)")
+    print(f"mape={statistics.fmean(errors):.4f} max_ape={max(errors):.4f} "
+          f"kendall_tau={tau:.3f} n_plans={len(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Malformed input: exit status 2, one line on stderr naming the file and field, no
+traceback, nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hyperpipe.cli import main
+
+GOOD_PLAN = {
+    "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+    "global_batch": 8, "schedule": {"kind": "1f1b", "chunks": 1},
+    "pipelines": [{"micro_batch": 2, "num_microbatches": 4,
+                   "stages": [{"layers": [0, 5], "devices": ["a100/0"], "tp": 1},
+                              {"layers": [5, 8], "devices": ["v100/0"], "tp": 1}]}],
+}
+
+
+def _plan_with(**changes) -> str:
+    doc = json.loads(json.dumps(GOOD_PLAN))
+    for key, value in changes.items():
+        target = doc
+        *path, last = key.split("/")
+        for p in path:
+            target = target[int(p)] if p.isdigit() else target[p]
+        target[last] = value
+    return json.dumps(doc)
+
+
+GOOD_CLUSTER = "nodes:\n  - {name: n0, device: A100-80GB, count: 2}\n"
+
+# (case id, files to write {name: text}, argv with {dir} for the folder, words the error
+# line must contain)
+CASES = [
+    ("plan-missing-file", {}, ["simulate", "--plan", "{dir}/nope.json"], ["nope.json"]),
+    ("plan-bad-json", {"p.json": "{\"format\": "}, ["simulate", "--plan", "{dir}/p.json"],
+     ["p.json", "JSON"]),
+    ("plan-format", {"p.json": _plan_with(format="hyperpipe.plan/7")},
+     ["simulate", "--plan", "{dir}/p.json"], ["p.json", "format"]),
+    ("plan-kind", {"p.json": _plan_with(schedule={"kind": "zigzag"})},
+     ["simulate", "--plan", "{dir}/p.json"], ["schedule.kind", "zigzag"]),
+    ("plan-batch", {"p.json": _plan_with(global_batch=9)},
+     ["simulate", "--plan", "{dir}/p.json"], ["global_batch"]),
+    ("plan-overlap", {"p.json": _plan_with(**{"pipelines/0/stages/1/layers": [4, 8]})},
+     ["simulate", "--plan", "{dir}/p.json"], ["stages[1].layers", "overlapping"]),
+    ("plan-gap", {"p.json": _plan_with(**{"pipelines/0/stages/1/layers": [6, 8]})},
+     ["simulate", "--plan", "{dir}/p.json"], ["stages[1].layers", "missing"]),
+    ("plan-short", {"p.json": _plan_with(**{"pipelines/0/stages/1/layers": [5, 7]})},
+     ["simulate", "--plan", "{dir}/p.json"], ["stages", "0..8"]),
+    ("plan-no-device", {"p.json": _plan_with(**{"pipelines/0/stages/1/devices": ["v100/7"]})},
+     ["simulate", "--plan", "{dir}/p.json"], ["devices", "v100/7"]),
+    ("plan-device-twice", {"p.json": _plan_with(**{"pipelines/0/stages/1/devices":
+                                                   ["a100/0"]})},
+     ["simulate", "--plan", "{dir}/p.json"], ["devices", "a100/0"]),
+    ("plan-negative-mb", {"p.json": _plan_with(**{"pipelines/0/micro_batch": -2})},
+     ["simulate", "--plan", "{dir}/p.json"], ["micro_batch", "positive"]),
+    ("plan-text-count", {"p.json": _plan_with(**{"pipelines/0/num_microbatches": "four"})},
+     ["simulate", "--plan", "{dir}/p.json"], ["num_microbatches"]),
+    ("plan-unknown-key", {"p.json": _plan_with(colour="red")},
+     ["simulate", "--plan", "{dir}/p.json"], ["colour"]),
+    ("plan-bad-model", {"p.json": _plan_with(model="gpt-9")},
+     ["simulate", "--plan", "{dir}/p.json"], ["gpt-9"]),
+    ("cluster-bad-yaml", {"c.yaml": "nodes: [ {name: n0"},
+     ["simulate", "--plan", "{dir}/p.json", "--cluster", "{dir}/c.yaml"], ["c.yaml", "YAML"]),
+    ("cluster-unknown-type", {"c.yaml": "nodes:\n  - {device: B300, count: 2}\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--cluster", "{dir}/c.yaml"],
+     ["c.yaml", "nodes[0].device", "B300"]),
+    ("cluster-negative-count", {"c.yaml": "nodes:\n  - {device: T4, count: -2}\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--cluster", "{dir}/c.yaml"],
+     ["nodes[0].count", "-2"]),
+    ("cluster-text-count", {"c.yaml": "nodes:\n  - {device: T4, count: many}\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--cluster", "{dir}/c.yaml"],
+     ["nodes[0].count"]),
+    ("cluster-unit", {"c.yaml": GOOD_CLUSTER + "inter_node: {bandwidth: '100 Gparsec/s'}\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--cluster", "{dir}/c.yaml"],
+     ["inter_node.bandwidth", "Gparsec"]),
+    ("cluster-unknown-key", {"c.yaml": GOOD_CLUSTER + "colour: red\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--cluster", "{dir}/c.yaml"], ["colour"]),
+    ("cluster-no-nodes", {"c.yaml": "nodes: []\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--cluster", "{dir}/c.yaml"], ["nodes"]),
+    ("cluster-python-tag", {"c.yaml": "nodes: !!python/object/apply:os.system ['true']\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--cluster", "{dir}/c.yaml"], ["c.yaml"]),
+    ("model-unknown-preset", {"m.yaml": "preset: gpt5-huge\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--model", "{dir}/m.yaml"], ["m.yaml", "gpt5"]),
+    ("model-bad-yaml", {"m.yaml": "preset: [gpt2"},
+     ["simulate", "--plan", "{dir}/p.json", "--model", "{dir}/m.yaml"], ["m.yaml", "YAML"]),
+    ("model-negative-layers", {"m.yaml": "preset: gpt2-small\nn_layer: -3\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--model", "{dir}/m.yaml"], ["n_layer", "-3"]),
+    ("model-heads", {"m.yaml": "preset: gpt2-small\nn_head: 7\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--model", "{dir}/m.yaml"], ["n_head"]),
+    ("model-synthetic-flops", {"m.yaml": "kind: synthetic\nlayers: 8\n"
+                               "fwd_flops_per_sample: -1\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--model", "{dir}/m.yaml"],
+     ["fwd_flops_per_sample"]),
+    ("model-unknown-key", {"m.yaml": "preset: gpt2-small\nwidth: 3\n"},
+     ["simulate", "--plan", "{dir}/p.json", "--model", "{dir}/m.yaml"], ["width"]),
+    ("profile-bad", {"f.json": "{\"format\": \"hyperpipe.profile/1\", \"compute\": "
+                     "{\"A100|block\": {\"a_s\": 1, \"b_s_per_unit\": 0}}}"},
+     ["simulate", "--plan", "{dir}/p.json", "--profile", "{dir}/f.json"], ["f.json", "compute"]),
+    ("schedule-kind", {}, ["schedule", "--kind", "zigzag", "--devices", "2",
+                           "--microbatches", "4"], ["zigzag"]),
+    ("schedule-devices", {}, ["schedule", "--kind", "1f1b", "--devices", "0",
+                              "--microbatches", "4"], ["0"]),
+    ("schedule-chunks", {}, ["schedule", "--kind", "1f1b", "--devices", "2",
+                             "--microbatches", "4", "--chunks", "3"], ["chunks"]),
+    ("schedule-not-int", {}, ["schedule", "--kind", "1f1b", "--devices", "two",
+                              "--microbatches", "4"], ["--devices"]),
+    ("unknown-command", {}, ["teleport"], ["teleport"]),
+    ("calibrate-bad-trace", {"t.json": "{\"format\": \"hyperpipe.trace/1\", \"events\": [[1]]}"},
+     ["calibrate", "--trace", "{dir}/t.json", "--out", "{dir}/out.json"], ["t.json", "events"]),
+    ("calibrate-no-plan", {"t.json": "{\"format\": \"hyperpipe.trace/1\", \"events\": []}"},
+     ["calibrate", "--trace", "{dir}/t.json", "--out", "{dir}/out.json"], ["t.json", "plan"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_with_one_line(case, tmp_path, capsys):
+    _, files, argv, words = case
+    (tmp_path / "p.json").write_text(json.dumps(GOOD_PLAN))
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    rc = main([a.replace("{dir}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing half-written
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
+    (tmp_path / "c.yaml").write_text("nodes:\n  - {device: T4, count: -1}\n")
+    proc = subprocess.run([sys.executable, "-m", "hyperpipe", "search", "--cluster",
+                           str(tmp_path / "c.yaml"), "--model", "tiny-gpt",
+                           "--global-batch", "8"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "nodes[0].count" in proc.stderr
