@@ -29,6 +29,13 @@ def _command(sub, name: str, help_text: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help_text, description=help_text)
 
 
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    """The cluster, model and batch that search and whatif plan for."""
+    p.add_argument("--cluster", required=True, help="built-in cluster name or YAML/JSON file")
+    p.add_argument("--model", required=True, help="preset name or YAML/JSON file")
+    p.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hyperpipe", description="Plan, simulate and run pipeline-parallel "
                      "training on heterogeneous GPU clusters.")
@@ -121,9 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "search", "find the best plans for a model on a cluster; any option "
                  "given fixes that dimension")
-    p.add_argument("--cluster", required=True, help="built-in cluster name or YAML/JSON file")
-    p.add_argument("--model", required=True, help="preset name or YAML/JSON file")
-    p.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
+    _workload_args(p)
     p.add_argument("--micro-batch", type=int, help="fix the micro-batch size")
     p.add_argument("--schedule", help="fix the schedule kind (e.g. 1f1b, zb-h1)")
     p.add_argument("--chunks", type=int, help="fix the chunks per device (interleaved)")
@@ -142,9 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "whatif", "sweep a cluster or model parameter: the best plan per "
                  "variant, as a table and a plot")
-    p.add_argument("--cluster", required=True, help="built-in cluster name or YAML/JSON file")
-    p.add_argument("--model", required=True, help="preset name or YAML/JSON file")
-    p.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
+    _workload_args(p)
     p.add_argument("--vary", action="append", default=[],
                    help="KEY=V1,V2,... e.g. 'inter_node.bandwidth=10 Gbit/s,100 Gbit/s', "
                    "'nodes.v100.count=0,4,8', 'nodes.v100.device=V100-32GB,A100-80GB', "

@@ -4,11 +4,12 @@
    type's emulation factor it is the cost model's starting point; as it is, it is the
    runs' emulation reference (a shared machine's speed drifts from second to second;
    one profile holds both runs to the same native speed).
-2. Search the cluster for the best plan; keep the uniform baseline.
-3. Simulate both (predicted, before calibration).
-4. Run both for real with the executor (real compute and communication, device speeds
-   emulated on the CPU), tracing every action.
-5. Calibrate the cost model from the two measured traces and simulate both again.
+2. Search the cluster; run its uniform baseline for real with the executor (real
+   compute and communication, device speeds emulated on the CPU), tracing every action.
+3. Calibrate from that run and search again: the best plan.
+4. Run the best plan for real.
+5. Calibrate the cost model from both measured traces and simulate both again;
+   "before calibration" is the layer profile alone.
 6. Report predicted (before/after) against measured, and the speed-up of best over
    uniform; write report.json, the plans, traces (ours and Chrome's) and timelines.
 """
@@ -71,34 +72,43 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     layer_profile = emulated_profile(native, emulation_factors(cluster, cfg.emulation_scale))
     layer_profile.save(out / "profile_layers.json")
 
-    _log(f"[2/5] searching {cfg.cluster} ({len(cluster.devices)} devices) for {cfg.model}, "
-         f"global batch {cfg.global_batch}")
-    result = search(model, cluster, SearchConstraints(global_batch=cfg.global_batch,
-                                                      micro_batch=cfg.micro_batch),
-                    profile=layer_profile, workers=cfg.workers)
-    plans = {"best": result.best.plan, "uniform": result.baselines["uniform"].plan}
-    for name, plan in plans.items():
+    constraints = SearchConstraints(global_batch=cfg.global_batch, micro_batch=cfg.micro_batch)
+
+    def run(name: str, plan) -> None:
         plan.save(out / f"plan_{name}.json")
-    _log(f"      {result.candidates_evaluated} candidates in {result.search_time_s:.1f} s; "
-         f"best {_describe(plans['best'])}")
+        result = run_plan(plan, RunOptions(
+            steps=cfg.steps, seed=cfg.seed, emulation_scale=cfg.emulation_scale,
+            reference_profile=str(out / "profile_native.json"),
+            trace_path=str(out / f"trace_{name}_measured.json"),
+            chrome_path=str(out / f"chrome_{name}_measured.json")))
+        measured[name] = result.trace
+
+    _log(f"[2/5] searching {cfg.cluster} ({len(cluster.devices)} devices) for {cfg.model}, "
+         f"global batch {cfg.global_batch}, for the uniform baseline (layer profile only)")
+    first = search(model, cluster, constraints, profile=layer_profile, workers=cfg.workers)
+    plans = {"uniform": first.baselines["uniform"].plan}
+    measured: dict = {}
+    _log(f"[3/5] running the uniform plan for real ({cfg.steps} steps, "
+         f"{len(plans['uniform'].devices)} ranks): {_describe(plans['uniform'])}")
+    run("uniform", plans["uniform"])
+
+    # Why search again: the layer profile knows compute but not what each action costs
+    # around it on this machine (dispatch, messages, wake-ups); one real run tells.
+    first_fit = calibrate([measured["uniform"]], sources=["trace_uniform_measured.json"],
+                          base=layer_profile)
+    result = search(model, cluster, constraints, profile=first_fit, workers=cfg.workers)
+    plans["best"] = result.best.plan
+    _log(f"      searched again with the run's costs: {result.candidates_evaluated} "
+         f"candidates in {result.search_time_s:.1f} s")
+    _log(f"[4/5] running the best plan for real: {_describe(plans['best'])}")
+    run("best", plans["best"])
 
     before_cost = CostModel(model, cluster, layer_profile)
     predicted_before = {k: simulate(p, before_cost) for k, p in plans.items()}
 
-    measured = {}
-    for i, (name, plan) in enumerate(plans.items()):
-        _log(f"[{3 + i}/5] running the {name} plan for real ({cfg.steps} steps, "
-             f"{len(plan.devices)} ranks)")
-        run = run_plan(plan, RunOptions(steps=cfg.steps, seed=cfg.seed,
-                                        emulation_scale=cfg.emulation_scale,
-                                        reference_profile=str(out / "profile_native.json"),
-                                        trace_path=str(out / f"trace_{name}_measured.json"),
-                                        chrome_path=str(out / f"chrome_{name}_measured.json")))
-        measured[name] = run.trace
-
-    _log("[5/5] calibrating from the measured traces and simulating again")
-    profile = calibrate(list(measured.values()),
-                        sources=[f"trace_{k}_measured.json" for k in measured],
+    _log("[5/5] calibrating from both measured traces and simulating again")
+    profile = calibrate([measured[k] for k in plans],
+                        sources=[f"trace_{k}_measured.json" for k in plans],
                         base=layer_profile)
     profile.save(out / "profile_calibrated.json")
     after_cost = CostModel(model, cluster, profile)

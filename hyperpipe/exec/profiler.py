@@ -4,7 +4,8 @@ Like Metis and HAPT, which profile each layer kind on each GPU type, this measur
 forward (F), input-gradient (I), weight-gradient (W) and full backward (B) time of one
 layer of each kind of a model, at several micro-batch sizes (warm-up, then the fastest
 of the repeats, as the executor's emulation reference takes it),
-fits time = a + b·FLOPs per (kind, op) and writes the usual calibration Profile.
+fits time = a + b·FLOPs per (kind, op), and an AdamW step's time = a + b·parameters,
+and writes the usual calibration Profile.
 
 On a CPU standing in for a hypothetical cluster, `device_types` maps each device type to
 the factor its compute is stretched by under emulation (see exec.emulation), so that the
@@ -78,6 +79,29 @@ def measure_op_times(model: ModelSpec, index: int, micro_batch: int, *, repeats:
     return {op: min(v) for op, v in samples.items()}   # as the executor's reference
 
 
+def measure_optimizer_times(model: ModelSpec, *, repeats: int = 10, warmup: int = 2,
+                            seed: int = 0) -> list[tuple[float, float]]:
+    """(parameters, fastest CPU seconds) of an AdamW step over the first 1, 2, 4, ...
+    layers of `model` and over all of them (the optimizer's per-tensor work included)."""
+    counts = sorted({min(2**i, model.num_layers) for i in range(model.num_layers.bit_length())}
+                    | {model.num_layers})
+    out = []
+    for n in counts:
+        params = [torch.nn.Parameter(p.detach().clone())
+                  for i in range(n) for p in build_layer(model, i, seed).parameters()]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt = torch.optim.AdamW(params)
+        times = []
+        for rep in range(warmup + repeats):
+            t0 = cpu_clock()
+            opt.step()
+            if rep >= warmup:
+                times.append(cpu_clock() - t0)
+        out.append((float(sum(p.numel() for p in params)), min(times)))
+    return out
+
+
 def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
                    micro_batches: tuple[int, ...] = (1, 2, 4), repeats: int = 10,
                    warmup: int = 2, seed: int = 0, threads: int = 1,
@@ -101,6 +125,7 @@ def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
                         measured.setdefault((kind, op), []).append(
                             (op_flops(model, index, mb, op), t))
                     bar.advance(note=f"{kind} mb={mb}")
+        optimizer = fit_line(*zip(*measure_optimizer_times(model, seed=seed), strict=True))
     finally:
         torch.set_num_threads(old_threads)
     native = {(kind, op): fit_line([f for f, _ in pts], [t for _, t in pts])
@@ -108,7 +133,9 @@ def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
     compute = {Profile.key(dtype, kind, op): _scaled(fit, factor)
                for (kind, op), fit in native.items()
                for dtype, factor in sorted(device_types.items())}
-    return Profile(compute=compute, provenance={
+    return Profile(compute=compute, optimizer={
+        dtype: _scaled(optimizer, factor) for dtype, factor in sorted(device_types.items())},
+        provenance={
         "method": "layer profiling", "model": model.name, "host": socket.gethostname(),
         "platform": platform.platform(), "torch": torch.__version__, "threads": threads,
         "micro_batches": list(micro_batches), "repeats": repeats,
@@ -126,10 +153,11 @@ def emulated_profile(native: Profile, factors: dict[str, float]) -> Profile:
     compute stretched by its emulation factor: what emulated runs will take."""
     compute = {k: _scaled(f, factors.get(k.split("|")[0], 1.0))
                for k, f in native.compute.items()}
+    optimizer = {k: _scaled(f, factors.get(k, 1.0)) for k, f in native.optimizer.items()}
     prov = {**native.provenance, "emulated": any(f != 1.0 for f in factors.values()),
             "device_types": dict(factors)}
-    return Profile(compute, dict(native.links), dict(native.optimizer),
-                   dict(native.allreduce), dict(native.overhead), prov)
+    return Profile(compute, dict(native.links), optimizer, dict(native.allreduce),
+                   dict(native.overhead), prov)
 
 
 def measure_profile(model_ref, cluster_ref=None, *, micro_batches: tuple[int, ...] = (1, 2, 4),

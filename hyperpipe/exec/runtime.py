@@ -323,13 +323,18 @@ class RankRuntime:
         calibrate --measure --no-emulate`). Why: a shared machine's own speed drifts by
         tens of percent from one second to the next; a profile taken once holds every
         run of a study to the same native speed, so that emulated device speeds stay
-        put. The optimizer keeps its measured reference."""
+        put. The optimizer's reference is the profile's too, summed over the stages as
+        the simulator counts it."""
         pipe = self.plan.pipelines[self.where.pipeline]
+        dtype = cost.cluster.device(self.name).type.name
         for a in self.actions:
             st = pipe.stages[a.stage]
-            dtype = cost.cluster.device(st.devices[0]).type.name
             self.reference[(a.stage, a.op)] = cost.stage_compute_s(
                 st.layers, dtype, self.micro_batch, a.op, st.tp)
+        if dtype in cost.profile.optimizer:
+            self.reference["optimizer"] = sum(
+                cost.optimizer_time_s(pipe.stages[s].layers, dtype, pipe.stages[s].tp)
+                for s in self.stages)
         return self.reference
 
     # ------------------------------------------------------------------ data movement

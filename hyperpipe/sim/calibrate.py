@@ -15,7 +15,9 @@
 With a base profile from per-layer profiling, compute is instead the base scaled per
 device type: time = c + k · base time, c a per-action overhead.
 
-The first step of a run (warm-up) is left out of compute fits.
+Time a rank spends between actions that no event accounts for (posting sends and
+receives, Python) is added to the per-action overhead. The first step of a run
+(warm-up) is left out of every fit.
 """
 
 from __future__ import annotations
@@ -191,28 +193,24 @@ def _fit_to_base(samples: list[_Sample], base: Profile) -> tuple[dict[str, Fit],
     return compute, overhead
 
 
-def _in_run_delays(trace: Trace) -> list[tuple[str, str, float, float]]:
-    """(src, dst, bytes, delay_s) of messages of the training steps whose receiver was
-    already waiting when the sender posted them: delay = the receiver's wait end - the
-    send's start, i.e. what the simulator calls a transfer (sender's action end to data
-    at the receiver), wake-ups and all. Sends and receives of one (step, src, dst,
-    micro-batch) pair up in time order (an activation always precedes the gradient)."""
-    sends: dict[tuple, list] = defaultdict(list)
-    recvs: dict[tuple, list] = defaultdict(list)
-    for e in trace.events:
-        if e.step < 0 or not e.peer:
-            continue
-        if e.op == "send":
-            sends[(e.step, e.device, e.peer, e.microbatch)].append(e)
-        elif e.op == "recv":
-            recvs[(e.step, e.peer, e.device, e.microbatch)].append(e)
-    out = []
-    for key, rs in recvs.items():
-        ss = sorted(sends.get(key, []), key=lambda e: e.start_s)
-        for r, s in zip(sorted(rs, key=lambda e: e.end_s), ss, strict=False):
-            if r.start_s <= s.start_s <= r.end_s:
-                out.append((s.device, r.device, r.bytes, r.end_s - s.start_s))
-    return out
+def _action_gaps(traces) -> dict[str, float]:
+    """Device type -> mean seconds a rank spends between one action and the next that no
+    event accounts for (posting sends and receives, Python between actions): the sum of
+    the gaps between consecutive non-send events of a step, over its compute actions."""
+    idle_s: dict[str, float] = defaultdict(float)
+    actions: dict[str, int] = defaultdict(int)
+    for trace, _, _, dtypes in traces:
+        rows: dict[tuple[str, int], list] = defaultdict(list)
+        for e in trace.events:
+            if e.step >= 1 and e.op != "send":
+                rows[(e.device, e.step)].append(e)
+        for (device, _), events in rows.items():
+            events.sort(key=lambda e: e.start_s)
+            idle = sum(max(0.0, b.start_s - a.end_s) for a, b in zip(events, events[1:],
+                                                                       strict=False))
+            idle_s[dtypes[device]] += idle
+            actions[dtypes[device]] += sum(1 for e in events if e.op in COMPUTE_OPS)
+    return {k: idle_s[k] / n for k, n in actions.items() if n}
 
 
 def _fit_links(traces: list[tuple[Trace, Cluster]]) -> dict[str, Link]:
@@ -315,6 +313,12 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         compute, overhead = _fit_compute(samples), {}
     else:
         compute, overhead = _fit_to_base(samples, base)
+    # what a rank spends between actions is part of each action's cost, as it occupies
+    # the rank's stream (the simulator's model of one compute stream per rank)
+    for dtype, gap in _action_gaps(misc).items():
+        for op in COMPUTE_OPS:
+            key = f"{dtype}|{op}"
+            overhead[key] = overhead.get(key, 0.0) + gap
     return Profile(
         compute=compute,
         links={**(base.links if base else {}), **_fit_links(with_cluster)},
