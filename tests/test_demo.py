@@ -1,0 +1,49 @@
+"""`hyperpipe demo` end to end, shortened (the README's main job)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hyperpipe.cli import main
+from hyperpipe.sim.plan import load_plan
+from hyperpipe.sim.profile import load_profile
+from hyperpipe.sim.trace import load_trace
+
+REPORT_KEYS = ("plan", "baseline_plan", "measured_iteration_time_s",
+               "predicted_iteration_time_s", "error_before_calibration",
+               "error_after_calibration", "speedup_vs_uniform_measured",
+               "speedup_vs_uniform_predicted", "emulated")
+
+
+@pytest.mark.slow
+def test_demo_writes_a_consistent_report(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--steps", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "speed-up of best over uniform" in printed
+    report = json.loads((out / "report.json").read_text())
+    for key in REPORT_KEYS:
+        assert key in report, key
+    assert report["emulated"] is True
+    measured, predicted = report["measured_iteration_time_s"], report["predicted_iteration_time_s"]
+    assert 0 < measured < 10 and 0 < predicted < 10
+    # the report's figures are the ones its parts say
+    assert report["error_after_calibration"] == pytest.approx(
+        abs(predicted - measured) / measured)
+    assert report["speedup_vs_uniform_measured"] == pytest.approx(
+        report["baseline"]["measured_s"] / measured)
+    # calibrated on these very runs: close, even on a busy 2-core machine
+    assert report["error_after_calibration"] < 0.2
+    assert math.isfinite(report["error_before_calibration"])
+    best = load_plan(out / "plan_best.json")
+    assert best.to_dict() == report["plan"]
+    trace = load_trace(out / "trace_best_measured.json")
+    assert trace.meta["emulated"] and {e.step for e in trace.events} >= {0, 1, 2}
+    assert load_profile(out / "profile_calibrated.json").provenance["traces"]
+    for name in ("timeline_best.png", "timeline_uniform.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    chrome = json.loads((out / "chrome_best_measured.json").read_text())
+    assert any(e.get("ph") == "X" for e in chrome["traceEvents"])
