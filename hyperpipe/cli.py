@@ -58,12 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="built-in cluster or YAML/JSON file (overrides the plan's)")
     p.add_argument("--model", help="preset name or YAML/JSON file (overrides the plan's)")
     p.add_argument("--pp", type=int, help="devices per pipeline (plan options)")
-    p.add_argument("--dp", type=int, default=1, help="pipelines (data-parallel replicas)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree per stage")
+    p.add_argument("--dp", type=int, help="pipelines (data-parallel replicas; default 1)")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree per stage (default 1)")
     p.add_argument("--micro-batch", type=int, help="samples per micro-batch")
     p.add_argument("--global-batch", type=int, help="samples per iteration")
-    p.add_argument("--schedule", default="1f1b", help="schedule kind (plan options)")
-    p.add_argument("--chunks", type=int, default=1, help="stages per device (interleaved)")
+    p.add_argument("--schedule", help="schedule kind (plan options; default 1f1b)")
+    p.add_argument("--chunks", type=int, help="stages per device (interleaved; default 1)")
     p.add_argument("--profile", help="calibration profile JSON")
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce gradients after the backward, not during it")
@@ -195,8 +195,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from hyperpipe.sim.simulator import SimOptions, describe, simulate
     shape = {"--pp": args.pp, "--micro-batch": args.micro_batch,
              "--global-batch": args.global_batch}
+    optional = {"--dp": args.dp, "--tp": args.tp, "--schedule": args.schedule,
+                "--chunks": args.chunks}
     if args.plan:
-        given = [k for k, v in shape.items() if v is not None]
+        given = [k for k, v in {**shape, **optional}.items() if v is not None]
         if given:
             raise BadInput("simulate", f"either --plan or plan options, not both (got --plan "
                            f"and {' '.join(given)})", has_got=False)
@@ -212,9 +214,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                            has_got=False)
         from hyperpipe.sim.baselines import uniform_plan
         model, cluster = load_model(args.model, where="--model"), load_cluster(args.cluster)
-        plan = uniform_plan(model, cluster, pp=args.pp, dp=args.dp, tp=args.tp,
+        plan = uniform_plan(model, cluster, pp=args.pp, dp=args.dp or 1, tp=args.tp or 1,
                             micro_batch=args.micro_batch, global_batch=args.global_batch,
-                            schedule=args.schedule, chunks=args.chunks)
+                            schedule=args.schedule or "1f1b", chunks=args.chunks or 1)
     cost = CostModel(model, cluster, _load_profile(args.profile))
     result = simulate(plan, cost, SimOptions(overlap_dp_allreduce=not args.no_overlap))
     if args.trace:

@@ -72,7 +72,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     layer_profile = emulated_profile(native, emulation_factors(cluster, cfg.emulation_scale))
     layer_profile.save(out / "profile_layers.json")
 
-    constraints = SearchConstraints(global_batch=cfg.global_batch, micro_batch=cfg.micro_batch)
+    # tp=1: the executor simulates tensor parallelism but does not run it
+    constraints = SearchConstraints(global_batch=cfg.global_batch, micro_batch=cfg.micro_batch,
+                                    tp=1)
 
     def run(name: str, plan) -> None:
         plan.save(out / f"plan_{name}.json")

@@ -46,13 +46,30 @@ def load_document(path: str | os.PathLike) -> Any:
                        has_got=False) from None
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename: never half-written."""
+def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
+    """Write `text` to `path` through a temporary file and a rename: never half-written.
+    A path that cannot be written is bad input (one line, exit 2), with no file left."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, p)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, bytes):
+            tmp.write_bytes(text)
+        else:
+            tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BadInput(str(p), f"a writable file path ({exc.strerror or exc})",
+                       has_got=False) from None
+
+
+def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110) -> None:
+    """Save a matplotlib figure as PNG atomically (through `write_atomic`)."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png")
+    write_atomic(path, buf.getvalue())
 
 
 class Fields:

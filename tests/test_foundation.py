@@ -74,6 +74,12 @@ def test_catalog_entries_have_sources_and_sane_values():
         pytest.approx(312 / 125)
 
 
+def test_node_prices_take_units():
+    c = cluster_from_dict({"nodes": [{"name": "n", "device": "T4", "count": 1,
+                                      "price_per_hour": "0.35 $/h"}]}, where="x", name="x")
+    assert c.price_per_hour("n/0") == pytest.approx(0.35)
+
+
 def test_builtin_clusters_load():
     names = builtin_cluster_names()
     assert {"demo-hetero", "a100-v100", "h100-a100-l4", "scale-1024"} <= set(names)

@@ -200,11 +200,6 @@ def _assemble(prep: Prepared, options: RunOptions, gathered: list, emulated: boo
 def portable_plan(prep: Prepared) -> dict:
     """The plan as a dict that loads anywhere: a model or cluster given as a file path
     (relative to the plan file) is inlined, built-in names stay names."""
-    from hyperpipe.models import PRESETS
-    from hyperpipe.sim.cluster import builtin_cluster_names
-    doc = prep.plan.to_dict()
-    if not (isinstance(doc["model"], str) and doc["model"] in PRESETS):
-        doc["model"] = prep.spec.to_dict()
-    if not (isinstance(doc["cluster"], str) and doc["cluster"] in builtin_cluster_names()):
-        doc["cluster"] = {"name": prep.cluster.name, **prep.cluster.source}
-    return doc
+    from hyperpipe.sim.baselines import cluster_ref, model_ref
+    return {**prep.plan.to_dict(), "model": model_ref(prep.spec),
+            "cluster": cluster_ref(prep.cluster)}

@@ -240,7 +240,8 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
         intra = _link(nf, "intra_link", Link(dtype.link_bandwidth_bytes_per_s,
                                              dtype.link_latency_s))
         nic = _link(nf, "nic", inter)
-        price = nf.number("price_per_hour") if nf.has("price_per_hour") else None
+        price = nf.quantity("price_per_hour", "price", positive=False) \
+            if nf.has("price_per_hour") else None
         repeat = nf.positive_int("repeat", 1)
         base_name = nf.string("name", f"n{len(nodes)}")
         for r in range(repeat):

@@ -117,6 +117,11 @@ SCHEDULE_KINDS: dict[str, Callable[..., Schedule]] = {
 _TAKES_CHUNKS = frozenset({"interleaved-1f1b"})
 
 
+def takes_chunks(kind: str) -> bool:
+    """Whether schedules of `kind` place several stages (chunks) on a device."""
+    return kind in _TAKES_CHUNKS
+
+
 def generate(kind: str, num_devices: int, num_microbatches: int, chunks: int = 1) -> Schedule:
     """Build the `kind` schedule for p = num_devices, m = num_microbatches, v = chunks.
 

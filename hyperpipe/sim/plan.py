@@ -59,6 +59,7 @@ class Plan:
     chunks: int
     pipelines: tuple[PipelinePlan, ...]
     base_dir: Path | None = field(default=None, compare=False)
+    source: str = field(default="plan", compare=False)   # the file it came from, for errors
 
     # ------------------------------------------------------------------ shape
     def num_devices(self, pipeline: int = 0) -> int:
@@ -105,15 +106,16 @@ class Plan:
                             base_dir=self.base_dir)
 
     # ------------------------------------------------------------------ checks
-    def check(self, model, cluster, *, where: str = "plan") -> None:
+    def check(self, model, cluster, *, where: str | None = None) -> None:
         """Raise BadInput unless this plan fits `model` (ModelSpec) and `cluster` (Cluster):
         layers covered exactly once and in order, devices exist and each is used by one
         stage (one per chunk for interleaved), batch sizes add up, known schedule kind."""
-        from hyperpipe.sim.generators import SCHEDULE_KINDS
+        from hyperpipe.sim.generators import SCHEDULE_KINDS, takes_chunks
+        where = self.source if where is None else where
         if self.schedule not in SCHEDULE_KINDS:
             raise BadInput(f"{where}: schedule.kind",
                            f"one of {sorted(SCHEDULE_KINDS)}", self.schedule)
-        if self.chunks != 1 and self.schedule != "interleaved-1f1b":
+        if self.chunks != 1 and not takes_chunks(self.schedule):
             raise BadInput(f"{where}: schedule.chunks",
                            f"1 for schedule {self.schedule!r} (only interleaved-1f1b takes "
                            "chunks)", self.chunks)
@@ -212,7 +214,8 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
         pipelines.append(PipelinePlan(pf.positive_int("micro_batch"),
                                       pf.positive_int("num_microbatches"), tuple(stages)))
     return Plan(model=model, cluster=cluster, global_batch=top.positive_int("global_batch"),
-                schedule=kind, chunks=chunks, pipelines=tuple(pipelines), base_dir=base_dir)
+                schedule=kind, chunks=chunks, pipelines=tuple(pipelines), base_dir=base_dir,
+                source=where)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from hyperpipe.files import save_figure
 from hyperpipe.sim.schedule import Action, Schedule, ScheduleError, dependencies
 
 _UNITS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
@@ -95,4 +96,4 @@ def draw_schedule(schedule: Schedule, path: str | os.PathLike, *, title: str | N
         fontsize=7,
     )
     fig.tight_layout()
-    fig.savefig(os.fspath(path), format="png")
+    save_figure(fig, path)

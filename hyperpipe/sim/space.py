@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hyperpipe.errors import BadInput
+from hyperpipe.sim.generators import takes_chunks
 
 MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
 MAX_ORDERS = 120              # distinct stage orders enumerated in full below this count
@@ -65,6 +66,12 @@ class SearchConstraints:
             if self.schedule not in SCHEDULE_KINDS:
                 raise BadInput("--schedule", f"one of {', '.join(SCHEDULE_KINDS)}",
                                self.schedule)
+            if self.chunks is not None and self.chunks > 1 and not takes_chunks(self.schedule):
+                raise BadInput("--chunks", f"1 with schedule {self.schedule!r} (it places one "
+                               "stage per device)", self.chunks)
+        if self.dp is not None and self.dp > self.global_batch // (self.micro_batch or 1):
+            raise BadInput("--dp", f"at most global batch / micro-batch = "
+                           f"{self.global_batch // (self.micro_batch or 1)} pipelines", self.dp)
 
 
 @dataclass(frozen=True)
@@ -74,16 +81,6 @@ class UnitPool:
     type_name: str
     tp: int
     units: tuple[tuple[str, ...], ...]
-
-
-def takes_chunks(kind: str) -> bool:
-    """Whether a schedule kind places several stages (chunks) on a device."""
-    from hyperpipe.sim.generators import generate
-    try:
-        generate(kind, 2, 2, 2)
-    except BadInput:
-        return False
-    return True
 
 
 def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[str, int]]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from hyperpipe.errors import BadInput
+from hyperpipe.files import save_figure
 from hyperpipe.sim.trace import COMPUTE_OPS, Trace
 
 OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868",
@@ -92,7 +92,4 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
         fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8,
                    frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    fig.savefig(tmp, dpi=110, format="png")
-    os.replace(tmp, target)
+    save_figure(fig, path)

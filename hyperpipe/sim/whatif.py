@@ -147,7 +147,8 @@ def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool:
         # count 0 means "without this node" (a what-if, not a file error)
         doc["nodes"] = [n for n in doc.get("nodes", []) if n.get("count") != 0]
         where = f"--vary {', '.join(f'{k}={v}' for k, v in combo)}"
-        variant_cluster = cluster_from_dict(doc, where=where, name=cluster.name)
+        variant_cluster = cluster_from_dict(doc, where=where, name=cluster.name) \
+            if doc["nodes"] else None     # every node removed: a row, not an error
         spec = load_model(model, where="--model" if model is model_ref else where,
                           overrides=overrides or None)
         yield combo, spec, variant_cluster, batch
@@ -162,6 +163,9 @@ def whatif(model: Any, cluster: Any, *, global_batch: int, vary: list[str] | Non
     rows = []
     for combo, spec, variant, batch in _variants(model, base, global_batch, vary or [], pool):
         settings = tuple((k, str(v)) for k, v in combo)
+        if variant is None:
+            rows.append(Row(settings, 0, None, None, error="no devices left"))
+            continue
         n = len(variant.devices)
         if not isinstance(batch, int) or batch < 1:
             raise BadInput("--vary global_batch", "positive integers", batch)
