@@ -179,11 +179,6 @@ class StageModule(nn.Module):
         self.start, self.end = start, end
         self.layers = nn.ModuleDict({str(i): m for i, m in layers.items()})
 
-    @property
-    def has_head(self) -> bool:
-        """True if the stage ends with the loss (it wants targets)."""
-        return bool(getattr(list(self.layers.values())[-1], "takes_targets", False))
-
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         for layer in self.layers.values():
             x = layer(x, targets) if layer.takes_targets else layer(x)

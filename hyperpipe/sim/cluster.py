@@ -137,10 +137,6 @@ class Cluster:
         node_price = self.node(d.node).price_per_hour
         return node_price if node_price is not None else d.type.price_per_hour
 
-    def with_devices_of(self, node_counts: dict[str, int]) -> Cluster:
-        """A copy with some nodes' device counts changed (what-if studies)."""
-        nodes = tuple(replace(n, count=node_counts.get(n.name, n.count)) for n in self.nodes)
-        return replace(self, nodes=tuple(n for n in nodes if n.count > 0))
 
 
 # ---------------------------------------------------------------------------- loading

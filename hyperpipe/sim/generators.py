@@ -7,8 +7,9 @@ new `Schedule`. Timings quoted below take F = I = W = t (so B = 2t) and free lin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
+from types import MappingProxyType
 
 from hyperpipe.errors import BadInput
 from hyperpipe.sim.schedule import Action, Schedule
@@ -108,12 +109,12 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, p, m, tuple(rows))
 
 
-SCHEDULE_KINDS: dict[str, Callable[..., Schedule]] = {
+SCHEDULE_KINDS: Mapping[str, Callable[..., Schedule]] = MappingProxyType({
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved-1f1b": interleaved_1f1b,
     "zb-h1": zb_h1,
-}
+})
 _TAKES_CHUNKS = frozenset({"interleaved-1f1b"})
 
 

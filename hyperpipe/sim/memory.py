@@ -19,11 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def release_op(has_w: bool) -> str:
-    """The op that frees a micro-batch's stash: W when backward is split, else B."""
-    return "W" if has_w else "B"
-
-
 def peak_of(timeline: Sequence[tuple[float, float]]) -> float:
     """Largest bytes value of a (time_s, bytes) timeline (0 when empty)."""
     return max((b for _, b in timeline), default=0.0)
