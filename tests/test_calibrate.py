@@ -65,6 +65,16 @@ def _synthetic_trace(plan: Plan, rng: random.Random, noise: float) -> Trace:
                                  "plan": plan.to_dict()})
 
 
+def _calibration_plans() -> list[Plan]:
+    """Four partitions, device orders and micro-batch sizes: enough to tell kinds apart."""
+    return [
+        _plan([1, 4, 6], ["a100/0", "a100/1", "v100/0", "v100/1"], 2, 4),
+        _plan([3, 5, 7], ["v100/0", "a100/0", "v100/1", "a100/1"], 4, 4),
+        _plan([2, 6, 7], ["a100/1", "v100/1", "a100/0", "v100/0"], 1, 4),
+        _plan([1, 2, 5], ["v100/1", "v100/0", "a100/1", "a100/0"], 8, 2),
+    ]
+
+
 def test_fit_line_recovers_known_line():
     xs = [1e3, 1e4, 1e5, 1e6]
     fit = fit_line(xs, [2e-5 + 3e-9 * x for x in xs])
@@ -75,12 +85,7 @@ def test_fit_line_recovers_known_line():
 
 def test_calibration_recovers_parameters_within_2_percent(tmp_path):
     rng = random.Random(0)
-    plans = [
-        _plan([1, 4, 6], ["a100/0", "a100/1", "v100/0", "v100/1"], 2, 4),
-        _plan([3, 5, 7], ["v100/0", "a100/0", "v100/1", "a100/1"], 4, 4),
-        _plan([2, 6, 7], ["a100/1", "v100/1", "a100/0", "v100/0"], 1, 4),
-        _plan([1, 2, 5], ["v100/1", "v100/0", "a100/1", "a100/0"], 8, 2),
-    ]
+    plans = _calibration_plans()
     traces = [_synthetic_trace(p, rng, noise=0.0) for p in plans]
     profile = calibrate(traces, sources=[f"t{i}" for i in range(len(traces))])
     model = load_model("tiny-gpt")
@@ -107,12 +112,7 @@ def test_calibration_recovers_parameters_within_2_percent(tmp_path):
 
 def test_noisy_calibration_predicts_unseen_stages_within_2_percent():
     rng = random.Random(2)
-    plans = [
-        _plan([1, 4, 6], ["a100/0", "a100/1", "v100/0", "v100/1"], 2, 4),
-        _plan([3, 5, 7], ["v100/0", "a100/0", "v100/1", "a100/1"], 4, 4),
-        _plan([2, 6, 7], ["a100/1", "v100/1", "a100/0", "v100/0"], 1, 4),
-        _plan([1, 2, 5], ["v100/1", "v100/0", "a100/1", "a100/0"], 8, 2),
-    ]
+    plans = _calibration_plans()
     profile = calibrate([_synthetic_trace(p, rng, noise=0.01) for p in plans])
     model = load_model("tiny-gpt")
     cost = CostModel(model, load_cluster("demo-hetero"), profile)
