@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from plan_docs import edited
 
 from hyperpipe.cli import main
 
@@ -21,14 +22,7 @@ GOOD_PLAN = {
 
 
 def _plan_with(**changes) -> str:
-    doc = json.loads(json.dumps(GOOD_PLAN))
-    for key, value in changes.items():
-        target = doc
-        *path, last = key.split("/")
-        for p in path:
-            target = target[int(p)] if p.isdigit() else target[p]
-        target[last] = value
-    return json.dumps(doc)
+    return json.dumps(edited(GOOD_PLAN, **changes))
 
 
 GOOD_CLUSTER = "nodes:\n  - {name: n0, device: A100-80GB, count: 2}\n"

@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from plan_docs import edited
 
 from hyperpipe.errors import BadInput
 from hyperpipe.models import load_model
@@ -218,14 +219,7 @@ def test_plan_round_trip_and_check(tmp_path):
 
 
 def _plan(**changes):
-    doc = json.loads(json.dumps(PLAN))
-    for key, value in changes.items():
-        target = doc
-        *path, last = key.split("/")
-        for p in path:
-            target = target[int(p)] if p.isdigit() else target[p]
-        target[last] = value
-    return doc
+    return edited(PLAN, **changes)
 
 
 @pytest.mark.parametrize("doc,field", [

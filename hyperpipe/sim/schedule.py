@@ -327,9 +327,15 @@ def validate(schedule: Schedule) -> None:
     _check_progress(schedule, dependencies(schedule))
 
 
-def _check_progress(schedule: Schedule, deps: dict[Action, tuple[Action, ...]]) -> None:
-    """Run every rank's list in order, each action once its dependencies are done."""
+def progress_order(schedule: Schedule, deps: dict[Action, tuple[Action, ...]] | None = None
+                   ) -> tuple[list[Action], list[int]]:
+    """Run every rank's list in order, each action once its dependencies are done.
+
+    Returns the actions in the order they could run (each after its dependencies) and
+    how far each rank got: a rank short of the end of its list is stuck."""
+    deps = dependencies(schedule) if deps is None else deps
     done: set[Action] = set()
+    order: list[Action] = []
     cursor = [0] * schedule.num_devices
     moved = True
     while moved:
@@ -337,8 +343,15 @@ def _check_progress(schedule: Schedule, deps: dict[Action, tuple[Action, ...]]) 
         for d, row in enumerate(schedule.actions):
             while cursor[d] < len(row) and all(x in done for x in deps[row[cursor[d]]]):
                 done.add(row[cursor[d]])
+                order.append(row[cursor[d]])
                 cursor[d] += 1
                 moved = True
+    return order, cursor
+
+
+def _check_progress(schedule: Schedule, deps: dict[Action, tuple[Action, ...]]) -> None:
+    order, cursor = progress_order(schedule, deps)
+    done = set(order)
     stuck = [(d, cursor[d]) for d, row in enumerate(schedule.actions) if cursor[d] < len(row)]
     if stuck:
         parts = []

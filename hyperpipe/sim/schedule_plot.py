@@ -11,7 +11,13 @@ from __future__ import annotations
 import os
 
 from hyperpipe.files import save_figure
-from hyperpipe.sim.schedule import Action, Schedule, ScheduleError, dependencies
+from hyperpipe.sim.schedule import (
+    Action,
+    Schedule,
+    ScheduleError,
+    dependencies,
+    progress_order,
+)
 
 _UNITS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 _COLORS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868"}
@@ -23,20 +29,14 @@ def unit_times(schedule: Schedule) -> dict[Action, tuple[float, float]]:
     Raises ScheduleError if the ranks cannot all finish (call `validate` for the reason).
     """
     deps = dependencies(schedule)
+    order, _ = progress_order(schedule, deps)
     times: dict[Action, tuple[float, float]] = {}
     free = [0.0] * schedule.num_devices
-    cursor = [0] * schedule.num_devices
-    moved = True
-    while moved:
-        moved = False
-        for d, row in enumerate(schedule.actions):
-            while cursor[d] < len(row) and all(x in times for x in deps[row[cursor[d]]]):
-                a = row[cursor[d]]
-                start = max([free[d], *(times[x][1] for x in deps[a])])
-                times[a] = (start, start + _UNITS[a.op])
-                free[d] = start + _UNITS[a.op]
-                cursor[d] += 1
-                moved = True
+    for a in order:                     # each action comes after its dependencies
+        d = schedule.device_of(a.stage)
+        start = max([free[d], *(times[x][1] for x in deps[a])])
+        free[d] = start + _UNITS[a.op]
+        times[a] = (start, free[d])
     if len(times) != sum(len(row) for row in schedule.actions):
         raise ScheduleError(
             f"{schedule.kind} schedule", "a schedule that can finish", None, has_got=False
