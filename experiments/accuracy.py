@@ -20,14 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.exec import RunOptions, run_plan
 from hyperpipe.exec.emulation import emulation_factors
 from hyperpipe.exec.profiler import emulated_profile, measure_profile
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.sim.accuracy import measured_iteration_s, relative_error
 from hyperpipe.sim.calibrate import calibrate
-from hyperpipe.sim.cluster import load_cluster
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.sim.simulator import simulate
 
 A0, A1, V0, V1 = "a100/0", "a100/1", "v100/0", "v100/1"

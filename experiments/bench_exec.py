@@ -29,7 +29,7 @@ from hyperpipe.exec.launch import launch_local
 from hyperpipe.exec.placement import placements
 from hyperpipe.exec.runtime import RankRuntime
 from hyperpipe.exec.torch_pipelining import torch_schedule, torch_stages
-from hyperpipe.sim.plan import Plan, plan_from_dict
+from hyperpipe.plan.plan import Plan, plan_from_dict
 
 KINDS = ("gpipe", "1f1b")
 WARMUP_ROUNDS = 3

@@ -34,10 +34,10 @@ import time
 
 import simpy
 
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
+from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.analytic import estimate
-from hyperpipe.sim.baselines import uniform_plan
-from hyperpipe.sim.cluster import load_cluster
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, _Engine, simulate
 

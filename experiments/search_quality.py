@@ -1,6 +1,6 @@
 """Search quality: the searched plan against the uniform and proportional baselines.
 
-For every (heterogeneous cluster, model) pair, `hyperpipe.sim.search` finds a plan and
+For every (heterogeneous cluster, model) pair, `hyperpipe.search.search` finds a plan and
 tunes both baselines over the same (pp, dp, tp, micro-batch) grid; all three are
 simulated by the same SimPy simulator. The table gives simulated iteration times and the
 speed-up of the best plan over each baseline; the last line is
@@ -16,10 +16,10 @@ import math
 import sys
 import time
 
+from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.sim.cluster import cluster_from_dict, load_cluster
-from hyperpipe.sim.search import SearchConstraints, search
-from hyperpipe.sim.search_report import describe_plan
+from hyperpipe.search.report import describe_plan
+from hyperpipe.search.search import SearchConstraints, search
 
 # Clusters beyond the built-ins, inline so the study is self-contained.
 EXTRA_CLUSTERS = {

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.sim.cluster import load_cluster
+from hyperpipe.search.report import format_search
+from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.search import SearchConstraints, search
-from hyperpipe.sim.search_report import format_search
 
 
 def main() -> int:

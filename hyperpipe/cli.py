@@ -167,14 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from hyperpipe.sim.generators import generate
-    from hyperpipe.sim.schedule import validate
+    from hyperpipe.plan.generators import generate
+    from hyperpipe.plan.schedule import validate
     sched = generate(args.kind, args.devices, args.microbatches, args.chunks)
     validate(sched)
     if args.format == "png":
         if not args.out:
             raise BadInput("--out", "an output .png path with --format png", has_got=False)
-        from hyperpipe.sim.schedule_plot import draw_schedule
+        from hyperpipe.plan.schedule_plot import draw_schedule
         draw_schedule(sched, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
         return EXIT_OK
@@ -188,10 +188,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.models import load_model
-    from hyperpipe.sim.cluster import load_cluster
+    from hyperpipe.plan.plan import load_plan
     from hyperpipe.sim.costmodel import CostModel
-    from hyperpipe.sim.plan import load_plan
     from hyperpipe.sim.simulator import SimOptions, describe, simulate
     shape = {"--pp": args.pp, "--micro-batch": args.micro_batch,
              "--global-batch": args.global_batch}
@@ -212,7 +212,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise BadInput("simulate", f"--plan P, or --cluster C --model M --pp N "
                            f"--micro-batch B --global-batch G (missing {' '.join(missing)})",
                            has_got=False)
-        from hyperpipe.sim.baselines import uniform_plan
+        from hyperpipe.search.baselines import uniform_plan
         model, cluster = load_model(args.model, where="--model"), load_cluster(args.cluster)
         plan = uniform_plan(model, cluster, pp=args.pp, dp=args.dp or 1, tp=args.tp or 1,
                             micro_batch=args.micro_batch, global_batch=args.global_batch,
@@ -241,7 +241,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from hyperpipe.exec import RunFailed, RunOptions, run_plan
     from hyperpipe.exec.launch import torchrun_env
-    from hyperpipe.sim.plan import load_plan
+    from hyperpipe.plan.plan import load_plan
     fault = None
     if args.inject_fault is not None:
         rank, sep, step = args.inject_fault.partition(":")
@@ -291,9 +291,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.measure == bool(args.trace):
         raise BadInput("calibrate", "either --trace FILE... or --measure --model M", has_got=False)
     if args.trace:
+        from hyperpipe.plan.profile import load_profile
+        from hyperpipe.plan.trace import load_trace
         from hyperpipe.sim.calibrate import calibrate
-        from hyperpipe.sim.profile import load_profile
-        from hyperpipe.sim.trace import load_trace
         base = load_profile(args.base) if args.base else None
         profile = calibrate([load_trace(t) for t in args.trace], sources=args.trace, base=base)
     else:
@@ -314,11 +314,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.models import load_model
-    from hyperpipe.sim.cluster import load_cluster
+    from hyperpipe.search.report import format_search
+    from hyperpipe.search.search import SearchConstraints, search
     from hyperpipe.sim.costmodel import CostModel
-    from hyperpipe.sim.search import SearchConstraints, search
-    from hyperpipe.sim.search_report import format_search
     model, cluster = load_model(args.model, where="--model"), load_cluster(args.cluster)
     profile = _load_profile(args.profile)
     c = SearchConstraints(global_batch=args.global_batch, micro_batch=args.micro_batch,
@@ -339,7 +339,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from hyperpipe.sim.whatif import format_whatif, plot_whatif, whatif
+    from hyperpipe.search.whatif import format_whatif, plot_whatif, whatif
     result = whatif(args.model, args.cluster, global_batch=args.global_batch,
                     vary=args.vary, pool=args.pool, micro_batch=args.micro_batch,
                     schedule=args.schedule, objective=args.objective,
@@ -358,7 +358,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 def _load_profile(path: str | None):
     if path is None:
         return None
-    from hyperpipe.sim.profile import load_profile
+    from hyperpipe.plan.profile import load_profile
     return load_profile(path)
 
 

@@ -47,14 +47,14 @@ def _log(msg: str) -> None:
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.exec import RunOptions, run_plan
     from hyperpipe.exec.emulation import emulation_factors
     from hyperpipe.exec.profiler import emulated_profile, measure_profile
     from hyperpipe.models import load_model
+    from hyperpipe.search.search import SearchConstraints, search
     from hyperpipe.sim.calibrate import calibrate
-    from hyperpipe.sim.cluster import load_cluster
     from hyperpipe.sim.costmodel import CostModel
-    from hyperpipe.sim.search import SearchConstraints, search
     from hyperpipe.sim.simulator import simulate
     from hyperpipe.sim.timeline import plot_timelines
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
+from hyperpipe.plan.generators import generate
+from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.analytic import estimate
-from hyperpipe.sim.baselines import uniform_plan
-from hyperpipe.sim.cluster import load_cluster
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.generators import generate
 from hyperpipe.sim.memory import peak_in_flight
 from hyperpipe.sim.simulator import SimOptions, simulate
 
@@ -113,7 +113,7 @@ def test_1024_gpu_plan_gap_is_bounded():
 
 
 def test_heterogeneous_replicas_and_new_devices_with_a_shared_cache():
-    from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
+    from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
     model = synthetic(4, params=1000)
     cluster = load_cluster({**cluster_dict(2, 2), "device_types": {
         "unit": {"peak_flops": 1e12, "efficiency": 1.0, "memory": "1000 GB",

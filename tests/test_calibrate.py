@@ -6,13 +6,13 @@ import random
 
 import pytest
 
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.plan.profile import Profile, load_profile
+from hyperpipe.plan.trace import Trace, TraceEvent
 from hyperpipe.sim.calibrate import calibrate, fit_line
-from hyperpipe.sim.cluster import load_cluster
 from hyperpipe.sim.costmodel import CostModel, op_flops
-from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
-from hyperpipe.sim.profile import Profile, load_profile
-from hyperpipe.sim.trace import Trace, TraceEvent
 
 # Known truth: seconds per call and per FLOP, per (device type, layer kind), same for ops.
 TRUTH = {

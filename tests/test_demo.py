@@ -8,9 +8,9 @@ import math
 import pytest
 
 from hyperpipe.cli import main
-from hyperpipe.sim.plan import load_plan
-from hyperpipe.sim.profile import load_profile
-from hyperpipe.sim.trace import load_trace
+from hyperpipe.plan.plan import load_plan
+from hyperpipe.plan.profile import load_profile
+from hyperpipe.plan.trace import load_trace
 
 REPORT_KEYS = ("plan", "baseline_plan", "measured_iteration_time_s",
                "predicted_iteration_time_s", "error_before_calibration",

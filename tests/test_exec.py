@@ -20,7 +20,7 @@ from hyperpipe.exec.data import micro_batch_of, step_batch
 from hyperpipe.exec.emulation import cpu_clock, device_factors, emulation_factors, stretch
 from hyperpipe.exec.placement import adjacent_pairs, dp_groups, layer_holders, placements
 from hyperpipe.models import load_model
-from hyperpipe.sim.plan import plan_from_dict
+from hyperpipe.plan.plan import plan_from_dict
 
 HETERO = {
     "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
@@ -219,7 +219,7 @@ def test_cli_rejects_malformed_fault_and_wrong_torchrun_world(tmp_path, monkeypa
 
 def test_trace_plan_inlines_file_refs_so_calibration_can_load_it(tmp_path, monkeypatch):
     from hyperpipe.exec.job import portable_plan, prepare
-    from hyperpipe.sim.plan import load_plan
+    from hyperpipe.plan.plan import load_plan
     (tmp_path / "m.yaml").write_text("preset: tiny-gpt\nn_layer: 2\n")
     (tmp_path / "c.yaml").write_text("nodes:\n  - {name: x, device: V100-32GB, count: 2}\n")
     (tmp_path / "p.json").write_text(json.dumps({

@@ -18,8 +18,8 @@ from hyperpipe.cli import main as cli_main
 from hyperpipe.exec import RunFailed, RunOptions, run_plan
 from hyperpipe.exec.data import step_batch
 from hyperpipe.models import build_model
-from hyperpipe.sim.plan import plan_from_dict
-from hyperpipe.sim.trace import load_trace
+from hyperpipe.plan.plan import plan_from_dict
+from hyperpipe.plan.trace import load_trace
 
 pytestmark = pytest.mark.slow
 

@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from plan_docs import edited
 
+from hyperpipe.cluster.catalog import builtin_device_types
+from hyperpipe.cluster.cluster import builtin_cluster_names, cluster_from_dict, load_cluster
 from hyperpipe.errors import BadInput
 from hyperpipe.models import load_model
-from hyperpipe.sim.catalog import builtin_device_types
-from hyperpipe.sim.cluster import builtin_cluster_names, cluster_from_dict, load_cluster
+from hyperpipe.plan.plan import load_plan, plan_from_dict
+from hyperpipe.plan.profile import Fit, Profile, load_profile
+from hyperpipe.plan.trace import Trace, TraceEvent, load_trace
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.plan import load_plan, plan_from_dict
-from hyperpipe.sim.profile import Fit, Profile, load_profile
-from hyperpipe.sim.trace import Trace, TraceEvent, load_trace
 from hyperpipe.units import parse_quantity
 
 # ------------------------------------------------------------------ units
@@ -184,7 +184,7 @@ def test_profile_overrides_cost_model(tmp_path):
     model = load_model({"kind": "synthetic", "layers": 2, "fwd_flops_per_sample": 1e9,
                         "activation_bytes_per_sample": 0, "params_per_layer": 0})
     cluster = _free_cluster([1e12])
-    from hyperpipe.sim.cluster import Link
+    from hyperpipe.cluster.cluster import Link
     prof = Profile(compute={Profile.key("t0", "synthetic", "F"): Fit(1e-3, 2e-12, 5, 0.01)},
                    links={"*": Link(1e9, 1e-4)}, provenance={"emulated": True})
     path = tmp_path / "p.json"

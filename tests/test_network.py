@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import simpy
 
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.sim.baselines import uniform_plan
-from hyperpipe.sim.cluster import load_cluster
+from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.network import Network, p2p_edges, p2p_spec, ring_spec
 from hyperpipe.sim.simulator import SimOptions, simulate
@@ -203,7 +203,7 @@ def test_a_reader_waiting_on_a_delayed_message_starts_at_its_real_arrival():
     """Two replicas with different cuts send through one NIC, 1 ms apart. Replica 0's
     message is alone at first (arrival 3.1 ms) until replica 1's joins at 2 ms: both then
     move at half speed, so replica 0's lands at 4.1 ms, replica 1's at 5.1 ms."""
-    from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
+    from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
     model = synthetic(3, act=2e6)
     cluster = two_nodes(2)
     a = PipelinePlan(1, 1, (StagePlan((0, 1), ("a/0",)), StagePlan((1, 3), ("b/0",))))

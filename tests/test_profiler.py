@@ -6,9 +6,9 @@ import pytest
 
 from hyperpipe.exec.profiler import measure_op_times, profile_layers
 from hyperpipe.models import load_model
+from hyperpipe.plan.profile import Profile
+from hyperpipe.plan.trace import Trace, TraceEvent
 from hyperpipe.sim.accuracy import compare, measured_iteration_s
-from hyperpipe.sim.profile import Profile
-from hyperpipe.sim.trace import Trace, TraceEvent
 
 
 def test_profile_layers_covers_every_kind_and_op_and_scales_exactly():

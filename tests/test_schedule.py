@@ -1,4 +1,4 @@
-"""Tests of the schedule IR, generators, validator and exports (hyperpipe.sim.schedule*)."""
+"""Tests of the schedule IR, generators, validator and exports (hyperpipe.plan.schedule*)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from hyperpipe.errors import BadInput
-from hyperpipe.sim.generators import (
+from hyperpipe.plan.generators import (
     SCHEDULE_KINDS,
     generate,
     gpipe,
@@ -26,7 +26,7 @@ from hyperpipe.sim.generators import (
     one_f_one_b,
     zb_h1,
 )
-from hyperpipe.sim.schedule import (
+from hyperpipe.plan.schedule import (
     OPS,
     Action,
     Schedule,
@@ -34,7 +34,7 @@ from hyperpipe.sim.schedule import (
     dependencies,
     validate,
 )
-from hyperpipe.sim.schedule_plot import draw_schedule
+from hyperpipe.plan.schedule_plot import draw_schedule
 
 KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 GRID = [

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from hyperpipe.cli import main
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.errors import InfeasiblePlan
 from hyperpipe.models import load_model
-from hyperpipe.sim import partition as P
-from hyperpipe.sim import space
-from hyperpipe.sim.baselines import layer_counts, proportional_plan, uniform_plan
-from hyperpipe.sim.cluster import load_cluster
+from hyperpipe.plan.generators import generate
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, load_plan
+from hyperpipe.search import partition as P
+from hyperpipe.search import space
+from hyperpipe.search.baselines import layer_counts, proportional_plan, uniform_plan
+from hyperpipe.search.search import SearchConstraints, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.generators import generate
-from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan, load_plan
-from hyperpipe.sim.search import SearchConstraints, search, split_batch
 from hyperpipe.sim.simulator import simulate
 
 FREE = {"bandwidth": "1e15 B/s", "latency": 0}

@@ -13,16 +13,16 @@ import json
 import pytest
 
 from hyperpipe.cli import main
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
+from hyperpipe.plan.generators import generate
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.plan.schedule import Schedule, ScheduleError
+from hyperpipe.plan.trace import COMPUTE_OPS
+from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.analytic import estimate
-from hyperpipe.sim.baselines import uniform_plan
-from hyperpipe.sim.cluster import load_cluster
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.generators import generate
-from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
-from hyperpipe.sim.schedule import Schedule, ScheduleError
 from hyperpipe.sim.simulator import SimOptions, simulate
-from hyperpipe.sim.trace import COMPUTE_OPS
 
 FLOPS = 1e12            # "unit" device: 1 TFLOP/s at efficiency 1
 LAYER_FLOPS = 1e9       # per sample per layer: 1 ms of F, I and W each

@@ -9,7 +9,7 @@ import pytest
 
 from hyperpipe.cli import main
 from hyperpipe.errors import BadInput
-from hyperpipe.sim.whatif import format_whatif, parse_vary, set_path, whatif
+from hyperpipe.search.whatif import format_whatif, parse_vary, set_path, whatif
 
 FREE = {"bandwidth": "1e15 B/s", "latency": 0}
 

@@ -23,7 +23,7 @@ import torch
 from hyperpipe.errors import BadInput
 from hyperpipe.files import write_atomic
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.sim.plan import Plan
+from hyperpipe.plan.plan import Plan
 
 MANIFEST = "manifest.json"
 CHECKPOINT_FORMAT = "hyperpipe.checkpoint/1"

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hyperpipe.sim.trace import TraceEvent
+from hyperpipe.plan.trace import TraceEvent
 
 ACTIVATION, GRADIENT = 0, 1
 PROBE_SIZES_BYTES = (1 << 10, 1 << 14, 1 << 18, 1 << 22)   # 1 KiB .. 4 MiB

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from hyperpipe.sim.cluster import Cluster
+from hyperpipe.cluster.cluster import Cluster
 
 
 def emulation_factors(cluster: Cluster, scale: float = 1.0) -> dict[str, float]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.errors import BadInput
 from hyperpipe.exec import checkpoint
 from hyperpipe.exec.comm import probe_links
@@ -26,9 +27,8 @@ from hyperpipe.exec.options import RunOptions, RunResult
 from hyperpipe.exec.placement import adjacent_pairs, check_runnable, placements
 from hyperpipe.exec.runtime import RankRuntime, StepOutcome
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.sim.cluster import Cluster
-from hyperpipe.sim.plan import Plan
-from hyperpipe.sim.trace import Trace, TraceEvent
+from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.trace import Trace, TraceEvent
 
 
 class InjectedFault(RuntimeError):
@@ -118,8 +118,8 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
             if r == rank:
                 runtime.measure_reference()
         if options.reference_profile:
+            from hyperpipe.plan.profile import load_profile
             from hyperpipe.sim.costmodel import CostModel
-            from hyperpipe.sim.profile import load_profile
             runtime.reference_from(CostModel(spec, prep.cluster,
                                              load_profile(options.reference_profile)))
     dist.barrier()
@@ -200,6 +200,7 @@ def _assemble(prep: Prepared, options: RunOptions, gathered: list, emulated: boo
 def portable_plan(prep: Prepared) -> dict:
     """The plan as a dict that loads anywhere: a model or cluster given as a file path
     (relative to the plan file) is inlined, built-in names stay names."""
-    from hyperpipe.sim.baselines import cluster_ref, model_ref
+    from hyperpipe.cluster.cluster import cluster_ref
+    from hyperpipe.models import model_ref
     return {**prep.plan.to_dict(), "model": model_ref(prep.spec),
             "cluster": cluster_ref(prep.cluster)}

@@ -38,7 +38,7 @@ from hyperpipe.exec.comm import PeerFailure
 from hyperpipe.exec.job import Prepared, prepare, rank_main
 from hyperpipe.exec.options import RunOptions, RunResult
 from hyperpipe.files import write_atomic
-from hyperpipe.sim.plan import Plan
+from hyperpipe.plan.plan import Plan
 
 FAILURE_GRACE_S = 1.0     # after the first failed exit, time for the root cause to land
 KILL_GRACE_S = 3.0        # SIGTERM, then SIGKILL after this long

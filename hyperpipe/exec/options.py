@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hyperpipe.errors import BadInput
-from hyperpipe.sim.trace import Trace
+from hyperpipe.plan.trace import Trace
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ devices in stage order, so pipeline i owns ranks ``[offset_i, offset_i + p_i)``.
 of a pipeline with p ranks lives on its rank ``k % p`` (looped placement, as in the
 schedule IR). Pure functions of the plan: no torch, no processes.
 
->>> from hyperpipe.sim.plan import plan_from_dict
+>>> from hyperpipe.plan.plan import plan_from_dict
 >>> plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": "tiny-gpt",
 ...     "cluster": "demo-hetero", "global_batch": 4, "schedule": "1f1b",
 ...     "pipelines": [{"micro_batch": 1, "num_microbatches": 4, "stages": [
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hyperpipe.errors import BadInput
-from hyperpipe.sim.plan import Plan
+from hyperpipe.plan.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ import torch
 from hyperpipe.exec import compute
 from hyperpipe.exec.emulation import cpu_clock
 from hyperpipe.models import ModelSpec, build_layer, example_batch
+from hyperpipe.plan.profile import Fit, Profile
 from hyperpipe.progress import Progress
 from hyperpipe.sim.calibrate import fit_line
 from hyperpipe.sim.costmodel import op_flops
-from hyperpipe.sim.profile import Fit, Profile
 
 OPS = ("F", "I", "W", "B")
 
@@ -166,9 +166,9 @@ def measure_profile(model_ref, cluster_ref=None, *, micro_batches: tuple[int, ..
     """`hyperpipe calibrate --measure`: profile `model_ref` here, with entries for every
     device type of `cluster_ref` stretched as the executor emulates them (or a single
     ``local`` type when no cluster is given)."""
+    from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.exec.emulation import emulation_factors
     from hyperpipe.models import load_model
-    from hyperpipe.sim.cluster import load_cluster
     model = load_model(model_ref)
     if cluster_ref is None:
         factors = {"local": 1.0}

@@ -39,10 +39,10 @@ from hyperpipe.exec.emulation import cpu_clock, stretch
 from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups
 from hyperpipe.models import build_stage, example_batch
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.sim.generators import generate
-from hyperpipe.sim.plan import Plan
-from hyperpipe.sim.schedule import Action, dependencies
-from hyperpipe.sim.trace import TraceEvent
+from hyperpipe.plan.generators import generate
+from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.schedule import Action, dependencies
+from hyperpipe.plan.trace import TraceEvent
 
 
 @dataclass(frozen=True)

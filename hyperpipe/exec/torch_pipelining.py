@@ -20,7 +20,7 @@ from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 from hyperpipe.exec.placement import RankPlacement
 from hyperpipe.models import build_stage
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.sim.plan import Plan
+from hyperpipe.plan.plan import Plan
 
 
 def loss_fn(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

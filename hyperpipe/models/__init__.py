@@ -1,8 +1,9 @@
 """Layer-level model specs (costs per layer, with sources) and the torch modules built
 from the same spec. Nothing here knows about devices or schedules.
 
-* `spec`: the layer kinds, `ModelSpec` and `load_model` (preset, file or dict).
+* `spec`: the layer kinds with their cost formulas, and `ModelSpec`.
 * `presets`: published GPT-2, GPT-3 and Llama shapes, and `tiny-gpt` for CPUs.
+* `loader`: `load_model` (preset, file or dict) and `model_ref` (a plan's reference).
 * `gpt`: nanoGPT-style modules, one per spec layer; stages built alone match the model.
   Imported lazily, so that planning and simulation do not need to import torch.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hyperpipe.models.loader import load_model, model_ref
 from hyperpipe.models.presets import PRESETS, Preset
 from hyperpipe.models.spec import (
     DTYPE_BYTES,
@@ -23,7 +25,6 @@ from hyperpipe.models.spec import (
     SyntheticLayer,
     TransformerBlock,
     gpt_spec,
-    load_model,
 )
 
 if TYPE_CHECKING:
@@ -48,5 +49,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DTYPE_BYTES", "EmbeddingLayer", "GPTConfig", "HeadLayer", "Layer", "LayerCost",
     "ModelSpec", "PRESETS", "Preset", "SyntheticLayer", "TransformerBlock", "gpt_spec",
-    "load_model", "StageModule", "build_layer", "build_model", "build_stage", "example_batch",
+    "load_model", "model_ref", "StageModule", "build_layer", "build_model", "build_stage",
+    "example_batch",
 ]

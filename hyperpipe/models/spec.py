@@ -5,8 +5,10 @@ head; or synthetic layers). Each layer answers `cost(micro_batch, seq_len, dtype
 with a `LayerCost` for one micro-batch: FLOPs of the forward, the input-gradient (I) and
 the weight-gradient (W) backward, bytes sent to the next layer, bytes stashed until the
 backward, and bytes moved through device memory. The torch modules built from the same
-spec live in `hyperpipe.models.gpt`.
+spec live in `hyperpipe.models.gpt`; reading a model from a name, file or dict is
+`hyperpipe.models.loader`.
 
+>>> from hyperpipe.models import load_model
 >>> spec = load_model("gpt2-small")
 >>> spec.num_layers, spec.params
 (14, 163037184)
@@ -21,14 +23,12 @@ the weight-gradient pass.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from hyperpipe.errors import BadInput
-from hyperpipe.files import Fields, check_int, load_document, resolve_ref
+from hyperpipe.files import check_int
 
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -373,176 +373,7 @@ def _synthetic_row(layer: Layer) -> dict:
     return row
 
 
-# --------------------------------------------------------------------------- loading
-
-GPT_KEYS = tuple(f.name for f in fields(GPTConfig))
-SYNTHETIC_LAYER_KEYS = ("fwd_flops_per_sample", "i_flops_per_sample", "w_flops_per_sample",
-                        "activation_bytes_per_sample", "stash_bytes_per_sample",
-                        "params_per_layer", "hidden")
-
-
-class _Fields(Fields):
-    """`Fields` with the file and the field path apart: ``m.yaml: layers[1].hidden``."""
-
-    def __init__(self, data: Any, file: str, path: str = "", allowed=None):
-        where = f"{file}: {path[:-1]}" if path else file
-        super().__init__(data, where)          # checks it is a mapping
-        self.file, self.path = file, path
-        if allowed is not None:
-            unknown = sorted(set(map(str, data)) - set(allowed))
-            if unknown:
-                raise BadInput(self.at(unknown[0]), f"one of the known keys {sorted(allowed)}",
-                               "an unknown key", has_got=False)
-
-    def at(self, key: str) -> str:
-        return f"{self.file}: {self.path}{key}"
-
-
-def load_model(ref: Any, *, where: str = "model", base_dir: str | os.PathLike | None = None,
-               overrides: Mapping[str, Any] | None = None) -> ModelSpec:
-    """A ModelSpec from a preset name, a YAML/JSON file path, or an already parsed dict.
-
-    Dict forms: ``{preset: gpt2-medium, seq_len: 512, ...}`` (any GPTConfig field or
-    dtype/name overrides the preset), an explicit ``{kind: gpt, vocab_size: ..., ...}``,
-    or ``{kind: synthetic, layers: 8, fwd_flops_per_sample: 1.0e9, ...}``. `overrides`
-    are merged over the top level of whichever form. A ModelSpec is accepted as is.
-    Errors are BadInput naming the file (or `where`) and the field.
-    """
-    from hyperpipe.models.presets import PRESETS
-
-    if isinstance(ref, ModelSpec):
-        if not overrides:
-            return ref
-        ref = ref.to_dict()
-    if isinstance(ref, (str, os.PathLike)):
-        text = os.fspath(ref)
-        if isinstance(ref, str) and text in PRESETS:
-            data: Any = {"preset": text}
-        elif Path(text).suffix.lower() in (".yaml", ".yml", ".json") \
-                or (text and resolve_ref(text, _dir(base_dir)).is_file()):
-            path = resolve_ref(text, _dir(base_dir))
-            data = load_document(path)
-            where = str(path)
-            if isinstance(data, str) and data in PRESETS:
-                data = {"preset": data}
-        else:
-            raise BadInput(where, f"a preset name (one of {sorted(PRESETS)}) or a model "
-                           "file (.yaml, .yml, .json)", text)
-    else:
-        data = ref
-    if not isinstance(data, dict):
-        raise BadInput(where, "a model mapping, preset name or file", type(data).__name__)
-    if overrides:
-        if not isinstance(overrides, Mapping):
-            raise BadInput(f"{where} (overrides)", "a mapping", type(overrides).__name__)
-        data = {**data, **overrides}
-    kind = data.get("kind")
-    if kind is None or kind == "gpt":
-        return _load_gpt(data, where, PRESETS)
-    if kind == "synthetic":
-        return _load_synthetic(data, where)
-    raise BadInput(f"{where}: kind", "one of ['gpt', 'synthetic']", kind)
-
-
-def _dir(base_dir: str | os.PathLike | None) -> Path | None:
-    return None if base_dir is None else Path(base_dir)
-
-
-def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
-    f = _Fields(data, where, allowed=("kind", "name", "preset", "dtype", *GPT_KEYS))
-    base: dict[str, Any] = {}
-    name, dtype = "gpt", "bf16"
-    if f.has("preset"):
-        preset = f.raw("preset")
-        if not isinstance(preset, str) or preset not in presets:
-            raise BadInput(f.at("preset"), f"one of the presets {sorted(presets)}", preset)
-        base = asdict(presets[preset].config)
-        # Keep derived defaults derived: overriding d_model of gpt2-small should give a
-        # 4·d_model MLP, and overriding n_head should not leave a stale n_kv_head.
-        if base["ffn_hidden"] == 4 * base["d_model"]:
-            del base["ffn_hidden"]
-        if base["n_kv_head"] == base["n_head"]:
-            del base["n_kv_head"]
-        name, dtype = preset, presets[preset].dtype
-    values = dict(base)
-    for key in GPT_KEYS:
-        if f.has(key):
-            values[key] = f.raw(key)
-    defaults = {k.name: k.default for k in fields(GPTConfig) if k.default is not MISSING}
-    for key in ("vocab_size", "n_layer", "n_head", "d_model", "seq_len"):
-        if key not in values:
-            f.raw(key)                          # raises "a value (the field is required)"
-    values = {**{k: v for k, v in defaults.items() if k not in values}, **values}
-    if values.get("ffn_hidden") is None and isinstance(values["d_model"], int):
-        values["ffn_hidden"] = 4 * values["d_model"]
-    if values.get("n_kv_head") is None:
-        values["n_kv_head"] = values["n_head"]
-    check_config(values, f.at)
-    config = GPTConfig(**values)
-    dtype = f.choice("dtype", list(DTYPE_BYTES), dtype)
-    return gpt_spec(f.string("name", name), config, dtype)
-
-
-def _load_synthetic(data: dict, where: str) -> ModelSpec:
-    f = _Fields(data, where, allowed=("kind", "name", "dtype", "seq_len", "layers",
-                                      *SYNTHETIC_LAYER_KEYS))
-    dtype = f.choice("dtype", list(DTYPE_BYTES), "bf16")
-    seq_len = f.positive_int("seq_len", 1)     # tokens per sample, for tokens/s metrics
-    defaults = _synthetic_values(f)
-    raw = f.raw("layers")
-    if isinstance(raw, list) and raw:
-        rows = [_Fields(item, where, f"layers[{i}].", SYNTHETIC_LAYER_KEYS)
-                for i, item in enumerate(raw)]
-    elif isinstance(raw, list) or isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise BadInput(f.at("layers"), "a positive integer or a non-empty list of layers",
-                       raw)
-    else:
-        rows = [None] * raw
-    layers = []
-    for row in rows:
-        values = defaults if row is None else {**defaults, **_synthetic_values(row)}
-        layers.append(_synthetic_layer(values, row or f, seq_len, DTYPE_BYTES[dtype]))
-    return ModelSpec(name=f.string("name", "synthetic"), layers=tuple(layers),
-                     seq_len=seq_len, dtype=dtype, config=None)
-
-
-def _synthetic_values(f: _Fields) -> dict[str, Any]:
-    """The synthetic layer fields present in `f`, checked and in SI units."""
-    out: dict[str, Any] = {}
-    for key in SYNTHETIC_LAYER_KEYS:
-        if not f.has(key):
-            continue
-        if key in ("params_per_layer", "hidden"):
-            out[key] = f.positive_int(key, allow_zero=key == "params_per_layer")
-        else:
-            out[key] = f.quantity(key, "flop" if "flops" in key else "bytes", positive=False)
-    return out
-
-
-def _synthetic_layer(v: dict[str, Any], f: _Fields, seq_len: int, dtype_bytes: int
-                     ) -> SyntheticLayer:
-    """Fill defaults: I and W = forward, stash = activation bytes (DESIGN.md); with a
-    `hidden` width the defaults are those of the Linear(hidden, hidden) it builds."""
-    h = v.get("hidden")
-    fwd = v.get("fwd_flops_per_sample")
-    if fwd is None:
-        if h is None:
-            raise BadInput(f.at("fwd_flops_per_sample"),
-                           "a value (required unless hidden is given)", has_got=False)
-        fwd = float(2 * seq_len * h * h)
-    act = v.get("activation_bytes_per_sample", float(seq_len * h * dtype_bytes) if h else 0.0)
-    return SyntheticLayer(
-        fwd_flops_per_sample=fwd,
-        i_flops_per_sample=v.get("i_flops_per_sample", fwd),
-        w_flops_per_sample=v.get("w_flops_per_sample", fwd),
-        activation_bytes_per_sample=act,
-        stash_bytes_per_sample=v.get("stash_bytes_per_sample", act),
-        params=v.get("params_per_layer", h * h + h if h else 0),
-        hidden=h)
-
-
 __all__ = [
     "DTYPE_BYTES", "LayerCost", "GPTConfig", "EmbeddingLayer", "TransformerBlock",
     "HeadLayer", "SyntheticLayer", "Layer", "ModelSpec", "gpt_spec", "check_config",
-    "load_model",
 ]

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from hyperpipe.errors import BadInput
-from hyperpipe.sim.trace import COMPUTE_OPS, Trace
+from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 
 
 def measured_iteration_s(trace: Trace) -> float:

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from itertools import chain, pairwise, repeat
 from operator import attrgetter, eq, itemgetter
 
-from hyperpipe.sim.catalog import DeviceType
+from hyperpipe.cluster.catalog import DeviceType
+from hyperpipe.plan.plan import Plan
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import oom_detail, peak_in_flight
 from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.network import p2p_edges, p2p_spec
-from hyperpipe.sim.plan import Plan
 
 DDP_BUCKET_BYTES = 25e6      # PyTorch DDP's default bucket_cap_mb=25, as SimOptions
 

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hyperpipe.cluster.cluster import Cluster, Link
 from hyperpipe.errors import BadInput
 from hyperpipe.models import ModelSpec
-from hyperpipe.sim.cluster import Cluster, Link
+from hyperpipe.plan.plan import Plan, plan_from_dict
+from hyperpipe.plan.profile import Fit, Profile
+from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 from hyperpipe.sim.costmodel import CostModel, op_flops
-from hyperpipe.sim.plan import Plan, plan_from_dict
-from hyperpipe.sim.profile import Fit, Profile
-from hyperpipe.sim.trace import COMPUTE_OPS, Trace
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hyperpipe.cluster.cluster import Cluster, Link, Route
 from hyperpipe.models import ModelSpec
-from hyperpipe.sim.cluster import Cluster, Link, Route
-from hyperpipe.sim.profile import Profile
+from hyperpipe.plan.profile import Profile
 
 # Mixed-precision Adam keeps 16 bytes per parameter: 2 (bf16 weight) + 2 (bf16 grad)
 # + 4 (fp32 master weight) + 4 + 4 (fp32 moments). Rajbhandari et al. 2020 (ZeRO), sec. 3.1.

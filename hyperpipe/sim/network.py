@@ -1,7 +1,7 @@
 """Links as shared resources: transfers are flows over hops that share them equally.
 
 Every hop of the cluster (one direction of one port: ``n0/1:out``, ``n0:nic-in``, see
-`hyperpipe.sim.cluster`) is a resource. A transfer is a *flow*: a set of hops, each with
+`hyperpipe.cluster.cluster`) is a resource. A transfer is a *flow*: a set of hops, each with
 a weight (how many streams of the flow cross it), some work and a latency:
 
 * ``work_s``: seconds its bytes take at full speed on idle hops, i.e. bytes / the

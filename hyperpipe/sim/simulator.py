@@ -46,38 +46,47 @@ iterates over a set or reads a clock. A schedule that cannot finish ends with a
 `ScheduleError` naming the stuck actions (the engine stops when no event is left, so
 it never hangs).
 
-Example::
+Example (a plan file as `hyperpipe search` writes it)::
 
+    >>> from hyperpipe.cluster.cluster import load_cluster
     >>> from hyperpipe.models import load_model
-    >>> from hyperpipe.sim.baselines import uniform_plan
-    >>> from hyperpipe.sim.cluster import load_cluster
+    >>> from hyperpipe.plan.plan import plan_from_dict
     >>> model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
-    >>> plan = uniform_plan(model, cluster, pp=4, micro_batch=2, global_batch=16)
+    >>> plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": "tiny-gpt",
+    ...     "cluster": "demo-hetero", "global_batch": 16, "schedule": {"kind": "1f1b"},
+    ...     "pipelines": [{"micro_batch": 2, "num_microbatches": 8, "stages": [
+    ...         {"layers": [0, 5], "devices": ["a100/0"]},
+    ...         {"layers": [5, 8], "devices": ["v100/0"]}]}]})
     >>> result = simulate(plan, CostModel(model, cluster))
     >>> result.metrics.iteration_time_s > 0, len(result.trace.devices())
-    (True, 4)
+    (True, 2)
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from itertools import pairwise
 
 import simpy
 
 from hyperpipe.errors import BadInput
-from hyperpipe.sim.analytic import RankUse, bucket_count, summarize
+from hyperpipe.plan.generators import generate
+from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.schedule import Schedule, ScheduleError, validate
+from hyperpipe.plan.trace import Trace, TraceEvent
+from hyperpipe.sim.analytic import RankUse, summarize
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.generators import generate
 from hyperpipe.sim.memory import peak_of
 from hyperpipe.sim.metrics import Metrics
-from hyperpipe.sim.network import Network, count_hops, p2p_edges, p2p_spec, ring_spec
-from hyperpipe.sim.plan import Plan
-from hyperpipe.sim.schedule import Schedule, ScheduleError, validate
-from hyperpipe.sim.trace import Trace, TraceEvent
-
-_NEVER = float("inf")       # a message's arrival time before it is known
+from hyperpipe.sim.network import Network, p2p_edges
+from hyperpipe.sim.program import (
+    NEVER,
+    Pipe,
+    Rank,
+    Segment,
+    prepare_collectives,
+    prepare_pipe,
+    replica_classes,
+)
 
 
 @dataclass(frozen=True)
@@ -96,41 +105,6 @@ class SimResult:
     metrics: Metrics
     trace: Trace
     memory_timeline: dict[str, list[tuple[float, float]]]   # device -> (time_s, bytes)
-
-
-class _Rank:
-    """One simulated pipeline rank's program (flat lists, for a lean inner loop)."""
-
-    __slots__ = ("pipe", "d", "devices", "ops", "stages", "mbs", "program", "grad_order",
-                 "cursor", "end_s", "timeline", "starts", "opt_log", "busy_s", "compute_end_s")
-
-    def __init__(self, pipe: _Pipe, d: int, devices: tuple[str, ...]):
-        self.pipe, self.d, self.devices = pipe, d, devices
-        self.cursor, self.end_s, self.busy_s, self.compute_end_s = 0, 0.0, 0.0, 0.0
-        self.starts: list[float] = []              # start of each action, in order
-        self.opt_log: list[tuple[int, float, float]] = []
-
-
-class _Pipe:
-    """A simulated (representative) pipeline, its message boxes and collective state."""
-
-    def __init__(self, index: int, members: list[int], schedule: Schedule):
-        self.index, self.members, self.schedule = index, members, schedule
-        self.ranks: list[_Rank] = []
-        self.segments: dict[int, list[_Segment]] = {}    # stage -> its collectives
-        self.pending: dict[int, int] = {}                # stage -> collectives not done
-        self.reduce_wait: dict[int, simpy.Event] = {}
-
-
-class _Segment:
-    """The gradient all-reduce of one layer range among every replica that holds it."""
-
-    def __init__(self, layers, parts, full, last, k, nbytes):
-        self.layers, self.parts = layers, parts          # parts: [(pipe, stage)]
-        self.full, self.last, self.k, self.nbytes = full, last, k, nbytes
-        self.reports: list[tuple[float, float]] = []
-        self.log: list[tuple[int, float, float]] = []
-        self.done_s = 0.0
 
 
 def simulate(plan: Plan, cost: CostModel, options: SimOptions = SimOptions(), *,
@@ -153,10 +127,9 @@ class _Engine:
         self.plan, self.cost, self.opt = plan, cost, options
         self.env = simpy.Environment()
         self.net = Network(self.env, on_delay=self._delayed)
-        self.pipes: list[_Pipe] = []
-        self.segments: list[_Segment] = []
+        self.pipes: list[Pipe] = []
         schedules: dict[tuple[int, int], Schedule] = {}
-        for members in _replica_classes(plan, cost):
+        for members in replica_classes(plan, cost):
             pipe = plan.pipelines[members[0]]
             p, m = len(pipe.stages) // plan.chunks, pipe.num_microbatches
             if schedule is not None:
@@ -168,131 +141,11 @@ class _Engine:
             else:
                 sched = schedules.get((p, m)) or generate(plan.schedule, p, m, plan.chunks)
                 schedules[(p, m)] = sched
-            self.pipes.append(self._prepare(_Pipe(members[0], members, sched)))
-        self._prepare_collectives()
-
-    # ------------------------------------------------------------------ preparation
-    def _prepare(self, pipe: _Pipe) -> _Pipe:
-        plan, cost = self.plan, self.cost
-        pp = plan.pipelines[pipe.index]
-        stages, n_st, m, mb = pp.stages, len(pp.stages), pp.num_microbatches, pp.micro_batch
-        sched = pipe.schedule
-        stash = [cost.stash_bytes(s.layers, mb, s.tp) for s in stages]
-        fwd = [self._boundary(pipe, k, k + 1) for k in range(n_st - 1)]
-        bwd = [self._boundary(pipe, k + 1, k) for k in range(n_st - 1)]
-        # Per (stage, op): duration, first box it waits for (-1: none), first box it
-        # sends (-1: none), the flow, the stash change. Box k*m + j is micro-batch j's
-        # message on channel k: channel k < n_st is forward out of stage k, channel
-        # n_st + k backward out of stage k + 1.
-        shapes: dict[tuple[int, str], tuple] = {}
-
-        def shape(s: int, op: str) -> tuple:
-            dur = cost.stage_time_s(stages[s].layers, stages[s].devices, mb, op)
-            if op == "F":
-                return (dur, (s - 1) * m if s > 0 else -1,
-                        s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
-                        stash[s])
-            if op == "W":
-                return (dur, -1, -1, None, -stash[s])
-            return (dur, n_st * m + s * m if s < n_st - 1 else -1,        # B or I
-                    n_st * m + (s - 1) * m if s > 0 else -1, bwd[s - 1] if s > 0 else None,
-                    -stash[s] if op == "B" else 0.0)
-
-        for d, row in enumerate(sched.actions):
-            rank = _Rank(pipe, d, stages[d].devices)
-            rank.ops = [a.op for a in row]
-            rank.stages = [a.stage for a in row]
-            rank.mbs = [a.microbatch for a in row]
-            # One tuple per action for the inner loop: (duration, box to wait for or -1,
-            # box to send or -1, its channel, its flow (None: free), stash change, stage
-            # to report or -1).
-            program = []
-            for s, op, j in zip(rank.stages, rank.ops, rank.mbs, strict=True):
-                sh = shapes.get((s, op))
-                if sh is None:
-                    sh = shapes[(s, op)] = shape(s, op)
-                dur, wait, send, spec, delta = sh
-                program.append((dur, wait + j if wait >= 0 else -1,
-                                send + j if send >= 0 else -1, send // m, spec, delta, -1))
-            # The last gradient-producing action of each stage starts its all-reduce.
-            rank.grad_order = []
-            for i in range(len(row) - 1, -1, -1):
-                if rank.ops[i] in "BW" and rank.stages[i] not in rank.grad_order:
-                    rank.grad_order.insert(0, rank.stages[i])
-                    if self.opt.overlap_dp_allreduce:
-                        program[i] = (*program[i][:6], rank.stages[i])
-            rank.program = program
-            static = sum(cost.state_bytes(stages[s].layers, stages[s].tp)
-                         for s in range(d, n_st, len(sched.actions)))
-            rank.timeline = [(0.0, static)]
-            pipe.ranks.append(rank)
-        pipe.eta = [_NEVER] * (2 * n_st * m)
-        pipe.waiters = [None] * (2 * n_st * m)
-        pipe.fuse = [-1.0] * (2 * n_st * m)       # the blocked reader's action time
-        pipe.wake = [None] * (2 * n_st * m)       # the timeout a reader sleeps on
-        pipe.sent_at = [None] * (2 * n_st * m)
-        pipe.fwd, pipe.bwd, pipe.m = fwd, bwd, m
-        pipe.channel_spec = [*fwd, None, *bwd, None]
-        pipe.busy_until = [0.0] * (2 * n_st)
-        pipe.queue = [deque() for _ in range(2 * n_st)]
-        return pipe
-
-    def _boundary(self, pipe: _Pipe, a: int, b: int):
-        """The flow carrying stage a's output to stage b, weighted by the class's copies."""
-        cost, plan = self.cost, self.plan
-        stages = plan.pipelines[pipe.index].stages
-        edges = p2p_edges(stages[a].devices, stages[b].devices)
-        nbytes = cost.send_bytes(stages[min(a, b)].layers, plan.pipelines[pipe.index]
-                                 .micro_batch)
-        counts: dict[str, int] = {}
-        for q in pipe.members:
-            st = plan.pipelines[q].stages
-            for hop, n in count_hops(cost, p2p_edges(st[a].devices, st[b].devices)).items():
-                counts[hop] = counts.get(hop, 0) + n
-        own = count_hops(cost, edges)
-        return p2p_spec(cost, edges, nbytes, {h: counts[h] for h in own})
-
-    def _prepare_collectives(self) -> None:
-        plan, cost, opt = self.plan, self.cost, self.opt
-        grad_bytes = opt.grad_bytes_per_param or cost.model.dtype_bytes
-        cuts = sorted({s.layers[1] for p in self.pipes
-                       for s in plan.pipelines[p.index].stages})
-        simulated_nodes = {cost.cluster.device(dev).node for p in self.pipes
-                           for s in plan.pipelines[p.index].stages for dev in s.devices}
-
-        def keep(src: str, dst: str) -> bool:
-            c = cost.cluster
-            return c.device(src).node in simulated_nodes or c.device(dst).node in \
-                simulated_nodes
-
-        start = 0
-        for end in cuts:
-            layers = (start, end)
-            start = end
-            holders = [_stage_holding(plan.pipelines[q].stages, layers[0])
-                       for q in range(len(plan.pipelines))]
-            groups = [plan.pipelines[q].stages[k].devices for q, k in enumerate(holders)]
-            nbytes = max(cost.stage_params(layers) * grad_bytes / len(g) for g in groups)
-            if len(groups) <= 1 or nbytes <= 0:
-                continue
-            tp = max(len(g) for g in groups)
-            # Ring i joins tensor-parallel rank i of every replica (modulo its group size).
-            rings = [[g[i % len(g)] for g in groups] for i in range(tp)]
-            k = bucket_count(nbytes, opt.bucket_bytes)
-            bucket = nbytes / k if k == 1 else opt.bucket_bytes
-            last = nbytes - bucket * (k - 1)
-            full = ring_spec(cost, rings, bucket, keep)
-            tail = full if last == bucket else ring_spec(cost, rings, last, keep)
-            parts = [(p, _stage_holding(plan.pipelines[p.index].stages, layers[0]))
-                     for p in self.pipes]
-            seg = _Segment(layers, parts, full, tail, k, nbytes)
-            self.segments.append(seg)
-            for p, s in parts:
-                p.segments.setdefault(s, []).append(seg)
-                p.pending[s] = p.pending.get(s, 0) + 1
+            self.pipes.append(prepare_pipe(plan, cost, options, Pipe(members[0], members, sched)))
+        self.segments = prepare_collectives(plan, cost, options, self.pipes)
 
     # ------------------------------------------------------------------ processes
-    def _rank_process(self, rank: _Rank):
+    def _rank_process(self, rank: Rank):
         env, pipe, opt = self.env, rank.pipe, self.opt
         eta, waiters, busy_until = pipe.eta, pipe.waiters, pipe.busy_until
         overlap = opt.overlap_dp_allreduce
@@ -307,7 +160,7 @@ class _Engine:
                 rank.cursor = i
                 started = None
                 while eta[wait] > env.now:           # not sent yet, or still on its way
-                    if eta[wait] == _NEVER:
+                    if eta[wait] == NEVER:
                         # The sender learns the arrival time first; unless this action
                         # must report its start, it wakes us at the action's end.
                         fuse[wait] = dur if report < 0 else -1.0
@@ -342,7 +195,7 @@ class _Engine:
                     sent_at[box] = t1
                     t = start_lazy(spec, t1, delivered, (pipe, box))
                     if t is None:
-                        busy_until[chan] = _NEVER
+                        busy_until[chan] = NEVER
                     else:
                         busy_until[chan] = eta[box] = t
                         if waiters[box] is not None:
@@ -368,10 +221,10 @@ class _Engine:
         rank.end_s = env.now
 
     # ------------------------------------------------------------------ transfers
-    # A box (one per message) holds its arrival time `eta`: _NEVER until it is known.
+    # A box (one per message) holds its arrival time `eta`: NEVER until it is known.
     # Channel c (one stage pair, one direction) sends one message at a time; `busy_until`
-    # is when its current one lands (_NEVER while that is not known yet).
-    def _arrive(self, pipe: _Pipe, box: int, t: float) -> None:
+    # is when its current one lands (NEVER while that is not known yet).
+    def _arrive(self, pipe: Pipe, box: int, t: float) -> None:
         """Message `box` lands at time t (now or later): wake its reader then."""
         pipe.eta[box] = t
         ev = pipe.waiters[box]
@@ -393,38 +246,38 @@ class _Engine:
                 later.callbacks, ev.callbacks = ev.callbacks, []
                 pipe.wake[box] = later
 
-    def _enqueue(self, pipe: _Pipe, box: int, now: float) -> None:
+    def _enqueue(self, pipe: Pipe, box: int, now: float) -> None:
         channel = box // pipe.m
         queue = pipe.queue[channel]
         queue.append(box)
-        if len(queue) == 1 and pipe.busy_until[channel] < _NEVER:
+        if len(queue) == 1 and pipe.busy_until[channel] < NEVER:
             self._pump_at(pipe, channel, now)
 
-    def _launch(self, pipe: _Pipe, channel: int, box: int, now: float, spec) -> None:
+    def _launch(self, pipe: Pipe, channel: int, box: int, now: float, spec) -> None:
         pipe.sent_at[box] = now
         t = self.net.start_lazy(spec, now, self._delivered, (pipe, box))
         if t is None:
-            pipe.busy_until[channel] = _NEVER       # shared hops: `_delivered` will tell
+            pipe.busy_until[channel] = NEVER       # shared hops: `_delivered` will tell
             return
         pipe.busy_until[channel] = t
         pipe.eta[box] = t
         if pipe.waiters[box] is not None:
             self._arrive(pipe, box, t)
 
-    def _pump_at(self, pipe: _Pipe, channel: int, now: float) -> None:
+    def _pump_at(self, pipe: Pipe, channel: int, now: float) -> None:
         """Pump the channel when its current message lands, unless that time changes."""
         landing = pipe.busy_until[channel]
         self.env.timeout(landing - now).callbacks.append(
             lambda _e: pipe.busy_until[channel] == landing and self._pump(pipe, channel))
 
-    def _pump(self, pipe: _Pipe, channel: int) -> None:
+    def _pump(self, pipe: Pipe, channel: int) -> None:
         """Start the channel's next queued message (its current one has landed)."""
         now = self.env.now
         queue = pipe.queue[channel]
         if not queue:
             return
         self._launch(pipe, channel, queue.popleft(), now, pipe.channel_spec[channel])
-        if queue and pipe.busy_until[channel] < _NEVER:
+        if queue and pipe.busy_until[channel] < NEVER:
             self._pump_at(pipe, channel, now)
 
     def _delivered(self, token) -> None:
@@ -440,7 +293,7 @@ class _Engine:
     def _delayed(self, token) -> None:
         """Network callback: another flow joined this message's hops; time unknown."""
         pipe, box = token
-        pipe.eta[box] = _NEVER
+        pipe.eta[box] = NEVER
         later = pipe.wake[box]
         if later is not None and later.callbacks:
             # The reader sleeps until a time that no longer holds: make it wait for the
@@ -448,15 +301,15 @@ class _Engine:
             ev = pipe.waiters[box] = self.env.event()
             ev.callbacks, later.callbacks = later.callbacks, []
         pipe.wake[box] = None
-        pipe.busy_until[box // pipe.m] = _NEVER
+        pipe.busy_until[box // pipe.m] = NEVER
 
-    def _report(self, pipe: _Pipe, stage: int, start_s: float, dur_s: float) -> None:
+    def _report(self, pipe: Pipe, stage: int, start_s: float, dur_s: float) -> None:
         for seg in pipe.segments.get(stage, ()):
             seg.reports.append((start_s, dur_s))
             if len(seg.reports) == len(seg.parts):
                 self._bucket(seg, 0)
 
-    def _bucket(self, seg: _Segment, j: int) -> None:
+    def _bucket(self, seg: Segment, j: int) -> None:
         env = self.env
         if j == seg.k:
             seg.done_s = env.now
@@ -624,28 +477,6 @@ def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
         lines.append(f"cost        ${m.cost_per_million_tokens:.4g} per million tokens")
     return "\n".join(lines) + "\n"
 
-
-def _stage_holding(stages, layer: int) -> int:
-    for k, s in enumerate(stages):
-        if s.layers[0] <= layer < s.layers[1]:
-            return k
-    raise BadInput("plan stages", f"a stage holding layer {layer}", has_got=False)
-
-
-def _replica_classes(plan: Plan, cost: CostModel) -> list[list[int]]:
-    """Pipelines grouped by everything that sets their timing (see the module doc)."""
-    cluster = cost.cluster
-    groups: dict[tuple, list[int]] = {}
-    for q, pipe in enumerate(plan.pipelines):
-        st = pipe.stages
-        key = (pipe.micro_batch, pipe.num_microbatches,
-               tuple((s.layers, s.tp, cluster.device(s.devices[0]).type.name,
-                      tuple(cost.route(a, b)[1] for a, b in pairwise(s.devices)))
-                     for s in st),
-               tuple((cost.route(a, b)[1], len(cost.route(a, b)[0].hops))
-                     for x, y in pairwise(st) for a, b in p2p_edges(x.devices, y.devices)))
-        groups.setdefault(key, []).append(q)
-    return list(groups.values())
 
 
 __all__ = ["SimOptions", "SimResult", "simulate", "describe"]

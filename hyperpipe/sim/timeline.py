@@ -15,11 +15,8 @@ from collections.abc import Sequence
 
 from hyperpipe.errors import BadInput
 from hyperpipe.files import save_figure
-from hyperpipe.sim.trace import COMPUTE_OPS, Trace
+from hyperpipe.plan.trace import COMPUTE_OPS, OP_COLORS, Trace
 
-OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868",
-             "optimizer": "#222222", "send": "#8c8c8c", "recv": "#d0d0d0",
-             "allreduce": "#8172b3"}
 _COMM_LANE = ("send", "recv", "allreduce")
 
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 import os
 
 from hyperpipe.files import save_figure
-from hyperpipe.sim.schedule import (
+from hyperpipe.plan.schedule import (
     Action,
     Schedule,
     ScheduleError,
     dependencies,
     progress_order,
 )
+from hyperpipe.plan.trace import OP_COLORS
 
 _UNITS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-_COLORS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868"}
 
 
 def unit_times(schedule: Schedule) -> dict[Action, tuple[float, float]]:
@@ -64,7 +64,7 @@ def draw_schedule(schedule: Schedule, path: str | os.PathLike, *, title: str | N
         ax.broken_barh(
             [(start, end - start)],
             (d - 0.4, 0.8),
-            facecolors=_COLORS[a.op],
+            facecolors=OP_COLORS[a.op],
             edgecolor="black",
             linewidth=0.3,
             alpha=alpha,
@@ -90,7 +90,7 @@ def draw_schedule(schedule: Schedule, path: str | os.PathLike, *, title: str | N
     )
     ops = sorted({a.op for a in times}, key="FBIW".index)
     ax.legend(
-        handles=[Patch(color=_COLORS[op], label=op) for op in ops],
+        handles=[Patch(color=OP_COLORS[op], label=op) for op in ops],
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
         fontsize=7,

@@ -21,9 +21,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hyperpipe.cluster.catalog import DeviceType, builtin_device_types
 from hyperpipe.errors import BadInput
-from hyperpipe.files import Fields, load_document
-from hyperpipe.sim.catalog import DeviceType, builtin_device_types
+from hyperpipe.files import Fields, load_document, resolve_ref
 
 
 @dataclass(frozen=True)
@@ -161,13 +161,19 @@ def load_cluster(ref: str | dict | Path, *, base_dir: Path | None = None) -> Clu
         path = resources.files("hyperpipe") / "data" / "clusters" / f"{text}.yaml"
         with resources.as_file(path) as p:
             return cluster_from_dict(load_document(p), where=f"cluster {text}", name=text)
-    p = Path(text)
-    if not p.is_absolute() and base_dir is not None:
-        p = base_dir / p
+    p = resolve_ref(text, base_dir)
     if not p.exists():
         raise BadInput("--cluster", f"a built-in cluster ({', '.join(builtin_cluster_names())}) "
                        "or a YAML/JSON file", text)
     return cluster_from_dict(load_document(p), where=str(p), name=p.stem)
+
+
+def cluster_ref(cluster: Cluster) -> str | dict:
+    """The plan's `cluster` field: the built-in name when `cluster` is that built-in
+    unchanged, otherwise the inline document."""
+    if cluster.name in builtin_cluster_names() and load_cluster(cluster.name) == cluster:
+        return cluster.name
+    return {"name": cluster.name, **cluster.source}
 
 
 def _link(f: Fields, key: str, default: Link | None) -> Link:

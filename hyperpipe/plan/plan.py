@@ -55,7 +55,7 @@ class Plan:
     model: str | dict                # built-in name, path (relative to the plan) or inline
     cluster: str | dict
     global_batch: int
-    schedule: str                    # a kind from hyperpipe.sim.generators.SCHEDULE_KINDS
+    schedule: str                    # a kind from hyperpipe.plan.generators.SCHEDULE_KINDS
     chunks: int
     pipelines: tuple[PipelinePlan, ...]
     base_dir: Path | None = field(default=None, compare=False)
@@ -101,7 +101,7 @@ class Plan:
         return load_model(self.model if override is None else override, base_dir=self.base_dir)
 
     def load_cluster(self, override: Any = None):
-        from hyperpipe.sim.cluster import load_cluster
+        from hyperpipe.cluster.cluster import load_cluster
         return load_cluster(self.cluster if override is None else override,
                             base_dir=self.base_dir)
 
@@ -110,7 +110,7 @@ class Plan:
         """Raise BadInput unless this plan fits `model` (ModelSpec) and `cluster` (Cluster):
         layers covered exactly once and in order, devices exist and each is used by one
         stage (one per chunk for interleaved), batch sizes add up, known schedule kind."""
-        from hyperpipe.sim.generators import SCHEDULE_KINDS, takes_chunks
+        from hyperpipe.plan.generators import SCHEDULE_KINDS, takes_chunks
         where = self.source if where is None else where
         if self.schedule not in SCHEDULE_KINDS:
             raise BadInput(f"{where}: schedule.kind",

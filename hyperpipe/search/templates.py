@@ -3,8 +3,8 @@
 A template fixes a schedule (kind, chunks) and micro-batch size (its "config"), a tp
 degree, a group of device types, how many replicas, how many units of each type one
 pipeline takes, their stage order and replica layout (the generators of
-`hyperpipe.sim.space`), and cuts the layers with the bottleneck DP of
-`hyperpipe.sim.partition`.
+`hyperpipe.search.space`), and cuts the layers with the bottleneck DP of
+`hyperpipe.search.partition`.
 
 Per type group, every (config, tp, replicas, units) key gets a lower bound on its
 objective (the load spread fractionally over the pipeline's devices, no links); keys
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hyperpipe.sim import partition as P
-from hyperpipe.sim import space
+from hyperpipe.plan.plan import StagePlan
+from hyperpipe.search import partition as P
+from hyperpipe.search import space
+from hyperpipe.search.space import SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.plan import StagePlan
-from hyperpipe.sim.space import SearchConstraints
 
 KEEP_PER_GROUP = 3        # templates kept per (schedule, micro-batch, type group) ...
 KEEP_MAX = 32             # ... or up to this many when within TOLERANCE of the best
@@ -97,7 +97,8 @@ class SearchContext:
     def refs(self) -> tuple:
         """(model, cluster) as plans name them (built-in name or inline document)."""
         if "refs" not in self.memo:
-            from hyperpipe.sim.baselines import cluster_ref, model_ref
+            from hyperpipe.cluster.cluster import cluster_ref
+            from hyperpipe.models import model_ref
             self.memo["refs"] = (model_ref(self.model), cluster_ref(self.cluster))
         return self.memo["refs"]
 
@@ -156,7 +157,7 @@ class SearchContext:
     def splits_backward(self, kind: str) -> bool:
         """Kinds that run I and W apart (zero bubble) fill the pipeline with forwards only."""
         if kind not in self.splits:
-            from hyperpipe.sim.generators import generate
+            from hyperpipe.plan.generators import generate
             v = 2 if space.takes_chunks(kind) else 1
             sched = generate(kind, 2, 2, v)
             self.splits[kind] = any(a.op == "W" for row in sched.actions for a in row)

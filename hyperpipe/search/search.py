@@ -3,11 +3,11 @@
 Five phases, each reported with how many candidates it saw, pruned and found
 infeasible, and how long it took:
 
-1. **templates** (`hyperpipe.sim.templates`) – a template is a class of identical
+1. **templates** (`hyperpipe.search.templates`) – a template is a class of identical
    pipelines: schedule, micro-batch size, tp degree, group of device types, replica
    count, units per type, stage order and replica layout (the generators of
-   `hyperpipe.sim.space`), its layers cut by the bottleneck DP of
-   `hyperpipe.sim.partition`. Per type group, branch and bound over all of them.
+   `hyperpipe.search.space`), its layers cut by the bottleneck DP of
+   `hyperpipe.search.partition`. Per type group, branch and bound over all of them.
 2. **assemble** – a plan is one template per block of a set partition of the device
    types (heterogeneous data parallelism: pipelines may differ; unused types are left
    out). The batch is split over all pipelines in proportion to their speed
@@ -18,7 +18,7 @@ infeasible, and how long it took:
 4. **simulate** – the short list and the baselines are ranked with the SimPy simulator
    (`hyperpipe.sim.simulator.simulate`), over `workers` processes, and the best plans
    polished by single-layer moves judged by the simulator, within a budget.
-5. **baselines** – `uniform` and `proportional` (`hyperpipe.sim.baselines`), tuned over
+5. **baselines** – `uniform` and `proportional` (`hyperpipe.search.baselines`), tuned over
    the (pp, dp, tp, micro-batch) grid with the analytic tier, simulated in phase 4.
 
 Objectives: "throughput" (least iteration time) or "cost" (least USD per million
@@ -31,21 +31,27 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import math
 import time
-from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from hyperpipe.errors import BadInput, InfeasiblePlan
-from hyperpipe.sim import space
-from hyperpipe.sim.baselines import proportional_plan, uniform_plan
-from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.metrics import Metrics
-from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
-from hyperpipe.sim.space import SearchConstraints
-from hyperpipe.sim.templates import (
+from hyperpipe.plan.plan import PipelinePlan, Plan
+from hyperpipe.search import space
+from hyperpipe.search.baselines import tuned_baselines
+from hyperpipe.search.evaluate import (
+    Candidate,
+    count_actions,
+    dedupe,
+    estimate,
+    pareto_front,
+    rank_key,
+    simulate_all,
+)
+from hyperpipe.search.refine import polish, refine
+from hyperpipe.search.space import SearchConstraints
+from hyperpipe.search.templates import (
     KEEP_PER_GROUP,
     PhaseStats,
     SearchContext,
@@ -54,6 +60,7 @@ from hyperpipe.sim.templates import (
     templates_at,
     templates_phase,
 )
+from hyperpipe.sim.costmodel import CostModel
 
 __all__ = ["SearchConstraints", "Candidate", "SearchResult", "search", "pareto_front"]
 
@@ -62,17 +69,7 @@ ASSEMBLE_PER_GROUPING = 4  # ... the best few of every grouping of the device ty
 SIMULATE_MIN = 6          # at least this many plans ranked by the simulator
 SIMULATE_MAX = 64         # at most this many in the short list
 SIM_ACTION_BUDGET = 100_000   # schedule actions simulated for the short list and polish
-POLISH_TOP = 2            # best simulated plans polished by single-layer moves
 REFINE_BUDGET = 200       # analytic estimates spent on moving single layers across cuts
-
-
-@dataclass(frozen=True)
-class Candidate:
-    plan: Plan
-    metrics: Metrics
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_dict(), "metrics": self.metrics.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -183,177 +180,6 @@ def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]):
             yield objective_value(ctx, total, price), tpls
 
 
-# ---------------------------------------------------------------------------- evaluation
-
-def _estimate(plan: Plan, cost: CostModel) -> Metrics:
-    from hyperpipe.sim.analytic import estimate
-    return estimate(plan, cost)
-
-
-def _simulate_one(plan: Plan, cost: CostModel) -> Metrics:
-    from hyperpipe.sim.simulator import SimOptions, simulate
-    return simulate(plan, cost, SimOptions(trace=False)).metrics
-
-
-def _simulate_task(args) -> Metrics:
-    plan, model, cluster, profile = args
-    return _simulate_one(plan, CostModel(model, cluster, profile))
-
-
-def _simulate_all(plans: list[Plan], cost: CostModel, pool=None, bar=None) -> list[Metrics]:
-    """Metrics of each plan by the simulator, over the worker `pool` (None: here)."""
-    out: list[Metrics] = []
-    if pool is None or len(plans) <= 1:
-        for p in plans:
-            out.append(_simulate_one(p, cost))
-            if bar is not None:
-                bar.advance()
-        return out
-    tasks = [(p, cost.model, cost.cluster, cost.profile) for p in plans]
-    for metrics in pool.map(_simulate_task, tasks):
-        out.append(metrics)
-        if bar is not None:
-            bar.advance()
-    return out
-
-
-def _rank_key(c: SearchConstraints, m: Metrics) -> tuple:
-    value = m.iteration_time_s
-    if c.objective == "cost":
-        value = m.cost_per_million_tokens if m.cost_per_million_tokens is not None \
-            else math.inf
-    return (bool(m.oom), value, m.iteration_time_s)
-
-
-def pareto_front(cands: list[Candidate]) -> list[Candidate]:
-    """Feasible candidates not beaten on both iteration time and cost per million
-    tokens, by increasing iteration time (empty when the cluster has no prices)."""
-    pts = [c for c in cands if c.metrics.feasible and c.metrics.cost_per_million_tokens
-           is not None]
-    pts.sort(key=lambda c: (c.metrics.iteration_time_s, c.metrics.cost_per_million_tokens))
-    front, best_cost = [], math.inf
-    for cand in pts:
-        if cand.metrics.cost_per_million_tokens < best_cost - 1e-12:
-            front.append(cand)
-            best_cost = cand.metrics.cost_per_million_tokens
-    return front
-
-
-# ---------------------------------------------------------------------------- refining
-
-def _neighbours(plan: Plan) -> Iterable[Plan]:
-    """Plans with one layer moved across one cut, in every class of pipelines that share
-    a layer cut (the replicas of one template move together)."""
-    classes: dict[tuple, list[int]] = {}
-    for i, pipe in enumerate(plan.pipelines):
-        classes.setdefault(tuple(s.layers for s in pipe.stages), []).append(i)
-    for cut, members in classes.items():
-        for k in range(len(cut) - 1):
-            for step in (-1, 1):
-                edge = cut[k][1] + step
-                if not cut[k][0] < edge < cut[k + 1][1]:
-                    continue
-                pipes = list(plan.pipelines)
-                for i in members:
-                    st = list(pipes[i].stages)
-                    st[k] = StagePlan((st[k].layers[0], edge), st[k].devices, st[k].tp)
-                    st[k + 1] = StagePlan((edge, st[k + 1].layers[1]), st[k + 1].devices,
-                                          st[k + 1].tp)
-                    pipes[i] = PipelinePlan(pipes[i].micro_batch, pipes[i].num_microbatches,
-                                            tuple(st))
-                yield plan.with_pipelines(pipes)
-
-
-def _refine(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate], budget: int
-            ) -> list[Candidate]:
-    """Steepest-descent over single-layer moves, judged by the analytic tier: the DP
-    balances the bottleneck, this also sees where in the pipeline the load sits (which
-    changes fill and drain) and the exact schedule. Candidates best first, until
-    `budget` estimates are spent."""
-    out = []
-    for cand in cands:
-        if budget <= 0:
-            break
-        current = cand
-        while budget > 0:
-            best = None
-            for plan in _neighbours(current.plan):
-                if budget <= 0:
-                    break
-                budget -= 1
-                phase.seen += 1
-                metrics = _estimate(plan, ctx.cost)
-                if metrics.oom:
-                    phase.infeasible += 1
-                    continue
-                if _rank_key(ctx.c, metrics) < _rank_key(ctx.c, (best or current).metrics):
-                    best = Candidate(plan, metrics)
-            if best is None:
-                break
-            current = best
-        out.append(current)
-    return out
-
-
-# ---------------------------------------------------------------------------- baselines
-
-def _baseline_grid(ctx: SearchContext) -> Iterable[dict]:
-    """(pp, dp, tp, micro-batch) choices of a Megatron-style run: the fixed dimensions as
-    given, the others over their options, as many replicas as the devices allow (the
-    first pp x dp x tp devices in cluster order)."""
-    c = ctx.c
-    n = len(ctx.cluster.devices)
-    kind = c.schedule or "1f1b"
-    chunks = c.chunks or (2 if space.takes_chunks(kind) else 1)
-    for tp in space.tp_options(ctx.cluster, ctx.model, c):
-        for pp in ([c.pp] if c.pp else range(1, n // tp + 1)):
-            dp = c.dp or n // (tp * pp)
-            if dp < 1 or pp * dp * tp > n or pp * chunks > ctx.model.num_layers \
-                    or (c.dp is None and c.pp is None and n % (tp * pp)):
-                continue
-            for mb in space.micro_batches(c):
-                if c.global_batch % (dp * mb) == 0:
-                    yield dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
-                               global_batch=c.global_batch, schedule=kind, chunks=chunks)
-
-
-def _baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, Plan]:
-    """Per baseline, the plan of the (pp, dp, tp, micro-batch) grid the analytic tier
-    likes best (memory-feasible first): what a user tuning Megatron-LM would pick."""
-    c = ctx.c
-    out: dict[str, Plan] = {}
-    for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
-        best = None
-        for dims in _baseline_grid(ctx):
-            phase.seen += 1
-            try:
-                plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs)
-            except (InfeasiblePlan, BadInput):
-                phase.infeasible += 1
-                continue
-            if not _state_fits(ctx, plan):
-                phase.pruned += 1        # weights alone overflow a device: no estimate
-                if best is None:         # (still a baseline to show, if nothing fits)
-                    best = ((True, math.inf, math.inf), plan)
-                continue
-            key = _rank_key(c, _estimate(plan, ctx.cost))
-            if best is None or key < best[0]:
-                best = (key, plan)
-        if best is not None:
-            out[name] = best[1]
-    return out
-
-
-def _state_fits(ctx: SearchContext, plan: Plan) -> bool:
-    """Whether every stage's weights, gradients and optimizer state fit its devices."""
-    held: dict[str, float] = {}
-    for pipe in plan.pipelines:
-        for st in pipe.stages:
-            held[st.devices[0]] = held.get(st.devices[0], 0.0) + \
-                ctx.cost.state_bytes(st.layers, st.tp)
-    return all(b <= ctx.cluster.device(d).type.memory_bytes for d, b in held.items())
-
-
 # ---------------------------------------------------------------------------- search
 
 def _shortfall(ctx: SearchContext) -> str:
@@ -397,13 +223,13 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     with workers_ctx as pool:
         types = _timed(phases[0], templates_phase, ctx, show, pool)
         estimated = _timed(phases[1], _assemble_phase, ctx, types)
-        base_plans = _timed(phases[4], _baselines, ctx)
+        base_plans = _timed(phases[4], tuned_baselines, ctx)
         if not estimated:
             raise InfeasiblePlan(_shortfall(ctx))
-        estimated.sort(key=lambda cand: _rank_key(c, cand.metrics))
-        refined = _timed(phases[2], _refine, ctx, _dedupe(estimated), _refine_budget(ctx))
-        short = sorted(_dedupe(refined + estimated),
-                       key=lambda cand: _rank_key(c, cand.metrics))
+        estimated.sort(key=lambda cand: rank_key(c, cand.metrics))
+        refined = _timed(phases[2], refine, ctx, dedupe(estimated), _refine_budget(ctx))
+        short = sorted(dedupe(refined + estimated),
+                       key=lambda cand: rank_key(c, cand.metrics))
         ranked, baselines = _timed(phases[3], _simulate_phase, ctx, short, base_plans,
                                    pool, show, max(top, SIMULATE_MIN))
     feasible = [cand for cand in ranked if cand.metrics.feasible]
@@ -479,7 +305,7 @@ def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str]
         except InfeasiblePlan:
             phase.infeasible += 1
             continue
-        metrics = _estimate(plan, ctx.cost)
+        metrics = estimate(plan, ctx.cost)
         if metrics.oom:
             phase.infeasible += 1
             continue
@@ -498,7 +324,7 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     budget = SIM_ACTION_BUDGET
     short = []
     for cand in cands:
-        size = _actions(cand.plan)
+        size = count_actions(cand.plan)
         if len(short) >= n_min and (size > budget or len(short) >= SIMULATE_MAX):
             break
         budget -= size
@@ -506,59 +332,20 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     names = list(base_plans)
     todo = [cand.plan for cand in short] + [base_plans[k] for k in names]
     with Progress(len(todo), "search: simulate", enabled=show) as bar:
-        metrics = _simulate_all(todo, ctx.cost, pool, bar)
+        metrics = simulate_all(todo, ctx.cost, pool, bar)
     phase.seen = len(todo)
     n = len(short)
     ranked = [Candidate(cand.plan, m) for cand, m in zip(short, metrics[:n], strict=True)]
     phase.infeasible = sum(1 for cand in ranked if cand.metrics.oom)
     baselines = {k: Candidate(base_plans[k], m)
                  for k, m in zip(names, metrics[n:], strict=True)}
-    ranked.sort(key=lambda cand: _rank_key(ctx.c, cand.metrics))
-    ranked = _polish(ctx, phase, ranked, budget, pool)
+    ranked.sort(key=lambda cand: rank_key(ctx.c, cand.metrics))
+    ranked = polish(ctx, phase, ranked, budget, pool)
     # never return something worse than a baseline: if the simulator prefers one, it is
     # a plan the user may take as well
     for cand in baselines.values():
-        if _rank_key(ctx.c, cand.metrics) < _rank_key(ctx.c, ranked[0].metrics):
+        if rank_key(ctx.c, cand.metrics) < rank_key(ctx.c, ranked[0].metrics):
             ranked.insert(0, cand)
     return ranked, baselines
 
 
-def _actions(plan: Plan) -> int:
-    """Schedule actions the simulator runs for `plan` (identical replicas once)."""
-    seen = {(p.num_microbatches, tuple(s.layers for s in p.stages)): len(p.stages) *
-            p.num_microbatches for p in plan.pipelines}
-    return 2 * sum(seen.values())
-
-
-def _polish(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate], budget: int,
-            pool) -> list[Candidate]:
-    """Steepest descent over single-layer moves of the best simulated plans, judged by
-    the simulator, while `budget` actions are left."""
-    out = list(ranked)
-    for i, cand in enumerate(ranked[:POLISH_TOP]):
-        current = cand
-        while current.metrics.feasible:
-            moves = list(_neighbours(current.plan))
-            cost = sum(_actions(p) for p in moves)
-            if not moves or cost > budget:
-                break
-            budget -= cost
-            phase.seen += len(moves)
-            metrics = _simulate_all(moves, ctx.cost, pool)
-            best = min(zip(moves, metrics, strict=True), key=lambda pm: _rank_key(ctx.c, pm[1]))
-            if _rank_key(ctx.c, best[1]) >= _rank_key(ctx.c, current.metrics):
-                break
-            current = Candidate(*best)
-        out[i] = current
-    return _dedupe(sorted(out, key=lambda cand: _rank_key(ctx.c, cand.metrics)))
-
-
-def _dedupe(cands: list[Candidate]) -> list[Candidate]:
-    seen, out = set(), []
-    for cand in cands:
-        p = cand.plan
-        key = (p.schedule, p.chunks, p.pipelines)
-        if key not in seen:
-            seen.add(key)
-            out.append(cand)
-    return out

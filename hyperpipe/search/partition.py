@@ -171,7 +171,7 @@ def peak_inflight(kind: str, p: int, m: int, chunks: int = 1) -> tuple[int, ...]
     Beyond a few rounds of p micro-batches the peak no longer grows (it is reached in the
     warm-up), so m is capped at 2p + (m mod p), which keeps interleaved rounds alike.
     """
-    from hyperpipe.sim.generators import generate
+    from hyperpipe.plan.generators import generate
     m_eff = m if m <= 3 * p else 2 * p + m % p
     sched = generate(kind, p, m_eff, chunks)
     last_op = {}

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
 from hyperpipe.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import load_model
-from hyperpipe.sim.cluster import cluster_from_dict, load_cluster
-from hyperpipe.sim.search import Candidate, SearchConstraints, search
-from hyperpipe.sim.search_report import describe_plan
+from hyperpipe.search.evaluate import Candidate, pareto_front
+from hyperpipe.search.report import describe_plan
+from hyperpipe.search.search import SearchConstraints, search
 
 
 @dataclass(frozen=True)
@@ -182,15 +182,10 @@ def whatif(model: Any, cluster: Any, *, global_batch: int, vary: list[str] | Non
 
 
 def _pareto_rows(rows: list[Row]) -> list[int]:
-    pts = [(r.best.metrics.iteration_time_s, r.best.metrics.cost_per_million_tokens, i)
-           for i, r in enumerate(rows)
-           if r.best is not None and r.best.metrics.cost_per_million_tokens is not None]
-    front, best_cost = [], math.inf
-    for _t, cost, i in sorted(pts):
-        if cost < best_cost - 1e-12:
-            front.append(i)
-            best_cost = cost
-    return front
+    """Indices of the rows whose best plan is on the (time, cost) front."""
+    bests = [r.best for r in rows if r.best is not None]
+    on_front = {id(c) for c in pareto_front(bests)}
+    return [i for i, r in enumerate(rows) if r.best is not None and id(r.best) in on_front]
 
 
 def format_whatif(result: WhatIfResult) -> str:

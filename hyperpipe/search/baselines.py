@@ -6,33 +6,27 @@
   2019 / Narayanan et al. 2021, `megatron/core/parallel_state.py`).
 * `proportional_plan`: the same devices, layers per stage proportional to the stage's
   peak FLOP/s (the "no search" heterogeneity-aware baseline).
+* `tuned_baselines`: each of them tuned over the (pp, dp, tp, micro-batch) grid as a
+  user tuning Megatron-LM would, judged by the analytic tier.
 
 Both split the batch evenly over the data-parallel replicas, as both frameworks do.
-`model_ref` and `cluster_ref` give the plan's references that round-trip through JSON:
-the built-in name when the object is the built-in, otherwise the inline document.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from hyperpipe.cluster.cluster import cluster_ref
 from hyperpipe.errors import BadInput, InfeasiblePlan
-from hyperpipe.sim.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.models import model_ref
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.search import space
+from hyperpipe.search.evaluate import estimate, rank_key
 
-
-def model_ref(model) -> str | dict:
-    """The plan's `model` field: the preset name when `model` is that preset unchanged."""
-    from hyperpipe.models import load_model
-    from hyperpipe.models.presets import PRESETS
-    if model.name in PRESETS and load_model(model.name) == model:
-        return model.name
-    return model.to_dict()
-
-
-def cluster_ref(cluster) -> str | dict:
-    """The plan's `cluster` field: the built-in name when `cluster` is that built-in."""
-    from hyperpipe.sim.cluster import builtin_cluster_names, load_cluster
-    if cluster.name in builtin_cluster_names() and load_cluster(cluster.name) == cluster:
-        return cluster.name
-    return {"name": cluster.name, **cluster.source}
+if TYPE_CHECKING:
+    from hyperpipe.search.templates import PhaseStats, SearchContext
 
 
 def layer_counts(num_layers: int, weights: list[float]) -> list[int]:
@@ -134,3 +128,62 @@ def proportional_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micr
     return _build(model, cluster, grid, peak_flops, global_batch=global_batch,
                   micro_batch=micro_batch, num_microbatches=m, schedule=schedule,
                   chunks=chunks, refs=refs)
+
+
+# ---------------------------------------------------------------------------- tuning
+
+def baseline_grid(ctx: SearchContext) -> Iterable[dict]:
+    """(pp, dp, tp, micro-batch) choices of a Megatron-style run: the fixed dimensions as
+    given, the others over their options, as many replicas as the devices allow (the
+    first pp x dp x tp devices in cluster order)."""
+    c = ctx.c
+    n = len(ctx.cluster.devices)
+    kind = c.schedule or "1f1b"
+    chunks = c.chunks or (2 if space.takes_chunks(kind) else 1)
+    for tp in space.tp_options(ctx.cluster, ctx.model, c):
+        for pp in ([c.pp] if c.pp else range(1, n // tp + 1)):
+            dp = c.dp or n // (tp * pp)
+            if dp < 1 or pp * dp * tp > n or pp * chunks > ctx.model.num_layers \
+                    or (c.dp is None and c.pp is None and n % (tp * pp)):
+                continue
+            for mb in space.micro_batches(c):
+                if c.global_batch % (dp * mb) == 0:
+                    yield dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
+                               global_batch=c.global_batch, schedule=kind, chunks=chunks)
+
+
+def tuned_baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, Plan]:
+    """Per baseline, the plan of the (pp, dp, tp, micro-batch) grid the analytic tier
+    likes best (memory-feasible first): what a user tuning Megatron-LM would pick."""
+    c = ctx.c
+    out: dict[str, Plan] = {}
+    for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
+        best = None
+        for dims in baseline_grid(ctx):
+            phase.seen += 1
+            try:
+                plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs)
+            except (InfeasiblePlan, BadInput):
+                phase.infeasible += 1
+                continue
+            if not state_fits(ctx, plan):
+                phase.pruned += 1        # weights alone overflow a device: no estimate
+                if best is None:         # (still a baseline to show, if nothing fits)
+                    best = ((True, math.inf, math.inf), plan)
+                continue
+            key = rank_key(c, estimate(plan, ctx.cost))
+            if best is None or key < best[0]:
+                best = (key, plan)
+        if best is not None:
+            out[name] = best[1]
+    return out
+
+
+def state_fits(ctx: SearchContext, plan: Plan) -> bool:
+    """Whether every stage's weights, gradients and optimizer state fit its devices."""
+    held: dict[str, float] = {}
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            held[st.devices[0]] = held.get(st.devices[0], 0.0) + \
+                ctx.cost.state_bytes(st.layers, st.tp)
+    return all(b <= ctx.cluster.device(d).type.memory_bytes for d, b in held.items())

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hyperpipe.cluster.cluster import Link
 from hyperpipe.errors import BadInput
 from hyperpipe.files import Fields, load_document, write_atomic
-from hyperpipe.sim.cluster import Link
 
 PROFILE_FORMAT = "hyperpipe.profile/1"
 

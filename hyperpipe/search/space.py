@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hyperpipe.errors import BadInput
-from hyperpipe.sim.generators import takes_chunks
+from hyperpipe.plan.generators import takes_chunks
 
 MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
 MAX_ORDERS = 120              # distinct stage orders enumerated in full below this count
@@ -62,7 +62,7 @@ class SearchConstraints:
             raise BadInput("--micro-batch", f"a divisor of the global batch "
                            f"({self.global_batch})", self.micro_batch)
         if self.schedule is not None:
-            from hyperpipe.sim.generators import SCHEDULE_KINDS
+            from hyperpipe.plan.generators import SCHEDULE_KINDS
             if self.schedule not in SCHEDULE_KINDS:
                 raise BadInput("--schedule", f"one of {', '.join(SCHEDULE_KINDS)}",
                                self.schedule)
@@ -84,7 +84,7 @@ class UnitPool:
 
 
 def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[str, int]]:
-    from hyperpipe.sim.generators import SCHEDULE_KINDS
+    from hyperpipe.plan.generators import SCHEDULE_KINDS
     for kind in ([c.schedule] if c.schedule else list(SCHEDULE_KINDS)):
         if not takes_chunks(kind):
             if c.chunks in (None, 1):

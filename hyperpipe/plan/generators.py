@@ -12,7 +12,7 @@ from functools import lru_cache
 from types import MappingProxyType
 
 from hyperpipe.errors import BadInput
-from hyperpipe.sim.schedule import Action, Schedule
+from hyperpipe.plan.schedule import Action, Schedule
 
 
 def gpipe(p: int, m: int) -> Schedule:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from hyperpipe.plan.plan import Plan
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.plan import Plan
 from hyperpipe.units import format_seconds
 
 RUN = 3                   # longer runs of one stage kind print as one item

@@ -29,6 +29,10 @@ from hyperpipe.files import Fields, load_document, write_atomic
 
 TRACE_FORMAT = "hyperpipe.trace/1"
 COMPUTE_OPS = ("F", "B", "I", "W")
+# One colour per op, shared by every drawing (schedules and timelines).
+OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868",
+             "optimizer": "#222222", "send": "#8c8c8c", "recv": "#d0d0d0",
+             "allreduce": "#8172b3"}
 OTHER_OPS = ("send", "recv", "allreduce", "optimizer")
 
 

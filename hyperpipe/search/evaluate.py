@@ -1,0 +1,95 @@
+"""Judging candidate plans: the analytic tier and the simulator (here or over a process
+pool), the ranking key of an objective, the (time, cost) Pareto front, duplicates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hyperpipe.plan.plan import Plan
+from hyperpipe.search.space import SearchConstraints
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: Plan
+    metrics: Metrics
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "metrics": self.metrics.to_dict()}
+
+
+def estimate(plan: Plan, cost: CostModel) -> Metrics:
+    from hyperpipe.sim.analytic import estimate
+    return estimate(plan, cost)
+
+
+def simulate_one(plan: Plan, cost: CostModel) -> Metrics:
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    return simulate(plan, cost, SimOptions(trace=False)).metrics
+
+
+def simulate_task(args) -> Metrics:
+    plan, model, cluster, profile = args
+    return simulate_one(plan, CostModel(model, cluster, profile))
+
+
+def simulate_all(plans: list[Plan], cost: CostModel, pool=None, bar=None) -> list[Metrics]:
+    """Metrics of each plan by the simulator, over the worker `pool` (None: here)."""
+    out: list[Metrics] = []
+    if pool is None or len(plans) <= 1:
+        for p in plans:
+            out.append(simulate_one(p, cost))
+            if bar is not None:
+                bar.advance()
+        return out
+    tasks = [(p, cost.model, cost.cluster, cost.profile) for p in plans]
+    for metrics in pool.map(simulate_task, tasks):
+        out.append(metrics)
+        if bar is not None:
+            bar.advance()
+    return out
+
+
+def rank_key(c: SearchConstraints, m: Metrics) -> tuple:
+    value = m.iteration_time_s
+    if c.objective == "cost":
+        value = m.cost_per_million_tokens if m.cost_per_million_tokens is not None \
+            else math.inf
+    return (bool(m.oom), value, m.iteration_time_s)
+
+
+def pareto_front(cands: list[Candidate]) -> list[Candidate]:
+    """Feasible candidates not beaten on both iteration time and cost per million
+    tokens, by increasing iteration time (empty when the cluster has no prices)."""
+    pts = [c for c in cands if c.metrics.feasible and c.metrics.cost_per_million_tokens
+           is not None]
+    pts.sort(key=lambda c: (c.metrics.iteration_time_s, c.metrics.cost_per_million_tokens))
+    front, best_cost = [], math.inf
+    for cand in pts:
+        if cand.metrics.cost_per_million_tokens < best_cost - 1e-12:
+            front.append(cand)
+            best_cost = cand.metrics.cost_per_million_tokens
+    return front
+
+
+def count_actions(plan: Plan) -> int:
+    """Schedule actions the simulator runs for `plan` (identical replicas once)."""
+    seen = {(p.num_microbatches, tuple(s.layers for s in p.stages)): len(p.stages) *
+            p.num_microbatches for p in plan.pipelines}
+    return 2 * sum(seen.values())
+
+
+def dedupe(cands: list[Candidate]) -> list[Candidate]:
+    seen, out = set(), []
+    for cand in cands:
+        p = cand.plan
+        key = (p.schedule, p.chunks, p.pipelines)
+        if key not in seen:
+            seen.add(key)
+            out.append(cand)
+    return out
