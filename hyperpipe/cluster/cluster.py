@@ -8,6 +8,9 @@ Topology model (kept simple on purpose, see DESIGN.md "Links"):
 * Between nodes every node has one NIC per direction (`nic` bandwidth, by default the
   cluster's `inter_node` bandwidth) into a non-blocking fabric. A transfer from node x to
   node y crosses ``x:nic-out`` then ``y:nic-in``.
+* A node may declare its NICs (`nics: {count, bandwidth}`, `Node.nics`; default one NIC
+  at the `nic` bandwidth). Routes use them as the network model decides
+  (`hyperpipe.sim.network`).
 
 A path's latency is the latency of its link class, paid once; its bandwidth is that of
 its slowest hop. The simulator treats every hop as a shared resource.
@@ -66,6 +69,20 @@ class Route:
 
 
 @dataclass(frozen=True)
+class Nics:
+    """A node's network cards into the inter-node fabric: how many, and the bandwidth of
+    each per direction (bytes/s). DGX-class nodes have one per GPU (a DGX A100: 8 x 200
+    Gbit/s HDR InfiniBand for compute, NVIDIA DGX A100 user guide)."""
+
+    count: int
+    bandwidth_bytes_per_s: float
+
+    @property
+    def total_bandwidth_bytes_per_s(self) -> float:
+        return self.count * self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
 class Node:
     name: str
     device_type: str
@@ -73,6 +90,11 @@ class Node:
     intra_link: Link
     nic: Link
     price_per_hour: float | None = None   # USD per device-hour
+    nics: Nics | None = None              # None: one NIC of `nic`'s bandwidth
+
+    def __post_init__(self) -> None:
+        if self.nics is None:
+            object.__setattr__(self, "nics", Nics(1, self.nic.bandwidth_bytes_per_s))
 
 
 @dataclass(frozen=True)
@@ -143,7 +165,8 @@ class Cluster:
 
 _DEVICE_KEYS = ("peak_flops", "efficiency", "memory", "mem_bandwidth", "link_bandwidth",
                 "link_latency", "price_per_hour", "base", "source")
-_NODE_KEYS = ("name", "device", "count", "intra_link", "nic", "price_per_hour", "repeat")
+_NODE_KEYS = ("name", "device", "count", "intra_link", "nic", "nics", "price_per_hour",
+              "repeat")
 _LINK_KEYS = ("bandwidth", "latency")
 
 
@@ -242,6 +265,11 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
         intra = _link(nf, "intra_link", Link(dtype.link_bandwidth_bytes_per_s,
                                              dtype.link_latency_s))
         nic = _link(nf, "nic", inter)
+        nics = Nics(1, nic.bandwidth_bytes_per_s)
+        if nf.has("nics"):
+            cf = nf.sub("nics", ("count", "bandwidth"))
+            nics = Nics(cf.positive_int("count", 1),
+                        cf.quantity("bandwidth", "bandwidth", nic.bandwidth_bytes_per_s))
         price = nf.quantity("price_per_hour", "price", positive=False) \
             if nf.has("price_per_hour") else None
         repeat = nf.positive_int("repeat", 1)
@@ -250,7 +278,7 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
             node_name = base_name if repeat == 1 else f"{base_name}{r}"
             if "/" in node_name or any(n.name == node_name for n in nodes):
                 raise BadInput(nf.at("name"), "a unique node name without '/'", node_name)
-            nodes.append(Node(node_name, dev_name, count, intra, nic, price))
+            nodes.append(Node(node_name, dev_name, count, intra, nic, price, nics))
     used = {n.device_type for n in nodes}
     return Cluster(name=str(top.raw("name", name)),
                    device_types={k: v for k, v in catalog.items() if k in used},

@@ -3,7 +3,9 @@
 Each entry names its source. Sequence lengths are the published training contexts:
 GPT-2 1024, GPT-3 2048, Llama 2 4096, Llama 3 8192. All presets train in bf16 except
 `tiny-gpt`, which runs on a CPU in fp32. Dropout is 0 everywhere (today's pretraining
-default); set `dropout: 0.1` to model the original GPT-2/3 runs.
+default); set `dropout: 0.1` to model the original GPT-2/3 runs. Attention is `flash`
+(a fused kernel that keeps no s x s scores) everywhere except `tiny-gpt` (`eager`, as its
+CPU module runs); set `attention: eager` to model the Megatron papers' runs.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
                         rope_theta=500000.0),
     # Ours: 8 layers in all (embedding, 6 blocks, head); byte-level vocabulary so it
     # needs no tokenizer; one micro-batch of 2 x 64 tokens takes milliseconds per block
-    # on one CPU thread. fp32 because it runs on CPUs.
+    # on one CPU thread. fp32 because it runs on CPUs; eager attention because its CPU
+    # module computes the scores explicitly (hyperpipe.models.gpt) and keeps them.
     "tiny-gpt": Preset(GPTConfig(vocab_size=256, n_layer=6, n_head=4, d_model=128,
-                                 seq_len=64), dtype="fp32"),
+                                 seq_len=64, attention="eager"), dtype="fp32"),
 })

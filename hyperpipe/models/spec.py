@@ -35,6 +35,10 @@ DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
+# "flash": a fused attention kernel (FlashAttention, Dao et al. 2022; torch SDPA) that
+# recomputes the s x s scores in its backward and keeps none of them; "eager": the scores,
+# softmax and dropout are materialised and kept for the backward, as in the Megatron papers.
+ATTENTION_KINDS = ("flash", "eager")
 
 TOKEN_ID_BYTES = 8  # token ids are int64 (torch.long), the index type nn.Embedding takes
 
@@ -70,6 +74,7 @@ class GPTConfig:
     dropout: float = 0.0            # 0.0: pretraining at scale uses none (nanoGPT's default)
     bias: bool = True               # biases in linears and layernorms (GPT: yes, Llama: no)
     rope_theta: float = 10000.0     # RoPE base (Su et al. 2021); Llama 3 uses 500000
+    attention: str = "flash"        # one of ATTENTION_KINDS: fused kernels are the default today
 
     def __post_init__(self):
         if self.ffn_hidden is None:
@@ -94,7 +99,7 @@ def check_config(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
                 "n_kv_head"):
         check_int(v[key], at(key))
     for key, options in (("mlp", MLP_KINDS), ("norm", NORM_KINDS),
-                         ("position", POSITION_KINDS)):
+                         ("position", POSITION_KINDS), ("attention", ATTENTION_KINDS)):
         if v[key] not in options:
             raise BadInput(at(key), f"one of {list(options)}", v[key])
     dropout = v["dropout"]
@@ -374,6 +379,7 @@ def _synthetic_row(layer: Layer) -> dict:
 
 
 __all__ = [
-    "DTYPE_BYTES", "LayerCost", "GPTConfig", "EmbeddingLayer", "TransformerBlock",
-    "HeadLayer", "SyntheticLayer", "Layer", "ModelSpec", "gpt_spec", "check_config",
+    "ATTENTION_KINDS", "DTYPE_BYTES", "LayerCost", "GPTConfig", "EmbeddingLayer",
+    "TransformerBlock", "HeadLayer", "SyntheticLayer", "Layer", "ModelSpec", "gpt_spec",
+    "check_config",
 ]

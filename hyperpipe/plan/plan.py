@@ -19,12 +19,38 @@ from hyperpipe.files import Fields, load_document, write_atomic
 
 PLAN_FORMAT = "hyperpipe.plan/1"
 
+# Activation recompute per stage (Korthikanti et al. 2022, arXiv 2205.05198): "none" keeps
+# every activation for the backward; "selective" recomputes the attention core (the s²
+# scores, softmax and dropout) in the backward; "full" keeps only each block's input and
+# runs the whole block forward again in the backward. The first value is the default.
+RECOMPUTE_KINDS = ("none", "selective", "full")
+
 
 @dataclass(frozen=True)
 class StagePlan:
     layers: tuple[int, int]          # half-open [start, end)
     devices: tuple[str, ...]         # the tensor-parallel group, "NODE/INDEX" names
     tp: int = 1
+    recompute: str = "none"          # one of RECOMPUTE_KINDS
+    sequence_parallel: bool = False  # Korthikanti et al.'s sequence parallelism (tp > 1)
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_KINDS:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_KINDS}, "
+                             f"got {self.recompute!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs a tensor-parallel stage (tp > 1)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stage's JSON form; optional fields only when they differ from the default,
+        so that plans without them are written as before."""
+        out: dict[str, Any] = {"layers": list(self.layers), "devices": list(self.devices),
+                               "tp": self.tp}
+        if self.recompute != "none":
+            out["recompute"] = self.recompute
+        if self.sequence_parallel:
+            out["sequence_parallel"] = True
+        return out
 
     @property
     def num_layers(self) -> int:
@@ -58,6 +84,9 @@ class Plan:
     schedule: str                    # a kind from hyperpipe.plan.generators.SCHEDULE_KINDS
     chunks: int
     pipelines: tuple[PipelinePlan, ...]
+    # ZeRO-1 / Megatron's distributed optimizer: optimizer state (fp32 master weights and
+    # Adam moments) sharded over the data-parallel replicas that hold the same layers.
+    distributed_optimizer: bool = False
     base_dir: Path | None = field(default=None, compare=False)
     source: str = field(default="plan", compare=False)   # the file it came from, for errors
 
@@ -72,18 +101,21 @@ class Plan:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The plan's JSON form (optional fields only when not at their default)."""
+        out: dict[str, Any] = {
             "format": PLAN_FORMAT,
             "model": self.model,
             "cluster": self.cluster,
             "global_batch": self.global_batch,
             "schedule": {"kind": self.schedule, "chunks": self.chunks},
-            "pipelines": [
-                {"micro_batch": p.micro_batch, "num_microbatches": p.num_microbatches,
-                 "stages": [{"layers": list(s.layers), "devices": list(s.devices), "tp": s.tp}
-                            for s in p.stages]}
-                for p in self.pipelines],
         }
+        if self.distributed_optimizer:
+            out["distributed_optimizer"] = True
+        out["pipelines"] = [
+            {"micro_batch": p.micro_batch, "num_microbatches": p.num_microbatches,
+             "stages": [s.to_dict() for s in p.stages]}
+            for p in self.pipelines]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1) + "\n"
@@ -166,7 +198,17 @@ class Plan:
                                f"{model.name!r}", f"coverage ending at {pos}")
 
 
-_TOP_KEYS = ("format", "model", "cluster", "global_batch", "schedule", "pipelines", "notes")
+_TOP_KEYS = ("format", "model", "cluster", "global_batch", "schedule", "pipelines", "notes",
+             "distributed_optimizer")
+_STAGE_KEYS = ("layers", "devices", "tp", "recompute", "sequence_parallel")
+
+
+def _flag(f: Fields, key: str) -> bool:
+    """An optional true/false field (absent: false)."""
+    value = f.raw(key, False)
+    if not isinstance(value, bool):
+        raise BadInput(f.at(key), "true or false", value)
+    return value
 
 
 def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = None) -> Plan:
@@ -199,7 +241,7 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
         if not raw_stages:
             raise BadInput(pf.at("stages"), "at least one stage", raw_stages)
         for k, rs in enumerate(raw_stages):
-            sf = Fields(rs, f"{pf.where}.stages[{k}]", ("layers", "devices", "tp"))
+            sf = Fields(rs, f"{pf.where}.stages[{k}]", _STAGE_KEYS)
             layers = sf.items("layers")
             if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
                                            and x >= 0 for x in layers):
@@ -210,11 +252,19 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
                 raise BadInput(sf.at("devices"), "a non-empty list of device names "
                                "(NODE/INDEX)", devices)
             tp = sf.positive_int("tp", len(devices))
-            stages.append(StagePlan((layers[0], layers[1]), tuple(devices), tp))
+            recompute = sf.choice("recompute", RECOMPUTE_KINDS, "none")
+            seq_par = _flag(sf, "sequence_parallel")
+            if seq_par and tp == 1:
+                raise BadInput(sf.at("sequence_parallel"), "false on a stage with tp=1 "
+                               "(sequence parallelism splits tensor-parallel activations)",
+                               seq_par)
+            stages.append(StagePlan((layers[0], layers[1]), tuple(devices), tp, recompute,
+                                    seq_par))
         pipelines.append(PipelinePlan(pf.positive_int("micro_batch"),
                                       pf.positive_int("num_microbatches"), tuple(stages)))
     return Plan(model=model, cluster=cluster, global_batch=top.positive_int("global_batch"),
-                schedule=kind, chunks=chunks, pipelines=tuple(pipelines), base_dir=base_dir,
+                schedule=kind, chunks=chunks, pipelines=tuple(pipelines),
+                distributed_optimizer=_flag(top, "distributed_optimizer"), base_dir=base_dir,
                 source=where)
 
 

@@ -6,8 +6,9 @@ simulator (`polish`), each within a budget.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
-from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.plan.plan import PipelinePlan, Plan
 from hyperpipe.search.evaluate import (
     Candidate,
     count_actions,
@@ -36,9 +37,8 @@ def neighbours(plan: Plan) -> Iterable[Plan]:
                 pipes = list(plan.pipelines)
                 for i in members:
                     st = list(pipes[i].stages)
-                    st[k] = StagePlan((st[k].layers[0], edge), st[k].devices, st[k].tp)
-                    st[k + 1] = StagePlan((edge, st[k + 1].layers[1]), st[k + 1].devices,
-                                          st[k + 1].tp)
+                    st[k] = replace(st[k], layers=(st[k].layers[0], edge))
+                    st[k + 1] = replace(st[k + 1], layers=(edge, st[k + 1].layers[1]))
                     pipes[i] = PipelinePlan(pipes[i].micro_batch, pipes[i].num_microbatches,
                                             tuple(st))
                 yield plan.with_pipelines(pipes)
