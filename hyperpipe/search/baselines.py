@@ -6,16 +6,20 @@
   2019 / Narayanan et al. 2021, `megatron/core/parallel_state.py`).
 * `proportional_plan`: the same devices, layers per stage proportional to the stage's
   peak FLOP/s (the "no search" heterogeneity-aware baseline).
-* `tuned_baselines`: each of them tuned over the (pp, dp, tp, micro-batch) grid as a
-  user tuning Megatron-LM would, judged by the analytic tier.
+* `tuned_baselines`: each of them tuned as a user tuning Megatron-LM would: over pp,
+  dp, tp, micro-batch, every schedule kind and chunk count, and every subset of the
+  cluster's device types (a user may simply leave the slow GPUs out). The grid is
+  visited in order of a compute-only lower bound and pruned with the analytic tier;
+  the few best by the analytic tier go on to the simulator, which picks (the same judge
+  as the search's own plans; `hyperpipe.search.search` does that).
 
 Both split the batch evenly over the data-parallel replicas, as both frameworks do.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hyperpipe.cluster.cluster import cluster_ref
@@ -132,33 +136,69 @@ def proportional_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micr
 
 # ---------------------------------------------------------------------------- tuning
 
-def baseline_grid(ctx: SearchContext) -> Iterable[dict]:
-    """(pp, dp, tp, micro-batch) choices of a Megatron-style run: the fixed dimensions as
-    given, the others over their options, as many replicas as the devices allow (the
-    first pp x dp x tp devices in cluster order)."""
-    c = ctx.c
-    n = len(ctx.cluster.devices)
-    kind = c.schedule or "1f1b"
-    chunks = c.chunks or (2 if space.takes_chunks(kind) else 1)
-    for tp in space.tp_options(ctx.cluster, ctx.model, c):
-        for pp in ([c.pp] if c.pp else range(1, n // tp + 1)):
-            dp = c.dp or n // (tp * pp)
-            if dp < 1 or pp * dp * tp > n or pp * chunks > ctx.model.num_layers \
-                    or (c.dp is None and c.pp is None and n % (tp * pp)):
-                continue
-            for mb in space.micro_batches(c):
-                if c.global_batch % (dp * mb) == 0:
-                    yield dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
-                               global_batch=c.global_batch, schedule=kind, chunks=chunks)
+BASELINE_SHORT_LIST = 3     # per baseline, plans the simulator ranks (best analytic first)
 
 
-def tuned_baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, Plan]:
-    """Per baseline, the plan of the (pp, dp, tp, micro-batch) grid the analytic tier
-    likes best (memory-feasible first): what a user tuning Megatron-LM would pick."""
+def type_subsets(cluster) -> list[tuple[str, ...]]:
+    """Every non-empty subset of the cluster's device types, largest first."""
+    types = list(dict.fromkeys(n.device_type for n in cluster.nodes))
+    return [s for r in range(len(types), 0, -1) for s in itertools.combinations(types, r)]
+
+
+def baseline_grid(ctx: SearchContext) -> Iterator[dict]:
+    """Choices of a Megatron-style run: a subset of the device types (their devices in
+    cluster order), tp (inside a node), pp, as many replicas as the devices allow
+    (dp = devices // (pp x tp), all devices used unless pp or dp is fixed), every
+    schedule kind and chunk count, every micro-batch size. Fixed dimensions as given."""
+    c, cluster, model = ctx.c, ctx.cluster, ctx.model
+    for subset in type_subsets(cluster):
+        nodes = [nd for nd in cluster.nodes if nd.device_type in subset]
+        devices = tuple(d.name for d in cluster.devices if d.type.name in subset)
+        n = len(devices)
+        for tp in space.tp_options(cluster, model, c):
+            if any(nd.count % tp for nd in nodes):
+                continue                  # a tp group would straddle two nodes
+            for pp in ([c.pp] if c.pp else range(1, n // tp + 1)):
+                dp = c.dp or n // (tp * pp)
+                if dp < 1 or pp * dp * tp > n or (c.dp is None and c.pp is None
+                                                  and n % (tp * pp)):
+                    continue
+                for kind, chunks in space.schedule_options(c, model.num_layers):
+                    if pp * chunks > model.num_layers or (chunks > 1 and pp < 2):
+                        continue
+                    for mb in space.micro_batches(c):
+                        if c.global_batch % (dp * mb) == 0:
+                            yield dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
+                                       global_batch=c.global_batch, schedule=kind,
+                                       chunks=chunks, devices=list(devices))
+
+
+def compute_bound_s(ctx: SearchContext, plan: Plan) -> float:
+    """A lower bound on the iteration time: the busiest device's forward and backward
+    compute over all its micro-batches (no bubble, no link, no all-reduce)."""
+    cost, cache = ctx.cost, ctx.memo.setdefault("baseline_stage_s", {})
+    worst = 0.0
+    for pipe in plan.pipelines:
+        load: dict[str, float] = {}
+        for st in pipe.stages:
+            key = (st.layers, st.devices, pipe.micro_batch)
+            if key not in cache:
+                cache[key] = sum(cost.stage_time_s(st.layers, st.devices, pipe.micro_batch,
+                                                   op) for op in ("F", "B"))
+            load[st.devices[0]] = load.get(st.devices[0], 0.0) + cache[key]
+        worst = max(worst, pipe.num_microbatches * max(load.values()))
+    return worst
+
+
+def tuned_baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Plan]]:
+    """Per baseline, its short list: the BASELINE_SHORT_LIST plans of the grid that the
+    analytic tier likes best (memory-feasible first), for the simulator to rank.
+    Branch and bound: plans are estimated in order of `compute_bound_s`, until the bound
+    exceeds the short list's worst estimate."""
     c = ctx.c
-    out: dict[str, Plan] = {}
+    out: dict[str, list[Plan]] = {}
     for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
-        best = None
+        built = []
         for dims in baseline_grid(ctx):
             phase.seen += 1
             try:
@@ -167,15 +207,22 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, Plan]:
                 phase.infeasible += 1
                 continue
             if not state_fits(ctx, plan):
-                phase.pruned += 1        # weights alone overflow a device: no estimate
-                if best is None:         # (still a baseline to show, if nothing fits)
-                    best = ((True, math.inf, math.inf), plan)
+                phase.infeasible += 1    # weights alone overflow a device
+                continue
+            built.append((compute_bound_s(ctx, plan), len(built), plan))
+        built.sort(key=lambda x: x[:2])
+        short: list[tuple[tuple, int, Plan]] = []
+        for bound, serial, plan in built:
+            if len(short) >= BASELINE_SHORT_LIST and not short[-1][0][0] \
+                    and c.objective == "throughput" and bound > short[-1][0][1]:
+                phase.pruned += 1
                 continue
             key = rank_key(c, estimate(plan, ctx.cost))
-            if best is None or key < best[0]:
-                best = (key, plan)
-        if best is not None:
-            out[name] = best[1]
+            short.append((key, serial, plan))
+            short.sort(key=lambda x: x[:2])
+            del short[BASELINE_SHORT_LIST:]
+        if short:
+            out[name] = [plan for _, _, plan in short]
     return out
 
 

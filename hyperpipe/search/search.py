@@ -19,7 +19,10 @@ infeasible, and how long it took:
    (`hyperpipe.sim.simulator.simulate`), over `workers` processes, and the best plans
    polished by single-layer moves judged by the simulator, within a budget.
 5. **baselines** – `uniform` and `proportional` (`hyperpipe.search.baselines`), tuned over
-   the (pp, dp, tp, micro-batch) grid with the analytic tier, simulated in phase 4.
+   pp, dp, tp, micro-batch, schedule kind, chunks and device-type subsets; their short
+   lists (best by the analytic tier) are ranked by the simulator in phase 4, the same
+   judge as the search's plans. A baseline may beat the search's pick: the report says
+   so, the pick is never replaced by it.
 
 Objectives: "throughput" (least iteration time) or "cost" (least USD per million
 tokens, when the cluster has prices); the result carries the (time, cost) Pareto front
@@ -329,23 +332,22 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
             break
         budget -= size
         short.append(cand)
-    names = list(base_plans)
-    todo = [cand.plan for cand in short] + [base_plans[k] for k in names]
+    names = [(k, i) for k, plans in base_plans.items() for i in range(len(plans))]
+    todo = [cand.plan for cand in short] + [base_plans[k][i] for k, i in names]
     with Progress(len(todo), "search: simulate", enabled=show) as bar:
         metrics = simulate_all(todo, ctx.cost, pool, bar)
     phase.seen = len(todo)
     n = len(short)
     ranked = [Candidate(cand.plan, m) for cand, m in zip(short, metrics[:n], strict=True)]
     phase.infeasible = sum(1 for cand in ranked if cand.metrics.oom)
-    baselines = {k: Candidate(base_plans[k], m)
-                 for k, m in zip(names, metrics[n:], strict=True)}
+    # each baseline's pick among its short list, by the simulator (the search's judge)
+    baselines: dict[str, Candidate] = {}
+    for (k, i), m in zip(names, metrics[n:], strict=True):
+        cand = Candidate(base_plans[k][i], m)
+        if k not in baselines or rank_key(ctx.c, m) < rank_key(ctx.c, baselines[k].metrics):
+            baselines[k] = cand
     ranked.sort(key=lambda cand: rank_key(ctx.c, cand.metrics))
     ranked = polish(ctx, phase, ranked, budget, pool)
-    # never return something worse than a baseline: if the simulator prefers one, it is
-    # a plan the user may take as well
-    for cand in baselines.values():
-        if rank_key(ctx.c, cand.metrics) < rank_key(ctx.c, ranked[0].metrics):
-            ranked.insert(0, cand)
+    # the search's own pick stays first even where a baseline beats it: the report
+    # compares the two honestly
     return ranked, baselines
-
-
