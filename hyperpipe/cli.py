@@ -8,7 +8,9 @@ field and what was expected; no traceback), 1 anything else.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -384,6 +386,29 @@ def _json_default(o: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with sigterm_as_exit():
+        return _main(argv)
+
+
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """Turn SIGTERM into SystemExit(143) while the command runs, so that `finally`
+    blocks (the safe writer's temp-file clean-up, stopping ranks) run on a kill too.
+    Only the main thread can set handlers; elsewhere this does nothing."""
+    def handler(signum, frame):
+        raise SystemExit(143)
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:                      # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)

@@ -24,9 +24,9 @@ class BadInput(HyperPipeError):
         self.where = where
         self.expected = expected
         self.got = got
-        msg = f"{where}: expected {expected}"
+        msg = f"{one_line(where, 240)}: expected {one_line(expected, 400)}"
         if has_got and got is not None:
-            msg += f", got {_short(got)}"
+            msg += f", got {short(got)}"
         super().__init__(msg)
 
 
@@ -34,6 +34,22 @@ class InfeasiblePlan(HyperPipeError):
     """A legal plan that cannot run: out of memory, not enough devices, and so on."""
 
 
-def _short(value: object, limit: int = 80) -> str:
+def short(value: object, limit: int = 40) -> str:
+    """A short, escaped form of a value from a user's file or flag: its repr, cut to
+    `limit` characters, so that an error never echoes more than a fragment of a file.
+    Huge integers are described by their digit count (their repr alone takes time)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an integer of {len(str(abs(value)))} digits" if abs(value) < 10**4000 \
+            else "an integer of over 4000 digits"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` with control characters escaped (a file name with a newline must not
+    split the one-line error) and its middle cut out beyond `limit` characters."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    if len(text) > limit:
+        keep = (limit - 5) // 2
+        text = f"{text[:keep]}[...]{text[-keep:]}"
+    return text

@@ -1,75 +1,321 @@
-"""Reading user files safely, and checking their fields with clear errors.
+"""Reading user files safely, writing outputs safely, and checking fields with clear errors.
 
-Every loader in HyperPipe reads through `load_document` (YAML safe loading or JSON, with
-a size limit; no code runs from data files) and checks fields through a `Fields` view,
-which names the file and the field path in each error and rejects unknown keys.
+Reading. Every loader reads through `load_document`: a regular file only (a FIFO, device
+or directory is refused before it is opened for reading), at most
+`limits.MAX_JSON_BYTES` / `limits.MAX_YAML_BYTES`, YAML through the safe loader after a
+pass over its events that refuses documents deeper than `limits.MAX_DOCUMENT_DEPTH`,
+recursive aliases, and more than `limits.MAX_DOCUMENT_NODES` values with aliases
+expanded (so an alias bomb is refused before any object is built); JSON without
+NaN/Infinity; then every value is checked (integers within 64 bits, floats finite).
+Errors name the file and the field and show at most a short escaped value (never a line
+of the file). Fields are then checked through a `Fields` view, which names the file and
+the field path in each error and rejects unknown keys.
+
+Writing. Every output (plans, traces, profiles, reports, figures, checkpoints) goes
+through `atomic_output` / `write_atomic`: the data goes to a temporary file in the
+target's folder, created with O_EXCL | O_NOFOLLOW under an unpredictable name, is
+fsynced, then renamed over the target; on any exit before that (an error,
+KeyboardInterrupt, SIGTERM turned into SystemExit by the command line) the temporary
+file is removed. A target that exists and is not a regular file (a symlink, FIFO,
+device such as /dev/null, directory) is refused with BadInput: it is neither replaced
+nor written through. Writing through /dev/null would be harmless, but a FIFO blocks,
+/dev/full fails half-way and a symlink may point anywhere; one rule for all of them is
+easier to trust than a list of exceptions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Iterable
+import secrets
+import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
-from hyperpipe.errors import BadInput
+from hyperpipe import limits
+from hyperpipe.errors import BadInput, one_line
 from hyperpipe.units import parse_quantity
 
-MAX_INPUT_BYTES = 16 * 2**20  # a plan of a 1024-GPU cluster is well under 1 MiB
+MAX_INPUT_BYTES = limits.MAX_JSON_BYTES     # kept for callers of the old name
+
+
+# --------------------------------------------------------------------------- reading
+def show_path(path: str | os.PathLike) -> str:
+    """A path as an error shows it: escaped, and shortened in the middle if long."""
+    return one_line(os.fspath(path), 160)
+
+
+def _read_capped(path: Path, cap: int) -> bytes:
+    """The bytes of regular file `path`, refusing more than `cap` of them. Opened
+    non-blocking and checked with fstat, so a FIFO or device is refused, not read."""
+    where = show_path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise BadInput(where, f"an existing, readable file ({exc.strerror or exc})",
+                       has_got=False) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(where, f"a regular file (it is {_kind(st.st_mode)})",
+                           has_got=False)
+        if st.st_size > cap:
+            raise BadInput(where, f"a file of at most {cap} bytes", f"{st.st_size} bytes")
+        chunks, total = [], 0
+        while True:         # /proc files say size 0: read, but never more than the cap
+            chunk = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap:
+                raise BadInput(where, f"a file of at most {cap} bytes", "more",)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise BadInput(where, f"a readable file ({exc.strerror or exc})",
+                       has_got=False) from None
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def load_document(path: str | os.PathLike) -> Any:
-    """Parse a YAML or JSON file (by extension; YAML otherwise) into plain data."""
+    """Parse a YAML or JSON file (by extension; YAML otherwise) into plain data, within
+    the limits of `hyperpipe.limits` (see the module docstring)."""
     p = Path(path)
-    if not p.is_file():
-        raise BadInput(str(p), "an existing file", has_got=False)
-    size = p.stat().st_size
-    if size > MAX_INPUT_BYTES:
-        raise BadInput(str(p), f"a file of at most {MAX_INPUT_BYTES} bytes", f"{size} bytes")
-    text = p.read_text(encoding="utf-8", errors="replace")
-    if p.suffix.lower() == ".json":
+    where = show_path(p)
+    is_json = p.suffix.lower() == ".json"
+    raw = _read_capped(p, limits.MAX_JSON_BYTES if is_json else limits.MAX_YAML_BYTES)
+    text = raw.decode("utf-8", errors="replace")
+    if is_json:
+        data = _parse_json(text, where)
+    else:
+        _check_yaml_events(text, where)
         try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BadInput(str(p), f"valid JSON ({exc.msg} at line {exc.lineno})",
-                           has_got=False) from None
+            data = yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 (a safe loader)
+        except yaml.YAMLError as exc:
+            raise BadInput(where, f"valid YAML ({_yaml_problem(exc)})", has_got=False
+                           ) from None
+    check_values(data, where)
+    return data
+
+
+def _parse_json(text: str, where: str) -> Any:
+    def constant(name: str) -> Any:
+        raise BadInput(where, "finite numbers (JSON has no NaN or Infinity)", name)
+
+    def integer(digits: str) -> int:
+        if len(digits.lstrip("-")) > 19:
+            raise BadInput(where, f"integers of at most 19 digits (within +-{limits.MAX_INT})",
+                           f"an integer of {len(digits.lstrip('-'))} digits")
+        return int(digits)
+
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise BadInput(str(p), f"valid YAML ({getattr(exc, 'problem', 'parse error')}{line})",
+        return json.loads(text, parse_constant=constant, parse_int=integer)
+    except json.JSONDecodeError as exc:
+        raise BadInput(where, f"valid JSON ({exc.msg} at line {exc.lineno})",
                        has_got=False) from None
+    except RecursionError:
+        raise BadInput(where, f"JSON nested at most {limits.MAX_DOCUMENT_DEPTH} levels deep",
+                       has_got=False) from None
+
+
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What a YAML error says, without the snippet of the file that str(exc) quotes."""
+    mark = getattr(exc, "problem_mark", None)
+    line = f" at line {mark.line + 1}" if mark is not None else ""
+    return one_line(str(getattr(exc, "problem", None) or "parse error"), 80) + line
+
+
+def _check_yaml_events(text: str, where: str) -> None:
+    """Walk the YAML event stream (no objects built yet) and refuse a document nested
+    deeper than MAX_DOCUMENT_DEPTH, with more than MAX_DOCUMENT_NODES values once its
+    aliases are expanded, or with an alias to a collection that contains it."""
+    total = 0                                  # values so far, aliases expanded
+    open_: list[tuple[str | None, int]] = []   # (anchor, total at its start) per level
+    sizes: dict[str, int] = {}                 # anchor -> expanded size, once closed
+    try:
+        for event in yaml.parse(text, Loader=_SAFE_LOADER):
+            if isinstance(event, yaml.AliasEvent):
+                if event.anchor not in sizes:
+                    if any(a == event.anchor for a, _ in open_):
+                        raise BadInput(where, "no recursive YAML aliases (an alias inside "
+                                       "the collection it names)", event.anchor)
+                    continue                   # undefined: the loader says so below
+                total += sizes[event.anchor]
+            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                total += 1
+                open_.append((event.anchor, total - 1))
+                if len(open_) > limits.MAX_DOCUMENT_DEPTH:
+                    raise BadInput(where, f"YAML nested at most {limits.MAX_DOCUMENT_DEPTH} "
+                                   "levels deep", has_got=False)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                anchor, start = open_.pop()
+                if anchor is not None:
+                    sizes[anchor] = total - start
+            elif isinstance(event, yaml.ScalarEvent):
+                total += 1
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+            if total > limits.MAX_DOCUMENT_NODES:
+                raise BadInput(where, f"at most {limits.MAX_DOCUMENT_NODES} values with YAML "
+                               "aliases expanded", has_got=False)
+    except yaml.YAMLError as exc:
+        raise BadInput(where, f"valid YAML ({_yaml_problem(exc)})", has_got=False) from None
+
+
+def check_values(data: Any, where: str) -> None:
+    """Refuse non-finite floats, integers beyond 64 bits, too many values or too deep
+    nesting anywhere in a parsed document; the error names the field path."""
+    count = 0
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        count += 1
+        if count > limits.MAX_DOCUMENT_NODES:
+            raise BadInput(where, f"at most {limits.MAX_DOCUMENT_NODES} values",
+                           has_got=False)
+        if depth > limits.MAX_DOCUMENT_DEPTH:
+            raise BadInput(where, f"nesting at most {limits.MAX_DOCUMENT_DEPTH} levels deep",
+                           has_got=False)
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        if isinstance(value, int):
+            if abs(value) > limits.MAX_INT:
+                raise BadInput(f"{where}: {path or '(top)'}",
+                               f"an integer within +-{limits.MAX_INT}", value)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise BadInput(f"{where}: {path or '(top)'}", "a finite number", value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                key = one_line(str(k), 40)
+                stack.append((v, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                stack.append((v, f"{path}[{i}]", depth + 1))
+
+
+# --------------------------------------------------------------------------- writing
+def _check_target(p: Path) -> None:
+    """Refuse a target that exists and is not a regular file (or is a symlink)."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BadInput(show_path(p), f"a writable file path ({exc.strerror or exc})",
+                       has_got=False) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(show_path(p), f"a writable file path: a regular file or a new name (it is "
+                       f"{_kind(st.st_mode)}; HyperPipe never replaces or writes through "
+                       "special files)", has_got=False)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise BadInput now unless `path` could be written by `atomic_output`: its folder
+    exists or can be made, is writable, and the target is new or a regular file. For
+    checking output paths before long work starts (a run's --trace)."""
+    p = Path(path)
+    if len(os.fspath(p)) > limits.MAX_PATH_CHARS:
+        raise BadInput(show_path(p), f"a path of at most {limits.MAX_PATH_CHARS} characters",
+                       has_got=False)
+    _check_target(p)
+    folder = p.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise BadInput(show_path(p), f"a writable file path (cannot write in folder "
+                       f"{show_path(folder)})", has_got=False)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """Yield a binary file whose content replaces `path` when the block ends normally,
+    and leaves no trace otherwise. See the module docstring for the rules. A path that
+    cannot be written is bad input (one line, exit 2)."""
+    p = Path(path)
+    where = show_path(p)
+    tmp: Path | None = None
+    try:
+        if len(os.fspath(p)) > limits.MAX_PATH_CHARS:
+            raise BadInput(where, f"a path of at most {limits.MAX_PATH_CHARS} characters",
+                           has_got=False)
+        _check_target(p)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temp(p)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        _check_target(p)                      # a special file planted meanwhile
+        os.rename(tmp, p)       # replaces a symlink planted now, never follows it
+        tmp = None
+        _fsync_dir(p.parent)
+    except OSError as exc:
+        raise BadInput(where, f"a writable file path ({exc.strerror or exc})",
+                       has_got=False) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _create_temp(p: Path) -> tuple[int, Path]:
+    """A new file beside `p` under an unpredictable name, created exclusively (never
+    through a planted file or symlink), mode 0666 less the umask like any new file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = p.with_name(f".{p.name[:180]}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {p}")
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename durable; some file systems cannot open a folder for this."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
-    """Write `text` to `path` through a temporary file and a rename: never half-written.
-    A path that cannot be written is bad input (one line, exit 2), with no file left."""
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(text, bytes):
-            tmp.write_bytes(text)
-        else:
-            tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise BadInput(str(p), f"a writable file path ({exc.strerror or exc})",
-                       has_got=False) from None
+    """Write `text` (str as UTF-8, or bytes) to `path` through `atomic_output`."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    with atomic_output(path) as f:
+        f.write(data)
 
 
 def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110) -> None:
-    """Save a matplotlib figure as PNG atomically (through `write_atomic`)."""
-    import io
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=dpi, format="png")
-    write_atomic(path, buf.getvalue())
+    """Save a matplotlib figure as PNG through `atomic_output`."""
+    with atomic_output(path) as f:
+        fig.savefig(f, dpi=dpi, format="png")
 
 
 class Fields:
@@ -88,7 +334,7 @@ class Fields:
         if allowed is not None:
             unknown = sorted(set(map(str, data)) - set(allowed))
             if unknown:
-                raise BadInput(f"{where}.{unknown[0]}",
+                raise BadInput(f"{where}.{one_line(unknown[0], 40)}",
                                f"one of the known keys {sorted(allowed)}", "an unknown key",
                                has_got=False)
 
@@ -114,9 +360,10 @@ class Fields:
             raise BadInput(self.at(key), "a non-empty string", value)
         return value
 
-    def positive_int(self, key: str, default: Any = ..., *, allow_zero: bool = False) -> int:
+    def positive_int(self, key: str, default: Any = ..., *, allow_zero: bool = False,
+                     at_most: int = limits.MAX_INT) -> int:
         value = self.raw(key, default)
-        return check_int(value, self.at(key), allow_zero=allow_zero)
+        return check_int(value, self.at(key), allow_zero=allow_zero, at_most=at_most)
 
     def number(self, key: str, default: Any = ..., *, positive: bool = False,
                at_most: float | None = None) -> float:
@@ -149,11 +396,15 @@ class Fields:
         return value
 
 
-def check_int(value: Any, where: str, *, allow_zero: bool = False) -> int:
-    """Return `value` if it is a positive (or non-negative) integer, else raise BadInput."""
+def check_int(value: Any, where: str, *, allow_zero: bool = False,
+              at_most: int = limits.MAX_INT) -> int:
+    """Return `value` if it is a positive (or non-negative) integer of at most `at_most`
+    (a documented limit of `hyperpipe.limits`), else raise BadInput."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 \
-            or (value == 0 and not allow_zero):
+            or (value == 0 and not allow_zero) or value > at_most:
         want = "a non-negative integer" if allow_zero else "a positive integer"
+        if at_most < limits.MAX_INT:
+            want += f" of at most {at_most} (hyperpipe.limits)"
         raise BadInput(where, want, value)
     return value
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hyperpipe.errors import BadInput
-from hyperpipe.files import write_atomic
+from hyperpipe.files import atomic_output, write_atomic
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan
 
@@ -84,15 +84,9 @@ def resume_step(root: str | os.PathLike, expected_fingerprint: str, world_size: 
 
 
 def save_rank(root: str | os.PathLike, step: int, rank: int, state: dict[str, Any]) -> None:
-    """Write one rank's state through a temporary file and a rename."""
-    path = rank_file(root, step, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    """Write one rank's state through the safe writer (`files.atomic_output`)."""
+    with atomic_output(rank_file(root, step, rank)) as f:
         torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_manifest(root: str | os.PathLike, step: int, fp: str, devices: list[str]) -> None:

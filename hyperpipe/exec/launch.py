@@ -37,7 +37,7 @@ from hyperpipe.errors import BadInput, HyperPipeError
 from hyperpipe.exec.comm import PeerFailure
 from hyperpipe.exec.job import Prepared, prepare, rank_main
 from hyperpipe.exec.options import RunOptions, RunResult
-from hyperpipe.files import write_atomic
+from hyperpipe.files import atomic_output, write_atomic
 from hyperpipe.plan.plan import Plan
 
 FAILURE_GRACE_S = 1.0     # after the first failed exit, time for the root cause to land
@@ -152,10 +152,8 @@ def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_d
     try:
         store = dist.FileStore(os.path.join(run_dir, "store"), world)
         result = target(rank, world, store, *args)
-        tmp = Path(run_dir) / f".result-{rank}.tmp"
-        with open(tmp, "wb") as f:
+        with atomic_output(Path(run_dir) / f"result-{rank}.pkl") as f:
             pickle.dump(result, f)
-        os.replace(tmp, Path(run_dir) / f"result-{rank}.pkl")
     except BaseException as exc:  # every failure must reach the launcher
         report = {"time": time.time(), "rank": rank, "cause": _cause(exc),
                   "secondary": _lost_peer(exc), "traceback": traceback.format_exc()}

@@ -13,7 +13,7 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
-from hyperpipe.errors import BadInput
+from hyperpipe.errors import BadInput, one_line
 from hyperpipe.files import Fields, load_document, resolve_ref
 from hyperpipe.models.presets import PRESETS
 from hyperpipe.models.spec import (
@@ -41,7 +41,8 @@ class _Fields(Fields):
         if allowed is not None:
             unknown = sorted(set(map(str, data)) - set(allowed))
             if unknown:
-                raise BadInput(self.at(unknown[0]), f"one of the known keys {sorted(allowed)}",
+                raise BadInput(self.at(one_line(unknown[0], 40)),
+                               f"one of the known keys {sorted(allowed)}",
                                "an unknown key", has_got=False)
 
     def at(self, key: str) -> str:

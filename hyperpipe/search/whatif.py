@@ -110,6 +110,12 @@ def set_path(doc: dict, key: str, value: str) -> None:
             node = match[0]
         elif isinstance(node, dict):
             if last:
+                held = node.get(part)
+                if isinstance(held, (dict, list)):
+                    inner = "0.count" if isinstance(held, list) else next(iter(held), "FIELD")
+                    raise BadInput(f"--vary {key}", f"a path to one value ({part} holds a "
+                                   f"{type(held).__name__}; e.g. {key}.{inner})",
+                                   has_got=False)
                 node[part] = _scalar(value)
             else:
                 node = node.setdefault(part, {})
@@ -272,11 +278,8 @@ def plot_whatif(result: WhatIfResult, path: str) -> None:
         names.append(line.get_label())
     ax.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8)
     fig.tight_layout()
-    import os
-    from pathlib import Path
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=120)       # then rename: never a half-written plot
-    plt.close(fig)
-    os.replace(tmp, target)
+    from hyperpipe.files import save_figure
+    try:
+        save_figure(fig, path, dpi=120)     # the one safe writer: never half-written
+    finally:
+        plt.close(fig)

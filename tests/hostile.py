@@ -1,0 +1,50 @@
+"""Helpers of the hostile-input corpus (issue 16): run the CLI in-process and check that
+a case ends the way the contract says: exit 0 or 2 (1 for a genuine run failure naming
+the rank), at most one line on stderr, no traceback, no temporary file left behind."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+
+from hyperpipe.cli import main
+
+CASE_TIME_LIMIT_S = 30.0
+
+
+def cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    """Run ``hyperpipe ARGV`` in this process; return (exit status, stdout, stderr)."""
+    t0 = time.monotonic()
+    rc = main([str(a) for a in argv])
+    elapsed = time.monotonic() - t0
+    out, err = capsys.readouterr()
+    assert elapsed < CASE_TIME_LIMIT_S, (argv, elapsed)
+    return rc, out, err
+
+
+def assert_one_line(rc: int, err: str, want_rc: int = 2, *words: str) -> str:
+    """The case ended with `want_rc` and one stderr line holding every word in `words`."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == want_rc, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1, err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+def temp_files(folder: Path) -> list[str]:
+    """Temporary files of the safe writer left anywhere under `folder`."""
+    return sorted(str(p) for p in Path(folder).rglob("*.tmp"))
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def mkfifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
