@@ -165,7 +165,7 @@ def test_cost_model_roofline_closed_form():
     assert cost.layer_time_s(0, "t0", 2, "B") == pytest.approx(4e-3)
     assert cost.stage_time_s((0, 3), ("n0/0",), 2, "F") == pytest.approx(6e-3)
     assert cost.send_bytes((0, 2), 3) == pytest.approx(3e6)
-    assert cost.state_bytes((0, 4)) == 4 * 1000 * 16
+    assert cost.state_bytes((0, 4)) == 4 * 1000 * 18       # bf16: 2 + 4 + 12 (Megatron)
 
 
 def test_cost_model_transfer_and_allreduce():

@@ -104,7 +104,8 @@ def test_spec_flops_match_torch_flop_counter(name, seq_len, micro_batch):
 
 def test_block_flops_and_stash_match_papers():
     b, s, h, a = 4, 2048, 1024, 16
-    c = GPTConfig(vocab_size=1000, n_layer=2, n_head=a, d_model=h, seq_len=s, dropout=0.1)
+    c = GPTConfig(vocab_size=1000, n_layer=2, n_head=a, d_model=h, seq_len=s, dropout=0.1,
+                  attention="eager")
     cost = TransformerBlock(c).cost(b, s, DTYPE_BYTES["bf16"])
     # Narayanan et al. 2021: 24bsh² + 4bs²h per layer forward
     assert cost.fwd_flops == 24 * b * s * h**2 + 4 * b * s**2 * h
@@ -115,7 +116,7 @@ def test_block_flops_and_stash_match_papers():
     assert cost.send_bytes == b * s * h * 2
     # without dropout: no 1-byte masks (2·sbh + as²b) nor dropped-out probs (2·as²b)
     no_drop = TransformerBlock(GPTConfig(vocab_size=1000, n_layer=2, n_head=a, d_model=h,
-                                         seq_len=s)).cost(b, s, 2)
+                                         seq_len=s, attention="eager")).cost(b, s, 2)
     assert no_drop.stash_bytes == cost.stash_bytes - 2 * s * b * h - 3 * a * s * s * b
 
 

@@ -123,12 +123,12 @@ def test_sends_of_one_stage_pair_go_one_after_another():
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_ring_allreduce_matches_its_formula(n):
-    params = 3_000_000                              # 2 layers: 12 MB of bf16 gradients
+    params = 1_500_000                  # 2 layers: 12 MB of fp32 main grads (bf16 model)
     model = synthetic(2, params=params)
     cluster = load_cluster(cluster_dict([(f"n{i}", 1) for i in range(n)],
                                         bandwidth=BW, latency=LAT))
     cost = CostModel(model, cluster)
-    grad = 2 * params * 2
+    grad = 2 * params * cost.grad_bytes_per_param          # 4 bytes each
     expected = 2 * (n - 1) / n * grad / BW + 2 * (n - 1) * LAT
     spec = ring_spec(cost, [[d.name for d in cluster.devices]], grad)
     assert spec.time_s == pytest.approx(expected)
@@ -167,7 +167,7 @@ def test_tensor_parallel_transfer_is_split_over_the_group():
 
 
 def test_buckets_faster_than_the_backward_start_as_they_become_ready():
-    params = 3_000_000
+    params = 1_500_000                    # 12 MB of fp32 main grads: 4 buckets of 3 MB
     model = synthetic(2, params=params)
     cluster = load_cluster(cluster_dict([("n0", 1), ("n1", 1)], bandwidth=1e11, latency=0.0))
     plan = uniform_plan(model, cluster, pp=1, dp=2, micro_batch=1, global_batch=2)

@@ -187,19 +187,19 @@ def test_heterogeneous_stages_match_recurrence(kind, chunks, counts, ranks):
 # ---------------------------------------------------------------- memory and errors
 
 def test_oom_is_reported_with_device_stage_and_excess():
-    params = 10_000_000                  # 16 B/param of mixed-precision Adam: 160 MB/layer
+    params = 10_000_000                  # 18 B/param of bf16 Adam (Megatron): 180 MB/layer
     model = synthetic(4, params=params)
     cluster = load_cluster(cluster_dict([("n0", "unit", 2)], memory="500 MB"))
     plan = uniform_plan(model, cluster, pp=2, micro_batch=2, global_batch=8)
     m = simulate(plan, CostModel(model, cluster)).metrics
-    # Stage 0 (layers 0-1): 2 x 160 MB state + min(p - s, m) = 2 micro-batches x 2 layers
-    # x 2 samples x 1 MB stash = 324 MB: fits. Stage 1 holds 1 micro-batch: 322 MB.
+    # Stage 0 (layers 0-1): 2 x 180 MB state + min(p - s, m) = 2 micro-batches x 2 layers
+    # x 2 samples x 1 MB stash = 364 MB: fits. Stage 1 holds 1 micro-batch: 362 MB.
     assert m.oom == []
     small = load_cluster(cluster_dict([("n0", "unit", 2)], memory="300 MB"))
     m = simulate(plan, CostModel(model, small)).metrics
     assert m.oom == ["n0/0", "n0/1"]
     over = {d["device"]: d for d in m.extra["oom_detail"]}
-    assert over["n0/0"]["bytes_over"] == pytest.approx(2 * 16 * params + 2 * 2 * 2 * STASH
+    assert over["n0/0"]["bytes_over"] == pytest.approx(2 * 18 * params + 2 * 2 * 2 * STASH
                                                         - 300e6)
     assert over["n0/1"]["stages"] == [1]
     assert m.iteration_time_s > 0

@@ -13,6 +13,19 @@ from dataclasses import dataclass
 
 DEFAULT_EFFICIENCY = 0.5  # why: Megatron-LM reports 40-52% of peak on A100 for GPT-3 sizes
 
+# Device memory a training process holds besides its tensors, so that "fits" means fits
+# on a real GPU. Fixed part: the CUDA context with cuBLAS/cuDNN handles, ~0.7-0.8 GB on
+# recent GPUs (PyTorch forums, "What is the reason for pytorch's GPU memory floor?" and
+# "High gpu memory overhead": ~700+ MB), plus NCCL buffers: NCCL_BUFFSIZE 4 MiB (NCCL
+# environment variables docs) per channel and direction, up to 32 channels on NVLink
+# systems, i.e. 256 MiB per communicator, and a rank joins about three (tensor, pipeline,
+# data parallel): 0.8 GB. Proportional part: allocator fragmentation; the caching
+# allocator's waste reaches tens of percent in the worst cases with recompute and
+# interleaving (GMLake, Guo et al. ASPLOS 2024; STAlloc, arXiv 2507.16274); 5% is the low
+# end that expandable segments leave (a modelling choice, not a fit).
+RUNTIME_FIXED_BYTES = 0.8e9 + 0.8e9
+FRAGMENTATION_FRACTION = 0.05
+
 
 @dataclass(frozen=True)
 class DeviceType:
@@ -27,6 +40,12 @@ class DeviceType:
     link_latency_s: float = 5e-6
     price_per_hour: float | None = None         # USD per device-hour, if known
     source: str = ""
+    runtime_reserve_bytes: float = 0.0          # held by the runtime, not by tensors
+
+    @staticmethod
+    def reserve_for(memory_bytes: float) -> float:
+        """The catalog's runtime reserve of a GPU with `memory_bytes` of memory."""
+        return RUNTIME_FIXED_BYTES + FRAGMENTATION_FRACTION * memory_bytes
 
     @property
     def achievable_flops(self) -> float:
@@ -37,7 +56,8 @@ def _d(name, tflops, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0):
     return DeviceType(name=name, peak_flops=tflops * 1e12, memory_bytes=mem_gb * 1e9,
                       mem_bandwidth_bytes_per_s=bw_gbs * 1e9,
                       link_bandwidth_bytes_per_s=link_gbs * 1e9,
-                      link_latency_s=latency_us * 1e-6, source=source)
+                      link_latency_s=latency_us * 1e-6, source=source,
+                      runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9))
 
 
 # NVLink figures are total bidirectional in NVIDIA's sheets; we store one direction (half).

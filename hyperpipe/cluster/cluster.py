@@ -164,7 +164,7 @@ class Cluster:
 # ---------------------------------------------------------------------------- loading
 
 _DEVICE_KEYS = ("peak_flops", "efficiency", "memory", "mem_bandwidth", "link_bandwidth",
-                "link_latency", "price_per_hour", "base", "source")
+                "link_latency", "price_per_hour", "base", "source", "runtime_reserve")
 _NODE_KEYS = ("name", "device", "count", "intra_link", "nic", "nics", "price_per_hour",
               "repeat")
 _LINK_KEYS = ("bandwidth", "latency")
@@ -237,7 +237,17 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
         price_per_hour=f.number("price_per_hour", base.price_per_hour)
         if f.has("price_per_hour") else base.price_per_hour,
         source=f.string("source", base.source or "user-defined"),
+        # A catalog type given another memory size keeps the catalog's reserve rule;
+        # a user-defined type holds none unless it says so.
+        runtime_reserve_bytes=f.quantity("runtime_reserve", "bytes", _reserve(base, f),
+                                         positive=False),
     )
+
+
+def _reserve(base: DeviceType, f: Fields) -> float:
+    if base.runtime_reserve_bytes and f.has("memory"):
+        return DeviceType.reserve_for(f.quantity("memory", "bytes"))
+    return base.runtime_reserve_bytes
 
 
 def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:

@@ -148,11 +148,20 @@ class EmbeddingLayer:
         out_bytes = b * s * h * d                       # (B, S, D) activations written
         ids_bytes = b * s * TOKEN_ID_BYTES              # kept for the backward scatter
         rows_bytes = b * s * h * d + (s * h * d if _learned(c) else 0)
-        stash = ids_bytes + (b * s * h if c.dropout > 0 else 0)   # + 1-byte dropout mask
+        stash = self.stash_bytes(b, s, d)
         return LayerCost(
             fwd_flops=0.0, i_flops=0.0, w_flops=float(tables * b * s * h),
             send_bytes=float(out_bytes), stash_bytes=float(stash),
             mem_bytes=float(ids_bytes + rows_bytes + out_bytes))
+
+    def stash_bytes(self, micro_batch: int, seq_len: int, dtype_bytes: int, *, tp: int = 1,
+                    sequence_parallel: bool = False, recompute: str = "none") -> float:
+        """Token ids (every rank of a tensor-parallel group keeps them) and, with dropout,
+        its 1-byte mask (split by sequence parallelism). Recompute does not apply: Megatron
+        checkpoints transformer blocks only."""
+        b, s = micro_batch, seq_len
+        mask = b * s * self.config.d_model if self.config.dropout > 0 else 0
+        return float(b * s * TOKEN_ID_BYTES + mask / (tp if sequence_parallel else 1))
 
 
 @dataclass(frozen=True)
@@ -181,12 +190,14 @@ class TransformerBlock:
     dropout > 0:
 
     * attention: QKV input sbh·d, Q sbh·d, K and V 2·sb·h_kv·d (5sbh·d without GQA, their
-      11sbh at d = 2 less the 1-byte mask), output-projection input sbh·d; softmax output
-      as²b·d; with dropout also its mask as²b and dropout output as²b·d (their 5as²b) and
-      the residual dropout mask sbh.
+      11sbh at d = 2 less the 1-byte mask), output-projection input sbh·d; with eager
+      attention the softmax output as²b·d, and with dropout also its mask as²b and dropout
+      output as²b·d (their 5as²b); with flash attention none of the s² part, only its
+      fp32 log-sum-exp 4·asb; with dropout the residual dropout mask sbh.
     * MLP: input sbh·d; GELU input and output 2·sbf·d (their 16sbh at f = 4h, d = 2);
       SwiGLU gate, up, silu(gate) and their product 4·sbf·d; with dropout a mask sbh.
     * two norms: their inputs 2·sbh·d (per-token mean and rstd are negligible).
+    * `stash_bytes` gives it under tensor parallelism, sequence parallelism and recompute.
 
     send bytes: the (B, S, D) output, b·s·h·d. mem_bytes (a lower bound for the roofline):
     weights read once, stashed tensors and the output written once.
@@ -206,7 +217,7 @@ class TransformerBlock:
 
     def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
         c = self.config
-        b, s, h, f, a, d = micro_batch, seq_len, c.d_model, c.ffn_hidden, c.n_head, dtype_bytes
+        b, s, h, f, d = micro_batch, seq_len, c.d_model, c.ffn_hidden, dtype_bytes
         kv = c.kv_dim
         swiglu = c.mlp == "swiglu"
         # forward FLOPs
@@ -215,20 +226,55 @@ class TransformerBlock:
         out_proj = 2 * b * s * h * h
         mlp = 2 * b * s * h * f * (3 if swiglu else 2)
         matmul = qkv + out_proj + mlp
-        # stash bytes
-        tokens = b * s
-        attn = tokens * (3 * h + 2 * kv) * d + a * s * s * b * d
-        ffn = tokens * h * d + (4 if swiglu else 2) * tokens * f * d
-        norms = 2 * tokens * h * d
-        if c.dropout > 0:
-            attn += a * s * s * b * (1 + d) + tokens * h   # probs mask and output, resid mask
-            ffn += tokens * h                               # residual dropout mask
-        stash = attn + ffn + norms
-        out = tokens * h * d
+        stash = self.stash_bytes(b, s, d)
+        out = b * s * h * d
         return LayerCost(
             fwd_flops=float(matmul + attn_s2), i_flops=float(matmul + 2 * attn_s2),
             w_flops=float(matmul), send_bytes=float(out), stash_bytes=float(stash),
             mem_bytes=float(self.params * d + stash + out))
+
+
+    def stash_parts(self, micro_batch: int, seq_len: int, dtype_bytes: int
+                    ) -> tuple[float, float, float]:
+        """The stash without recompute, split as tensor parallelism splits it (bytes):
+        (outside the tensor-parallel regions: norm inputs, the attention and MLP inputs,
+        residual dropout masks — Korthikanti's 10sbh, divided by t only with sequence
+        parallelism; inside them: Q, K, V, the output-projection input and the MLP
+        intermediates — their 24sbh, divided by t; the attention core kept for backward:
+        eager attention's softmax output (+ dropout mask and output) — their 5as²b,
+        divided by t; with flash attention only its fp32 log-sum-exp per query and head,
+        4·abs bytes, Dao et al. 2022, sec. 3.1)."""
+        c = self.config
+        b, s, h, f, a, d = micro_batch, seq_len, c.d_model, c.ffn_hidden, c.n_head, dtype_bytes
+        tokens = b * s
+        outside = 4 * tokens * h * d                   # 2 norm inputs, attn and MLP inputs
+        inside = tokens * (2 * h + 2 * c.kv_dim) * d + (4 if c.mlp == "swiglu" else 2) * \
+            tokens * f * d                              # Q, K, V, out-proj input, MLP
+        if c.attention == "eager":
+            core = a * s * s * b * d                    # softmax output
+            if c.dropout > 0:
+                core += a * s * s * b * (1 + d)         # its dropout mask and output
+        else:
+            core = 4 * a * s * b                        # flash: fp32 log-sum-exp
+        if c.dropout > 0:
+            outside += 2 * tokens * h                   # the two residual dropout masks
+        return float(outside), float(inside), float(core)
+
+    def stash_bytes(self, micro_batch: int, seq_len: int, dtype_bytes: int, *, tp: int = 1,
+                    sequence_parallel: bool = False, recompute: str = "none") -> float:
+        """Bytes one micro-batch keeps until its backward, per device of a tensor-parallel
+        group of `tp` (Korthikanti et al. 2022, sec. 4, table 2): recompute none
+        sbh(10 + 24/t + 5as/(ht)) at 16 bits with eager attention and dropout, all of it
+        over t with sequence parallelism; "selective" drops the attention core (it is
+        recomputed), so 34sbh/t with sequence parallelism; "full" keeps only the block
+        input, 2sbh (over t with sequence parallelism)."""
+        outside, inside, core = self.stash_parts(micro_batch, seq_len, dtype_bytes)
+        r = tp if sequence_parallel else 1
+        if recompute == "full":
+            return micro_batch * seq_len * self.config.d_model * dtype_bytes / r
+        if recompute == "selective" and self.config.attention == "eager":
+            core = 0.0
+        return outside / r + (inside + core) / tp
 
 
 @dataclass(frozen=True)
@@ -253,10 +299,19 @@ class HeadLayer:
         c = self.config
         b, s, h, v, d = micro_batch, seq_len, c.d_model, c.vocab_size, dtype_bytes
         lm = 2 * b * s * h * v
-        stash = 2 * b * s * h * d + b * s * v * 4
+        stash = self.stash_bytes(b, s, d)
         return LayerCost(
             fwd_flops=float(lm), i_flops=float(lm), w_flops=float(lm), send_bytes=0.0,
             stash_bytes=float(stash), mem_bytes=float(self.params * d + stash))
+
+    def stash_bytes(self, micro_batch: int, seq_len: int, dtype_bytes: int, *, tp: int = 1,
+                    sequence_parallel: bool = False, recompute: str = "none") -> float:
+        """Norm input and output (split by sequence parallelism) and the fp32 logits, split
+        over the vocabulary by tensor parallelism (Megatron's vocab-parallel
+        cross-entropy). Not recomputed (Megatron checkpoints blocks only)."""
+        b, s, h = micro_batch, seq_len, self.config.d_model
+        norm = 2 * b * s * h * dtype_bytes / (tp if sequence_parallel else 1)
+        return float(norm + b * s * self.config.vocab_size * 4 / tp)
 
 
 @dataclass(frozen=True)
@@ -285,6 +340,15 @@ class SyntheticLayer:
             w_flops=b * self.w_flops_per_sample, send_bytes=float(send),
             stash_bytes=b * self.stash_bytes_per_sample,
             mem_bytes=float(self.params * dtype_bytes + send))
+
+    def stash_bytes(self, micro_batch: int, seq_len: int, dtype_bytes: int, *, tp: int = 1,
+                    sequence_parallel: bool = False, recompute: str = "none") -> float:
+        """Its stash split over tp; with full recompute only its input, taken to be the
+        size of its output (a synthetic layer does not say more)."""
+        if recompute == "full":
+            return micro_batch * self.activation_bytes_per_sample / \
+                (tp if sequence_parallel else 1)
+        return micro_batch * self.stash_bytes_per_sample / tp
 
 
 Layer = EmbeddingLayer | TransformerBlock | HeadLayer | SyntheticLayer
@@ -340,6 +404,14 @@ class ModelSpec:
                 or micro_batch < 1:
             raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
         return self.layers[index].cost(micro_batch, self.seq_len, self.dtype_bytes)
+
+    def stash_bytes(self, index: int, micro_batch: int, *, tp: int = 1,
+                    sequence_parallel: bool = False, recompute: str = "none") -> float:
+        """Bytes layer `index` keeps from its forward until its backward for one
+        micro-batch, per device of a tensor-parallel group of `tp`."""
+        return self.layers[index].stash_bytes(
+            micro_batch, self.seq_len, self.dtype_bytes, tp=tp,
+            sequence_parallel=sequence_parallel, recompute=recompute)
 
     def to_dict(self) -> dict:
         """A JSON-able form that `load_model` reads back to an equal spec."""

@@ -164,6 +164,7 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
     rank_info = []        # (class, compute end, stages of the rank)
     rank_devices: dict[tuple[int, int], tuple[str, ...]] = {}   # (class, stage) -> devices
     spans = []
+    shards = len(plan.pipelines) if plan.distributed_optimizer else 1
     for c, members in enumerate(classes.values()):
         pipe = plan.pipelines[members[0]]
         st, m, b = pipe.stages, pipe.num_microbatches, pipe.micro_batch
@@ -178,7 +179,7 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         else:
             t_b = last = [cost.stage_time_s(s.layers, s.devices, b, "B") for s in st]
         sizes = [_stage_bytes(cost, s, b, cache) for s in st]
-        links = [_link_times(cost, x, y, sizes[k][2], cache)
+        links = [_link_times(cost, x, y, sizes[k][1], cache)
                  for k, (x, y) in enumerate(pairwise(st))]
         work = [sum(t_f[s] + t_b[s] for s in range(r, n_st, p)) for r in range(p)]
         top = max(range(p), key=work.__getitem__)
@@ -200,7 +201,9 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
             rank_info.append((c, span - below, mine))
             below += sum(t_b[s] for s in mine)
             stash = sum(sizes[s][0] for s in mine) / len(mine)
-            peak = sum(sizes[s][1] for s in mine) + stash * peak_in_flight(kind, p, m, v, r)
+            peak = _static_bytes(cost, [st[s] for s in mine], types[st[r].devices[0]].name,
+                                 b, shards, cache) + \
+                stash * peak_in_flight(kind, p, m, v, r)
             devices = tuple(chain.from_iterable(map(_DEVICES, columns[r])))
             for s in mine:
                 rank_devices[(c, s)] = devices
@@ -234,7 +237,8 @@ def _classes(plan: Plan, names: dict) -> dict[tuple, list[int]]:
     for q, pipe in enumerate(pipes):
         st = pipe.stages
         key = (pipe.micro_batch, pipe.num_microbatches, tuple(map(_LAYERS, st)),
-               tuple(map(_TP, st)), tuple(map(names.__getitem__, map(_FIRST, map(_DEVICES, st)))))
+               tuple(map(_TP, st)), tuple(map(names.__getitem__, map(_FIRST, map(_DEVICES, st)))),
+               tuple(map(_MEMORY_MODE, st)))
         classes.setdefault(key, []).append(q)
     return classes
 
@@ -250,7 +254,8 @@ def _all_alike(pipes, names: dict, p: int) -> bool:
     for k, column in enumerate(zip(*[p.stages for p in pipes], strict=True)):
         head = column[0]
         if not all(map(eq, map(_LAYERS, column), repeat(head.layers))) or \
-                not all(map(eq, map(_TP, column), repeat(head.tp))):
+                not all(map(eq, map(_TP, column), repeat(head.tp))) or \
+                not all(map(eq, map(_MEMORY_MODE, column), repeat(_MEMORY_MODE(head)))):
             return False
         if k < p and not all(map(eq, map(names.__getitem__, map(_FIRST, map(_DEVICES, column))),
                                  repeat(names[head.devices[0]]))):
@@ -260,6 +265,7 @@ def _all_alike(pipes, names: dict, p: int) -> bool:
 
 _LAYERS, _TP, _DEVICES, _FIRST = (attrgetter("layers"), attrgetter("tp"),
                                   attrgetter("devices"), itemgetter(0))
+_MEMORY_MODE = attrgetter("recompute", "sequence_parallel")
 _MB, _M, _STAGES = (attrgetter("micro_batch"), attrgetter("num_microbatches"),
                     attrgetter("stages"))
 
@@ -272,13 +278,24 @@ def bucket_count(nbytes: float, bucket_bytes: float) -> int:
 
 
 def _stage_bytes(cost: CostModel, stage, micro_batch: int, cache: dict
-                 ) -> tuple[float, float, float]:
-    """(stash per micro-batch, static state, bytes sent on) of a stage, per device."""
-    key = ("bytes", stage.layers, micro_batch, stage.tp)
+                 ) -> tuple[float, float]:
+    """(stash per micro-batch, bytes sent on) of a stage, per device."""
+    key = ("bytes", stage.layers, micro_batch, stage.tp, stage.recompute,
+           stage.sequence_parallel)
     if key not in cache:
-        cache[key] = (cost.stash_bytes(stage.layers, micro_batch, stage.tp),
-                      cost.state_bytes(stage.layers, stage.tp),
+        cache[key] = (cost.stage_stash_bytes(stage, micro_batch),
                       cost.send_bytes(stage.layers, micro_batch))
+    return cache[key]
+
+
+def _static_bytes(cost: CostModel, stages: list, type_name: str, micro_batch: int,
+                  shards: int, cache: dict) -> float:
+    """`CostModel.device_static_bytes` of a rank's stages, cached by their shape and
+    device type."""
+    key = ("static", tuple((s.layers, s.tp, s.recompute, s.sequence_parallel)
+                           for s in stages), type_name, micro_batch, shards)
+    if key not in cache:
+        cache[key] = cost.device_static_bytes(stages, micro_batch, shards)
     return cache[key]
 
 
@@ -307,7 +324,7 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
     """When each (class, stage)'s gradient all-reduce ends: per layer range held by one
     stage in every replica, ring time of the cost model in buckets; with `overlap` the
     buckets stream during the last backward (bucket j ready after (j+1)/k of it)."""
-    grad_bytes = cost.model.dtype_bytes
+    grad_bytes = cost.grad_bytes_per_param
     pipes = plan.pipelines
     done: dict[tuple[int, int], float] = {}
     if len(pipes) == 1:

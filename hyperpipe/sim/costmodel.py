@@ -8,15 +8,28 @@ caller goes through this one interface, so nothing else needs to know which was 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from hyperpipe.cluster.cluster import Cluster, Link, Route
 from hyperpipe.models import ModelSpec
 from hyperpipe.plan.profile import Profile
 
-# Mixed-precision Adam keeps 16 bytes per parameter: 2 (bf16 weight) + 2 (bf16 grad)
-# + 4 (fp32 master weight) + 4 + 4 (fp32 moments). Rajbhandari et al. 2020 (ZeRO), sec. 3.1.
-ADAM_MIXED_BYTES_PER_PARAM = 16
+# Bytes per parameter as Megatron-LM keeps them, per training dtype: (kept on every
+# data-parallel replica, shardable by the distributed optimizer). Megatron Core user
+# guide, "Distributed Optimizer": 20 / 18 / 16 bytes without it and 4 + 16/d, 6 + 12/d,
+# 8 + 8/d with it over d data-parallel ranks, for fp16 params and grads / bf16 params with
+# fp32 main grads / fp32; the split is ZeRO's (Rajbhandari et al. 2020, sec. 3.1: 2 + 2
+# bytes of fp16 weight and gradient, K = 12 of fp32 master weight and Adam moments).
+# bf16: 2 (bf16 weight) + 4 (fp32 main grad) kept; 4 (fp32 master) + 4 + 4 (Adam m, v).
+STATE_BYTES_PER_PARAM: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {"fp16": (4.0, 16.0), "bf16": (6.0, 12.0), "fp32": (8.0, 8.0)})
+# Gradient bytes per parameter that data parallelism reduces: Megatron reduces bf16
+# training's fp32 main grads (accumulate_allreduce_grads_in_fp32) and fp16 training's fp16
+# grads; torch AMP keeps fp32 grads of fp32 weights.
+GRAD_BYTES_PER_PARAM: Mapping[str, float] = MappingProxyType(
+    {"fp16": 2.0, "bf16": 4.0, "fp32": 4.0})
 # An Adam step reads and writes the fp32 state and reads the gradient: about 2·12 + 2 + 2.
 ADAM_STEP_BYTES_PER_PARAM = 28
 
@@ -38,7 +51,6 @@ class CostModel:
     model: ModelSpec
     cluster: Cluster
     profile: Profile | None = None
-    state_bytes_per_param: float = ADAM_MIXED_BYTES_PER_PARAM
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     # ---------------------------------------------------------------- compute
@@ -131,14 +143,74 @@ class CostModel:
     def stage_params(self, layers: tuple[int, int]) -> int:
         return sum(self.model.layers[i].params for i in range(*layers))
 
-    def state_bytes(self, layers: tuple[int, int], tp: int = 1) -> float:
-        """Weights, gradients and optimizer state of a stage, per device of its TP group."""
-        return self.stage_params(layers) * self.state_bytes_per_param / tp
+    @property
+    def state_bytes_per_param(self) -> float:
+        """Weights, gradients and optimizer state per parameter without the distributed
+        optimizer (18 for bf16: `STATE_BYTES_PER_PARAM`)."""
+        kept, shardable = STATE_BYTES_PER_PARAM[self.model.dtype]
+        return kept + shardable
 
-    def stash_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1) -> float:
-        """Activations one micro-batch keeps from its forward until its backward."""
-        return sum(self.model.layer_cost(i, micro_batch).stash_bytes
-                   for i in range(*layers)) / tp
+    @property
+    def grad_bytes_per_param(self) -> float:
+        """Bytes per parameter of the gradients data parallelism reduces."""
+        return GRAD_BYTES_PER_PARAM[self.model.dtype]
+
+    def state_bytes(self, layers: tuple[int, int], tp: int = 1, dp_shards: int = 1) -> float:
+        """Weights, gradients and optimizer state of a stage, per device of its TP group;
+        with the distributed optimizer the fp32 master weights and Adam moments are split
+        over the `dp_shards` data-parallel replicas that hold the same layers."""
+        kept, shardable = STATE_BYTES_PER_PARAM[self.model.dtype]
+        return self.stage_params(layers) * (kept + shardable / dp_shards) / tp
+
+    def stash_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1, *,
+                    recompute: str = "none", sequence_parallel: bool = False) -> float:
+        """Activations one micro-batch keeps from its forward until its backward, per
+        device of the stage's tensor-parallel group (Korthikanti et al. 2022; see
+        `TransformerBlock.stash_bytes`)."""
+        key = ("stash", layers, micro_batch, tp, recompute, sequence_parallel)
+        if key not in self._cache:
+            self._cache[key] = sum(
+                self.model.stash_bytes(i, micro_batch, tp=tp, recompute=recompute,
+                                       sequence_parallel=sequence_parallel)
+                for i in range(*layers))
+        return self._cache[key]
+
+    def recompute_work_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1, *,
+                             recompute: str = "none", sequence_parallel: bool = False
+                             ) -> float:
+        """Bytes a recomputing backward holds on top of the stash, one layer at a time:
+        what the recomputed forward of one layer rebuilds before its backward runs (the
+        largest over the stage's layers; 0 without recompute)."""
+        if recompute == "none":
+            return 0.0
+        return max(self.model.stash_bytes(i, micro_batch, tp=tp,
+                                          sequence_parallel=sequence_parallel)
+                   - self.model.stash_bytes(i, micro_batch, tp=tp, recompute=recompute,
+                                            sequence_parallel=sequence_parallel)
+                   for i in range(*layers))
+
+    def runtime_reserve_bytes(self, device_type: str) -> float:
+        """Device memory the runtime holds besides tensors (CUDA context, NCCL buffers,
+        allocator fragmentation): the catalog's `runtime_reserve_bytes`."""
+        return self.cluster.device_types[device_type].runtime_reserve_bytes
+
+    def stage_stash_bytes(self, stage, micro_batch: int) -> float:
+        """`stash_bytes` of a plan stage (`StagePlan`), with its recompute and sequence
+        parallelism."""
+        return self.stash_bytes(stage.layers, micro_batch, stage.tp, recompute=stage.recompute,
+                                sequence_parallel=stage.sequence_parallel)
+
+    def device_static_bytes(self, stages, micro_batch: int, dp_shards: int = 1) -> float:
+        """Bytes a device holds all iteration long for the plan stages (`StagePlan`s) it
+        runs: their state, the largest recompute working set among them (one backward
+        runs at a time) and the runtime reserve of its device type."""
+        dtype = self.cluster.device(stages[0].devices[0]).type.name
+        state = sum(self.state_bytes(st.layers, st.tp, dp_shards) for st in stages)
+        work = max(self.recompute_work_bytes(st.layers, micro_batch, st.tp,
+                                             recompute=st.recompute,
+                                             sequence_parallel=st.sequence_parallel)
+                   for st in stages)
+        return state + work + self.runtime_reserve_bytes(dtype)
 
     def send_bytes(self, layers: tuple[int, int], micro_batch: int) -> float:
         """Bytes a stage sends forward (its last layer's output); the same go back as grads."""

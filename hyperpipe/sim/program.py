@@ -66,7 +66,7 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
     pp = plan.pipelines[pipe.index]
     stages, n_st, m, mb = pp.stages, len(pp.stages), pp.num_microbatches, pp.micro_batch
     sched = pipe.schedule
-    stash = [cost.stash_bytes(s.layers, mb, s.tp) for s in stages]
+    stash = [cost.stage_stash_bytes(s, mb) for s in stages]
     fwd = [boundary_flow(plan, cost, pipe, k, k + 1) for k in range(n_st - 1)]
     bwd = [boundary_flow(plan, cost, pipe, k + 1, k) for k in range(n_st - 1)]
     # Per (stage, op): duration, first box it waits for (-1: none), first box it
@@ -111,8 +111,9 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
                 if opt.overlap_dp_allreduce:
                     program[i] = (*program[i][:6], rank.stages[i])
         rank.program = program
-        static = sum(cost.state_bytes(stages[s].layers, stages[s].tp)
-                     for s in range(d, n_st, len(sched.actions)))
+        static = cost.device_static_bytes(
+            [stages[s] for s in range(d, n_st, len(sched.actions))], mb,
+            len(plan.pipelines) if plan.distributed_optimizer else 1)
         rank.timeline = [(0.0, static)]
         pipe.ranks.append(rank)
     pipe.eta = [NEVER] * (2 * n_st * m)
@@ -144,7 +145,7 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, pipes: lis
                         ) -> list[Segment]:
     """The gradient all-reduce segments of every layer range, registered on the pipes."""
     segments: list[Segment] = []
-    grad_bytes = opt.grad_bytes_per_param or cost.model.dtype_bytes
+    grad_bytes = opt.grad_bytes_per_param or cost.grad_bytes_per_param
     cuts = sorted({s.layers[1] for p in pipes
                    for s in plan.pipelines[p.index].stages})
     simulated_nodes = {cost.cluster.device(dev).node for p in pipes
@@ -197,7 +198,8 @@ def replica_classes(plan: Plan, cost: CostModel) -> list[list[int]]:
     for q, pipe in enumerate(plan.pipelines):
         st = pipe.stages
         key = (pipe.micro_batch, pipe.num_microbatches,
-               tuple((s.layers, s.tp, cluster.device(s.devices[0]).type.name,
+               tuple((s.layers, s.tp, s.recompute, s.sequence_parallel,
+                      cluster.device(s.devices[0]).type.name,
                       tuple(cost.route(a, b)[1] for a, b in pairwise(s.devices)))
                      for s in st),
                tuple((cost.route(a, b)[1], len(cost.route(a, b)[0].hops))

@@ -94,7 +94,7 @@ class SimOptions:
     overlap_dp_allreduce: bool = True     # buckets start during the last backward
     bucket_bytes: float = 25e6            # PyTorch DDP's default bucket_cap_mb=25
     include_optimizer: bool = True
-    grad_bytes_per_param: float | None = None   # None: the model's dtype (bf16: 2)
+    grad_bytes_per_param: float | None = None   # None: the cost model's (bf16: fp32, 4)
     trace: bool = True                    # False: skip building the Trace (search)
     check_plan: bool = True               # Plan.check against model and cluster first
     validate_schedule: bool = True        # validate a user-given schedule first
