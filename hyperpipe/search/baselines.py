@@ -233,4 +233,5 @@ def state_fits(ctx: SearchContext, plan: Plan) -> bool:
         for st in pipe.stages:
             held[st.devices[0]] = held.get(st.devices[0], 0.0) + \
                 ctx.cost.state_bytes(st.layers, st.tp)
-    return all(b <= ctx.cluster.device(d).type.memory_bytes for d, b in held.items())
+    return all(b + ctx.cluster.device(d).type.runtime_reserve_bytes
+               <= ctx.cluster.device(d).type.memory_bytes for d, b in held.items())

@@ -176,7 +176,7 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     for k in range(stages):
         group = row[k % p]
         dev = ctx.cluster.device(group[0]).type
-        slot = P.Slot(group, inflight[k], dev.memory_bytes / v)
+        slot = P.Slot(group, inflight[k], (dev.memory_bytes - dev.runtime_reserve_bytes) / v)
         t = ctx.table(group, mb)
         link = None if k == stages - 1 else ctx.link(group[-1], row[(k + 1) % p][0], mb)
         tables.append(t)
@@ -205,15 +205,15 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
 
 def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int) -> float:
     """Per iteration: ring all-reduce of each device's gradients over the replicas
-    (bf16/fp16 gradients: dtype bytes per parameter) plus its optimizer step; the
-    busiest device counts."""
+    (`CostModel.grad_bytes_per_param`: fp32 main grads for bf16) plus its optimizer
+    step; the busiest device counts."""
     cost = ctx.cost
     p = len(slots[0])
     per_device = [0.0] * p
     for k, (a, b) in enumerate(part.layer_ranges):
         d = k % p
         group = slots[0][d]
-        nbytes = cost.stage_params((a, b)) * ctx.model.dtype_bytes / tp
+        nbytes = cost.stage_params((a, b)) * cost.grad_bytes_per_param / tp
         ring = [r[d][0] for r in slots]
         per_device[d] += cost.allreduce_time_s(ring, nbytes) + cost.optimizer_time_s(
             (a, b), ctx.cluster.device(group[0]).type.name, tp)
@@ -290,7 +290,8 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
             for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,
                                                chunks=v, pp=c.pp, dp=c.dp):
                 phase.seen += 1
-                mem = sum(k * tp * ctx.cluster.device_types[t].memory_bytes
+                mem = sum(k * tp * (ctx.cluster.device_types[t].memory_bytes
+                                    - ctx.cluster.device_types[t].runtime_reserve_bytes)
                           for t, k in recipe.items())
                 p = sum(recipe.values())
                 m = -(-big_m // dp)
