@@ -260,6 +260,18 @@ class TransformerBlock:
             outside += 2 * tokens * h                   # the two residual dropout masks
         return float(outside), float(inside), float(core)
 
+    def recompute_fraction(self, micro_batch: int, seq_len: int, recompute: str) -> float:
+        """The part of the forward the backward runs again: all of it with "full"; with
+        "selective" and eager attention the attention core, the s² matmuls QKᵀ and AV
+        (4bs²h of the forward's FLOPs; Korthikanti et al. 2022, sec. 5); none else (a
+        flash kernel's backward recomputes its scores by itself, within its own time)."""
+        if recompute == "full":
+            return 1.0
+        if recompute == "selective" and self.config.attention == "eager":
+            c = self.cost(micro_batch, seq_len, 2)
+            return 4 * micro_batch * seq_len * seq_len * self.config.d_model / c.fwd_flops
+        return 0.0
+
     def stash_bytes(self, micro_batch: int, seq_len: int, dtype_bytes: int, *, tp: int = 1,
                     sequence_parallel: bool = False, recompute: str = "none") -> float:
         """Bytes one micro-batch keeps until its backward, per device of a tensor-parallel
@@ -341,6 +353,10 @@ class SyntheticLayer:
             stash_bytes=b * self.stash_bytes_per_sample,
             mem_bytes=float(self.params * dtype_bytes + send))
 
+    def recompute_fraction(self, micro_batch: int, seq_len: int, recompute: str) -> float:
+        """All of its forward runs again with "full" recompute, none of it otherwise."""
+        return 1.0 if recompute == "full" else 0.0
+
     def stash_bytes(self, micro_batch: int, seq_len: int, dtype_bytes: int, *, tp: int = 1,
                     sequence_parallel: bool = False, recompute: str = "none") -> float:
         """Its stash split over tp; with full recompute only its input, taken to be the
@@ -412,6 +428,14 @@ class ModelSpec:
         return self.layers[index].stash_bytes(
             micro_batch, self.seq_len, self.dtype_bytes, tp=tp,
             sequence_parallel=sequence_parallel, recompute=recompute)
+
+    def recompute_fraction(self, index: int, micro_batch: int, recompute: str) -> float:
+        """Fraction of layer `index`'s forward that its backward runs again under
+        `recompute` (0 for layers that are not checkpointed: embedding and head)."""
+        layer = self.layers[index]
+        if not hasattr(layer, "recompute_fraction"):
+            return 0.0
+        return layer.recompute_fraction(micro_batch, self.seq_len, recompute)
 
     def to_dict(self) -> dict:
         """A JSON-able form that `load_model` reads back to an equal spec."""

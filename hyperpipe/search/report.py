@@ -50,8 +50,8 @@ def why_best(plan: Plan, metrics, cost: CostModel) -> list[str]:
     worst = None
     for q, pipe in enumerate(plan.pipelines):
         for k, st in enumerate(pipe.stages):
-            t = sum(cost.stage_time_s(st.layers, st.devices, pipe.micro_batch, op)
-                    for op in ("F", "B"))
+            t = sum(cost.stage_time_s(st.layers, st.devices, pipe.micro_batch, op,
+                                      st.recompute) for op in ("F", "B"))
             if worst is None or t > worst[0]:
                 worst = (t, q, k, st)
     t, q, k, st = worst

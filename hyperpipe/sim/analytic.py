@@ -172,12 +172,13 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         p = n_st // v
         t_f = [cost.stage_time_s(s.layers, s.devices, b, "F") for s in st]
         if kind == "zb-h1":
-            t_i = [cost.stage_time_s(s.layers, s.devices, b, "I") for s in st]
+            t_i = [cost.stage_time_s(s.layers, s.devices, b, "I", s.recompute) for s in st]
             t_w = [cost.stage_time_s(s.layers, s.devices, b, "W") for s in st]
             t_b = [i + w for i, w in zip(t_i, t_w, strict=True)]
             last = t_w
         else:
-            t_b = last = [cost.stage_time_s(s.layers, s.devices, b, "B") for s in st]
+            t_b = last = [cost.stage_time_s(s.layers, s.devices, b, "B", s.recompute)
+                          for s in st]
         sizes = [_stage_bytes(cost, s, b, cache) for s in st]
         links = [_link_times(cost, x, y, sizes[k][1], cache)
                  for k, (x, y) in enumerate(pairwise(st))]
@@ -219,7 +220,8 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         for s in sorted(mine, key=lambda s, c=c: ready[(c, s)][0]):
             t = max(t, done.get((c, s), 0.0))
             if include_optimizer:
-                t += _optimizer_s(cost, plan.pipelines[reps[c]].stages[s], types, cache)
+                t += _optimizer_s(cost, plan.pipelines[reps[c]].stages[s], types, shards,
+                                  cache)
         iteration = max(iteration, t)
     extra = {"tier": "analytic", "pipeline_s": max(spans),
              "replica_classes": list(classes.values())}
@@ -309,11 +311,11 @@ def _link_times(cost: CostModel, x, y, nbytes: float, cache: dict) -> tuple[floa
     return cache[key]
 
 
-def _optimizer_s(cost: CostModel, stage, types: dict, cache: dict) -> float:
+def _optimizer_s(cost: CostModel, stage, types: dict, shards: int, cache: dict) -> float:
     name = types[stage.devices[0]].name
-    key = ("opt", stage.layers, name, stage.tp)
+    key = ("opt", stage.layers, name, stage.tp, shards)
     if key not in cache:
-        cache[key] = cost.optimizer_time_s(stage.layers, name, stage.tp)
+        cache[key] = cost.optimizer_time_s(stage.layers, name, stage.tp, shards)
     return cache[key]
 
 
@@ -324,7 +326,7 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
     """When each (class, stage)'s gradient all-reduce ends: per layer range held by one
     stage in every replica, ring time of the cost model in buckets; with `overlap` the
     buckets stream during the last backward (bucket j ready after (j+1)/k of it)."""
-    grad_bytes = cost.grad_bytes_per_param
+    grad_bytes = cost.dp_sync_bytes_per_param(plan.distributed_optimizer)
     pipes = plan.pipelines
     done: dict[tuple[int, int], float] = {}
     if len(pipes) == 1:

@@ -90,11 +90,38 @@ class CostModel:
         return self._cache[key]
 
     def stage_time_s(self, layers: tuple[int, int], devices: tuple[str, ...],
-                     micro_batch: int, op: str) -> float:
-        """Compute plus Megatron-style tensor-parallel all-reduces of a stage's op."""
+                     micro_batch: int, op: str, recompute: str = "none") -> float:
+        """Compute plus Megatron-style tensor-parallel all-reduces of a stage's op; the
+        backward op that needs the activations (B, or I when the backward is split) first
+        runs the recomputed forward: all of F with its collectives for "full", the
+        attention core for "selective" (`recompute_s`)."""
         dtype = self.cluster.device(devices[0]).type.name
         t = self.stage_compute_s(layers, dtype, micro_batch, op, len(devices))
+        if op in ("B", "I") and recompute != "none":
+            t += self.recompute_s(layers, devices, micro_batch, recompute)
         return t + self.tp_comm_s(layers, devices, micro_batch, op)
+
+    def recompute_s(self, layers: tuple[int, int], devices: tuple[str, ...],
+                    micro_batch: int, recompute: str) -> float:
+        """Time of the forward work a backward redoes: with "full" the stage's whole
+        forward, tensor-parallel collectives included (Korthikanti et al. 2022, sec. 5:
+        the recomputed forward repeats its all-reduces); with "selective" each layer's
+        `recompute_fraction` of its forward time (the attention core, no collectives)."""
+        if recompute == "none":
+            return 0.0
+        if recompute == "full" and all(self.model.recompute_fraction(i, micro_batch, "full")
+                                       == 1.0 for i in range(*layers)):
+            return self.stage_time_s(layers, devices, micro_batch, "F")
+        dtype = self.cluster.device(devices[0]).type.name
+        tp = len(devices)
+        t = sum(self.model.recompute_fraction(i, micro_batch, recompute)
+                * self.layer_time_s(i, dtype, micro_batch, "F", tp) for i in range(*layers))
+        if recompute == "full":
+            blocks = [i for i in range(*layers)
+                      if self.model.recompute_fraction(i, micro_batch, "full") == 1.0]
+            if blocks:
+                t += self.tp_comm_s((blocks[0], blocks[-1] + 1), devices, micro_batch, "F")
+        return t
 
     def tp_comm_s(self, layers: tuple[int, int], devices: tuple[str, ...], micro_batch: int,
                   op: str) -> float:
@@ -154,6 +181,16 @@ class CostModel:
     def grad_bytes_per_param(self) -> float:
         """Bytes per parameter of the gradients data parallelism reduces."""
         return GRAD_BYTES_PER_PARAM[self.model.dtype]
+
+    def dp_sync_bytes_per_param(self, distributed_optimizer: bool = False) -> float:
+        """Bytes per parameter that the data-parallel gradient sync moves, in all-reduce
+        terms: the gradients' all-reduce; with the distributed optimizer a reduce-scatter
+        of the gradients and an all-gather of the updated weights (Megatron's
+        distributed optimizer, ZeRO-1), each carrying (n-1)/n of its tensor, half of a
+        ring all-reduce of the same size: (grad + weight bytes) / 2 all-reduced."""
+        if not distributed_optimizer:
+            return self.grad_bytes_per_param
+        return (self.grad_bytes_per_param + self.model.dtype_bytes) / 2
 
     def state_bytes(self, layers: tuple[int, int], tp: int = 1, dp_shards: int = 1) -> float:
         """Weights, gradients and optimizer state of a stage, per device of its TP group;
@@ -216,8 +253,11 @@ class CostModel:
         """Bytes a stage sends forward (its last layer's output); the same go back as grads."""
         return self.model.layer_cost(layers[1] - 1, micro_batch).send_bytes
 
-    def optimizer_time_s(self, layers: tuple[int, int], device_type: str, tp: int = 1) -> float:
-        params = self.stage_params(layers) / tp
+    def optimizer_time_s(self, layers: tuple[int, int], device_type: str, tp: int = 1,
+                         dp_shards: int = 1) -> float:
+        """The optimizer step of a stage's parameters on one device; with the distributed
+        optimizer each of the `dp_shards` replicas updates its shard only."""
+        params = self.stage_params(layers) / tp / dp_shards
         if self.profile is not None and device_type in self.profile.optimizer:
             return self.profile.optimizer[device_type](params)
         dev = self.cluster.device_types[device_type]

@@ -76,7 +76,8 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
     shapes: dict[tuple[int, str], tuple] = {}
 
     def shape(s: int, op: str) -> tuple:
-        dur = cost.stage_time_s(stages[s].layers, stages[s].devices, mb, op)
+        dur = cost.stage_time_s(stages[s].layers, stages[s].devices, mb, op,
+                                stages[s].recompute)
         if op == "F":
             return (dur, (s - 1) * m if s > 0 else -1,
                     s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
@@ -145,7 +146,8 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, pipes: lis
                         ) -> list[Segment]:
     """The gradient all-reduce segments of every layer range, registered on the pipes."""
     segments: list[Segment] = []
-    grad_bytes = opt.grad_bytes_per_param or cost.grad_bytes_per_param
+    grad_bytes = opt.grad_bytes_per_param or \
+        cost.dp_sync_bytes_per_param(plan.distributed_optimizer)
     cuts = sorted({s.layers[1] for p in pipes
                    for s in plan.pipelines[p.index].stages})
     simulated_nodes = {cost.cluster.device(dev).node for p in pipes

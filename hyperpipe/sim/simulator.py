@@ -213,7 +213,8 @@ class _Engine:
                     yield ev
                 st = self.plan.pipelines[pipe.index].stages[s]
                 dt = self.cost.optimizer_time_s(
-                    st.layers, self.cost.cluster.device(st.devices[0]).type.name, st.tp)
+                    st.layers, self.cost.cluster.device(st.devices[0]).type.name, st.tp,
+                    len(self.plan.pipelines) if self.plan.distributed_optimizer else 1)
                 if dt > 0:
                     t0 = env.now
                     yield timeout(dt)
