@@ -184,9 +184,12 @@ def test_checkpoint_round_trip_and_completeness(tmp_path):
     ({"pipelines": [{"micro_batch": 2, "num_microbatches": 3, "stages": [
         {"layers": [0, 5], "devices": ["a100/0"]},
         {"layers": [5, 7], "devices": ["v100/0"]}]}]}, "layers covering"),
-    ({"pipelines": [{"micro_batch": 2, "num_microbatches": 3, "stages": [
-        {"layers": [0, 5], "devices": ["a100/0", "a100/1"], "tp": 2},
-        {"layers": [5, 8], "devices": ["v100/0"]}]}]}, "tensor parallelism"),
+    ({"global_batch": 12, "pipelines": [
+        {"micro_batch": 2, "num_microbatches": 3, "stages": [
+            {"layers": [0, 5], "devices": ["a100/0", "a100/1"], "tp": 2},
+            {"layers": [5, 8], "devices": ["v100/0"]}]},
+        {"micro_batch": 2, "num_microbatches": 3, "stages": [
+            {"layers": [0, 8], "devices": ["v100/1"]}]}]}, "must shard it alike"),
 ])
 def test_bad_plans_exit_2_before_any_rank_starts(changes, needle, tmp_path, capsys):
     plan_file = tmp_path / "plan.json"

@@ -1,5 +1,5 @@
-"""Communication of one rank: point-to-point activations and gradients, the link probe,
-and the data-parallel gradient all-reduce.
+"""Communication of one rank: point-to-point activations and gradients, and the link
+probe (the data-parallel reduction is dataparallel.py's).
 
 Every transfer is asynchronous (isend / irecv) and every wait has a timeout, so a dead
 peer turns into an exception, never a hang. Shapes come from the model spec, so no
@@ -129,45 +129,3 @@ def probe_links(pairs: Sequence[tuple[int, int]], rank: int, devices: Sequence[s
                     wait(dist.irecv(buf, peer, tag=_PROBE_TAG), timeout_s, what)
                     wait(dist.isend(buf, peer, tag=_PROBE_TAG + 1), timeout_s, what)
     return events
-
-
-class GradReducer:
-    """Sums gradients over the ranks that hold the same layers (see placement.dp_groups).
-
-    Every rank of the job must construct it (process groups are created collectively),
-    with the same `groups` in the same order.
-    """
-
-    def __init__(self, groups: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], rank: int,
-                 params_by_layer: dict[int, list[torch.nn.Parameter]],
-                 devices: Sequence[str], timeout_s: float):
-        self._timeout_s = timeout_s
-        self._mine: list[tuple[dist.ProcessGroup, list[torch.nn.Parameter], str]] = []
-        for ranks, layers in groups:
-            pg = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s))
-            if rank in ranks:
-                params = [p for layer in layers for p in params_by_layer.get(layer, [])]
-                names = ",".join(devices[r] for r in ranks if r != rank)
-                self._mine.append((pg, params, names))
-
-    def reduce(self, device_name: str, step: int, clock: Callable[[], float]
-               ) -> list[TraceEvent]:
-        """All-reduce (sum) this rank's groups' gradients in place; one event per group."""
-        events = []
-        for pg, params, peers in self._mine:
-            start = clock()
-            grads = []
-            for p in params:
-                if p.grad is None:          # a layer that saw no data still takes part
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            wait(dist.all_reduce(flat, group=pg, async_op=True), self._timeout_s,
-                 f"gradient all-reduce with {peers}")
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-            events.append(TraceEvent(device_name, "allreduce", -1, -1, start, clock(),
-                                     float(flat.numel() * flat.element_size()), peers, step))
-        return events

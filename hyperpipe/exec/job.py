@@ -51,7 +51,7 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
     spec = plan.load_model()
     cluster = plan.load_cluster()
     plan.check(spec, cluster)
-    check_runnable(plan)
+    check_runnable(plan, spec)
     if spec.config is None:
         for i, layer in enumerate(spec.layers):
             if layer.hidden is None:
@@ -112,10 +112,10 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
         runtime.load_state_dict(state)
         checkpoint.set_rng_state(state["rng"])
         first_step = int(state["step"])
-    if emulated:                    # reference times, one rank at a time (uncontended)
-        for r in range(dist.get_world_size()):
+    if emulated:                    # reference times, one rank at a time (uncontended),
+        for r in range(dist.get_world_size()):  # a tensor-parallel group's ranks together
             dist.barrier()
-            if r == rank:
+            if r == where.tp_ranks[0]:
                 runtime.measure_reference()
         if options.reference_profile:
             from hyperpipe.plan.profile import load_profile

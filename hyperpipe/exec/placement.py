@@ -1,9 +1,10 @@
 """Where each stage of a plan runs: the rank layout of a real run.
 
 Rank r runs device ``plan.devices[r]``: pipelines in order, and inside a pipeline its
-devices in stage order, so pipeline i owns ranks ``[offset_i, offset_i + p_i)``. Stage k
-of a pipeline with p ranks lives on its rank ``k % p`` (looped placement, as in the
-schedule IR). Pure functions of the plan: no torch, no processes.
+devices in stage order. A pipeline has p positions (stages / chunks); position d is the
+tensor-parallel group of stage d's devices (one rank for tp = 1), and stage k lives on
+position ``k % p`` (looped placement, as in the schedule IR). Pure functions of the
+plan: no torch, no processes.
 
 >>> from hyperpipe.plan.plan import plan_from_dict
 >>> plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": "tiny-gpt",
@@ -22,25 +23,63 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hyperpipe.errors import BadInput
+from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan
 
 
 @dataclass(frozen=True)
 class RankPlacement:
-    """What one rank holds: its pipeline, its position in it, its stages."""
+    """What one rank holds: its pipeline, its position in it, its stages, its place in
+    the stage's tensor-parallel group."""
 
     rank: int
     device: str
     pipeline: int                   # index into plan.pipelines
-    pipe_rank: int                  # d: position among the pipeline's p ranks
+    pipe_rank: int                  # d: position among the pipeline's p positions
     num_pipe_ranks: int             # p
-    first_rank: int                 # global rank of the pipeline's pipe_rank 0
+    first_rank: int                 # global rank of the pipeline's first device
     stages: tuple[int, ...]         # the stage indices this rank runs (d, d + p, ...)
     sample_offset: int              # first sample of the global batch this pipeline takes
+    # global ranks of each position's tensor-parallel group (one rank each when tp = 1)
+    position_ranks: tuple[tuple[int, ...], ...] = ()
+    tp_index: int = 0               # this rank's place in its tensor-parallel group
+
+    @property
+    def tp_ranks(self) -> tuple[int, ...]:
+        """The tensor-parallel group of this rank's stages (this rank alone for tp = 1)."""
+        return self.position_ranks[self.pipe_rank]
+
+    def ranks_of_stage(self, stage: int) -> tuple[int, ...]:
+        """Global ranks (the tensor-parallel group) that run `stage` of this pipeline."""
+        return self.position_ranks[stage % self.num_pipe_ranks]
 
     def rank_of_stage(self, stage: int) -> int:
-        """Global rank that runs `stage` of this rank's pipeline."""
-        return self.first_rank + stage % self.num_pipe_ranks
+        """The rank of `stage` that exchanges messages with this rank: the one whose
+        tensor-parallel index is this rank's modulo the stage's degree (see
+        `message_pairs`)."""
+        ranks = self.ranks_of_stage(stage)
+        return ranks[self.tp_index % len(ranks)]
+
+    def send_ranks(self, stage: int) -> tuple[int, ...]:
+        """Ranks of `stage` to which this rank (of an adjacent stage) sends."""
+        mine = self.tp_ranks
+        return tuple(dst for src, dst in message_pairs(mine, self.ranks_of_stage(stage))
+                     if src == self.rank)
+
+
+def message_pairs(senders: tuple[int, ...], receivers: tuple[int, ...]
+                  ) -> list[tuple[int, int]]:
+    """(src, dst) of every message between two adjacent stages' tensor-parallel groups.
+
+    Each stage's boundary tensor (activation or gradient) is whole on every rank of its
+    group, so re-sharding across tp degrees is a choice of sender: receiver j takes it
+    from sender ``j mod len(senders)``. A tp=2 stage feeding a tp=1 stage sends once
+    (from its first rank); a tp=1 stage feeding a tp=2 stage sends to both.
+
+    >>> message_pairs((0, 1), (2,)), message_pairs((2,), (0, 1))
+    ([(0, 2)], [(2, 0), (2, 1)])
+    """
+    return [(senders[j % len(senders)], dst) for j, dst in enumerate(receivers)]
 
 
 def placements(plan: Plan) -> list[RankPlacement]:
@@ -50,26 +89,50 @@ def placements(plan: Plan) -> list[RankPlacement]:
     for i, pipe in enumerate(plan.pipelines):
         p = len(pipe.stages) // plan.chunks
         first = len(out)
+        groups, r = [], first
         for d in range(p):
-            device = pipe.stages[d].devices[0]
+            groups.append(tuple(range(r, r + len(pipe.stages[d].devices))))
+            r += len(pipe.stages[d].devices)
+        for d in range(p):
             stages = tuple(range(d, len(pipe.stages), p))
-            out.append(RankPlacement(first + d, device, i, d, p, first, stages, offset))
+            for t, device in enumerate(pipe.stages[d].devices):
+                out.append(RankPlacement(groups[d][t], device, i, d, p, first, stages, offset,
+                                         tuple(groups), t))
         offset += pipe.samples
     return out
 
 
-def check_runnable(plan: Plan) -> None:
+def check_runnable(plan: Plan, spec: ModelSpec) -> None:
     """Raise BadInput for what the real executor cannot run (the plan itself is checked by
-    `Plan.check`): tensor parallelism is simulated only."""
+    `Plan.check`): a tensor-parallel degree that does not divide the model's heads,
+    feed-forward width or (with sequence parallelism) sequence; a layer whose
+    data-parallel replicas differ in tensor-parallel degree."""
+    degree: dict[int, tuple[int, str]] = {}
     for i, pipe in enumerate(plan.pipelines):
         for k, st in enumerate(pipe.stages):
-            if st.tp != 1:
-                raise BadInput(f"plan: pipelines[{i}].stages[{k}].tp", "1 for a real run "
-                               "(tensor parallelism is simulated only)", st.tp)
+            where = f"{plan.source}: pipelines[{i}].stages[{k}]"
+            for layer in range(*st.layers):
+                seen = degree.setdefault(layer, (st.tp, where))
+                if seen[0] != st.tp:
+                    raise BadInput(f"{where}.tp", f"tp={seen[0]} as in {seen[1]} (data-"
+                                   f"parallel replicas of layer {layer} must shard it alike "
+                                   "for a real run)", st.tp)
+            if st.tp == 1:
+                continue
+            c = spec.config
+            sizes = {"n_head": c.n_head, "n_kv_head": c.n_kv_head,
+                     "ffn_hidden": c.ffn_hidden} if c is not None else \
+                {"hidden": spec.layers[layer].hidden for layer in range(*st.layers)}
+            if getattr(st, "sequence_parallel", False):
+                sizes["seq_len"] = spec.seq_len
+            for name, size in sizes.items():
+                if size is not None and size % st.tp:
+                    raise BadInput(f"{where}.tp", f"a divisor of the model's {name} ({size}) "
+                                   "for a real run", st.tp)
 
 
 def layer_holders(plan: Plan) -> dict[int, tuple[int, ...]]:
-    """Layer index -> sorted ranks holding it (one per pipeline)."""
+    """Layer index -> sorted ranks holding it (every rank of its tensor-parallel groups)."""
     holders: dict[int, list[int]] = {}
     for r in placements(plan):
         pipe = plan.pipelines[r.pipeline]
@@ -82,28 +145,43 @@ def layer_holders(plan: Plan) -> dict[int, tuple[int, ...]]:
 
 def dp_groups(plan: Plan) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Data-parallel reduction groups: (ranks, layers) for every set of two or more ranks
-    that hold the same layers. Pipelines may cut the model differently (heterogeneous
-    data parallelism), so layers are grouped by the exact set of ranks that hold them;
-    each group all-reduces the gradients of its layers. Ordered by first layer, which is
-    the order every rank runs them in (a global order, so the collectives cannot
-    deadlock)."""
+    that hold the same shard of the same layers (same layers, same tensor-parallel index).
+    Pipelines may cut the model differently (heterogeneous data parallelism), so layers
+    are grouped by the exact set of ranks that hold them; each group reduces the
+    gradients of its layers. Ordered by (first layer, ranks), the order every rank runs
+    them in (a global order, so the collectives cannot deadlock)."""
+    holders: dict[tuple[int, int], list[int]] = {}
+    for r in placements(plan):
+        pipe = plan.pipelines[r.pipeline]
+        for s in r.stages:
+            for layer in range(*pipe.stages[s].layers):
+                holders.setdefault((layer, r.tp_index), []).append(r.rank)
     by_ranks: dict[tuple[int, ...], list[int]] = {}
-    for layer, ranks in layer_holders(plan).items():
+    for (layer, _), ranks in sorted(holders.items()):
         if len(ranks) > 1:
-            by_ranks.setdefault(ranks, []).append(layer)
+            by_ranks.setdefault(tuple(sorted(ranks)), []).append(layer)
     groups = [(ranks, tuple(layers)) for ranks, layers in by_ranks.items()]
-    return sorted(groups, key=lambda g: g[1][0])
+    return sorted(groups, key=lambda g: (g[1][0], g[0]))
 
 
 def adjacent_pairs(plan: Plan) -> list[tuple[int, int]]:
-    """Pairs of distinct ranks (lower rank first) that hold adjacent stages, each pair
-    once, sorted: the links activations and gradients cross."""
+    """Pairs of distinct ranks (lower rank first) that exchange activations and gradients
+    (`message_pairs` between adjacent stages), each pair once, sorted."""
     pairs: dict[tuple[int, int], None] = {}
     for r in placements(plan):
+        if r.tp_index:
+            continue
         n_stages = len(plan.pipelines[r.pipeline].stages)
         for s in r.stages:
             if s + 1 < n_stages:
-                nxt = r.rank_of_stage(s + 1)
-                if nxt != r.rank:
-                    pairs.setdefault((min(r.rank, nxt), max(r.rank, nxt)), None)
+                here, there = r.ranks_of_stage(s), r.ranks_of_stage(s + 1)
+                for a, b in message_pairs(here, there) + message_pairs(there, here):
+                    if a != b:
+                        pairs.setdefault((min(a, b), max(a, b)), None)
     return sorted(pairs)
+
+
+def tp_groups(plan: Plan) -> list[tuple[int, ...]]:
+    """Every tensor-parallel group of two or more ranks, in rank order."""
+    seen = {r.tp_ranks for r in placements(plan) if len(r.tp_ranks) > 1}
+    return sorted(seen)

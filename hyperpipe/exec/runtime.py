@@ -29,15 +29,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from hyperpipe.exec import comm, compute
+from hyperpipe.exec import comm, compute, tensor_parallel
+from hyperpipe.exec.dataparallel import DataParallel
 from hyperpipe.exec.data import micro_batch_of, step_batch
 from hyperpipe.exec.emulation import cpu_clock, stretch
-from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups
-from hyperpipe.models import build_stage, example_batch
+from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups, tp_groups
+from hyperpipe.exec.recompute import apply_recompute
+from hyperpipe.exec.reference import measure_reference, reference_from
+from hyperpipe.models import build_stage
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.generators import generate
 from hyperpipe.plan.plan import Plan
@@ -60,7 +64,8 @@ class StepOutcome:
 @dataclass
 class _Stage:
     index: int
-    module: torch.nn.Module
+    module: torch.nn.Module     # the StageModule: parameters, names, state
+    layers: list[torch.nn.Module]   # what forward runs (tensor-parallel, recompute wrappers)
     is_first: bool          # takes the model's inputs (no input gradient)
     is_last: bool           # ends with the loss
     in_shape: tuple[int, ...]
@@ -108,23 +113,35 @@ class RankRuntime:
         self.schedule = generate(plan.schedule, where.num_pipe_ranks, self.num_mb, plan.chunks)
         self.actions: tuple[Action, ...] = self.schedule.actions[where.pipe_rank]
         last = len(pipe.stages) - 1
+        # process groups: created collectively, the same order on every rank
+        mesh = None
+        for ranks in tp_groups(plan):
+            pg = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s))
+            if ranks == where.tp_ranks:
+                mesh = tensor_parallel.mesh_of(pg, device)
+        self.tp = len(where.tp_ranks)
         self.stages: dict[int, _Stage] = {}
         for s in where.stages:
-            a, b = pipe.stages[s].layers
+            sp = pipe.stages[s]
+            a, b = sp.layers
             module = build_stage(spec, a, b, seed).to(device)
-            self.stages[s] = _Stage(s, module, s == 0, s == last,
+            layers = list(module.layers.values())
+            if mesh is not None:
+                layers = tensor_parallel.parallelize_stage(
+                    layers, mesh, sequence_parallel=getattr(sp, "sequence_parallel", False))
+            layers = apply_recompute(layers, getattr(sp, "recompute", "none"))
+            self.stages[s] = _Stage(s, module, layers, s == 0, s == last,
                                     boundary_shape(spec, max(a - 1, 0), self.micro_batch),
                                     boundary_shape(spec, b - 1, self.micro_batch))
         self.params = [p for s in sorted(self.stages) for p in self.stages[s].module.parameters()]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr)
         self.inbox = self._inbox()
         # Receives posted ahead per sender: enough to keep 1F1B's steady state fed,
         # bounded so that buffers for every micro-batch are not allocated up front.
         self.window = 2 * len(pipe.stages) + 2
-        # process groups: created collectively, the same order on every rank
         self.channels = comm.Channels(adjacent_pairs(plan), timeout_s)
-        self.reducer = comm.GradReducer(dp_groups(plan), where.rank, self._params_by_layer(),
-                                        self.devices, timeout_s)
+        self.dp = DataParallel(dp_groups(plan), where.rank, self._params_by_layer(),
+                               self.devices, timeout_s, lr=lr, distributed_optimizer=getattr(
+                                   plan, "distributed_optimizer", False))
 
     # ------------------------------------------------------------------ set-up
     def _inbox(self) -> dict[int, list[_Recv]]:
@@ -154,7 +171,7 @@ class RankRuntime:
                     continue
                 if self.schedule.device_of(key[1]) != d:
                     continue
-                src = self.where.first_rank + e
+                src = self.where.rank_of_stage(a.stage)
                 if needed.pop(key, None) != src:
                     raise RuntimeError(f"rank {self.where.rank}: rank {src} sends {key}, "
                                        "which no action here waits for")
@@ -179,7 +196,7 @@ class RankRuntime:
         start_s = self.clock()
         self.events: list[TraceEvent] = []
         self.step = step
-        self.optimizer.zero_grad(set_to_none=True)
+        self.dp.zero_grad()
         self.local: dict[tuple[int, int, int], torch.Tensor] = {}
         self.stash: dict[tuple[int, int], list] = {}
         self.posted: dict[tuple[int, int, int], tuple[dist.Work, torch.Tensor, int]] = {}
@@ -204,9 +221,11 @@ class RankRuntime:
             raise RuntimeError(f"rank {self.where.rank}: step {step} left work behind "
                                f"(stash {sorted(self.stash)}, local {sorted(self.local)}, "
                                f"receives {sorted(self.posted)}, unread {unread})")
-        self.events += self.reducer.reduce(self.name, step, self.clock)
+        if self.tp > 1:
+            tensor_parallel.finish_grads(self.params)
+        self.events += self.dp.reduce(self.name, step, self.clock)
         t, cpu = self.clock(), cpu_clock()
-        self.optimizer.step()
+        self.dp.step()
         # emulated like compute: the optimizer step's speed is the device's too
         self.events.append(self._event("optimizer", -1, -1, t, self._done(t, cpu,
                                                                           "optimizer")))
@@ -222,11 +241,11 @@ class RankRuntime:
             x = self._take(comm.ACTIVATION, a.stage, a.microbatch).requires_grad_()
         targets = self._micro(a.microbatch)[1].to(self.device) if st.is_last else None
         start, cpu = self.clock(), cpu_clock()
-        entry = self._compute_forward(st, x, targets)
+        entry = self.compute_forward(st, x, targets)
         self.events.append(self._event("F", a.stage, a.microbatch, start,
                                        self._done(start, cpu, (a.stage, "F"))))
         out = entry[1]
-        if st.is_last:
+        if st.is_last and self.where.tp_index == 0:    # one loss per tensor-parallel group
             self.loss_sum += out.detach()
         self.stash[(a.stage, a.microbatch)] = entry
         if not st.is_last:
@@ -263,78 +282,21 @@ class RankRuntime:
                                        self._done(start, cpu, (a.stage, "W"))))
 
     # ------------------------------------------------------------------ compute
-    def _compute_forward(self, st: _Stage, x: torch.Tensor, targets: torch.Tensor | None
-                         ) -> list:
-        return compute.forward(list(st.module.layers.values()), x, targets,
+    def compute_forward(self, st: _Stage, x: torch.Tensor, targets: torch.Tensor | None
+                        ) -> list:
+        """F of stage `st` on `x` (compute.forward over the stage's layers)."""
+        return compute.forward(st.layers, x, targets,
                                cut_after_first=st.is_first and self.spec.config is not None,
                                loss_scale=self.loss_scale)
 
     def measure_reference(self, *, repeats: int = 5, warmup: int = 2) -> dict:
-        """Time each (stage, op) this rank runs, and its optimizer step, on stand-in data
-        (the fastest of `repeats`: on a shared machine every slower one had company).
-        The launcher calls it one rank at a time, so that the times are uncontended;
-        emulation then stretches each action to its factor times this reference
-        (`_done`). Gradients it leaves behind are cleared."""
-        ops: dict[int, set[str]] = {}
-        for a in self.actions:
-            ops.setdefault(a.stage, set()).add(a.op)
-        tokens, targets = example_batch(self.spec, self.micro_batch, self.seed)
-        samples: dict = {}
-        record = [False]                  # the first `warmup` rounds are not recorded
-
-        def timed(key, fn):
-            t0 = cpu_clock()
-            result = fn()
-            if record[0]:
-                samples.setdefault(key, []).append(cpu_clock() - t0)
-            return result
-
-        for rep in range(warmup + repeats):
-            record[0] = rep >= warmup
-            for s, st in self.stages.items():
-                x = tokens.to(self.device) if st.is_first else \
-                    torch.randn(st.in_shape, device=self.device, requires_grad=True)
-                tg = targets.to(self.device) if st.is_last else None
-                grad = None if st.is_last else torch.randn(st.out_shape, device=self.device)
-                for op in sorted(ops[s]):
-                    entry = timed((s, "F"), lambda st=st, x=x, tg=tg:
-                                  self._compute_forward(st, x, tg))
-                    if op == "B":
-                        timed((s, "B"), lambda e=entry, g=grad: compute.backward(e, g))
-                    elif op == "I":
-                        params = list(st.module.parameters())
-                        timed((s, "I"), lambda p=params, e=entry, g=grad:
-                              compute.input_grad(p, e, g))
-                        timed((s, "W"), lambda p=params, e=entry: compute.weight_grad(p, e))
-        clone = [torch.nn.Parameter(p.detach().clone()) for p in self.params]
-        for p in clone:
-            p.grad = torch.zeros_like(p)
-        opt = torch.optim.AdamW(clone)
-        for rep in range(warmup + repeats):
-            record[0] = rep >= warmup
-            timed("optimizer", opt.step)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.reference = {k: min(v) for k, v in samples.items()}
+        """Uncontended time of each (stage, op) and of the optimizer (reference.py)."""
+        self.reference = measure_reference(self, repeats=repeats, warmup=warmup)
         return self.reference
 
     def reference_from(self, cost) -> dict:
-        """Replace the compute references by a native-speed profile's times for this
-        rank's stages (`cost`: a CostModel over such a profile, e.g. from `hyperpipe
-        calibrate --measure --no-emulate`). Why: a shared machine's own speed drifts by
-        tens of percent from one second to the next; a profile taken once holds every
-        run of a study to the same native speed, so that emulated device speeds stay
-        put. The optimizer's reference is the profile's too, summed over the stages as
-        the simulator counts it."""
-        pipe = self.plan.pipelines[self.where.pipeline]
-        dtype = cost.cluster.device(self.name).type.name
-        for a in self.actions:
-            st = pipe.stages[a.stage]
-            self.reference[(a.stage, a.op)] = cost.stage_compute_s(
-                st.layers, dtype, self.micro_batch, a.op, st.tp)
-        if dtype in cost.profile.optimizer:
-            self.reference["optimizer"] = sum(
-                cost.optimizer_time_s(pipe.stages[s].layers, dtype, pipe.stages[s].tp)
-                for s in self.stages)
+        """Compute references from a native-speed profile (reference.py)."""
+        self.reference = {**self.reference, **reference_from(self, cost)}
         return self.reference
 
     # ------------------------------------------------------------------ data movement
@@ -383,16 +345,18 @@ class RankRuntime:
 
     def _give(self, kind: int, stage: int, mb: int, tensor: torch.Tensor, src_stage: int
               ) -> None:
-        """Hand the activation or gradient flowing into (stage, mb) to its rank."""
-        dst = self.where.rank_of_stage(stage)
-        if dst == self.where.rank:
-            self.local[(kind, stage, mb)] = tensor
-            return
+        """Hand the activation or gradient flowing into (stage, mb) to the ranks of that
+        stage that take it from this one (placement.message_pairs; none, one, or several
+        when a stage of lower tp feeds one of higher tp)."""
         tensor = tensor.contiguous()
-        ev = self._event("send", src_stage, mb, self.clock(), 0.0,
-                         float(tensor.numel() * tensor.element_size()), self.devices[dst])
-        self.sends.send(tensor, dst, comm.message_tag(kind, stage, mb, self.num_mb),
-                        self.channels.group(self.where.rank, dst), ev)
+        for dst in self.where.send_ranks(stage):
+            if dst == self.where.rank:
+                self.local[(kind, stage, mb)] = tensor
+                continue
+            ev = self._event("send", src_stage, mb, self.clock(), 0.0,
+                             float(tensor.numel() * tensor.element_size()), self.devices[dst])
+            self.sends.send(tensor, dst, comm.message_tag(kind, stage, mb, self.num_mb),
+                            self.channels.group(self.where.rank, dst), ev)
 
     # ------------------------------------------------------------------ helpers
     def _sync(self) -> None:
@@ -413,20 +377,26 @@ class RankRuntime:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """Model and optimizer state of this rank (for checkpoints)."""
-        return {"stages": {str(s): st.module.state_dict() for s, st in self.stages.items()},
-                "optimizer": self.optimizer.state_dict()}
+        """Model and optimizer state of this rank (for checkpoints); tensor-parallel
+        parameters as this rank's local shards."""
+        return {"stages": {str(s): {k: tensor_parallel.local(v).detach().clone()
+                                    for k, v in st.module.state_dict().items()}
+                           for s, st in self.stages.items()},
+                "optimizer": self.dp.state_dict()}
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
         for s, st in self.stages.items():
-            st.module.load_state_dict(state["stages"][str(s)])
-        self.optimizer.load_state_dict(state["optimizer"])
+            saved = state["stages"][str(s)]
+            for k, v in st.module.state_dict().items():
+                tensor_parallel.local(v).copy_(saved[k])
+        self.dp.load_state_dict(state["optimizer"])
 
     def captured(self) -> dict[str, dict[str, torch.Tensor | None]]:
-        """Parameter name -> {"param", "grad"} on the CPU (tests compare these)."""
+        """Parameter name -> {"param", "grad"}, whole (tensor-parallel shards gathered, a
+        collective over the group) and on the CPU (tests compare these)."""
         out = {}
         for st in self.stages.values():
-            for name, p in st.module.named_parameters():
-                out[name] = {"param": p.detach().cpu().clone(),
-                             "grad": None if p.grad is None else p.grad.detach().cpu().clone()}
+            for name, value, grad in tensor_parallel.full_parameters(st.module, self.tp):
+                out[name] = {"param": value, "grad": grad}
         return out

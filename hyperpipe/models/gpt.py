@@ -23,6 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hyperpipe.errors import BadInput
 from hyperpipe.models.spec import GPTConfig, ModelSpec, SyntheticLayer
@@ -81,10 +82,14 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(c.d_model, c.d_model, bias=c.bias)
         self.attn_drop = nn.Dropout(c.dropout)
         self.resid_drop = nn.Dropout(c.dropout)
+        self.recompute_core = False     # checkpoint `core` (selective activation recompute)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, S, D = x.shape
-        q, k, v = self.c_attn(x).split([D, self.kv_dim, self.kv_dim], dim=2)
+        B, S, _ = x.shape
+        # widths from the head counts, not from x: under tensor parallelism this module
+        # holds n_head / tp heads (exec.tensor_parallel sets the local counts)
+        q_dim = self.n_head * self.head_dim
+        q, k, v = self.c_attn(x).split([q_dim, self.kv_dim, self.kv_dim], dim=2)
         q = q.view(B, S, self.n_head, self.head_dim).transpose(1, 2)      # (B, nh, S, hd)
         k = k.view(B, S, self.n_kv_head, self.head_dim).transpose(1, 2)   # (B, nkv, S, hd)
         v = v.view(B, S, self.n_kv_head, self.head_dim).transpose(1, 2)   # (B, nkv, S, hd)
@@ -93,16 +98,26 @@ class CausalSelfAttention(nn.Module):
         if self.n_kv_head != self.n_head:       # GQA: each K/V head serves a group of Qs
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, S, hd)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        if x.is_cuda:   # fused kernel; the same FLOPs as below
-            y = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        else:           # explicit, so that torch's FlopCounterMode sees the two matmuls
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B,nh,S,S)
-            causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
-            att = self.attn_drop(att.masked_fill(~causal, float("-inf")).softmax(dim=-1))
-            y = att @ v                                                   # (B, nh, S, hd)
-        y = y.transpose(1, 2).contiguous().view(B, S, D)
+        if self.recompute_core:     # selective recompute (Korthikanti et al. 2022, sec. 4.2)
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            y = self.core(q, k, v)                                        # (B, nh, S, hd)
+        y = y.transpose(1, 2).contiguous().view(B, S, q_dim)
         return self.resid_drop(self.c_proj(y))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(hd)) v, causal: (B, nh, S, hd) each -> (B, nh, S, hd). The
+        part selective recompute drops and recomputes (its s^2 scores are the big saved
+        tensors)."""
+        if q.is_cuda:   # fused kernel; the same FLOPs as below
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        # explicit, so that torch's FlopCounterMode sees the two matmuls
+        S = q.shape[-2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))    # (B,nh,S,S)
+        causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+        att = self.attn_drop(att.masked_fill(~causal, float("-inf")).softmax(dim=-1))
+        return att @ v
 
 
 class MLP(nn.Module):

@@ -1,0 +1,182 @@
+"""Tensor parallelism inside a stage, with torch's own API (torch.distributed.tensor.parallel).
+
+A stage of tp > 1 runs on a DeviceMesh of its tp ranks (built from a process group that
+every rank of the job created collectively). Megatron's layout (Shoeybi et al. 2019,
+sec. 3): in each transformer block the QKV and MLP up (and gate) projections are
+column-parallel, the attention and MLP output projections row-parallel, so a block needs
+one all-reduce forward and one backward per sub-layer; each rank holds n_head / tp heads.
+Embedding, head and norms stay whole on every rank (the same values and gradients on
+each). A synthetic layer's Linear is column-parallel with its output gathered.
+
+With `sequence_parallel` (Korthikanti et al. 2022, sec. 4.2.2) the norms run on a
+1/tp slice of the sequence (SequenceParallel), the column-parallel projections all-gather
+it and the row-parallel ones reduce-scatter back to it. The stage's blocks then take the
+sequence slice of their input (`_ToSequenceShards`) and gather it back at the end
+(`_FromSequenceShards`), so what crosses a stage boundary is always the whole (B, S, D)
+activation, the same on every rank of the group: that is what lets a tp=2 stage feed a
+tp=1 stage (placement.message_pairs picks who sends to whom).
+
+The QKV projection is one Linear whose rows are [Q | K | V]. A plain row split would
+give rank 0 all of Q; `_shard_major_qkv` reorders the rows to [Q_0 K_0 V_0 | Q_1 K_1 V_1 |
+...] first, so each column-parallel shard holds whole heads; `full_parameters` undoes it,
+so that gathered parameters and gradients compare name by name with a single process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from hyperpipe.models.gpt import Block, Synthetic
+
+_QKV = ("attn.c_attn.weight", "attn.c_attn.bias")
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The rank's own storage of a tensor: a DTensor's local shard (a view sharing its
+    storage, so in-place updates reach the parameter), a plain tensor itself."""
+    if isinstance(t, DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
+
+def mesh_of(group: dist.ProcessGroup, device: torch.device) -> DeviceMesh:
+    """A one-dimensional DeviceMesh over an existing process group (its ranks)."""
+    return DeviceMesh.from_group(group, device.type)
+
+
+class _ToSequenceShards(nn.Module):
+    """(B, S, D) whole on every rank -> (B, S/tp, D), this rank's slice. Backward
+    all-gathers the slices' gradients (the whole input's gradient on every rank)."""
+
+    takes_targets = False
+
+    def __init__(self, mesh: DeviceMesh):
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        whole = DTensor.from_local(x, self.mesh, [Replicate()], run_check=False)
+        return whole.redistribute(self.mesh, [Shard(1)]).to_local()
+
+
+class _FromSequenceShards(nn.Module):
+    """(B, S/tp, D) slices -> (B, S, D) whole on every rank (all-gather); backward keeps
+    this rank's slice of the (whole, identical) output gradient."""
+
+    takes_targets = False
+
+    def __init__(self, mesh: DeviceMesh):
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sliced = DTensor.from_local(x, self.mesh, [Shard(1)], run_check=False)
+        return sliced.redistribute(self.mesh, [Replicate()]).to_local()
+
+
+def _qkv_order(q_dim: int, kv_dim: int, tp: int) -> torch.Tensor:
+    """Row order of the QKV weight (q_dim + 2 kv_dim rows, whole) that puts shard i's
+    heads (Q, K and V) in row block i."""
+    rows: list[int] = []
+    for i in range(tp):
+        for base, width in ((0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)):
+            rows += range(base + i * width // tp, base + (i + 1) * width // tp)
+    return torch.tensor(rows)
+
+
+@torch.no_grad()
+def _shard_major_qkv(attn: nn.Module, tp: int) -> None:
+    order = _qkv_order(attn.n_head * attn.head_dim, attn.kv_dim, tp)
+    attn.c_attn.weight.copy_(attn.c_attn.weight[order])
+    if attn.c_attn.bias is not None:
+        attn.c_attn.bias.copy_(attn.c_attn.bias[order])
+    attn.n_head //= tp                  # local heads: what forward splits and reshapes
+    attn.n_kv_head //= tp
+    attn.kv_dim //= tp
+
+
+def _block_plan(block: Block, sequence_parallel: bool) -> dict:
+    out_layout = {"output_layouts": Shard(1)} if sequence_parallel else {}
+    plan: dict = {"attn.c_attn": ColwiseParallel(),
+                  "attn.c_proj": RowwiseParallel(**out_layout),
+                  "mlp.c_fc": ColwiseParallel(),
+                  "mlp.c_proj": RowwiseParallel(**out_layout)}
+    if block.mlp.c_gate is not None:
+        plan["mlp.c_gate"] = ColwiseParallel()
+    if sequence_parallel:
+        gather = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),),
+                  "use_local_output": True}
+        plan.update({"ln_1": SequenceParallel(), "attn": PrepareModuleInput(**gather),
+                     "ln_2": SequenceParallel(), "mlp": PrepareModuleInput(**gather)})
+    return plan
+
+
+def parallelize_stage(layers: list[nn.Module], mesh: DeviceMesh, *, sequence_parallel: bool
+                      ) -> list[nn.Module]:
+    """Shard the stage's layers over `mesh` in place; return the layer list to run (with
+    sequence parallelism, the slicing and gathering modules around each run of blocks)."""
+    tp = mesh.size()
+    out: list[nn.Module] = []
+    in_blocks = False
+    for layer in layers:
+        if isinstance(layer, Block):
+            _shard_major_qkv(layer.attn, tp)
+            parallelize_module(layer, mesh, _block_plan(layer, sequence_parallel))
+            if sequence_parallel and not in_blocks:
+                out.append(_ToSequenceShards(mesh))
+            in_blocks = True
+        else:
+            if isinstance(layer, Synthetic):
+                parallelize_module(layer, mesh, {"fc": ColwiseParallel(
+                    output_layouts=Replicate())})
+            if sequence_parallel and in_blocks:
+                out.append(_FromSequenceShards(mesh))
+            in_blocks = False
+        out.append(layer)
+    if sequence_parallel and in_blocks:
+        out.append(_FromSequenceShards(mesh))
+    return out
+
+
+@torch.no_grad()
+def finish_grads(params: list[nn.Parameter]) -> None:
+    """Sum the partial gradients that sequence parallelism leaves on replicated parameters
+    (the norms': each rank saw a slice of the sequence) over the tp group, so that every
+    rank holds the whole gradient before data-parallel reduction and the optimizer."""
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+            p.grad = g.redistribute(g.device_mesh, [Replicate()] * g.device_mesh.ndim)
+
+
+def full_parameters(module: nn.Module, tp: int) -> Iterator[tuple[str, torch.Tensor,
+                                                                  torch.Tensor | None]]:
+    """(name, whole parameter, whole gradient or None) on the CPU, in the single-process
+    layout (QKV rows back in [Q | K | V] order). Collective over the tp group."""
+    for name, p in module.named_parameters():
+        value, grad = p.detach(), p.grad
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+        if isinstance(grad, DTensor):
+            grad = grad.full_tensor()
+        if tp > 1 and name.endswith(_QKV):
+            attn = module.get_submodule(name.rsplit(".", 2)[0])    # local head counts
+            inverse = torch.argsort(_qkv_order(attn.n_head * attn.head_dim * tp,
+                                               attn.kv_dim * tp, tp))
+            value = value[inverse]
+            grad = None if grad is None else grad[inverse]
+        yield name, value.cpu().clone(), None if grad is None else grad.detach().cpu().clone()
