@@ -76,16 +76,18 @@ class DataParallel:
             self._groups.append(_Group(pg, len(ranks), ranks.index(rank), params,
                                        ",".join(devices[r] for r in ranks if r != rank),
                                        numel))
-        self._solo = [p for p in self.params if id(p) not in grouped]
-        targets: list[torch.Tensor] = [local(p) for p in self._solo]
+        solo = [p for p in self.params if id(p) not in grouped]
+        # (parameter, the tensor AdamW updates): the parameter itself, or the local shard
+        # of a DTensor parameter (the same storage; this very object gets the gradient)
+        self._updated = [(p, local(p)) for p in
+                         (solo if self.distributed else self.params)]
+        targets: list[torch.Tensor] = [t for _, t in self._updated]
         if self.distributed:
             for g in self._groups:
                 flat = self._flat([local(p).detach() for p in g.params], g.padded)
                 n = g.padded // g.size
                 g.shard = nn.Parameter(flat[g.index * n:(g.index + 1) * n].clone())
                 targets.append(g.shard)
-        else:
-            targets += [local(p) for g in self._groups for p in g.params]
         self.optimizer = torch.optim.AdamW(targets, lr=lr)
 
     @staticmethod
@@ -124,7 +126,7 @@ class DataParallel:
             if self.distributed:
                 n = g.padded // g.size
                 mine = torch.empty(n, dtype=flat.dtype, device=flat.device)
-                wait(dist.reduce_scatter_tensor(mine, flat, group=g.pg, async_op=True),
+                wait(dist.reduce_scatter_single(mine, flat, group=g.pg, async_op=True),
                      self._timeout_s, what)
                 g.shard.grad = mine
             else:
@@ -141,23 +143,39 @@ class DataParallel:
     def step(self) -> None:
         """AdamW on this rank's parameters (or slices); with the distributed optimizer,
         then all-gather every group's updated slices into its parameters."""
-        for p in self._solo if self.distributed else self.params:
+        for p, t in self._updated:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            lt = local(p)
-            if lt is not p:
-                lt.grad = local(p.grad)
+            if t is not p:
+                t.grad = local(p.grad)
         self.optimizer.step()
         if not self.distributed:
             return
         for g in self._groups:
             whole = torch.empty(g.padded, dtype=g.shard.dtype, device=g.shard.device)
-            wait(dist.all_gather_into_tensor(whole, g.shard.detach(), group=g.pg,
-                                             async_op=True),
+            wait(dist.all_gather_single(whole, g.shard.detach(), group=g.pg, async_op=True),
                  self._timeout_s, f"parameter all-gather with {g.peers}")
             offset = 0
             for p in g.params:
                 t = local(p)
+                t.copy_(whole[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    @torch.no_grad()
+    def gather_grads(self) -> None:
+        """With the distributed optimizer, put the reduced whole gradients back into
+        ``.grad`` (each rank kept only its slice): for inspection (RankRuntime.captured),
+        not for training. Collective over the data-parallel groups."""
+        if not self.distributed:
+            return
+        for g in self._groups:
+            if g.shard.grad is None:
+                continue
+            whole = torch.empty(g.padded, dtype=g.shard.dtype, device=g.shard.device)
+            wait(dist.all_gather_single(whole, g.shard.grad, group=g.pg, async_op=True),
+                 self._timeout_s, f"gradient all-gather with {g.peers}")
+            offset = 0
+            for t in self._grads(g.params):
                 t.copy_(whole[offset:offset + t.numel()].view_as(t))
                 offset += t.numel()
 

@@ -120,12 +120,12 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
             if st.tp == 1:
                 continue
             c = spec.config
-            sizes = {"n_head": c.n_head, "n_kv_head": c.n_kv_head,
-                     "ffn_hidden": c.ffn_hidden} if c is not None else \
-                {"hidden": spec.layers[layer].hidden for layer in range(*st.layers)}
-            if getattr(st, "sequence_parallel", False):
-                sizes["seq_len"] = spec.seq_len
-            for name, size in sizes.items():
+            sizes = [("n_head", c.n_head), ("n_kv_head", c.n_kv_head),
+                     ("ffn_hidden", c.ffn_hidden)] if c is not None else \
+                [("hidden", spec.layers[layer].hidden) for layer in range(*st.layers)]
+            if st.sequence_parallel:
+                sizes.append(("seq_len", spec.seq_len))
+            for name, size in sizes:
                 if size is not None and size % st.tp:
                     raise BadInput(f"{where}.tp", f"a divisor of the model's {name} ({size}) "
                                    "for a real run", st.tp)

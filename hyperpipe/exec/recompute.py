@@ -18,8 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hyperpipe.models.gpt import Block, Synthetic
-
-RECOMPUTE_MODES = ("none", "selective", "full")
+from hyperpipe.plan.plan import RECOMPUTE_KINDS
 
 
 class Recomputed(nn.Module):
@@ -38,8 +37,8 @@ class Recomputed(nn.Module):
 def apply_recompute(layers: list[nn.Module], mode: str) -> list[nn.Module]:
     """The stage's layer list to run with recompute `mode` (modules are shared, not
     copied: parameters and their names stay those of the stage module)."""
-    if mode not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute {mode!r}, expected one of {RECOMPUTE_MODES}")
+    if mode not in RECOMPUTE_KINDS:
+        raise ValueError(f"recompute {mode!r}, expected one of {RECOMPUTE_KINDS}")
     out = []
     for layer in layers:
         if isinstance(layer, Block) and mode == "selective":

@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from hyperpipe.exec import comm, compute, tensor_parallel
-from hyperpipe.exec.dataparallel import DataParallel
 from hyperpipe.exec.data import micro_batch_of, step_batch
+from hyperpipe.exec.dataparallel import DataParallel
 from hyperpipe.exec.emulation import cpu_clock, stretch
 from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups, tp_groups
 from hyperpipe.exec.recompute import apply_recompute
@@ -128,8 +128,8 @@ class RankRuntime:
             layers = list(module.layers.values())
             if mesh is not None:
                 layers = tensor_parallel.parallelize_stage(
-                    layers, mesh, sequence_parallel=getattr(sp, "sequence_parallel", False))
-            layers = apply_recompute(layers, getattr(sp, "recompute", "none"))
+                    layers, mesh, sequence_parallel=sp.sequence_parallel)
+            layers = apply_recompute(layers, sp.recompute)
             self.stages[s] = _Stage(s, module, layers, s == 0, s == last,
                                     boundary_shape(spec, max(a - 1, 0), self.micro_batch),
                                     boundary_shape(spec, b - 1, self.micro_batch))
@@ -140,8 +140,8 @@ class RankRuntime:
         self.window = 2 * len(pipe.stages) + 2
         self.channels = comm.Channels(adjacent_pairs(plan), timeout_s)
         self.dp = DataParallel(dp_groups(plan), where.rank, self._params_by_layer(),
-                               self.devices, timeout_s, lr=lr, distributed_optimizer=getattr(
-                                   plan, "distributed_optimizer", False))
+                               self.devices, timeout_s, lr=lr,
+                               distributed_optimizer=plan.distributed_optimizer)
 
     # ------------------------------------------------------------------ set-up
     def _inbox(self) -> dict[int, list[_Recv]]:
@@ -395,6 +395,7 @@ class RankRuntime:
     def captured(self) -> dict[str, dict[str, torch.Tensor | None]]:
         """Parameter name -> {"param", "grad"}, whole (tensor-parallel shards gathered, a
         collective over the group) and on the CPU (tests compare these)."""
+        self.dp.gather_grads()
         out = {}
         for st in self.stages.values():
             for name, value, grad in tensor_parallel.full_parameters(st.module, self.tp):
