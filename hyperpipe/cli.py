@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hyperpipe import cli_args as ca
 from hyperpipe.errors import BadInput, InfeasiblePlan
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT = 0, 1, 2
@@ -24,6 +25,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        flag, sep, rest = message.partition(": expected ")
+        if sep and flag.startswith("argument "):        # from a checked type (cli_args)
+            raise BadInput(f"{self.prog} {flag[len('argument '):]}", rest, has_got=False)
         raise BadInput(f"{self.prog}", message.replace("\n", " "), has_got=False)
 
 
@@ -33,9 +37,10 @@ def _command(sub, name: str, help_text: str) -> argparse.ArgumentParser:
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
     """The cluster, model and batch that search and whatif plan for."""
-    p.add_argument("--cluster", required=True, help="built-in cluster name or YAML/JSON file")
-    p.add_argument("--model", required=True, help="preset name or YAML/JSON file")
-    p.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
+    p.add_argument("--cluster", type=ca.path, required=True,
+                   help="built-in cluster name or YAML/JSON file")
+    p.add_argument("--model", type=ca.path, required=True, help="preset name or YAML/JSON file")
+    p.add_argument("--global-batch", type=ca.BATCH, required=True, help="samples per iteration")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,101 +52,110 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "schedule", "print or draw a pipeline schedule")
     p.add_argument("--kind", required=True, help="schedule kind, e.g. 1f1b")
-    p.add_argument("--devices", type=int, required=True, help="pipeline ranks p")
-    p.add_argument("--microbatches", type=int, required=True, help="micro-batches m")
-    p.add_argument("--chunks", type=int, default=1, help="stages per device v (interleaved)")
+    p.add_argument("--devices", type=ca.PIPELINE_DEVICES, required=True, help="pipeline ranks p")
+    p.add_argument("--microbatches", type=ca.MICROBATCHES, required=True, help="micro-batches m")
+    p.add_argument("--chunks", type=ca.CHUNKS, default=1, help="stages per device v (interleaved)")
     p.add_argument("--format", choices=["text", "torch-csv", "png"], default="text")
-    p.add_argument("--out", help="output file (required for png; stdout otherwise)")
+    p.add_argument("--out", type=ca.path, help="output file (required for png; stdout otherwise)")
     p.set_defaults(func=cmd_schedule)
 
     p = _command(sub, "simulate", "simulate one plan: --plan P, or --cluster C --model M "
                  "and plan options (uniform stages, devices in cluster order)")
-    p.add_argument("--plan", help="plan JSON; it names its model and cluster")
-    p.add_argument("--cluster", help="built-in cluster or YAML/JSON file (overrides the plan's)")
-    p.add_argument("--model", help="preset name or YAML/JSON file (overrides the plan's)")
-    p.add_argument("--pp", type=int, help="devices per pipeline (plan options)")
-    p.add_argument("--dp", type=int, help="pipelines (data-parallel replicas; default 1)")
-    p.add_argument("--tp", type=int, help="tensor-parallel degree per stage (default 1)")
-    p.add_argument("--micro-batch", type=int, help="samples per micro-batch")
-    p.add_argument("--global-batch", type=int, help="samples per iteration")
+    p.add_argument("--plan", type=ca.path, help="plan JSON; it names its model and cluster")
+    p.add_argument("--cluster", type=ca.path,
+                   help="built-in cluster or YAML/JSON file (overrides the plan's)")
+    p.add_argument("--model", type=ca.path,
+                   help="preset name or YAML/JSON file (overrides the plan's)")
+    p.add_argument("--pp", type=ca.PIPELINE_DEVICES, help="devices per pipeline (plan options)")
+    p.add_argument("--dp", type=ca.REPLICAS, help="pipelines (data-parallel replicas; default 1)")
+    p.add_argument("--tp", type=ca.TENSOR_PARALLEL,
+                   help="tensor-parallel degree per stage (default 1)")
+    p.add_argument("--micro-batch", type=ca.BATCH, help="samples per micro-batch")
+    p.add_argument("--global-batch", type=ca.BATCH, help="samples per iteration")
     p.add_argument("--schedule", help="schedule kind (plan options; default 1f1b)")
-    p.add_argument("--chunks", type=int, help="stages per device (interleaved; default 1)")
-    p.add_argument("--profile", help="calibration profile JSON")
+    p.add_argument("--chunks", type=ca.CHUNKS, help="stages per device (interleaved; default 1)")
+    p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce gradients after the backward, not during it")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--timeline", help="write a timeline PNG here")
-    p.add_argument("--trace", help="write the predicted trace (hyperpipe.trace/1 JSON)")
-    p.add_argument("--chrome", help="write the trace as Chrome trace JSON (Perfetto)")
+    p.add_argument("--timeline", type=ca.path, help="write a timeline PNG here")
+    p.add_argument("--trace", type=ca.path,
+                   help="write the predicted trace (hyperpipe.trace/1 JSON)")
+    p.add_argument("--chrome", type=ca.path, help="write the trace as Chrome trace JSON (Perfetto)")
     p.set_defaults(func=cmd_simulate)
 
     p = _command(sub, "demo", "the main job: search, simulate, run for real, calibrate, "
                  "report (built-in defaults)")
-    p.add_argument("--out", default="hyperpipe-demo", help="output directory")
-    p.add_argument("--steps", type=int, default=6, help="training steps per real run")
-    p.add_argument("--emulation-scale", type=float, default=2.0,
+    p.add_argument("--out", type=ca.path, default="hyperpipe-demo", help="output directory")
+    p.add_argument("--steps", type=ca.STEPS, default=6, help="training steps per real run")
+    p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=2.0,
                    help="stretch every emulated device by this factor (>= 1)")
-    p.add_argument("--workers", type=int, default=1, help="search worker processes")
+    p.add_argument("--workers", type=ca.WORKERS, default=1, help="search worker processes")
     p.set_defaults(func=cmd_demo)
 
     p = _command(sub, "calibrate", "fit the cost model to measured traces, or profile each "
                  "layer kind here (--measure)")
-    p.add_argument("--trace", nargs="+", default=[], help="measured trace files (hyperpipe run)")
-    p.add_argument("--base", help="with --trace: a profile from --measure to scale to the "
+    p.add_argument("--trace", type=ca.path, nargs="+", default=[],
+                   help="measured trace files (hyperpipe run)")
+    p.add_argument("--base", type=ca.path,
+                   help="with --trace: a profile from --measure to scale to the "
                    "traces (keeps its per-layer shape)")
     p.add_argument("--measure", action="store_true",
                    help="profile F/I/W/B of each layer kind of --model on this machine")
-    p.add_argument("--model", help="model to profile with --measure")
-    p.add_argument("--cluster", help="with --measure: the device types to write entries for "
+    p.add_argument("--model", type=ca.path, help="model to profile with --measure")
+    p.add_argument("--cluster", type=ca.path,
+                   help="with --measure: the device types to write entries for "
                    "(compute stretched as the executor emulates them)")
-    p.add_argument("--emulation-scale", type=float, default=1.0,
+    p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=1.0,
                    help="with --measure: the executor's --emulation-scale")
     p.add_argument("--no-emulate", action="store_true",
                    help="with --measure: every device type at this machine's native speed")
     p.add_argument("--micro-batches", default="1,2,4", help="with --measure: sizes to time")
-    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--out", type=ca.path, required=True, help="profile JSON to write")
     p.set_defaults(func=cmd_calibrate)
 
     p = _command(sub, "run", "run a plan for real: one local process per device, or one "
                  "rank under torchrun")
-    p.add_argument("--plan", required=True, metavar="P",
+    p.add_argument("--plan", type=ca.path, required=True, metavar="P",
                    help="plan JSON (e.g. from search --out)")
-    p.add_argument("--steps", type=int, default=3, metavar="N", help="training steps in all")
-    p.add_argument("--trace", metavar="T",
+    p.add_argument("--steps", type=ca.STEPS, default=3, metavar="N", help="training steps in all")
+    p.add_argument("--trace", type=ca.path, metavar="T",
                    help="write the measured trace (hyperpipe.trace/1 JSON)")
-    p.add_argument("--chrome", metavar="T",
+    p.add_argument("--chrome", type=ca.path, metavar="T",
                    help="write the trace as Chrome trace JSON (Perfetto)")
-    p.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+    p.add_argument("--checkpoint", type=ca.path, metavar="DIR", help="checkpoint directory")
+    p.add_argument("--checkpoint-every", type=ca.EVERY, default=0, metavar="N",
                    help="checkpoint every N steps (and after the last)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--inject-fault", metavar="RANK:STEP",
                    help="make that rank fail at the start of that step")
     p.add_argument("--no-emulate", action="store_true",
                    help="run every device at this machine's native speed")
-    p.add_argument("--emulation-scale", type=float, default=1.0, metavar="S",
+    p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=1.0, metavar="S",
                    help="stretch every device's compute by this factor too")
-    p.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads per rank")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="weights and data seed")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    p.add_argument("--timeout", type=float, default=30.0,
+    p.add_argument("--threads", type=ca.THREADS, default=1, metavar="N",
+                   help="CPU threads per rank")
+    p.add_argument("--seed", type=ca.SEED, default=0, metavar="S", help="weights and data seed")
+    p.add_argument("--lr", type=ca.LEARNING_RATE, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--timeout", type=ca.TIMEOUT_S, default=30.0,
                    help="seconds any wait may block before the run fails")
     p.set_defaults(func=cmd_run)
 
     p = _command(sub, "search", "find the best plans for a model on a cluster; any option "
                  "given fixes that dimension")
     _workload_args(p)
-    p.add_argument("--micro-batch", type=int, help="fix the micro-batch size")
+    p.add_argument("--micro-batch", type=ca.BATCH, help="fix the micro-batch size")
     p.add_argument("--schedule", help="fix the schedule kind (e.g. 1f1b, zb-h1)")
-    p.add_argument("--chunks", type=int, help="fix the chunks per device (interleaved)")
-    p.add_argument("--pp", type=int, help="fix the devices per pipeline")
-    p.add_argument("--dp", type=int, help="fix the number of pipelines (replicas)")
-    p.add_argument("--tp", type=int, help="fix the tensor-parallel degree of every stage")
+    p.add_argument("--chunks", type=ca.CHUNKS, help="fix the chunks per device (interleaved)")
+    p.add_argument("--pp", type=ca.PIPELINE_DEVICES, help="fix the devices per pipeline")
+    p.add_argument("--dp", type=ca.REPLICAS, help="fix the number of pipelines (replicas)")
+    p.add_argument("--tp", type=ca.TENSOR_PARALLEL,
+                   help="fix the tensor-parallel degree of every stage")
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
-    p.add_argument("--top", type=int, default=5, help="plans to list")
-    p.add_argument("--workers", type=int, default=1, help="worker processes")
-    p.add_argument("--profile", help="calibration profile JSON")
-    p.add_argument("--out", help="write the best plan here (for simulate/run --plan)")
+    p.add_argument("--top", type=ca.TOP, default=5, help="plans to list")
+    p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
+    p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
+    p.add_argument("--out", type=ca.path, help="write the best plan here (for simulate/run --plan)")
     p.add_argument("--progress", action="store_true", help="progress bar on stderr even "
                    "when it is not a terminal")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -156,12 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "'model=gpt3-1.3b,gpt3-2.7b', 'global_batch=32,64' (repeat for a grid)")
     p.add_argument("--pool", action="store_true", help="which subset of the cluster's "
                    "device types to use: every subset is a variant (with prices: cost too)")
-    p.add_argument("--micro-batch", type=int, help="fix the micro-batch size")
+    p.add_argument("--micro-batch", type=ca.BATCH, help="fix the micro-batch size")
     p.add_argument("--schedule", help="fix the schedule kind")
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
-    p.add_argument("--workers", type=int, default=1, help="worker processes")
-    p.add_argument("--profile", help="calibration profile JSON")
-    p.add_argument("--plot", help="write a PNG plot of the sweep here")
+    p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
+    p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
+    p.add_argument("--plot", type=ca.path, help="write a PNG plot of the sweep here")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=cmd_whatif)
 
@@ -241,15 +255,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hyperpipe.exec import RunFailed, RunOptions, run_plan
-    from hyperpipe.exec.launch import torchrun_env
-    from hyperpipe.plan.plan import load_plan
     fault = None
     if args.inject_fault is not None:
         rank, sep, step = args.inject_fault.partition(":")
         if not (sep and rank.isdigit() and step.isdigit()):
             raise BadInput("--inject-fault", "RANK:STEP, e.g. 1:3", args.inject_fault)
-        fault = (int(rank), int(step))
+        fault = (int(rank), int(step)) if len(args.inject_fault) <= 40 else (0, 0)
+        if len(args.inject_fault) > 40 or fault[1] >= args.steps:
+            raise BadInput("--inject-fault", f"RANK:STEP with STEP below --steps "
+                           f"({args.steps})", args.inject_fault)
+    from hyperpipe.exec import RunFailed, RunOptions, run_plan
+    from hyperpipe.exec.launch import torchrun_env
+    from hyperpipe.plan.plan import load_plan
     options = RunOptions(
         steps=args.steps, seed=args.seed, trace_path=args.trace, chrome_path=args.chrome,
         checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
@@ -299,10 +316,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         base = load_profile(args.base) if args.base else None
         profile = calibrate([load_trace(t) for t in args.trace], sources=args.trace, base=base)
     else:
-        from hyperpipe.exec.profiler import measure_profile
         if not args.model:
             raise BadInput("--model", "a model to profile with --measure", has_got=False)
         sizes = _int_list(args.micro_batches, "--micro-batches")
+        from hyperpipe.exec.profiler import measure_profile
         profile = measure_profile(args.model, args.cluster, micro_batches=sizes,
                                   emulate=not args.no_emulate,
                                   emulation_scale=args.emulation_scale)
@@ -342,6 +359,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     from hyperpipe.search.whatif import format_whatif, plot_whatif, whatif
+    ca.check_vary_size(args.vary)
     result = whatif(args.model, args.cluster, global_batch=args.global_batch,
                     vary=args.vary, pool=args.pool, micro_batch=args.micro_batch,
                     schedule=args.schedule, objective=args.objective,
@@ -366,11 +384,13 @@ def _load_profile(path: str | None):
 
 def _int_list(text: str, where: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(x) for x in text.split(","))
+        values = tuple(int(x) for x in text.split(",")) if len(text) <= 400 else ()
     except ValueError:
         values = ()
-    if not values or min(values) < 1:
-        raise BadInput(where, "a comma-separated list of positive integers", text)
+    if not values or min(values) < 1 or max(values) > ca.limits.MAX_GLOBAL_BATCH \
+            or len(values) > 64:
+        raise BadInput(where, "a comma-separated list of at most 64 integers from 1 to "
+                       f"{ca.limits.MAX_GLOBAL_BATCH}", text)
     return values
 
 

@@ -206,10 +206,18 @@ def check_values(data: Any, where: str) -> None:
         elif isinstance(value, dict):
             for k, v in value.items():
                 key = one_line(str(k), 40)
+                if not isinstance(k, (str, int, float, bool)) and k is not None:
+                    raise BadInput(f"{where}: {path or '(top)'}", "keys that are strings "
+                                   "or numbers", type(k).__name__)
+                stack.append((k, f"{path}.{key}" if path else key, depth + 1))
                 stack.append((v, f"{path}.{key}" if path else key, depth + 1))
-        elif isinstance(value, (list, tuple)):
+        elif isinstance(value, list):
             for i, v in enumerate(value):
                 stack.append((v, f"{path}[{i}]", depth + 1))
+        else:
+            raise BadInput(f"{where}: {path or '(top)'}", "a string, number, true/false, list "
+                           "or mapping (YAML dates, binary and sets have no meaning here)",
+                           type(value).__name__)
 
 
 # --------------------------------------------------------------------------- writing
@@ -237,12 +245,27 @@ def check_writable(path: str | os.PathLike) -> None:
         raise BadInput(show_path(p), f"a path of at most {limits.MAX_PATH_CHARS} characters",
                        has_got=False)
     _check_target(p)
-    folder = p.parent
-    while not folder.exists() and folder != folder.parent:
+    probe_folder(p.parent)
+
+
+def probe_folder(folder: Path) -> None:
+    """Raise BadInput unless a file can be created in `folder`, or, if it does not exist
+    yet, in its nearest existing ancestor (where it would be made). Creates and removes
+    one temporary file: a true test even for root and read-only file systems."""
+    folder = Path(folder)
+    where = show_path(folder)
+    while not os.path.lexists(folder) and folder != folder.parent:
         folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise BadInput(show_path(p), f"a writable file path (cannot write in folder "
-                       f"{show_path(folder)})", has_got=False)
+    if not folder.is_dir():
+        raise BadInput(where, f"a folder that can be written ({show_path(folder)} is not a "
+                       "folder)", has_got=False)
+    try:
+        fd, tmp = _create_temp(folder / "probe")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise BadInput(where, f"a folder that can be written ({exc.strerror or exc})",
+                       has_got=False) from None
 
 
 @contextlib.contextmanager
@@ -366,12 +389,16 @@ class Fields:
         return check_int(value, self.at(key), allow_zero=allow_zero, at_most=at_most)
 
     def number(self, key: str, default: Any = ..., *, positive: bool = False,
-               at_most: float | None = None) -> float:
+               at_most: float | None = None, at_least: float = 0.0) -> float:
+        """A finite number >= 0 (> 0 if `positive`); with `at_least` > 0, no positive
+        value below it (a subnormal efficiency would divide times into infinity)."""
         value = self.raw(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value < 0 or (positive and value == 0) \
-                or (at_most is not None and value > at_most):
+                or (at_most is not None and value > at_most) or (0 < value < at_least):
             want = "a positive number" if positive else "a non-negative number"
+            if at_least:
+                want += f" of at least {at_least:g}"
             if at_most is not None:
                 want += f" of at most {at_most}"
             raise BadInput(self.at(key), want, value)
@@ -403,10 +430,20 @@ def check_int(value: Any, where: str, *, allow_zero: bool = False,
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 \
             or (value == 0 and not allow_zero) or value > at_most:
         want = "a non-negative integer" if allow_zero else "a positive integer"
-        if at_most < limits.MAX_INT:
+        if isinstance(value, int) and value > at_most:
             want += f" of at most {at_most} (hyperpipe.limits)"
         raise BadInput(where, want, value)
     return value
+
+
+def path_exists(p: Path, *, regular: bool = False) -> bool:
+    """Whether `p` exists (and is a regular file, with `regular`); False for a path the
+    OS refuses to look up (too long, a loop of links, no permission)."""
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(st.st_mode) or not regular
 
 
 def resolve_ref(ref: str, base_dir: Path | None) -> Path | None:

@@ -28,7 +28,7 @@ Counts (files and flags)
     rank ``MAX_THREADS``; seeds ``0 .. MAX_SEED``.
 
 Quantities (see `hyperpipe.units.QUANTITY_RANGE`): each dimension has a finite range
-(for example a bandwidth between 1 B/s and 1 EB/s, a latency of at most one year), so
+(for example a bandwidth of at least 1 B/s, a latency of at most 1e9 s), so
 that no time, rate or ratio computed from them overflows or divides by zero.
 """
 
@@ -46,6 +46,7 @@ MAX_NODE_REPEAT = 4096               # `repeat` of one node entry
 MAX_CLUSTER_DEVICES = 65_536         # devices of a whole cluster
 MAX_LAYERS = 10_000                  # layers of a model (GPT-3 175B has 96 blocks)
 MAX_MODEL_DIM = 2**24                # d_model, ffn_hidden, heads, vocab_size, seq_len
+MAX_PARAMS_PER_LAYER = 10**13        # parameters of one synthetic layer
 MAX_GLOBAL_BATCH = 2**22             # samples per iteration (4M)
 MAX_MICROBATCHES = 65_536            # micro-batches of one pipeline
 MAX_PIPELINE_DEVICES = 4096          # devices (ranks) of one pipeline

@@ -82,7 +82,27 @@ def parse_quantity(value: object, dimension: str, *, where: str,
     if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
         what = "a positive" if not allow_zero else "a non-negative"
         raise BadInput(where, f"{what} finite {dimension} quantity", value)
+    low, high = QUANTITY_RANGE[dimension]
+    if number != 0 and not low <= number <= high:
+        unit = _SI_UNIT[dimension]
+        raise BadInput(where, f"a {dimension} quantity between {low:g} {unit} and {high:g} "
+                       f"{unit} (hyperpipe.units.QUANTITY_RANGE)", value)
     return number
+
+
+# The range of each dimension (SI units; zero is allowed where the field allows it).
+# Far outside real hardware, and narrow enough that no time, rate or ratio computed from
+# them overflows to inf or divides by a subnormal (a bandwidth of 5e-324 B/s).
+QUANTITY_RANGE: dict[str, tuple[float, float]] = {
+    "flops": (1.0, 1e30),          # FLOP/s (tests model "free" devices as 1e30)
+    "bytes": (1e-6, 1e21),         # a zettabyte
+    "bandwidth": (1.0, 1e30),      # bytes/s (1e30: a "free" link)
+    "time": (1e-15, 1e9),          # seconds: a femtosecond to ~31 years (MTBFs)
+    "flop": (1e-6, 1e24),
+    "price": (1e-9, 1e6),          # USD per hour
+}
+_SI_UNIT = {"flops": "FLOP/s", "bytes": "B", "bandwidth": "B/s", "time": "s",
+            "flop": "FLOP", "price": "$/h"}
 
 
 _EXAMPLE = {

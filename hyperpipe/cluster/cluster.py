@@ -24,9 +24,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hyperpipe import limits
 from hyperpipe.cluster.catalog import DeviceType, builtin_device_types
 from hyperpipe.errors import BadInput
-from hyperpipe.files import Fields, load_document, resolve_ref
+from hyperpipe.files import Fields, load_document, path_exists, resolve_ref
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def load_cluster(ref: str | dict | Path, *, base_dir: Path | None = None) -> Clu
         with resources.as_file(path) as p:
             return cluster_from_dict(load_document(p), where=f"cluster {text}", name=text)
     p = resolve_ref(text, base_dir)
-    if not p.exists():
+    if not path_exists(p):
         raise BadInput("--cluster", f"a built-in cluster ({', '.join(builtin_cluster_names())}) "
                        "or a YAML/JSON file", text)
     return cluster_from_dict(load_document(p), where=str(p), name=p.stem)
@@ -230,7 +231,8 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
         memory_bytes=f.quantity("memory", "bytes", base.memory_bytes),
         mem_bandwidth_bytes_per_s=f.quantity("mem_bandwidth", "bandwidth",
                                              base.mem_bandwidth_bytes_per_s),
-        efficiency=f.number("efficiency", base.efficiency, positive=True, at_most=1.0),
+        efficiency=f.number("efficiency", base.efficiency, positive=True, at_most=1.0,
+                            at_least=1e-6),
         link_bandwidth_bytes_per_s=f.quantity("link_bandwidth", "bandwidth",
                                               base.link_bandwidth_bytes_per_s),
         link_latency_s=f.quantity("link_latency", "time", base.link_latency_s, positive=False),
@@ -261,6 +263,8 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
                 str(type_name), types.sub(str(type_name), _DEVICE_KEYS), catalog)
     inter = _link(top, "inter_node", Link(12.5e9, 5e-6))  # default 100 Gbit/s, 5 us
     nodes: list[Node] = []
+    names: set[str] = set()
+    total_devices = 0
     raw_nodes = top.items("nodes")
     if not raw_nodes:
         raise BadInput(top.at("nodes"), "a non-empty list of nodes", raw_nodes)
@@ -271,23 +275,28 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
             raise BadInput(nf.at("device"), f"a known device type ({', '.join(sorted(catalog))}) "
                            "or one defined under device_types", dev_name)
         dtype = catalog[dev_name]
-        count = nf.positive_int("count")
+        count = nf.positive_int("count", at_most=limits.MAX_NODE_DEVICES)
         intra = _link(nf, "intra_link", Link(dtype.link_bandwidth_bytes_per_s,
                                              dtype.link_latency_s))
         nic = _link(nf, "nic", inter)
         nics = Nics(1, nic.bandwidth_bytes_per_s)
         if nf.has("nics"):
             cf = nf.sub("nics", ("count", "bandwidth"))
-            nics = Nics(cf.positive_int("count", 1),
+            nics = Nics(cf.positive_int("count", 1, at_most=limits.MAX_NODE_DEVICES),
                         cf.quantity("bandwidth", "bandwidth", nic.bandwidth_bytes_per_s))
         price = nf.quantity("price_per_hour", "price", positive=False) \
             if nf.has("price_per_hour") else None
-        repeat = nf.positive_int("repeat", 1)
+        repeat = nf.positive_int("repeat", 1, at_most=limits.MAX_NODE_REPEAT)
+        total_devices += count * repeat
+        if total_devices > limits.MAX_CLUSTER_DEVICES:
+            raise BadInput(nf.at("count"), f"at most {limits.MAX_CLUSTER_DEVICES} devices in "
+                           "the whole cluster (hyperpipe.limits)", f"{total_devices} so far")
         base_name = nf.string("name", f"n{len(nodes)}")
         for r in range(repeat):
             node_name = base_name if repeat == 1 else f"{base_name}{r}"
-            if "/" in node_name or any(n.name == node_name for n in nodes):
+            if "/" in node_name or node_name in names:
                 raise BadInput(nf.at("name"), "a unique node name without '/'", node_name)
+            names.add(node_name)
             nodes.append(Node(node_name, dev_name, count, intra, nic, price, nics))
     used = {n.device_type for n in nodes}
     return Cluster(name=str(top.raw("name", name)),

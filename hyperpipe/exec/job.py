@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.errors import BadInput
-from hyperpipe.exec import checkpoint
+from hyperpipe.exec import checkpoint, preflight
 from hyperpipe.exec.comm import probe_links
 from hyperpipe.exec.emulation import device_factors
 from hyperpipe.exec.options import RunOptions, RunResult
@@ -48,6 +48,7 @@ class Prepared:
 
 def prepare(plan: Plan, options: RunOptions) -> Prepared:
     """Every check that can fail on bad input, before any rank starts (BadInput: exit 2)."""
+    preflight.check_outputs(options)
     spec = plan.load_model()
     cluster = plan.load_cluster()
     plan.check(spec, cluster)

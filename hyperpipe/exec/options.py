@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hyperpipe import limits
 from hyperpipe.errors import BadInput
+from hyperpipe.files import check_int
 from hyperpipe.plan.trace import Trace
 
 
@@ -43,19 +45,17 @@ class RunOptions:
     reference_profile: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("steps", "threads_per_rank"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BadInput(f"run option {name}", "a positive integer", value)
-        for name in ("seed", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise BadInput(f"run option {name}", "a non-negative integer", value)
-        for name in ("emulation_scale", "timeout_s", "lr"):
+        for name, high in (("steps", limits.MAX_STEPS), ("threads_per_rank", limits.MAX_THREADS)):
+            check_int(getattr(self, name), f"run option {name}", at_most=high)
+        for name, high in (("seed", limits.MAX_SEED), ("checkpoint_every", limits.MAX_STEPS)):
+            check_int(getattr(self, name), f"run option {name}", allow_zero=True, at_most=high)
+        for name, high in (("emulation_scale", limits.MAX_EMULATION_SCALE),
+                           ("timeout_s", limits.MAX_TIMEOUT_S), ("lr", 10.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not 0 < value < float("inf"):
-                raise BadInput(f"run option {name}", "a positive number", value)
+                    or not 0 < value <= high:
+                raise BadInput(f"run option {name}", f"a positive number of at most {high:g}",
+                               value)
         if self.emulation_scale < 1.0:
             raise BadInput("run option emulation_scale", "a number >= 1 (emulation can only "
                            "slow a device down)", self.emulation_scale)
@@ -71,6 +71,9 @@ class RunOptions:
                                           and x >= 0 for x in fault):
                 raise BadInput("run option inject_fault", "(rank, step), two non-negative "
                                "integers", fault)
+            if fault[1] >= self.steps:
+                raise BadInput("run option inject_fault", f"a step below steps ({self.steps})",
+                               fault[1])
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
+from hyperpipe import limits
 from hyperpipe.errors import BadInput, one_line
-from hyperpipe.files import Fields, load_document, resolve_ref
+from hyperpipe.files import Fields, load_document, path_exists, resolve_ref
 from hyperpipe.models.presets import PRESETS
 from hyperpipe.models.spec import (
     DTYPE_BYTES,
@@ -68,7 +69,7 @@ def load_model(ref: Any, *, where: str = "model", base_dir: str | os.PathLike | 
         if isinstance(ref, str) and text in PRESETS:
             data: Any = {"preset": text}
         elif Path(text).suffix.lower() in (".yaml", ".yml", ".json") \
-                or (text and resolve_ref(text, _dir(base_dir)).is_file()):
+                or (text and path_exists(resolve_ref(text, _dir(base_dir)), regular=True)):
             path = resolve_ref(text, _dir(base_dir))
             data = load_document(path)
             where = str(path)
@@ -136,9 +137,14 @@ def _load_synthetic(data: dict, where: str) -> ModelSpec:
     f = _Fields(data, where, allowed=("kind", "name", "dtype", "seq_len", "layers",
                                       *SYNTHETIC_LAYER_KEYS))
     dtype = f.choice("dtype", list(DTYPE_BYTES), "bf16")
-    seq_len = f.positive_int("seq_len", 1)     # tokens per sample, for tokens/s metrics
+    # tokens per sample, for tokens/s metrics
+    seq_len = f.positive_int("seq_len", 1, at_most=limits.MAX_MODEL_DIM)
     defaults = _synthetic_values(f)
     raw = f.raw("layers")
+    if isinstance(raw, list) and len(raw) > limits.MAX_LAYERS or \
+            isinstance(raw, int) and not isinstance(raw, bool) and raw > limits.MAX_LAYERS:
+        raise BadInput(f.at("layers"), f"at most {limits.MAX_LAYERS} layers (hyperpipe.limits)",
+                       len(raw) if isinstance(raw, list) else raw)
     if isinstance(raw, list) and raw:
         rows = [_Fields(item, where, f"layers[{i}].", SYNTHETIC_LAYER_KEYS)
                 for i, item in enumerate(raw)]
@@ -162,7 +168,9 @@ def _synthetic_values(f: _Fields) -> dict[str, Any]:
         if not f.has(key):
             continue
         if key in ("params_per_layer", "hidden"):
-            out[key] = f.positive_int(key, allow_zero=key == "params_per_layer")
+            out[key] = f.positive_int(key, allow_zero=key == "params_per_layer",
+                                      at_most=limits.MAX_MODEL_DIM if key == "hidden"
+                                      else limits.MAX_PARAMS_PER_LAYER)
         else:
             out[key] = f.quantity(key, "flop" if "flops" in key else "bytes", positive=False)
     return out

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from hyperpipe import limits
 from hyperpipe.errors import BadInput
 from hyperpipe.files import check_int
 
@@ -97,7 +98,8 @@ def check_config(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
     """Raise BadInput (naming the field through `at`) unless `v` is a valid GPT config."""
     for key in ("vocab_size", "n_layer", "n_head", "d_model", "seq_len", "ffn_hidden",
                 "n_kv_head"):
-        check_int(v[key], at(key))
+        check_int(v[key], at(key),
+                  at_most=limits.MAX_LAYERS if key == "n_layer" else limits.MAX_MODEL_DIM)
     for key, options in (("mlp", MLP_KINDS), ("norm", NORM_KINDS),
                          ("position", POSITION_KINDS), ("attention", ATTENTION_KINDS)):
         if v[key] not in options:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hyperpipe import limits
 from hyperpipe.errors import BadInput
 from hyperpipe.files import Fields, load_document, write_atomic
 
@@ -228,7 +229,7 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
         kind, chunks = sched, 1
     else:
         sf = Fields(sched, top.at("schedule"), ("kind", "chunks"))
-        kind, chunks = sf.string("kind"), sf.positive_int("chunks", 1)
+        kind, chunks = sf.string("kind"), sf.positive_int("chunks", 1, at_most=limits.MAX_CHUNKS)
     pipelines = []
     raw_pipes = top.items("pipelines")
     if not raw_pipes:
@@ -244,14 +245,15 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
             sf = Fields(rs, f"{pf.where}.stages[{k}]", _STAGE_KEYS)
             layers = sf.items("layers")
             if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                           and x >= 0 for x in layers):
-                raise BadInput(sf.at("layers"), "[start, end] with non-negative integers",
+                                           and 0 <= x <= limits.MAX_LAYERS for x in layers):
+                raise BadInput(sf.at("layers"),
+                               f"[start, end] with integers from 0 to {limits.MAX_LAYERS}",
                                layers)
             devices = sf.items("devices")
             if not devices or not all(isinstance(d, str) for d in devices):
                 raise BadInput(sf.at("devices"), "a non-empty list of device names "
                                "(NODE/INDEX)", devices)
-            tp = sf.positive_int("tp", len(devices))
+            tp = sf.positive_int("tp", len(devices), at_most=limits.MAX_NODE_DEVICES)
             recompute = sf.choice("recompute", RECOMPUTE_KINDS, "none")
             seq_par = _flag(sf, "sequence_parallel")
             if seq_par and tp == 1:
@@ -260,9 +262,12 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
                                seq_par)
             stages.append(StagePlan((layers[0], layers[1]), tuple(devices), tp, recompute,
                                     seq_par))
-        pipelines.append(PipelinePlan(pf.positive_int("micro_batch"),
-                                      pf.positive_int("num_microbatches"), tuple(stages)))
-    return Plan(model=model, cluster=cluster, global_batch=top.positive_int("global_batch"),
+        pipelines.append(PipelinePlan(
+            pf.positive_int("micro_batch", at_most=limits.MAX_GLOBAL_BATCH),
+            pf.positive_int("num_microbatches", at_most=limits.MAX_MICROBATCHES),
+            tuple(stages)))
+    global_batch = top.positive_int("global_batch", at_most=limits.MAX_GLOBAL_BATCH)
+    return Plan(model=model, cluster=cluster, global_batch=global_batch,
                 schedule=kind, chunks=chunks, pipelines=tuple(pipelines),
                 distributed_optimizer=_flag(top, "distributed_optimizer"), base_dir=base_dir,
                 source=where)

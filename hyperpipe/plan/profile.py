@@ -12,10 +12,12 @@ keyed ``"DEVICE_TYPE|OP"``, are seconds each compute action costs on top of its 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hyperpipe import limits
 from hyperpipe.cluster.cluster import Link
 from hyperpipe.errors import BadInput
 from hyperpipe.files import Fields, load_document, write_atomic
@@ -77,14 +79,23 @@ class Profile:
         write_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
 
+MAX_FIT_S = 1e9      # seconds: the largest intercept or slope a profile may hold
+
+
+def _seconds(v: Any, where: str) -> float:
+    """A fitted time: finite, of either sign (a fitted intercept may be negative)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or abs(v) > MAX_FIT_S:
+        raise BadInput(where, f"a finite number of seconds within +-{MAX_FIT_S:g}", v)
+    return float(v)
+
+
 def _fit(data: Any, where: str) -> Fit:
     f = Fields(data, where, ("a_s", "b_s_per_unit", "samples", "rel_rmse"))
-    a = f.raw("a_s")
-    b = f.raw("b_s_per_unit")
-    for key, v in (("a_s", a), ("b_s_per_unit", b)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise BadInput(f.at(key), "a number", v)
-    return Fit(float(a), float(b), int(f.number("samples", 0)), f.number("rel_rmse", 0.0))
+    a = _seconds(f.raw("a_s"), f.at("a_s"))
+    b = _seconds(f.raw("b_s_per_unit"), f.at("b_s_per_unit"))
+    return Fit(a, b, int(f.number("samples", 0, at_most=limits.MAX_INT)),
+               f.number("rel_rmse", 0.0, at_most=1e6))
 
 
 def profile_from_dict(data: Any, *, where: str) -> Profile:
@@ -100,14 +111,14 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
     links = {}
     for k, v in Fields(top.raw("links", {}), top.at("links")).data.items():
         lf = Fields(v, f"{where}: links.{k}", ("bandwidth_bytes_per_s", "latency_s"))
-        links[str(k)] = Link(lf.number("bandwidth_bytes_per_s", positive=True),
-                             lf.number("latency_s"))
+        links[str(k)] = Link(lf.quantity("bandwidth_bytes_per_s", "bandwidth"),
+                             lf.quantity("latency_s", "time", positive=False))
     opt = {str(k): _fit(v, f"{where}: optimizer.{k}")
            for k, v in Fields(top.raw("optimizer", {}), top.at("optimizer")).data.items()}
     ar = {str(k): _fit(v, f"{where}: allreduce.{k}")
           for k, v in Fields(top.raw("allreduce", {}), top.at("allreduce")).data.items()}
     of = Fields(top.raw("overhead", {}), top.at("overhead"))
-    overhead = {str(k): of.number(str(k)) for k in of.data}
+    overhead = {str(k): _seconds(of.raw(str(k)), of.at(str(k))) for k in of.data}
     for k in overhead:
         if k.count("|") != 1:
             raise BadInput(f"{where}: overhead.{k}", "a key DEVICE_TYPE|OP", k)

@@ -20,6 +20,7 @@ File format (``hyperpipe.trace/1``)::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,16 @@ class Trace:
         write_atomic(path, json.dumps(self.to_chrome()) + "\n")
 
 
+MAX_TRACE_NUMBER = 1e18   # seconds (epoch times are ~1.7e9), bytes, indices
+
+
+def _finite_number(x: Any) -> bool:
+    """A real number (not a string, not bool) that is finite and not absurdly large."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    return abs(x) <= MAX_TRACE_NUMBER and (isinstance(x, int) or math.isfinite(x))
+
+
 def trace_from_dict(data: Any, *, where: str) -> Trace:
     top = Fields(data, where, ("format", "meta", "columns", "events"))
     if top.raw("format", None) != TRACE_FORMAT:
@@ -137,12 +148,13 @@ def trace_from_dict(data: Any, *, where: str) -> Trace:
         if op not in COMPUTE_OPS + OTHER_OPS:
             raise BadInput(f"{where}: events[{i}][1]", f"an op in {COMPUTE_OPS + OTHER_OPS}",
                            op)
-        try:
-            events.append(TraceEvent(str(dev), op, int(stage), int(mb), float(start),
-                                     float(end), float(nbytes), str(peer), int(step)))
-        except (TypeError, ValueError):
-            raise BadInput(f"{where}: events[{i}]", "numbers for stage, microbatch, times, "
-                           "bytes and step", row) from None
+        numbers = (stage, mb, start, end, nbytes, step)
+        if not all(_finite_number(x) for x in numbers):
+            raise BadInput(f"{where}: events[{i}]", "finite numbers of magnitude at most "
+                           f"{MAX_TRACE_NUMBER:g} for stage, microbatch, times, bytes and step",
+                           row)
+        events.append(TraceEvent(str(dev), op, int(stage), int(mb), float(start),
+                                 float(end), float(nbytes), str(peer), int(step)))
         if events[-1].end_s < events[-1].start_s:
             raise BadInput(f"{where}: events[{i}]", "end_s >= start_s", row)
     meta = top.raw("meta", {})
