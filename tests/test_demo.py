@@ -12,7 +12,8 @@ from hyperpipe.plan.plan import load_plan
 from hyperpipe.plan.profile import load_profile
 from hyperpipe.plan.trace import load_trace
 
-REPORT_KEYS = ("plan", "baseline_plan", "measured_iteration_time_s",
+REPORT_KEYS = ("error_out_of_sample", "predicted_iteration_time_out_of_sample_s",
+               "measured_spread", "plan", "baseline_plan", "measured_iteration_time_s",
                "predicted_iteration_time_s", "error_before_calibration",
                "error_after_calibration", "speedup_vs_uniform_measured",
                "speedup_vs_uniform_predicted", "emulated")
@@ -35,6 +36,13 @@ def test_demo_writes_a_consistent_report(tmp_path, capsys):
         abs(predicted - measured) / measured)
     assert report["speedup_vs_uniform_measured"] == pytest.approx(
         report["baseline"]["measured_s"] / measured)
+    # out of sample: the prediction made before the best plan ran, against its run
+    assert report["error_out_of_sample"] == pytest.approx(
+        abs(report["predicted_iteration_time_out_of_sample_s"] - measured) / measured)
+    periods = report["measured_step_periods_s"]
+    assert len(periods) == 2 and measured == pytest.approx(sorted(periods)[0] / 2
+                                                           + sorted(periods)[1] / 2)
+    assert printed.index("out of sample") < printed.index("in-sample")
     # calibrated on these very runs: close, even on a busy 2-core machine
     assert report["error_after_calibration"] < 0.2
     assert math.isfinite(report["error_before_calibration"])

@@ -21,8 +21,9 @@ infeasible, and how long it took:
 5. **baselines** – `uniform` and `proportional` (`hyperpipe.search.baselines`), tuned over
    pp, dp, tp, micro-batch, schedule kind, chunks and device-type subsets; their short
    lists (best by the analytic tier) are ranked by the simulator in phase 4, the same
-   judge as the search's plans. A baseline may beat the search's pick: the report says
-   so, the pick is never replaced by it.
+   judge as the search's plans; and the peer planners (`hyperpipe.search.peers`: Metis,
+   AMP), each picking with its own cost model, judged by the simulator too. A baseline
+   or peer may beat the search's pick: the report says so, the pick is never replaced.
 
 Objectives: "throughput" (least iteration time) or "cost" (least USD per million
 tokens, when the cluster has prices); the result carries the (time, cost) Pareto front
@@ -226,7 +227,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     with workers_ctx as pool:
         types = _timed(phases[0], templates_phase, ctx, show, pool)
         estimated = _timed(phases[1], _assemble_phase, ctx, types)
-        base_plans = _timed(phases[4], tuned_baselines, ctx)
+        base_plans = _timed(phases[4], _baselines_phase, ctx)
         if not estimated:
             raise InfeasiblePlan(_shortfall(ctx))
         estimated.sort(key=lambda cand: rank_key(c, cand.metrics))
@@ -268,6 +269,20 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
     if model.config is not None and c.tp is not None and model.config.n_head % c.tp:
         raise BadInput("--tp", f"a divisor of the model's {model.config.n_head} attention "
                        "heads", c.tp)
+
+
+def _baselines_phase(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Plan]]:
+    """Phase 5: the tuned baselines' short lists and each peer planner's own pick."""
+    from hyperpipe.search.peers import PEERS
+    out = tuned_baselines(ctx, phase)
+    for name, planner in PEERS.items():
+        phase.seen += 1
+        found = planner(ctx)
+        if found is None:
+            phase.infeasible += 1
+        else:
+            out[name] = [found[0]]
+    return out
 
 
 def _refine_budget(ctx: SearchContext) -> int:

@@ -16,6 +16,17 @@ from hyperpipe.errors import BadInput
 from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 
 
+def step_periods_s(trace: Trace) -> list[float]:
+    """The periods between the ends of consecutive steps of a measured run, in step
+    order (empty with fewer than two steps)."""
+    ends: dict[int, float] = {}
+    for e in trace.events:
+        if e.step >= 0:
+            ends[e.step] = max(ends.get(e.step, e.end_s), e.end_s)
+    steps = sorted(ends)
+    return [ends[b] - ends[a] for a, b in zip(steps, steps[1:], strict=False) if b == a + 1]
+
+
 def measured_iteration_s(trace: Trace) -> float:
     """The steady-state iteration time of a measured run: the median period between the
     ends of consecutive steps (the end of a step: its last event, usually an optimizer

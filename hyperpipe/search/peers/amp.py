@@ -1,0 +1,114 @@
+"""AMP (Li, Wang, Xing, Zhang: "AMP: Automatically Finding Model Parallel Strategies with
+Heterogeneity Awareness", NeurIPS 2022), re-implemented from the paper.
+
+Search space (AMP sec. 3.1): the cluster as one rank-ordered device mesh, every device
+used; a strategy is (pp, tp, dp, micro-batch) with pp x tp x dp = all devices, ranks laid
+out as Megatron does (tp fastest, then dp, then pp), and a layer partition; the schedule
+is Megatron's 1F1B.
+
+Cost model (AMP sec. 3.2, eq. 1): a pipeline's iteration time is
+
+    (gas - 1) x max_i (t_i + e_i)  +  sum_i (t_i + e_i)  +  max_i dp_i
+
+with t_i stage i's compute (on its slowest replica, with its tp all-reduces), e_i its
+activation send, gas the micro-batches per pipeline and dp_i stage i's gradient
+all-reduce over the replicas (here with the optimizer step).
+
+Layer partition (AMP sec. 3.3): dynamic programming over cut positions that balances
+the stages under that cost: for a few bounds on the slowest stage (from the min-max cut
+up), the cut of least sum obeying the bound; the one of least cost wins.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.plan.plan import Plan
+from hyperpipe.search import space
+from hyperpipe.search.peers.common import (
+    build,
+    group_table,
+    inflight_1f1b,
+    min_max_bound,
+    min_sum_cuts,
+    p2p_s,
+    stage_matrix,
+    sync_s,
+)
+
+BOUND_STEPS = (1.0, 1.02, 1.05, 1.1, 1.2)   # slowest-stage bounds, x the min-max cut
+
+
+def amp_cost_s(t: list[float], e: list[float], gas: int, sync: float) -> float:
+    """AMP eq. 1: (gas - 1) max(t_i + e_i) + sum(t_i + e_i) + sync."""
+    per = [ti + ei for ti, ei in zip(t, [*e, 0.0], strict=True)]
+    return (gas - 1) * max(per) + sum(per) + sync
+
+
+def _rows(ctx, pp: int, dp: int, tp: int) -> list[list[tuple[str, ...]]] | None:
+    """Megatron rank order over the whole cluster: rank = (stage dp + replica) tp + i."""
+    names = [d.name for d in ctx.cluster.devices]
+    rows = [[tuple(names[(s * dp + r) * tp:(s * dp + r + 1) * tp]) for s in range(pp)]
+            for r in range(dp)]
+    for row in rows:
+        for g in row:
+            if len({ctx.cluster.device(d).node for d in g}) > 1:
+                return None            # tp stays inside a node
+    return rows
+
+
+def amp_plan(ctx) -> tuple[Plan, float] | None:
+    """AMP's pick and its own predicted iteration time, or None if nothing fits."""
+    c, model = ctx.c, ctx.model
+    n_dev, n = len(ctx.cluster.devices), model.num_layers
+    best: tuple[float, Plan] | None = None
+    for tp in space.tp_options(ctx.cluster, model, c):
+        for pp in range(1, min(n, n_dev // tp) + 1):
+            if n_dev % (tp * pp) or (c.pp is not None and pp != c.pp):
+                continue
+            dp = n_dev // (tp * pp)
+            if c.dp is not None and dp != c.dp:
+                continue
+            rows = _rows(ctx, pp, dp, tp)
+            if rows is None:
+                continue
+            for mb in space.micro_batches(c):
+                if c.global_batch % (dp * mb):
+                    continue
+                gas = c.global_batch // (dp * mb)
+                found = _partition(ctx, rows, mb, gas)
+                if found is None:
+                    continue
+                value, bounds = found
+                if best is not None and value >= best[0]:
+                    continue
+                try:
+                    best = (value, build(ctx, rows, bounds, mb, gas))
+                except (InfeasiblePlan, BadInput):
+                    continue
+    return None if best is None else (best[1], best[0])
+
+
+def _partition(ctx, rows, mb: int, gas: int) -> tuple[float, list[int]] | None:
+    cost, n = ctx.cost, ctx.model.num_layers
+    pp = len(rows[0])
+    memo = ctx.memo
+    tables = [[group_table(cost, row[k], mb, memo) for row in rows] for k in range(pp)]
+    mats = stage_matrix(tables, inflight_1f1b(pp, gas), n)
+    lo = min_max_bound(mats)
+    if not math.isfinite(lo):
+        return None
+    best = None
+    for step in BOUND_STEPS:
+        found = min_sum_cuts(mats, lo * step * (1 + 1e-12))
+        if found is None:
+            continue
+        bounds = found[1]
+        t = [float(mats[k][a, b]) for k, (a, b) in enumerate(zip(bounds, bounds[1:],
+                                                                   strict=False))]
+        value = amp_cost_s(t, p2p_s(cost, rows, bounds, mb), gas,
+                           sync_s(cost, rows, bounds))
+        if best is None or value < best[0]:
+            best = (value, bounds)
+    return best

@@ -1,0 +1,142 @@
+"""What the peer planners share: per-layer time and memory tables of a device group (the
+"profile" every planner starts from), 1F1B in-flight counts, the layer-cut DP and plan
+assembly. Times in seconds, memory in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+
+
+@dataclass(frozen=True)
+class GroupTable:
+    """Prefix sums over layers for one device group (tp devices of one type) at one
+    micro-batch size: time_s[b] - time_s[a] is F + B of layers [a, b) with Megatron's
+    tensor-parallel all-reduces; state/stash likewise, per device."""
+
+    time_s: np.ndarray
+    state_bytes: np.ndarray
+    stash_bytes: np.ndarray
+    memory_bytes: float
+
+
+def group_table(cost, group: tuple[str, ...], mb: int, memo: dict) -> GroupTable:
+    dev = cost.cluster.device(group[0])
+    node = cost.cluster.node(dev.node)
+    key = ("peer-table", dev.type.name, len(group), node.intra_link if len(group) > 1
+           else None, mb)
+    if key not in memo:
+        n = cost.model.num_layers
+        tp = len(group)
+        t = [sum(cost.stage_time_s((i, i + 1), group, mb, op) for op in ("F", "B"))
+             for i in range(n)]
+        state = [cost.state_bytes((i, i + 1), tp) for i in range(n)]
+        stash = [cost.stash_bytes((i, i + 1), mb, tp) for i in range(n)]
+        memo[key] = GroupTable(np.concatenate([[0.0], np.cumsum(t)]),
+                               np.concatenate([[0.0], np.cumsum(state)]),
+                               np.concatenate([[0.0], np.cumsum(stash)]),
+                               dev.type.memory_bytes)
+    return memo[key]
+
+
+def inflight_1f1b(p: int, m: int) -> list[int]:
+    """Micro-batches stage k of a 1F1B pipeline of p stages stashes at most: min(p - k, m)
+    (Narayanan et al. 2021, PipeDream-Flush)."""
+    return [min(p - k, m) for k in range(p)]
+
+
+def fits(table: GroupTable, a: int, b: int, inflight: int) -> bool:
+    need = table.state_bytes[b] - table.state_bytes[a] + \
+        inflight * (table.stash_bytes[b] - table.stash_bytes[a])
+    return need <= table.memory_bytes
+
+
+def stage_matrix(tables: list[GroupTable], inflight: list[int], n: int) -> list[np.ndarray]:
+    """Per stage k, an (n+1) x (n+1) matrix of the time of layers [a, b) on the slowest
+    of its groups (`tables[k]` a list of one table per replica), inf where a >= b or the
+    layers do not fit in memory."""
+    mats = []
+    idx = np.arange(n + 1)
+    upper = idx[:, None] < idx[None, :]
+    for tabs, inf in zip(tables, inflight, strict=True):
+        t = np.max([tab.time_s[None, :] - tab.time_s[:, None] for tab in tabs], axis=0)
+        ok = upper.copy()
+        for tab in tabs:
+            need = (tab.state_bytes[None, :] - tab.state_bytes[:, None]) + inf * (
+                tab.stash_bytes[None, :] - tab.stash_bytes[:, None])
+            ok &= need <= tab.memory_bytes
+        mats.append(np.where(ok, t, np.inf))
+    return mats
+
+
+def min_sum_cuts(mats: list[np.ndarray], bound_s: float) -> tuple[float, list[int]] | None:
+    """Cut n layers into len(mats) non-empty stages, every stage at most `bound_s`,
+    minimising the sum of stage times (dynamic programming over cut positions).
+    Returns (sum, bounds [0, c1, ..., n]) or None if no cut obeys the bound."""
+    n = mats[0].shape[0] - 1
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    back = []
+    for mat in mats:
+        cand = best[:, None] + np.where(mat <= bound_s, mat, np.inf)
+        arg = np.argmin(cand, axis=0)
+        best = cand[arg, np.arange(n + 1)]
+        back.append(arg)
+    if not np.isfinite(best[n]):
+        return None
+    cuts = [n]
+    for arg in reversed(back):
+        cuts.append(int(arg[cuts[-1]]))
+    return float(best[n]), cuts[::-1]
+
+
+def min_max_bound(mats: list[np.ndarray]) -> float:
+    """The least achievable slowest stage (min-max DP); inf if nothing fits."""
+    n = mats[0].shape[0] - 1
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    for mat in mats:
+        best = np.min(np.maximum(best[:, None], mat), axis=0)
+    return float(best[n])
+
+
+def build(ctx, rows: list[list[tuple[str, ...]]], bounds: list[int], mb: int, m: int,
+          schedule: str = "1f1b") -> Plan:
+    """A plan of len(rows) identical-cut pipelines, row r's stage k on rows[r][k]."""
+    ranges = list(zip(bounds, bounds[1:], strict=False))
+    pipes = tuple(PipelinePlan(mb, m, tuple(StagePlan(rng, g, len(g))
+                                            for rng, g in zip(ranges, row, strict=True)))
+                  for row in rows)
+    plan = Plan(model=ctx.refs[0], cluster=ctx.refs[1], global_batch=ctx.c.global_batch,
+                schedule=schedule, chunks=1, pipelines=pipes)
+    plan.check(ctx.model, ctx.cluster)
+    return plan
+
+
+def sync_s(cost, rows: list[list[tuple[str, ...]]], bounds: list[int]) -> float:
+    """The slowest stage's gradient all-reduce over its replicas (ring, dtype bytes per
+    parameter, per tp shard) plus its optimizer step."""
+    worst = 0.0
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        group = rows[0][k]
+        tp = len(group)
+        nbytes = cost.stage_params((a, b)) * cost.model.dtype_bytes / tp
+        ring = [row[k][0] for row in rows]
+        t = (cost.allreduce_time_s(ring, nbytes) if len(ring) > 1 else 0.0) + \
+            cost.optimizer_time_s((a, b), cost.cluster.device(group[0]).type.name, tp)
+        worst = max(worst, t)
+    return worst
+
+
+def p2p_s(cost, rows: list[list[tuple[str, ...]]], bounds: list[int], mb: int) -> list[float]:
+    """Per cut k (stage k to k+1): activation send time, slowest replica."""
+    out = []
+    for k in range(len(bounds) - 2):
+        nbytes = cost.send_bytes((bounds[k], bounds[k + 1]), mb)
+        out.append(max(cost.transfer_time_s(row[k][-1], row[k + 1][0], nbytes)
+                       for row in rows))
+    return out

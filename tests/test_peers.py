@@ -1,0 +1,82 @@
+"""Peer planners: their DPs against brute force, Metis's estimator against the simulator
+where its closed form is exact, and plans that check."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.search.peers import PEERS
+from hyperpipe.search.peers.common import GroupTable, min_max_bound, min_sum_cuts
+from hyperpipe.search.peers.metis import balance_memory, metis_plan, proportional_cuts
+from hyperpipe.search.search import SearchConstraints
+from hyperpipe.search.templates import SearchContext
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import simulate
+
+FREE = {"bandwidth": "1e15 B/s", "latency": 0}
+
+
+def _mats(rng, n: int, p: int) -> list[np.ndarray]:
+    out = []
+    for _ in range(p):
+        pre = np.concatenate([[0.0], np.cumsum(rng.uniform(0.5, 2.0, n))])
+        m = pre[None, :] - pre[:, None]
+        idx = np.arange(n + 1)
+        out.append(np.where(idx[:, None] < idx[None, :], m, np.inf))
+    return out
+
+
+def test_cut_dps_match_brute_force():
+    rng = np.random.default_rng(0)
+    for n, p in ((6, 2), (7, 3), (8, 4)):
+        mats = _mats(rng, n, p)
+        cuts = [[0, *c, n] for c in itertools.combinations(range(1, n), p - 1)]
+        times = [[mats[k][b[k], b[k + 1]] for k in range(p)] for b in cuts]
+        assert min_max_bound(mats) == pytest.approx(min(max(t) for t in times))
+        bound = sorted(max(t) for t in times)[len(times) // 2]
+        got = min_sum_cuts(mats, bound)
+        want = min(sum(t) for t in times if max(t) <= bound)
+        assert got[0] == pytest.approx(want)
+        assert max(mats[k][got[1][k], got[1][k + 1]] for k in range(p)) <= bound
+
+
+def test_proportional_cuts_and_memory_balance():
+    assert proportional_cuts(10, [3.0, 1.0]) == [0, 7, 10]
+    # stage 0 holds 1 byte per layer of room for 3 layers; balancing moves the rest on
+    tab = [GroupTable(np.arange(9.0), np.arange(9.0), np.zeros(9), mem)
+           for mem in (3.0, 100.0)]
+    assert balance_memory([0, 6, 8], tab, [1, 1]) == [0, 3, 8]
+    assert balance_memory([0, 6, 8], [tab[0], tab[0]], [1, 1]) is None
+
+
+def test_metis_estimate_is_the_simulated_1f1b_time_on_equal_stages():
+    # homogeneous devices, free links, no parameters: 1F1B takes (m + p - 1) (F + B),
+    # Metis's (m - 1) max + sum exactly
+    cluster = cluster_from_dict({
+        "device_types": {"x": {"peak_flops": "10 TFLOP/s", "efficiency": 1.0,
+                               "memory": "1000 GB", "mem_bandwidth": "1e15 B/s"}},
+        "nodes": [{"name": "n", "device": "x", "count": 4, "intra_link": FREE}],
+        "inter_node": FREE}, where="test", name="even")
+    model = load_model({"kind": "synthetic", "layers": 8, "fwd_flops_per_sample": 1e12,
+                        "activation_bytes_per_sample": 0, "params_per_layer": 0,
+                        "name": "syn"})
+    cost = CostModel(model, cluster)
+    ctx = SearchContext(cost, SearchConstraints(global_batch=8, micro_batch=1, dp=1))
+    plan, own_s = metis_plan(ctx)
+    assert [st.num_layers for st in plan.pipelines[0].stages] == [2, 2, 2, 2]
+    assert simulate(plan, cost).metrics.iteration_time_s == pytest.approx(own_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(PEERS))
+def test_peers_pick_plans_that_check(name):
+    model, cluster = load_model("gpt2-medium"), load_cluster("a100-v100")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=64))
+    plan, own_s = PEERS[name](ctx)
+    plan.check(model, cluster)
+    assert own_s > 0 and len(plan.devices) == len(cluster.devices)   # both use all
+    assert plan.schedule == "1f1b"
