@@ -211,7 +211,7 @@ def test_search_cli_out_plan_and_json(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"best", "ranked", "baselines", "candidates_evaluated",
                         "search_time_s"}
-    assert set(doc["baselines"]) == {"uniform", "proportional"}
+    assert set(doc["baselines"]) == {"uniform", "proportional", "metis", "amp"}
     assert doc["best"]["metrics"]["iteration_time_s"] <= \
         doc["baselines"]["uniform"]["metrics"]["iteration_time_s"]
     plan = load_plan(out)

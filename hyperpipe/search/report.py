@@ -82,6 +82,41 @@ def _cap(cluster, device: str) -> float:
     return cluster.device(device).type.memory_bytes
 
 
+def best_other(result):
+    """(name, candidate) of the fastest feasible baseline or peer plan, or None."""
+    feasible = [(c.metrics.iteration_time_s, k, c) for k, c in result.baselines.items()
+                if c.metrics.feasible]
+    if not feasible:
+        return None
+    _, name, cand = min(feasible, key=lambda x: x[:2])
+    return name, cand
+
+
+def gain_lines(result, cost: CostModel) -> list[str]:
+    """The speed-up over the best other plan and where it comes from (each factor of the
+    pick switched back to the other's choice, one at a time, and simulated)."""
+    from hyperpipe.search.attribution import attribute
+    found = best_other(result)
+    if found is None:
+        return []
+    name, other = found
+    best = result.best
+    total = other.metrics.iteration_time_s / best.metrics.iteration_time_s
+    out = ["", f"speed-up over the best other plan ({name}): {total:.2f}x; where it comes "
+           "from (the pick with one factor switched to the other's choice, simulated):"]
+    for g in attribute(best, other, name, cost):
+        if g.same:
+            out.append(f"  {g.factor:<16} same in both")
+        elif g.ratio is None:
+            out.append(f"  {g.factor:<16} n/a ({g.note})")
+        else:
+            note = f"  {g.note}" if g.note else ""
+            out.append(f"  {g.factor:<16} {format_seconds(g.time_s):>10}  "
+                       f"{g.ratio:.2f}x the pick's time{note}")
+    out.append("  (factors interact: their ratios need not multiply to the total)")
+    return out
+
+
 def format_search(result, cost: CostModel, *, objective: str = "throughput") -> str:
     cluster, model = cost.cluster, cost.model
     best = result.best
@@ -91,10 +126,12 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
     for i, cand in enumerate(result.ranked, 1):
         out.append(f"{i:>3}. {_metrics_row(cand.metrics)}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
-    out += ["", "baselines (same simulator):"]
+    out += ["", "baselines and peer planners (each picks its own plan; all judged by the "
+            "same simulator):"]
     for name, cand in result.baselines.items():
         speedup = cand.metrics.iteration_time_s / best.metrics.iteration_time_s
-        versus = f"best is {speedup:.2f}x faster"
+        versus = f"pick is {speedup:.2f}x faster" if speedup >= 1 else \
+            f"pick is {1 / speedup:.2f}x SLOWER"
         if objective == "cost" and cand.metrics.cost_per_million_tokens is not None:
             cheaper = cand.metrics.cost_per_million_tokens / \
                 best.metrics.cost_per_million_tokens
@@ -103,6 +140,7 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
             if cand.metrics.oom else ""
         out.append(f"  {name:<13}{_metrics_row(cand.metrics)}  -> {versus}{oom}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
+    out += gain_lines(result, cost)
     out += ["", "why the best wins:"] + [f"  {line}" for line in
                                            why_best(best.plan, best.metrics, cost)]
     if result.pareto and len(result.pareto) > 1:

@@ -1,0 +1,172 @@
+"""Where the best plan's gain over the best other plan comes from.
+
+Starting from the search's pick B and the fastest other plan O (a baseline or a peer
+planner's), each factor of B is switched back to O's choice alone and the result is
+simulated; the factor's share is how much slower B gets without it:
+
+* device choice   - O's devices and pipelines, with B's schedule, micro-batch, recompute,
+                    layers cut in proportion to each stage's compute speed
+* layer partition - B's devices with O's cut (O's layer ranges when the stages' device
+                    types match, else O's rule: equal layers for `uniform`, in proportion
+                    to peak FLOP/s for `proportional`, to compute speed for the peers)
+* schedule kind   - B with O's schedule kind and chunk count (stages re-cut per device
+                    share when the chunk count changes)
+* micro-batching  - B with O's micro-batch size (same samples per pipeline)
+* recompute       - B with O's recompute mode on every stage
+
+Factors interact, so their ratios need not multiply to the total speed-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.search.baselines import layer_counts
+
+FACTORS = ("device choice", "layer partition", "schedule kind", "micro-batching",
+           "recompute")
+
+
+@dataclass(frozen=True)
+class FactorGain:
+    factor: str
+    same: bool                   # B and O already agree on it
+    time_s: float | None         # B with this factor switched to O's choice (None: n/a)
+    ratio: float | None          # time_s / B's time: > 1 means the factor helps B
+    note: str = ""
+
+
+def _recut(pipe: PipelinePlan, p: int, v: int, weights) -> tuple[StagePlan, ...]:
+    """The pipeline's first p device groups, looped v times, layers by `weights`."""
+    homes = [pipe.stages[k % p] for k in range(p * v)]
+    n = pipe.stages[-1].layers[1]
+    counts = layer_counts(n, [weights(st) for st in homes])
+    out, start = [], 0
+    for st, c in zip(homes, counts, strict=True):
+        out.append(replace(st, layers=(start, start + c)))
+        start += c
+    return tuple(out)
+
+
+def _devices_of(plan: Plan, pipe: PipelinePlan) -> int:
+    return len(pipe.stages) // plan.chunks
+
+
+def _speed(cost, mb: int):
+    def weight(st: StagePlan) -> float:
+        dtype = cost.cluster.device(st.devices[0]).type.name
+        n = cost.model.num_layers
+        return 1.0 / sum(cost.stage_compute_s((0, n), dtype, mb, op, st.tp)
+                         for op in ("F", "B"))
+    return weight
+
+
+def _peak(cost):
+    return lambda st: sum(cost.cluster.device(d).type.peak_flops for d in st.devices)
+
+
+def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan | str]:
+    """Per factor, B with that factor switched to O's choice, or a string saying why not."""
+    out: dict[str, Plan | str] = {}
+    # device choice: O's pipelines, B's other choices, layers by speed
+    pipes = tuple(PipelinePlan(pipe.micro_batch, pipe.num_microbatches,
+                               _recut(pipe, _devices_of(other, pipe), best.chunks,
+                                      _speed(cost, pipe.micro_batch)))
+                  for pipe in other.pipelines)
+    out["device choice"] = _with_mb(replace(best, pipelines=pipes),
+                                    best.pipelines[0].micro_batch, _recompute_of(best))
+    # layer partition
+    same_shape = _types(best, cost) == _types(other, cost)
+    mb = best.pipelines[0].micro_batch
+    rule = {"uniform": lambda st: 1.0, "proportional": _peak(cost)}.get(other_name,
+                                                                        _speed(cost, mb))
+    pipes = []
+    for pipe in best.pipelines:
+        if same_shape:
+            st = tuple(replace(s, layers=o.layers) for s, o in
+                       zip(pipe.stages, other.pipelines[0].stages, strict=True))
+        else:
+            st = _recut(pipe, _devices_of(best, pipe), best.chunks, rule)
+        pipes.append(PipelinePlan(pipe.micro_batch, pipe.num_microbatches, st))
+    out["layer partition"] = best.with_pipelines(pipes)
+    # schedule kind (and chunks)
+    if other.chunks == best.chunks:
+        out["schedule kind"] = replace(best, schedule=other.schedule)
+    else:
+        pipes = []
+        for pipe in best.pipelines:
+            share = {}
+            for s in pipe.stages:
+                share[s.devices] = share.get(s.devices, 0) + s.num_layers
+            st = _recut(pipe, _devices_of(best, pipe), other.chunks,
+                        lambda s, share=share: share[s.devices])
+            pipes.append(PipelinePlan(pipe.micro_batch, pipe.num_microbatches, st))
+        out["schedule kind"] = replace(best, schedule=other.schedule, chunks=other.chunks,
+                                       pipelines=tuple(pipes))
+    out["micro-batching"] = _with_mb(best, other.pipelines[0].micro_batch, None)
+    out["recompute"] = _with_mb(best, best.pipelines[0].micro_batch, _recompute_of(other))
+    return out
+
+
+def _types(plan: Plan, cost) -> list[tuple[str, int]]:
+    """The (device type, tp) of each stage of the first pipeline."""
+    return [(cost.cluster.device(s.devices[0]).type.name, s.tp)
+            for s in plan.pipelines[0].stages]
+
+
+def _recompute_of(plan: Plan) -> str:
+    return plan.pipelines[0].stages[0].recompute
+
+
+def _with_mb(plan: Plan, mb: int, recompute: str | None) -> Plan | str:
+    pipes = []
+    for pipe in plan.pipelines:
+        if pipe.samples % mb:
+            return f"{pipe.samples} samples per pipeline do not split into micro-batches of {mb}"
+        st = pipe.stages if recompute is None else \
+            tuple(replace(s, recompute=recompute) for s in pipe.stages)
+        pipes.append(PipelinePlan(mb, pipe.samples // mb, st))
+    return plan.with_pipelines(pipes)
+
+
+def _same(best: Plan, other: Plan, factor: str) -> bool:
+    if factor == "device choice":
+        def rows(plan: Plan) -> list:
+            return sorted(tuple(s.devices for s in p.stages[:_devices_of(plan, p)])
+                          for p in plan.pipelines)
+        return rows(best) == rows(other)
+    if factor == "layer partition":
+        return [s.layers for s in best.pipelines[0].stages] == \
+            [s.layers for s in other.pipelines[0].stages]
+    if factor == "schedule kind":
+        return (best.schedule, best.chunks) == (other.schedule, other.chunks)
+    if factor == "micro-batching":
+        return best.pipelines[0].micro_batch == other.pipelines[0].micro_batch
+    return {s.recompute for p in best.pipelines for s in p.stages} == \
+        {s.recompute for p in other.pipelines for s in p.stages}
+
+
+def attribute(best, other, other_name: str, cost) -> list[FactorGain]:
+    """One FactorGain per FACTORS entry; `best`/`other` are Candidates (plan, metrics)."""
+    from hyperpipe.search.evaluate import simulate_one
+    base_s = best.metrics.iteration_time_s
+    out = []
+    for factor, plan in variants(best.plan, other.plan, other_name, cost).items():
+        if _same(best.plan, other.plan, factor):
+            out.append(FactorGain(factor, True, base_s, 1.0, "same in both"))
+            continue
+        if isinstance(plan, str):
+            out.append(FactorGain(factor, False, None, None, plan))
+            continue
+        try:
+            plan.check(cost.model, cost.cluster)
+            m = simulate_one(plan, cost)
+        except (InfeasiblePlan, BadInput, ValueError) as exc:
+            out.append(FactorGain(factor, False, None, None, f"not a valid plan: {exc}"))
+            continue
+        note = "out of memory" if m.oom else ""
+        out.append(FactorGain(factor, False, m.iteration_time_s, m.iteration_time_s / base_s,
+                              note))
+    return out

@@ -1,0 +1,34 @@
+"""Gain attribution: switching the one factor two plans differ in gives the other plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.search.attribution import attribute
+from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.search.evaluate import Candidate, simulate_one
+from hyperpipe.sim.costmodel import CostModel
+
+
+@pytest.mark.parametrize("field", ["schedule", "micro_batch"])
+def test_one_factor_apart_gives_the_other_plans_time(field):
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    best = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
+    if field == "schedule":
+        other = replace(best, schedule="gpipe")
+    else:
+        other = uniform_plan(model, cluster, pp=4, micro_batch=2, global_batch=8)
+    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
+    moved = "schedule kind" if field == "schedule" else "micro-batching"
+    assert gains[moved].time_s == pytest.approx(o.metrics.iteration_time_s)
+    assert gains[moved].ratio == pytest.approx(o.metrics.iteration_time_s /
+                                               b.metrics.iteration_time_s)
+    for name, g in gains.items():
+        if name != moved:
+            assert g.same, name
