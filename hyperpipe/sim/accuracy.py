@@ -106,3 +106,18 @@ def compare(predicted_iteration_s: float, predicted: Trace, measured: Trace) -> 
     return AccuracyReport(predicted_iteration_s, meas_iter,
                           relative_error(predicted_iteration_s, meas_iter), rows,
                           statistics.fmean(action_errors) if action_errors else 0.0)
+
+
+def compute_only_s(plan, cost) -> float:
+    """The null model of an iteration: the busiest device's forward and backward compute
+    over all its micro-batches, from the same (calibrated) per-layer times as the
+    simulator, and nothing else: no communication, no bubble or overlap, no per-action
+    overhead, no all-reduce or optimizer step. Seconds."""
+    busy: dict[str, float] = defaultdict(float)
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            dtype = cost.cluster.device(st.devices[0]).type.name
+            per_mb = sum(cost.layer_time_s(i, dtype, pipe.micro_batch, op, st.tp)
+                         for i in range(*st.layers) for op in ("F", "B"))
+            busy[st.devices[0]] += pipe.num_microbatches * per_mb
+    return max(busy.values())

@@ -1,0 +1,34 @@
+"""The accuracy study's null model: compute only, against closed forms."""
+
+from __future__ import annotations
+
+import pytest
+
+from hyperpipe.cluster.cluster import cluster_from_dict
+from hyperpipe.models import load_model
+from hyperpipe.plan.plan import PipelinePlan, StagePlan
+from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.sim.accuracy import compute_only_s
+from hyperpipe.sim.costmodel import CostModel
+
+FREE = {"bandwidth": "1e15 B/s", "latency": 0}
+
+
+def test_compute_only_is_the_busiest_devices_work():
+    cluster = cluster_from_dict({
+        "device_types": {"x": {"peak_flops": "1 TFLOP/s", "efficiency": 1.0,
+                               "memory": "1000 GB", "mem_bandwidth": "1e15 B/s"}},
+        "nodes": [{"name": "n", "device": "x", "count": 2, "intra_link": FREE}],
+        "inter_node": FREE}, where="test", name="even")
+    model = load_model({"kind": "synthetic", "layers": 6, "fwd_flops_per_sample": 1e12,
+                        "activation_bytes_per_sample": 1e9, "params_per_layer": 1000,
+                        "name": "syn"})
+    cost = CostModel(model, cluster)
+    # 4 micro-batches of 1 sample, layers 0-3 and 3-6 (F 1 s per layer, B = I + W = 2 s):
+    # each device 4 x 3 layers x 3 s = 36 s, whatever the links, bubble or optimizer
+    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=4)
+    assert compute_only_s(plan, cost) == pytest.approx(36.0)
+    # uneven: the busier device counts
+    two = plan.with_pipelines([PipelinePlan(1, 4, (StagePlan((0, 4), ("n/0",)),
+                                                   StagePlan((4, 6), ("n/1",))))])
+    assert compute_only_s(two, cost) == pytest.approx(48.0)
