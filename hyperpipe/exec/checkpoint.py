@@ -103,9 +103,10 @@ def load_rank(root: str | os.PathLike, step: int, rank: int) -> dict[str, Any]:
     path = rank_file(root, step, rank)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise BadInput(str(path), "a readable checkpoint file", str(exc).splitlines()[0]
-                       ) from None
+    except Exception as exc:    # a truncated or foreign file: EOFError, pickle errors ...
+        first = (str(exc).splitlines() or [""])[0][:80]
+        raise BadInput(str(path), "a readable checkpoint file", f"{type(exc).__name__}: "
+                       f"{first}") from None
 
 
 def rng_state() -> dict[str, Any]:

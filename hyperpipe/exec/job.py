@@ -70,6 +70,8 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
             raise BadInput("--checkpoint", "a directory", str(root))
         if options.resume:
             resume_from = checkpoint.resume_step(root, fp, world)
+            if resume_from is not None:
+                preflight.check_rank_files(root, resume_from, world)
     return Prepared(plan, spec, cluster, fp, resume_from)
 
 
@@ -134,6 +136,7 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
         if options.inject_fault == (rank, step):
             raise InjectedFault(f"injected fault at step {step}")
         outcomes.append(runtime.run_step(step))
+        preflight.check_loss(outcomes[-1].loss, step)   # before it can be checkpointed
         done = step + 1
         if options.checkpoint_dir and (done == options.steps or (
                 options.checkpoint_every and done % options.checkpoint_every == 0)):

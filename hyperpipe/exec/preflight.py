@@ -1,5 +1,12 @@
-"""Checks of a run's outputs before any rank starts: a path that cannot be written fails
-now, as bad input (exit 2), not after the ranks have trained for minutes.
+"""Checks of a run before any rank starts, and the one check every rank makes per step.
+
+Before: a path that cannot be written fails now, as bad input (exit 2), not after the
+ranks have trained for minutes; a checkpoint to resume from has every rank's file, each
+non-empty.
+
+During: a rank whose loss is NaN or infinite stops the run (`NonFiniteLoss`; the
+launcher reports ``rank R (device) failed: NonFiniteLoss: loss nan at step S``, exit 1)
+before that step is checkpointed, rather than training on poisoned weights.
 
 The output files (--trace, --chrome) must be new paths or regular files in a folder we
 can write (a temporary file is created there and removed, which is a true test even for
@@ -9,10 +16,12 @@ or a path where one can be made.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
-from hyperpipe.errors import BadInput
+from hyperpipe.errors import BadInput, HyperPipeError
+from hyperpipe.exec import checkpoint
 from hyperpipe.exec.options import RunOptions
 from hyperpipe.files import check_writable, probe_folder, show_path
 
@@ -34,3 +43,29 @@ def check_outputs(options: RunOptions) -> None:
             probe_folder(root)
         except BadInput as exc:
             raise BadInput(f"--checkpoint {exc.where}", exc.expected, has_got=False) from None
+
+
+def check_rank_files(root: str | os.PathLike, step: int, world: int) -> None:
+    """Raise BadInput naming the file unless every rank's checkpoint file of `step`
+    exists and is not empty (a truncated file would fail inside a rank, later)."""
+    for rank in range(world):
+        path = checkpoint.rank_file(root, step, rank)
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise BadInput(show_path(path), f"rank {rank}'s checkpoint file of step {step} "
+                           f"({exc.strerror})", has_got=False) from None
+        if size == 0:
+            raise BadInput(show_path(path), f"rank {rank}'s checkpoint file of step {step}",
+                           "an empty file")
+
+
+class NonFiniteLoss(HyperPipeError):
+    """A step's loss is NaN or infinite: the weights or the data are poisoned."""
+
+
+def check_loss(loss: float, step: int) -> None:
+    """Raise NonFiniteLoss if this rank's loss of `step` is not finite."""
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"loss {loss} at step {step} (weights or data hold NaN/Inf; "
+                            "this step was not checkpointed)")

@@ -1,0 +1,106 @@
+"""Hostile runs (issue 16): everything a run needs is checked before any rank starts
+(exit 2, one line), and a rank that sees a non-finite loss stops the run naming the
+rank and the step (exit 1, one line)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from hostile import assert_one_line, cli, temp_files
+
+import hyperpipe.exec.launch as launch
+
+CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 2}]}
+PLAN = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": CLUSTER,
+        "global_batch": 2, "schedule": "gpipe",
+        "pipelines": [{"micro_batch": 1, "num_microbatches": 2,
+                       "stages": [{"layers": [0, 4], "devices": ["n/0"]},
+                                  {"layers": [4, 8], "devices": ["n/1"]}]}]}
+
+
+@pytest.fixture
+def plan_path(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(PLAN))
+    return path
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Fail the test if any rank is started."""
+    def started(*args, **kwargs):
+        raise AssertionError("a rank was started")
+    monkeypatch.setattr(launch, "launch_local", started)
+
+
+@pytest.mark.parametrize("case", ["trace-in-proc", "trace-is-fifo", "chrome-is-dir",
+                                  "checkpoint-is-file", "checkpoint-under-file",
+                                  "checkpoint-in-proc", "seed-2**63"])
+def test_run_inputs_are_checked_before_any_rank_starts(case, plan_path, tmp_path, capsys,
+                                                       no_ranks):
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    extra = {"trace-in-proc": ["--trace", "/proc/hyperpipe/t.json"],
+             "trace-is-fifo": ["--trace", tmp_path / "fifo"],
+             "chrome-is-dir": ["--chrome", tmp_path],
+             "checkpoint-is-file": ["--checkpoint", tmp_path / "file"],
+             "checkpoint-under-file": ["--checkpoint", tmp_path / "file" / "ck"],
+             "checkpoint-in-proc": ["--checkpoint", "/proc/hyperpipe-ck"],
+             "seed-2**63": ["--seed", str(2**63)]}[case]
+    rc, _, err = cli(capsys, ["run", "--plan", plan_path, "--no-emulate", *extra])
+    assert_one_line(rc, err, 2)
+    assert temp_files(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_nan_weights_stop_the_run_naming_rank_and_step(plan_path, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    rc, _, err = cli(capsys, ["run", "--plan", plan_path, "--no-emulate", "--steps", "1",
+                              "--checkpoint", ck])
+    assert rc == 0, err
+    rank0 = ck / "step-00000001" / "rank-00000.pt"
+    state = torch.load(rank0, weights_only=True)
+    poisoned = 0
+
+    def poison(obj):
+        nonlocal poisoned
+        if isinstance(obj, torch.Tensor) and obj.is_floating_point():
+            obj.fill_(float("nan"))
+            poisoned += 1
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                poison(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                poison(v)
+    poison({k: v for k, v in state.items() if k not in ("rng", "step")})
+    assert poisoned > 0
+    torch.save(state, rank0)
+    rc, out, err = cli(capsys, ["run", "--plan", plan_path, "--no-emulate", "--steps", "3",
+                                "--checkpoint", ck, "--resume"])
+    line = assert_one_line(rc, err, 1, "NonFiniteLoss", "at step 1")
+    assert "rank 1 (n/1) failed" in line            # the last stage computes the loss
+    assert not (ck / "step-00000002").exists()      # the poisoned step is not kept
+
+
+@pytest.mark.slow
+def test_empty_and_corrupt_rank_files_name_the_file(plan_path, tmp_path, capsys,
+                                                     monkeypatch):
+    ck = tmp_path / "ck"
+    rc, _, err = cli(capsys, ["run", "--plan", plan_path, "--no-emulate", "--steps", "1",
+                              "--checkpoint", ck])
+    assert rc == 0, err
+    rank1 = ck / "step-00000001" / "rank-00001.pt"
+    rank1.write_bytes(b"")
+    resume = ["run", "--plan", plan_path, "--no-emulate", "--steps", "2", "--checkpoint", ck,
+              "--resume"]
+    with monkeypatch.context() as m:
+        m.setattr(launch, "launch_local", lambda *a, **k: pytest.fail("a rank was started"))
+        rc, _, err = cli(capsys, resume)
+    assert_one_line(rc, err, 2, "rank-00001.pt", "empty")
+    rank1.write_bytes(b"\x80\x02garbage" * 10)
+    rc, _, err = cli(capsys, resume)
+    assert_one_line(rc, err, 1, "rank 1 (n/1) failed", "rank-00001.pt")
