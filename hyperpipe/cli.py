@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint every N steps (and after the last)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--inject-fault", metavar="RANK:STEP",
-                   help="make that rank fail at the start of that step")
+                   help="make that rank fail at the start of that step (RANK:STEP:stop: "
+                   "SIGSTOP it instead, a drill of the watchdog)")
     p.add_argument("--no-emulate", action="store_true",
                    help="run every device at this machine's native speed")
     p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=1.0, metavar="S",
@@ -258,9 +259,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     fault = None
     if args.inject_fault is not None:
         rank, sep, step = args.inject_fault.partition(":")
-        if not (sep and rank.isdigit() and step.isdigit()):
-            raise BadInput("--inject-fault", "RANK:STEP, e.g. 1:3", args.inject_fault)
+        step, _, kind = step.partition(":")
+        if not (sep and rank.isdigit() and step.isdigit() and kind in ("", "raise", "stop")):
+            raise BadInput("--inject-fault", "RANK:STEP or RANK:STEP:stop, e.g. 1:3",
+                           args.inject_fault)
         fault = (int(rank), int(step)) if len(args.inject_fault) <= 40 else (0, 0)
+        fault += (kind,) if kind else ()
         if len(args.inject_fault) > 40 or fault[1] >= args.steps:
             raise BadInput("--inject-fault", f"RANK:STEP with STEP below --steps "
                            f"({args.steps})", args.inject_fault)

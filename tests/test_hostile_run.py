@@ -104,3 +104,37 @@ def test_empty_and_corrupt_rank_files_name_the_file(plan_path, tmp_path, capsys,
     rank1.write_bytes(b"\x80\x02garbage" * 10)
     rc, _, err = cli(capsys, resume)
     assert_one_line(rc, err, 1, "rank 1 (n/1) failed", "rank-00001.pt")
+
+
+def _pids_alive(pids) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_stopped_rank_is_blamed_and_no_process_is_left(rank, plan_path, capsys,
+                                                          monkeypatch):
+    """SIGSTOP one rank (the last, then the first) mid-run: the watchdog names it, not
+    the peer whose receive timed out waiting for it, and every rank process is gone."""
+    from multiprocessing.context import ForkServerProcess
+    started = []
+    real_start = ForkServerProcess.start
+
+    def start(self):
+        real_start(self)
+        started.append(self.pid)
+    monkeypatch.setattr(ForkServerProcess, "start", start)
+    rc, _, err = cli(capsys, ["run", "--plan", plan_path, "--no-emulate", "--steps", "3",
+                              "--timeout", "3", "--inject-fault", f"{rank}:1:stop"])
+    line = assert_one_line(rc, err, 1, f"rank {rank} (n/{rank}) failed", "stopped answering")
+    assert "process stopped" in line
+    assert len(started) == 2 and _pids_alive(started) == []

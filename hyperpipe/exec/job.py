@@ -9,6 +9,8 @@ asked), and all-gather every rank's events into one Trace.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -133,7 +135,9 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
                               options.timeout_s, device)
     outcomes: list[StepOutcome] = []
     for step in range(first_step, options.steps):
-        if options.inject_fault == (rank, step):
+        if options.inject_fault is not None and options.inject_fault[:2] == (rank, step):
+            if options.inject_fault[2:] == ("stop",):
+                os.kill(os.getpid(), signal.SIGSTOP)     # a watchdog drill
             raise InjectedFault(f"injected fault at step {step}")
         outcomes.append(runtime.run_step(step))
         preflight.check_loss(outcomes[-1].loss, step)   # before it can be checkpointed

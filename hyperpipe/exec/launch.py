@@ -17,6 +17,7 @@ blocking wait inside a rank has a timeout, so a hung peer becomes a failure too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import multiprocessing.connection
@@ -34,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from hyperpipe.errors import BadInput, HyperPipeError
+from hyperpipe.exec import watchdog
 from hyperpipe.exec.comm import PeerFailure
 from hyperpipe.exec.job import Prepared, prepare, rank_main
 from hyperpipe.exec.options import RunOptions, RunResult
@@ -42,6 +44,7 @@ from hyperpipe.plan.plan import Plan
 
 FAILURE_GRACE_S = 1.0     # after the first failed exit, time for the root cause to land
 KILL_GRACE_S = 3.0        # SIGTERM, then SIGKILL after this long
+WATCHDOG_S = 15.0         # a rank silent this long (and within --timeout) stopped answering
 
 
 class RunFailed(HyperPipeError):
@@ -102,7 +105,9 @@ def torchrun_env() -> tuple[int, int, int, int] | None:
 def _run_local(prep: Prepared, options: RunOptions) -> RunResult:
     world = len(prep.plan.devices)
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
-    results = launch_local(_plan_rank, (prep, options, use_cuda), prep.plan.devices)
+    # the watchdog fires before the peers' receive timeouts, so it names the silent rank
+    results = launch_local(_plan_rank, (prep, options, use_cuda), prep.plan.devices,
+                           watchdog_s=max(3.0, min(options.timeout_s, WATCHDOG_S)))
     if results[0] is None:
         raise RunFailed(0, prep.plan.devices[0], "exited without a result")
     return results[0]
@@ -115,12 +120,14 @@ def _plan_rank(rank: int, world: int, store: dist.Store, prep: Prepared,
     return result if rank == 0 else None       # every rank holds it; one copy is enough
 
 
-def launch_local(target: Callable[..., Any], args: tuple, devices: list[str]) -> list[Any]:
+def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
+                 watchdog_s: float = 15.0) -> list[Any]:
     """Run ``target(rank, world, store, *args)`` in one local process per device and
     return what each rank returned (rank order). `store` is the rendezvous store for
     ``dist.init_process_group``. `target` must be importable (a module-level function),
     and a script that calls this needs the ``if __name__ == "__main__":`` guard, as with
-    any multiprocessing start method but fork. Raises RunFailed when a rank fails."""
+    any multiprocessing start method but fork. Raises RunFailed when a rank fails, or
+    when one stops answering (no heartbeat for `watchdog_s` seconds, see `watchdog`)."""
     world = len(devices)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["hyperpipe.exec.launch"])
@@ -129,10 +136,11 @@ def launch_local(target: Callable[..., Any], args: tuple, devices: list[str]) ->
         procs = [ctx.Process(target=_child, name=f"hyperpipe-rank{r}", daemon=True,
                              args=(target, args, r, world, str(run_dir)))
                  for r in range(world)]
+        started_at = time.time()
         try:
             for p in procs:
                 p.start()
-            _watch(procs, devices, run_dir)
+            _watch(procs, devices, run_dir, watchdog_s, started_at)
         finally:
             _stop(procs)
         results = []
@@ -150,6 +158,7 @@ def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_d
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["NCCL_SOCKET_IFNAME"] = "lo"
     try:
+        watchdog.start_heartbeat(run_dir, rank)
         store = dist.FileStore(os.path.join(run_dir, "store"), world)
         result = target(rank, world, store, *args)
         with atomic_output(Path(run_dir) / f"result-{rank}.pkl") as f:
@@ -176,19 +185,23 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _watch(procs: list, devices: list[str], run_dir: Path) -> None:
+def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = 15.0,
+           started_at: float = 0.0) -> None:
     """Return when every child exited 0; raise RunFailed as soon as one fails.
 
     Blame, in this order: the earliest failure a rank reported of its own (not the echo
-    of a lost peer), else the first rank seen dead without a report (killed by a signal,
+    of a lost peer), else a rank still running that stopped answering (no heartbeat:
+    `watchdog`), else the first rank seen dead without a report (killed by a signal,
     out of memory), else the earliest lost-peer report."""
     died_at: dict[int, float] = {}
+    quiet: dict[int, float] = {}
     while True:
         now = time.time()
         for r, p in enumerate(procs):
             if p.exitcode not in (None, 0):
                 died_at.setdefault(r, now)
-        if died_at:
+        quiet = watchdog.silent_ranks(run_dir, procs, started_at, watchdog_s)
+        if died_at or quiet:
             break
         if all(p.exitcode == 0 for p in procs):
             return
@@ -204,6 +217,10 @@ def _watch(procs: list, devices: list[str], run_dir: Path) -> None:
         for r, p in enumerate(procs):
             if p.exitcode not in (None, 0):
                 died_at.setdefault(r, now)
+    # still running but not beating: stopped or wedged, the likely root cause
+    unresponsive = watchdog.silent_ranks(run_dir, procs, started_at, watchdog.BLAME_SILENCE_S)
+    pids = {r: p.pid for r, p in enumerate(procs)}
+    states = {r: watchdog.describe(s, pids[r]) for r, s in unresponsive.items()}
     _stop(procs)
     codes = {r: p.exitcode for r, p in enumerate(procs)}
     reports = {}
@@ -214,7 +231,14 @@ def _watch(procs: list, devices: list[str], run_dir: Path) -> None:
             continue
         reports[rep["rank"]] = rep
     own = [rep for rep in reports.values() if not rep["secondary"]]
+    if not own and states:
+        rank = max(unresponsive, key=unresponsive.get)       # silent the longest
+        raise RunFailed(rank, devices[rank], states[rank], "", codes)
     silent = sorted((t, r) for r, t in died_at.items() if r not in reports)
+    if not reports and not silent:          # the watchdog fired, and nothing else
+        rank = max(quiet, key=quiet.get)
+        raise RunFailed(rank, devices[rank], watchdog.describe(quiet[rank], pids[rank]), "",
+                        codes)
     if own or not silent:
         first = min(own or reports.values(), key=lambda rep: rep["time"])
         rank = first["rank"]
@@ -233,6 +257,8 @@ def _stop(procs: list) -> None:
     for p in procs:
         if p.pid is not None and p.exitcode is None:
             p.terminate()
+            with contextlib.suppress(OSError):  # a stopped rank acts on SIGTERM only then
+                os.kill(p.pid, signal.SIGCONT)
     deadline = time.monotonic() + KILL_GRACE_S
     for p in procs:
         if p.pid is not None:

@@ -16,9 +16,11 @@ class RunOptions:
     """Options of `run_plan`. Times in seconds.
 
     `inject_fault` is ``(rank, step)``: that rank raises at the start of that step (for
-    tests and drills). `emulation_scale` stretches every device's compute by this factor
-    on top of its speed ratio (scale > 1 keeps CPU contention low when more ranks than
-    cores run). `timeout_s` bounds every blocking wait (process-group and receive waits).
+    tests and drills); ``(rank, step, "stop")`` makes it SIGSTOP itself instead (a drill
+    of the watchdog: the run must fail naming that rank). `emulation_scale` stretches
+    every device's compute by this factor on top of its speed ratio (scale > 1 keeps CPU
+    contention low when more ranks than cores run). `timeout_s` bounds every blocking
+    wait (process-group and receive waits).
     `capture_state` makes every rank hand back its parameters and the last step's
     gradients (for tests that compare with a single-process run). `probe_links` runs the
     point-to-point ping-pong before step 0 that calibration fits links to.
@@ -34,7 +36,7 @@ class RunOptions:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
-    inject_fault: tuple[int, int] | None = None
+    inject_fault: tuple[int, int] | tuple[int, int, str] | None = None
     emulate: bool = True
     emulation_scale: float = 1.0
     threads_per_rank: int = 1
@@ -67,10 +69,11 @@ class RunOptions:
                            has_got=False)
         if self.inject_fault is not None:
             fault = self.inject_fault
-            if len(fault) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                          and x >= 0 for x in fault):
-                raise BadInput("run option inject_fault", "(rank, step), two non-negative "
-                               "integers", fault)
+            if len(fault) not in (2, 3) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                    for x in fault[:2]) or fault[2:] not in ((), ("raise",), ("stop",)):
+                raise BadInput("run option inject_fault", "(rank, step) of two non-negative "
+                               "integers, and optionally 'raise' or 'stop'", fault)
             if fault[1] >= self.steps:
                 raise BadInput("run option inject_fault", f"a step below steps ({self.steps})",
                                fault[1])

@@ -35,11 +35,13 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from hyperpipe.children import die_with_parent
 from hyperpipe.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.plan import PipelinePlan, Plan
 from hyperpipe.search import space
@@ -223,7 +225,10 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     phases = [PhaseStats("templates"), PhaseStats("assemble"), PhaseStats("refine"),
               PhaseStats("simulate"), PhaseStats("baselines")]
 
-    workers_ctx = ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext()
+    # workers end with us, even when we are killed (hyperpipe.children)
+    workers_ctx = ProcessPoolExecutor(workers, initializer=die_with_parent,
+                                      initargs=(os.getpid(),)) \
+        if workers > 1 else contextlib.nullcontext()
     with workers_ctx as pool:
         types = _timed(phases[0], templates_phase, ctx, show, pool)
         estimated = _timed(phases[1], _assemble_phase, ctx, types)
