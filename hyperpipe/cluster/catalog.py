@@ -1,10 +1,20 @@
-"""The built-in catalog of device types, from vendor spec sheets.
+"""The built-in catalog of device types, from vendor spec sheets and public measurements.
 
 Each entry gives peak *dense* FP16/BF16 tensor FLOP/s (no structured sparsity), memory,
 memory bandwidth and the typical intra-node link, with the document it comes from.
-`efficiency` is the fraction of peak that large GEMM-bound training layers reach; it is
-a modelling default (MFU-style studies report 0.4-0.6 on these parts) that calibration
-replaces with measured numbers.
+
+How fast real work runs on it (each figure with its public source, never fitted to the
+benchmarks that report this simulator's accuracy):
+
+* `gemm`: a `GemmCurve`, the fraction of peak a matrix multiplication of shape
+  (M, N, K) reaches. Small GEMMs run far below peak, large ones near the sustained
+  ceiling (see `GemmCurve`). Device types without one (user-defined types given only a
+  peak and an `efficiency`) use the flat `efficiency` for every FLOP, the old roofline.
+* `mem_efficiency`: the fraction of the HBM/GDDR bandwidth that streaming kernels reach
+  (STREAM/BabelStream-like copy and triad numbers); memory-bound work (norms, softmax,
+  dropout, activations, optimizer) is costed at that rate.
+* `collective_efficiency`: NCCL all-reduce bus bandwidth over the nominal per-direction
+  intra-node link bandwidth, from published nccl-tests runs.
 """
 
 from __future__ import annotations
@@ -26,6 +36,77 @@ DEFAULT_EFFICIENCY = 0.5  # why: Megatron-LM reports 40-52% of peak on A100 for 
 RUNTIME_FIXED_BYTES = 0.8e9 + 0.8e9
 FRAGMENTATION_FRACTION = 0.05
 
+# Streaming kernels reach about 90% of the HBM bandwidth on NVIDIA data-centre parts
+# (BabelStream triad on A100-40GB: ~1.4 of 1.555 TB/s; Deakin et al., "Evaluating the
+# performance of HPC-style SYCL applications", and NVIDIA's bandwidthTest device-to-
+# device copies report the same ~90%). Used for every device without its own figure.
+DEFAULT_MEM_EFFICIENCY = 0.9
+
+# nccl-tests all_reduce_perf on 8x A100-SXM4-80GB over NVSwitch: busbw ~200-208 GB/s for
+# large messages against 300 GB/s per direction (NVIDIA/nccl-tests issues #149 and #178):
+# 0.67. Used for every device without its own measurement.
+DEFAULT_COLLECTIVE_EFFICIENCY = 0.67
+
+# Inter-node: nccl-tests all_reduce_perf on 3 nodes of 8x A100 with 4x HDR 200 Gbit/s
+# each reached 96 GB/s busbw at 128 MB against the 100 GB/s the NICs give (NVIDIA/
+# nccl-tests issue #119): 0.96 of the NIC line rate for large messages.
+NIC_COLLECTIVE_EFFICIENCY = 0.96
+
+# Sustained over burst matmul rate: on H200 the power-saturated rate (MSMF) was 702.9
+# TFLOP/s against a boost-clock burst (MAMF) of 828.0 on the same search (stas00/
+# ml-engineering, compute/accelerator/benchmarks/README.md, "alone vs all-8
+# concurrent"): 0.849. Training runs at the saturated clock, so burst-only (MAMF)
+# figures below are scaled by it.
+SUSTAINED_OVER_BURST = 702.9 / 828.0
+
+# Median sustained large-GEMM fraction of the measured parts below (A100 0.73, H100
+# 0.68, H200 0.71, MI250X 0.65, MI300X 0.60): the ceiling for parts without a public
+# measurement.
+UNMEASURED_GEMM_FRACTION = 0.68
+
+
+@dataclass(frozen=True)
+class GemmCurve:
+    """Fraction of peak reached by a GEMM C[M,N] = A[M,K] B[K,N], from its shape.
+
+    Model (NVIDIA, "Matrix Multiplication Background User's Guide", 2023, ch. 2-3):
+    cuBLAS splits C into output tiles (typically 256x128 on A100) that run in waves of
+    one tile per SM, and each tile loops over K after a fixed pipeline fill/drain.
+
+    * wave fill: W = M·N / (tile_area · sms) waves; the last one is on average half
+      empty (wave quantization averaged over sizes), so fill = W / (W + 1/2);
+    * K depth: the fixed fill/drain of about `k_fill` elements of K per tile, so
+      depth = K / (K + k_fill);
+    * ceiling: efficiency = `ceiling` · fill · depth, monotone in every dimension and
+      below `ceiling` <= 1.
+
+    `ceiling` is set so that the curve passes through a published measurement:
+    `measured` (fraction of peak) at the shape `at` (M, N, K), divided by the curve's
+    fill · depth there. Batched GEMMs (attention) count M·N·batch towards the waves.
+    """
+
+    measured: float                      # sustained fraction of peak at shape `at`
+    at: tuple[int, int, int]             # (M, N, K) of that measurement
+    sms: int                             # streaming multiprocessors / compute units
+    tile_area: int = 256 * 128           # output elements per tile (cuBLAS, A100)
+    k_fill: int = 128                    # K elements of pipeline fill/drain per tile
+    source: str = ""
+
+    def _shape_factor(self, m: float, n: float, k: float, batch: float = 1) -> float:
+        waves = m * n * batch / (self.tile_area * self.sms)
+        return waves / (waves + 0.5) * k / (k + self.k_fill)
+
+    @property
+    def ceiling(self) -> float:
+        """The large-GEMM asymptote (fraction of peak, at most 1)."""
+        return min(1.0, self.measured / self._shape_factor(*self.at))
+
+    def efficiency(self, m: float, n: float, k: float, batch: float = 1) -> float:
+        """Fraction of peak FLOP/s for an (M, N, K) GEMM, `batch` of them at once."""
+        if min(m, n, k, batch) <= 0:
+            return self.ceiling
+        return self.ceiling * self._shape_factor(m, n, k, batch)
+
 
 @dataclass(frozen=True)
 class DeviceType:
@@ -41,6 +122,9 @@ class DeviceType:
     price_per_hour: float | None = None         # USD per device-hour, if known
     source: str = ""
     runtime_reserve_bytes: float = 0.0          # held by the runtime, not by tensors
+    gemm: GemmCurve | None = None               # None: flat `efficiency` for all FLOPs
+    mem_efficiency: float = DEFAULT_MEM_EFFICIENCY
+    collective_efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY
 
     @staticmethod
     def reserve_for(memory_bytes: float) -> float:
@@ -51,56 +135,104 @@ class DeviceType:
     def achievable_flops(self) -> float:
         return self.peak_flops * self.efficiency
 
+    @property
+    def achievable_mem_bandwidth_bytes_per_s(self) -> float:
+        return self.mem_bandwidth_bytes_per_s * self.mem_efficiency
 
-def _d(name, tflops, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0):
+
+def _d(name, tflops, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None):
     return DeviceType(name=name, peak_flops=tflops * 1e12, memory_bytes=mem_gb * 1e9,
                       mem_bandwidth_bytes_per_s=bw_gbs * 1e9,
                       link_bandwidth_bytes_per_s=link_gbs * 1e9,
-                      link_latency_s=latency_us * 1e-6, source=source,
+                      link_latency_s=latency_us * 1e-6, source=source, gemm=gemm,
                       runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9))
+
+
+_MAMF = ("stas00/ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul "
+         "FLOPS comparison table' (BF16 torch.matmul, best shape of a search)")
+
+
+def _burst(fraction: float, at: tuple[int, int, int], sms: int, note: str) -> GemmCurve:
+    """A curve through a burst (MAMF) measurement, scaled to the sustained clock."""
+    return GemmCurve(fraction * SUSTAINED_OVER_BURST, at, sms,
+                     source=f"{_MAMF}: {note}; x{SUSTAINED_OVER_BURST:.3f} sustained/burst")
+
+
+def _unmeasured(sms: int) -> GemmCurve:
+    """No public GEMM measurement: the median measured ceiling at a large shape."""
+    return GemmCurve(UNMEASURED_GEMM_FRACTION, (8192, 8192, 8192), sms,
+                     source="no public measurement: median of the measured parts")
+
+
+# SM / CU counts: NVIDIA Volta, Ampere (GA100, GA102), Ada, Hopper whitepapers; AMD CDNA2
+# and CDNA3 whitepapers (MI250X: 110 CUs per GCD, MAMF measured on one GCD).
+_A100 = _burst(0.859, (6912, 16384, 2048), 108, "A100 SXM 267.9 of 312 TFLOP/s")
+# H200: the sustained (MSMF) rate itself, 702.9 of 989 TFLOP/s (same source, "alone" row);
+# its shape is not printed there, so a large one is assumed.
+_H200 = GemmCurve(702.9 / 989, (8192, 8192, 8192), 132,
+                  source=f"{_MAMF}: H200 MSMF 702.9 of 989 TFLOP/s (sustained)")
+_MI250X = _burst(0.767, (1024, 14080, 19968), 110, "MI250X 147.0 of 191.5 TFLOP/s per GCD")
+# MI300X reaches its power cap within one kernel (no boost burst, same source), so its
+# MAMF is already the sustained rate.
+_MI300X = GemmCurve(0.601, (4096, 10240, 4864), 304,
+                    source=f"{_MAMF}: MI300X 781.9 of 1300 TFLOP/s (power-capped: sustained)")
 
 
 # NVLink figures are total bidirectional in NVIDIA's sheets; we store one direction (half).
 # PCIe figures: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction.
 _CATALOG: tuple[DeviceType, ...] = (
     _d("V100-16GB", 125, 16, 900, 150,
-       "NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS tensor, 900 GB/s HBM2, NVLink 300 GB/s"),
+       "NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS tensor, 900 GB/s HBM2, NVLink 300 GB/s",
+       gemm=_unmeasured(80)),
     _d("V100-32GB", 125, 32, 900, 150,
-       "NVIDIA Tesla V100 datasheet (SXM2 32GB): 125 TFLOPS tensor, 900 GB/s, NVLink 300 GB/s"),
+       "NVIDIA Tesla V100 datasheet (SXM2 32GB): 125 TFLOPS tensor, 900 GB/s, NVLink 300 GB/s",
+       gemm=_unmeasured(80)),
     _d("A100-40GB", 312, 40, 1555, 300,
-       "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, NVLink 600 GB/s"),
+       "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, NVLink 600 GB/s",
+       gemm=_A100),
     _d("A100-80GB", 312, 80, 2039, 300,
-       "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, NVLink 600 GB/s"),
+       "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, NVLink 600 GB/s",
+       gemm=_A100),
     _d("H100-SXM", 989, 80, 3350, 450,
        "NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 sparse), 3.35 TB/s, "
-       "NVLink 900 GB/s"),
+       "NVLink 900 GB/s",
+       gemm=_burst(0.801, (6144, 17920, 2816), 132, "H100 SXM 792.1 of 989 TFLOP/s")),
     _d("H100-PCIe", 756, 80, 2000, 64,
        "NVIDIA H100 datasheet (PCIe): 756 TFLOPS BF16 dense (1,513 sparse), 2 TB/s, "
-       "PCIe Gen5 128 GB/s", latency_us=5.0),
+       "PCIe Gen5 128 GB/s", latency_us=5.0,
+       gemm=_unmeasured(114)),
     _d("H200", 989, 141, 4800, 450,
        "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e, 4.8 TB/s, "
-       "NVLink 900 GB/s"),
+       "NVLink 900 GB/s",
+       gemm=_H200),
     _d("L4", 121, 24, 300, 32,
        "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense (242 sparse), 24 GB GDDR6, 300 GB/s, "
-       "PCIe Gen4 x16 64 GB/s", latency_us=5.0),
+       "PCIe Gen4 x16 64 GB/s", latency_us=5.0,
+       gemm=_unmeasured(58)),
     _d("T4", 65, 16, 320, 16,
        "NVIDIA T4 datasheet: 65 TFLOPS FP16 mixed precision, 16 GB GDDR6, 320 GB/s, "
-       "PCIe Gen3 x16 32 GB/s", latency_us=5.0),
+       "PCIe Gen3 x16 32 GB/s", latency_us=5.0,
+       gemm=_unmeasured(40)),
     _d("A10", 125, 24, 600, 32,
        "NVIDIA A10 datasheet: 125 TFLOPS BF16 dense (250 sparse), 24 GB GDDR6, 600 GB/s, "
-       "PCIe Gen4 64 GB/s", latency_us=5.0),
+       "PCIe Gen4 64 GB/s", latency_us=5.0,
+       gemm=_unmeasured(72)),
     _d("RTX-3090", 71, 24, 936, 32,
        "NVIDIA Ampere GA102 whitepaper: RTX 3090 71 TFLOPS FP16 tensor with FP32 accumulate, "
-       "24 GB GDDR6X, 936 GB/s, PCIe Gen4", latency_us=5.0),
+       "24 GB GDDR6X, 936 GB/s, PCIe Gen4", latency_us=5.0,
+       gemm=_unmeasured(82)),
     _d("RTX-4090", 165.2, 24, 1008, 32,
        "NVIDIA Ada Lovelace whitepaper: RTX 4090 165.2 TFLOPS FP16 tensor with FP32 "
-       "accumulate (dense), 24 GB GDDR6X, 1,008 GB/s, PCIe Gen4", latency_us=5.0),
+       "accumulate (dense), 24 GB GDDR6X, 1,008 GB/s, PCIe Gen4", latency_us=5.0,
+       gemm=_unmeasured(128)),
     _d("MI250X", 383, 128, 3200, 50,
        "AMD Instinct MI250X datasheet: 383 TFLOPS FP16/BF16 dense, 128 GB HBM2e, 3.2 TB/s, "
-       "Infinity Fabric links 50 GB/s each"),
+       "Infinity Fabric links 50 GB/s each",
+       gemm=_MI250X),
     _d("MI300X", 1307.4, 192, 5300, 448,
        "AMD Instinct MI300X datasheet: 1,307.4 TFLOPS FP16/BF16 dense, 192 GB HBM3, 5.3 TB/s, "
-       "Infinity Fabric 896 GB/s aggregate"),
+       "Infinity Fabric 896 GB/s aggregate",
+       gemm=_MI300X),
 )
 
 

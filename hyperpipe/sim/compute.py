@@ -1,0 +1,36 @@
+"""Analytic compute time of one layer's pass on one device, op by op.
+
+Owns the shape-dependent part of the cost model: each GEMM of the pass
+(`hyperpipe.models.ops`) takes the larger of its FLOPs over the peak times the device's
+`GemmCurve` efficiency at its (M, N, K), and its operand bytes over the achievable memory
+bandwidth (thin GEMMs are memory-bound); the memory-bound kernels' bytes over the
+achievable memory bandwidth are ADDED (they run between the GEMMs, not under them).
+
+Devices without a GEMM curve, and layers without shapes (synthetic), keep the flat
+roofline: max(FLOPs / (peak · efficiency), bytes / bandwidth). A calibration profile,
+when present, overrides all of this in `CostModel`.
+"""
+
+from __future__ import annotations
+
+from hyperpipe.cluster.catalog import DeviceType
+from hyperpipe.models.ops import PassWork
+
+
+def gemm_time_s(dev: DeviceType, m: float, n: float, k: float, batch: float,
+                dtype_bytes: int) -> float:
+    """Seconds of one (batched) GEMM on `dev`: compute at the curve's efficiency, or its
+    operand traffic at the achievable bandwidth, whichever is longer."""
+    flops = 2.0 * m * n * k * batch
+    eff = dev.gemm.efficiency(m, n, k, batch) if dev.gemm is not None else dev.efficiency
+    io = (m * k + k * n + m * n) * batch * dtype_bytes
+    return max(flops / (dev.peak_flops * eff), io / dev.achievable_mem_bandwidth_bytes_per_s)
+
+
+def pass_time_s(dev: DeviceType, work: PassWork, dtype_bytes: int) -> float:
+    """Seconds of one pass: its GEMMs one after another, plus its memory-bound bytes."""
+    t = sum(gemm_time_s(dev, g.m, g.n, g.k, g.batch, dtype_bytes) for g in work.gemms)
+    return t + work.mem_bytes / dev.achievable_mem_bandwidth_bytes_per_s
+
+
+__all__ = ["gemm_time_s", "pass_time_s"]
