@@ -9,7 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from plan_docs import edited
 
-from hyperpipe.cluster.catalog import builtin_device_types
+from hyperpipe.cluster.catalog import (
+    DEFAULT_COLLECTIVE_EFFICIENCY,
+    NIC_COLLECTIVE_EFFICIENCY,
+    builtin_device_types,
+)
 from hyperpipe.cluster.cluster import builtin_cluster_names, cluster_from_dict, load_cluster
 from hyperpipe.errors import BadInput
 from hyperpipe.models import load_model
@@ -175,9 +179,18 @@ def test_cost_model_transfer_and_allreduce():
     bw = 10e9 / 8
     assert cost.transfer_time_s("a100/0", "v100/0", 1e6) == pytest.approx(10e-6 + 1e6 / bw)
     assert cost.transfer_time_s("a100/0", "a100/0", 1e6) == 0.0
-    # ring over 4 devices crosses the 10 Gbit/s link: 2(n-1)/n * bytes / bw + 2(n-1) latency
+    # one device per node: a ring, 2(n-1)/n * bytes at the NIC's bus bandwidth + 2(n-1) lat
+    nic = bw * NIC_COLLECTIVE_EFFICIENCY
+    assert cost.allreduce_time_s(["a100/0", "v100/0"], 8e6) == \
+        pytest.approx(8e6 / nic + 2 * 10e-6)
+    # two devices on each of two nodes: hierarchical. Intra-node reduce-scatter and
+    # all-gather of 1/2 the bytes on the slower node (V100 NVLink 150 GB/s at its bus
+    # efficiency, 2 us), a ring of the 4 MB shards between the nodes.
     devs = [d.name for d in cluster.devices]
-    assert cost.allreduce_time_s(devs, 8e6) == pytest.approx(1.5 * 8e6 / bw + 6 * 10e-6)
+    intra = 150e9 * DEFAULT_COLLECTIVE_EFFICIENCY
+    phase = 0.5 * 8e6 / intra + 2e-6
+    assert cost.allreduce_time_s(devs, 8e6) == \
+        pytest.approx(2 * phase + 4e6 / nic + 2 * 10e-6)
 
 
 def test_profile_overrides_cost_model(tmp_path):

@@ -13,8 +13,12 @@ benchmarks that report this simulator's accuracy):
 * `mem_efficiency`: the fraction of the HBM/GDDR bandwidth that streaming kernels reach
   (STREAM/BabelStream-like copy and triad numbers); memory-bound work (norms, softmax,
   dropout, activations, optimizer) is costed at that rate.
-* `collective_efficiency`: NCCL all-reduce bus bandwidth over the nominal per-direction
-  intra-node link bandwidth, from published nccl-tests runs.
+* `collective_efficiency` / `nic_efficiency`: NCCL all-reduce bus bandwidth over the
+  nominal per-direction intra-node link / NIC bandwidth, from published nccl-tests runs.
+
+Device types defined from scratch in a cluster file take their figures as achievable
+(no curve, all fractions 1); a type based on a catalog entry keeps its curve unless it
+sets `efficiency`.
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ class DeviceType:
     gemm: GemmCurve | None = None               # None: flat `efficiency` for all FLOPs
     mem_efficiency: float = DEFAULT_MEM_EFFICIENCY
     collective_efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY
+    nic_efficiency: float = NIC_COLLECTIVE_EFFICIENCY   # collectives over the NICs
 
     @staticmethod
     def reserve_for(memory_bytes: float) -> float:

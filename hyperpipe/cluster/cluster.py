@@ -9,8 +9,8 @@ Topology model (kept simple on purpose, see DESIGN.md "Links"):
   cluster's `inter_node` bandwidth) into a non-blocking fabric. A transfer from node x to
   node y crosses ``x:nic-out`` then ``y:nic-in``.
 * A node may declare its NICs (`nics: {count, bandwidth}`, `Node.nics`; default one NIC
-  at the `nic` bandwidth). Routes use them as the network model decides
-  (`hyperpipe.sim.network`).
+  at the `nic` bandwidth). With several, each is its own hop (``x:nic3-out``) and device
+  i of the node uses NIC i·count // devices (rail-optimised, as on DGX nodes).
 
 A path's latency is the latency of its link class, paid once; its bandwidth is that of
 its slowest hop. The simulator treats every hop as a shared resource.
@@ -150,16 +150,26 @@ class Cluster:
                           Hop(f"{b.name}:in", link.bandwidth_bytes_per_s)),
                          link, f"intra:{a.node}")
         na, nb = self.node(a.node), self.node(b.node)
-        link = Link(min(na.nic.bandwidth_bytes_per_s, nb.nic.bandwidth_bytes_per_s),
-                    max(na.nic.latency_s, nb.nic.latency_s))
-        return Route((Hop(f"{a.node}:nic-out", na.nic.bandwidth_bytes_per_s),
-                      Hop(f"{b.node}:nic-in", nb.nic.bandwidth_bytes_per_s)), link, "inter")
+        out_name, out_bw = _rail(na, a.index, "out")
+        in_name, in_bw = _rail(nb, b.index, "in")
+        link = Link(min(out_bw, in_bw), max(na.nic.latency_s, nb.nic.latency_s))
+        return Route((Hop(out_name, out_bw), Hop(in_name, in_bw)), link, "inter")
 
     def price_per_hour(self, device: str) -> float | None:
         d = self.device(device)
         node_price = self.node(d.node).price_per_hour
         return node_price if node_price is not None else d.type.price_per_hour
 
+
+
+def _rail(node: Node, index: int, direction: str) -> tuple[str, float]:
+    """The NIC hop (name, bytes/s) device `index` of `node` uses: with one NIC the node's
+    ``nic-out``/``nic-in``; with several, device i uses NIC i·count // devices (a DGX
+    A100: GPU i on HCA i, the rail-optimised layout NCCL uses, one rail per GPU)."""
+    if node.nics.count == 1:
+        return f"{node.name}:nic-{direction}", node.nic.bandwidth_bytes_per_s
+    j = index * node.nics.count // node.count
+    return f"{node.name}:nic{j}-{direction}", node.nics.bandwidth_bytes_per_s
 
 
 # ---------------------------------------------------------------------------- loading
@@ -223,10 +233,16 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
     if base is None:
         peak = f.quantity("peak_flops", "flops")
         mem = f.quantity("memory", "bytes")
+        # A type defined from scratch takes its figures as achievable: no GEMM curve,
+        # full memory and link bandwidth (the closed forms of the tests rely on it).
         base = DeviceType(name=name, peak_flops=peak, memory_bytes=mem,
-                          mem_bandwidth_bytes_per_s=1e12, source="user-defined")
+                          mem_bandwidth_bytes_per_s=1e12, source="user-defined",
+                          mem_efficiency=1.0, collective_efficiency=1.0,
+                          nic_efficiency=1.0)
+    # An explicit `efficiency` replaces the base's GEMM curve by that flat fraction.
+    gemm = None if f.has("efficiency") else base.gemm
     return replace(
-        base, name=name,
+        base, name=name, gemm=gemm,
         peak_flops=f.quantity("peak_flops", "flops", base.peak_flops),
         memory_bytes=f.quantity("memory", "bytes", base.memory_bytes),
         mem_bandwidth_bytes_per_s=f.quantity("mem_bandwidth", "bandwidth",

@@ -97,6 +97,13 @@ def summarize(plan: Plan, cost: CostModel, iteration_s: float, ranks: list[RankU
         extra=extra)
 
 
+def _stage_s(cost: CostModel, stage, micro_batch: int, op: str) -> float:
+    """`CostModel.stage_time_s` of a plan stage, with its recompute and sequence
+    parallelism."""
+    return cost.stage_time_s(stage.layers, stage.devices, micro_batch, op, stage.recompute,
+                             stage.sequence_parallel)
+
+
 def _cache_for(cost: CostModel, cache: dict | None) -> dict:
     """`cache` emptied unless it was filled for this very cost model (look-ups that
     depend only on the cost model, kept between plans by a caller that passes it)."""
@@ -170,14 +177,14 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         st, m, b = pipe.stages, pipe.num_microbatches, pipe.micro_batch
         n_st = len(st)
         p = n_st // v
-        t_f = [cost.stage_time_s(s.layers, s.devices, b, "F") for s in st]
+        t_f = [_stage_s(cost, s, b, "F") for s in st]
         if kind == "zb-h1":
-            t_i = [cost.stage_time_s(s.layers, s.devices, b, "I", s.recompute) for s in st]
-            t_w = [cost.stage_time_s(s.layers, s.devices, b, "W") for s in st]
+            t_i = [_stage_s(cost, s, b, "I") for s in st]
+            t_w = [_stage_s(cost, s, b, "W") for s in st]
             t_b = [i + w for i, w in zip(t_i, t_w, strict=True)]
             last = t_w
         else:
-            t_b = last = [cost.stage_time_s(s.layers, s.devices, b, "B", s.recompute)
+            t_b = last = [_stage_s(cost, s, b, "B")
                           for s in st]
         sizes = [_stage_bytes(cost, s, b, cache) for s in st]
         links = [_link_times(cost, x, y, sizes[k][1], cache)

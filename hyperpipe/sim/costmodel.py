@@ -1,7 +1,10 @@
 """The cost model: how long a layer's op takes on a device, and a transfer on a path.
 
-Analytic by default (roofline: the larger of FLOPs / achievable FLOP/s and bytes /
-memory bandwidth; transfers by latency + bytes / bandwidth of the slowest hop). A
+Analytic by default: layers with shapes on devices with a GEMM curve op by op
+(`hyperpipe.sim.compute`: each GEMM at its shape's efficiency, memory-bound kernels
+added at the achievable memory bandwidth); otherwise the flat roofline (the larger of
+FLOPs / achievable FLOP/s and bytes / memory bandwidth); transfers by latency + bytes /
+bandwidth of the slowest hop. A
 calibration `Profile` measured on real hardware replaces any of these numbers: every
 caller goes through this one interface, so nothing else needs to know which was used.
 """
@@ -14,7 +17,9 @@ from types import MappingProxyType
 
 from hyperpipe.cluster.cluster import Cluster, Link, Route
 from hyperpipe.models import ModelSpec
+from hyperpipe.models.ops import layer_work
 from hyperpipe.plan.profile import Profile
+from hyperpipe.sim.compute import pass_time_s
 
 # Bytes per parameter as Megatron-LM keeps them, per training dtype: (kept on every
 # data-parallel replica, shardable by the distributed optimizer). Megatron Core user
@@ -58,8 +63,9 @@ class CostModel:
         return op_flops(self.model, layer, micro_batch, op)
 
     def layer_time_s(self, layer: int, device_type: str, micro_batch: int, op: str,
-                     tp: int = 1) -> float:
-        """Compute time of `op` of one layer on one device of a tensor-parallel group of tp."""
+                     tp: int = 1, sequence_parallel: bool = False) -> float:
+        """Compute time of `op` of one layer on one device of a tensor-parallel group of tp
+        (seconds; no tensor-parallel communication)."""
         kind = self.model.layers[layer].kind
         flops = self.op_flops(layer, micro_batch, op) / tp
         if self.profile is not None:
@@ -73,36 +79,66 @@ class CostModel:
                     return i(self.op_flops(layer, micro_batch, "I") / tp) + \
                         w(self.op_flops(layer, micro_batch, "W") / tp)
         dev = self.cluster.device_types[device_type]
+        if dev.gemm is not None:
+            t = self._op_time_s(layer, dev, micro_batch, op, tp, sequence_parallel)
+            if t is not None:
+                return t
         mem = self.model.layer_cost(layer, micro_batch).mem_bytes / tp
         mem *= {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}[op]
         return max(flops / dev.achievable_flops, mem / dev.mem_bandwidth_bytes_per_s)
 
+    def _op_time_s(self, layer: int, dev, micro_batch: int, op: str, tp: int,
+                   sequence_parallel: bool) -> float | None:
+        """Op-by-op time of a shaped layer (`hyperpipe.sim.compute`); None if unshaped.
+        B is I + W, each counted op by op."""
+        spec = self.model.layers[layer]
+        key = ("op", spec, dev.name, micro_batch, op, tp, sequence_parallel)
+        if key not in self._cache:
+            passes = ("I", "W") if op == "B" else (op,)
+            total = 0.0
+            for p in passes:
+                work = layer_work(spec, p, micro_batch, self.model.seq_len,
+                                  self.model.dtype_bytes, tp, sequence_parallel)
+                if work is None:
+                    self._cache[key] = None
+                    break
+                total += pass_time_s(dev, work, self.model.dtype_bytes)
+            else:
+                self._cache[key] = total
+        return self._cache[key]
+
     def stage_compute_s(self, layers: tuple[int, int], device_type: str, micro_batch: int,
-                        op: str, tp: int = 1) -> float:
+                        op: str, tp: int = 1, sequence_parallel: bool = False) -> float:
         """Compute time of `op` over layers [start, end) (no tensor-parallel communication),
         with the profile's per-action overhead, if any, counted once."""
-        key = ("stage", layers, device_type, micro_batch, op, tp)
+        key = ("stage", layers, device_type, micro_batch, op, tp, sequence_parallel)
         if key not in self._cache:
             overhead = 0.0 if self.profile is None else \
                 self.profile.action_overhead_s(device_type, op)
             self._cache[key] = overhead + sum(
-                self.layer_time_s(i, device_type, micro_batch, op, tp) for i in range(*layers))
+                self.layer_time_s(i, device_type, micro_batch, op, tp, sequence_parallel)
+                for i in range(*layers))
         return self._cache[key]
 
     def stage_time_s(self, layers: tuple[int, int], devices: tuple[str, ...],
-                     micro_batch: int, op: str, recompute: str = "none") -> float:
-        """Compute plus Megatron-style tensor-parallel all-reduces of a stage's op; the
+                     micro_batch: int, op: str, recompute: str = "none",
+                     sequence_parallel: bool = False) -> float:
+        """Compute plus Megatron-style tensor-parallel collectives of a stage's op; the
         backward op that needs the activations (B, or I when the backward is split) first
         runs the recomputed forward: all of F with its collectives for "full", the
-        attention core for "selective" (`recompute_s`)."""
+        attention core for "selective" (`recompute_s`). With sequence parallelism each
+        all-reduce becomes a reduce-scatter and an all-gather of the same bytes (the same
+        ring time), and the norm/dropout work is split over the group."""
         dtype = self.cluster.device(devices[0]).type.name
-        t = self.stage_compute_s(layers, dtype, micro_batch, op, len(devices))
+        t = self.stage_compute_s(layers, dtype, micro_batch, op, len(devices),
+                                 sequence_parallel)
         if op in ("B", "I") and recompute != "none":
-            t += self.recompute_s(layers, devices, micro_batch, recompute)
+            t += self.recompute_s(layers, devices, micro_batch, recompute, sequence_parallel)
         return t + self.tp_comm_s(layers, devices, micro_batch, op)
 
     def recompute_s(self, layers: tuple[int, int], devices: tuple[str, ...],
-                    micro_batch: int, recompute: str) -> float:
+                    micro_batch: int, recompute: str, sequence_parallel: bool = False
+                    ) -> float:
         """Time of the forward work a backward redoes: with "full" the stage's whole
         forward, tensor-parallel collectives included (Korthikanti et al. 2022, sec. 5:
         the recomputed forward repeats its all-reduces); with "selective" each layer's
@@ -111,11 +147,13 @@ class CostModel:
             return 0.0
         if recompute == "full" and all(self.model.recompute_fraction(i, micro_batch, "full")
                                        == 1.0 for i in range(*layers)):
-            return self.stage_time_s(layers, devices, micro_batch, "F")
+            return self.stage_time_s(layers, devices, micro_batch, "F",
+                                     sequence_parallel=sequence_parallel)
         dtype = self.cluster.device(devices[0]).type.name
         tp = len(devices)
         t = sum(self.model.recompute_fraction(i, micro_batch, recompute)
-                * self.layer_time_s(i, dtype, micro_batch, "F", tp) for i in range(*layers))
+                * self.layer_time_s(i, dtype, micro_batch, "F", tp, sequence_parallel)
+                for i in range(*layers))
         if recompute == "full":
             blocks = [i for i in range(*layers)
                       if self.model.recompute_fraction(i, micro_batch, "full") == 1.0]
@@ -154,17 +192,70 @@ class CostModel:
         return 0.0 if not route.hops else link.time_s(nbytes)
 
     def allreduce_time_s(self, devices: tuple[str, ...] | list[str], nbytes: float) -> float:
-        """Ring all-reduce of `nbytes` per device: 2(n-1)/n · bytes over the slowest ring
-        hop plus 2(n-1) latencies (Patarasuk and Yuan 2009)."""
+        """All-reduce of `nbytes` per device, as NCCL runs it (seconds on idle links).
+
+        * One node, or one device per node: a ring, 2(n-1)/n · bytes over the slowest
+          ring hop at its achievable bus bandwidth, plus 2(n-1) latencies (Patarasuk and
+          Yuan 2009).
+        * Several devices on each of several nodes: hierarchical (NCCL's multi-node
+          ring/tree over rails): intra-node reduce-scatter ((k-1)/k · bytes), an
+          inter-node ring of each device's 1/k shard over its own NIC rail
+          (2(n-1)/n · bytes/k), intra-node all-gather ((k-1)/k · bytes).
+
+        Achievable bus bandwidth = link bandwidth x the device type's
+        `collective_efficiency` (NVLink/PCIe) or `nic_efficiency` (network), from
+        published nccl-tests runs (`hyperpipe.cluster.catalog`). A profile's measured
+        all-reduce fit replaces all of this.
+        """
         n = len(devices)
         if n <= 1 or nbytes <= 0:
             return 0.0
-        links = [self.route(devices[i], devices[(i + 1) % n])[1] for i in range(n)]
-        bw = min(link.bandwidth_bytes_per_s for link in links)
-        lat = max(link.latency_s for link in links)
         if self.profile is not None and "*" in self.profile.allreduce:
             return self.profile.allreduce["*"](2 * (n - 1) / n * nbytes)
-        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+        key = ("allreduce", tuple(devices), nbytes)
+        if key in self._cache:
+            return self._cache[key]
+        cluster = self.cluster
+        per_node: dict[str, list[str]] = {}
+        for d in devices:
+            per_node.setdefault(cluster.device(d).node, []).append(d)
+        if len(per_node) == 1 or all(len(v) == 1 for v in per_node.values()):
+            bw, lat = self._bus(list(zip(devices, [*devices[1:], devices[0]],
+                                         strict=True)))
+            t = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+        else:
+            groups = list(per_node.values())
+            k_max = max(len(g) for g in groups)
+            k_min = min(len(g) for g in groups)
+            intra_edges = [(g[i], g[(i + 1) % len(g)]) for g in groups if len(g) > 1
+                           for i in range(len(g))]
+            bw_in, lat_in = self._bus(intra_edges)
+            phase = (k_max - 1) / k_max * nbytes / bw_in + (k_max - 1) * lat_in
+            nodes = len(groups)
+            # rail r: the r-th device of every node, in node order
+            rails = [[g[r % len(g)] for g in groups] for r in range(k_max)]
+            bw_out, lat_out = self._bus([(rail[i], rail[(i + 1) % nodes])
+                                         for rail in rails for i in range(nodes)])
+            shard = nbytes / k_min
+            t = 2 * phase + 2 * (nodes - 1) / nodes * shard / bw_out + \
+                2 * (nodes - 1) * lat_out
+        self._cache[key] = t
+        return t
+
+    def _bus(self, edges: list[tuple[str, str]]) -> tuple[float, float]:
+        """(achievable bus bandwidth, latency) of the slowest of `edges`: each route's
+        bandwidth x the sender's collective (intra-node) or NIC efficiency."""
+        bw, lat = float("inf"), 0.0
+        for a, b in edges:
+            route, link = self.route(a, b)
+            if not route.hops:
+                continue
+            dev = self.cluster.device(a).type
+            eff = dev.nic_efficiency if route.link_class == "inter" else \
+                dev.collective_efficiency
+            bw = min(bw, link.bandwidth_bytes_per_s * eff)
+            lat = max(lat, link.latency_s)
+        return bw, lat
 
     # ---------------------------------------------------------------- memory and optimizer
     def stage_params(self, layers: tuple[int, int]) -> int:
@@ -261,4 +352,4 @@ class CostModel:
         if self.profile is not None and device_type in self.profile.optimizer:
             return self.profile.optimizer[device_type](params)
         dev = self.cluster.device_types[device_type]
-        return params * ADAM_STEP_BYTES_PER_PARAM / dev.mem_bandwidth_bytes_per_s
+        return params * ADAM_STEP_BYTES_PER_PARAM / dev.achievable_mem_bandwidth_bytes_per_s

@@ -77,7 +77,7 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
 
     def shape(s: int, op: str) -> tuple:
         dur = cost.stage_time_s(stages[s].layers, stages[s].devices, mb, op,
-                                stages[s].recompute)
+                                stages[s].recompute, stages[s].sequence_parallel)
         if op == "F":
             return (dur, (s - 1) * m if s > 0 else -1,
                     s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
