@@ -1,0 +1,173 @@
+"""Published runs: Table 1 of Narayanan et al. SC'21 (arXiv 2104.04473), simulated.
+
+Ten GPT runs, 1.7B to 1T parameters on 32 to 3072 A100-80GB GPUs (DGX A100 nodes:
+8 GPUs on NVSwitch, 8 x 200 Gbit/s HDR InfiniBand per node, one NIC per GPU), each with
+the configuration of the paper and of Megatron-LM's public `examples/sc21/
+run_table_1.sh`: tensor/pipeline/data parallel sizes, micro-batch, global batch,
+interleaving (`--num-layers-per-virtual-pipeline-stage`), full activation recompute
+(`--recompute-method uniform`), fp16, sequence 2048, vocabulary 51,200, and Megatron's
+defaults of the time: eager attention (fused scale-mask-softmax, no FlashAttention in
+2021) and dropout 0.1.
+
+Stock catalog, no calibration profile: nothing here is fitted to these rows (the GEMM
+curves and bus efficiencies come from independent public measurements, see
+`hyperpipe.cluster.catalog`). Table 1 is used only to check.
+
+Published iteration time = F / (X · n) with F the paper's eq. (3) hardware FLOPs per
+iteration, 96 B s l h² (1 + s/(6h) + V/(16 l h)), X the published TFLOP/s per GPU and n
+the GPUs. One row per run (published, predicted, signed error, peak memory, fits), a
+null model for comparison (every run at the mean published TFLOP/s per GPU, which does
+see the answers: an in-sample upper bar the simulator is not given), and the last line
+
+    published_mape=X published_max_ape=Y n_rows=10 n_oom=K
+
+(X, Y as fractions). Run: python experiments/published.py
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from hyperpipe.cluster.cluster import cluster_ref, load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.plan.plan import plan_from_dict
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import SimOptions, simulate
+
+SEQ, VOCAB = 2048, 51200
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of Table 1 with its run_table_1.sh settings."""
+
+    name: str
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    gpus: int
+    global_batch: int
+    micro_batch: int
+    layers_per_virtual_stage: int | None      # None: no interleaving
+    ddp: str                                  # "torch" (overlapped) or "local" (after)
+    tflops_per_gpu: float                     # published, Table 1
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def chunks(self) -> int:
+        if self.layers_per_virtual_stage is None:
+            return 1
+        return self.layers // self.pp // self.layers_per_virtual_stage
+
+    def hardware_flops(self) -> float:
+        """Eq. (3) of the paper: FLOPs per iteration with full recompute."""
+        b, s, l, h, v = self.global_batch, SEQ, self.layers, self.hidden, VOCAB
+        return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+
+    def published_s(self) -> float:
+        return self.hardware_flops() / (self.tflops_per_gpu * 1e12 * self.gpus)
+
+
+# Table 1 (heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU) and
+# run_table_1.sh (micro-batch, layers per virtual stage, DDP implementation: torch's
+# DistributedDataParallel overlaps the gradient all-reduce with the backward, Megatron's
+# "local" one all-reduces after the last micro-batch).
+RUNS = (
+    Run("1.7B", 24, 2304, 24, 1, 1, 32, 512, 16, None, "torch", 137),
+    Run("3.6B", 32, 3072, 30, 2, 1, 64, 512, 16, None, "torch", 138),
+    Run("7.5B", 32, 4096, 36, 4, 1, 128, 512, 16, None, "torch", 142),
+    Run("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 8, None, "torch", 135),
+    Run("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 4, None, "local", 138),
+    Run("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 2, 5, "local", 140),
+    Run("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 2, 5, "local", 148),
+    Run("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 1, 3, "local", 155),
+    Run("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 1, 1, "local", 163),
+    Run("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 1, None, "local", 163),
+)
+
+
+def dgx_cluster(nodes: int):
+    """`nodes` DGX A100 80GB: NVSwitch (the catalog's A100 link), 8 HDR NICs each."""
+    return load_cluster({
+        "name": f"dgx-a100-{nodes}",
+        "nodes": [{"name": "dgx", "device": "A100-80GB", "count": 8, "repeat": nodes,
+                   "nics": {"count": 8, "bandwidth": "200 Gbit/s"}}],
+        "inter_node": {"bandwidth": "200 Gbit/s", "latency": "5 us"}})
+
+
+def model_of(run: Run):
+    return load_model({"kind": "gpt", "name": f"gpt-{run.name}", "vocab_size": VOCAB,
+                       "n_layer": run.layers, "n_head": run.heads, "d_model": run.hidden,
+                       "seq_len": SEQ, "dtype": "fp16", "attention": "eager",
+                       "dropout": 0.1})
+
+
+def plan_of(run: Run, model, cluster):
+    """Megatron's layout: tensor-parallel ranks innermost (one node for tp=8), then data
+    parallel, then pipeline; blocks split evenly over the p·v stages, the embedding on
+    the first, the head on the last."""
+    tp, pp, dp, v = run.tp, run.pp, run.dp, run.chunks
+    devices = [d.name for d in cluster.devices]
+    per_stage = run.layers // (pp * v)
+    pipelines = []
+    for r in range(dp):
+        groups = [devices[(k * dp + r) * tp:(k * dp + r + 1) * tp] for k in range(pp)]
+        stages, start = [], 0
+        for j in range(pp * v):
+            end = start + per_stage + (1 if j == 0 else 0) + (1 if j == pp * v - 1 else 0)
+            stages.append({"layers": [start, end], "devices": groups[j % pp], "tp": tp,
+                           "recompute": "full"})
+            start = end
+        pipelines.append({"micro_batch": run.micro_batch,
+                          "num_microbatches": run.global_batch // dp // run.micro_batch,
+                          "stages": stages})
+    kind = "interleaved-1f1b" if v > 1 else "1f1b"
+    return plan_from_dict({"format": "hyperpipe.plan/1", "model": model.to_dict(),
+                           "cluster": cluster_ref(cluster),
+                           "global_batch": run.global_batch,
+                           "schedule": {"kind": kind, "chunks": v},
+                           "pipelines": pipelines})
+
+
+def main() -> int:
+    mean_x = sum(r.tflops_per_gpu for r in RUNS) / len(RUNS)
+    print(f"{'run':>8} {'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'v':>2} {'mb':>3} "
+          f"{'published s':>12} {'predicted s':>12} {'error':>7} {'null err':>8} "
+          f"{'peak GB':>8} {'fits':>4} {'sim s':>6}")
+    errors, null_errors, n_oom = [], [], 0
+    for run in RUNS:
+        model = model_of(run)
+        cluster = dgx_cluster(run.gpus // 8)
+        plan = plan_of(run, model, cluster)
+        t0 = time.perf_counter()
+        options = SimOptions(trace=False, overlap_dp_allreduce=run.ddp == "torch")
+        result = simulate(plan, CostModel(model, cluster), options)
+        wall = time.perf_counter() - t0
+        m = result.metrics
+        pub = run.published_s()
+        err = m.iteration_time_s / pub - 1
+        null = run.hardware_flops() / (mean_x * 1e12 * run.gpus) / pub - 1
+        peak = max(m.peak_memory_bytes.values())
+        fits = not m.oom
+        n_oom += 0 if fits else 1
+        errors.append(abs(err))
+        null_errors.append(abs(null))
+        print(f"{run.name:>8} {run.gpus:5d} {run.tp:2d} {run.pp:3d} {run.dp:3d} "
+              f"{run.chunks:2d} {run.micro_batch:3d} {pub:12.3f} {m.iteration_time_s:12.3f} "
+              f"{err:+7.1%} {null:+8.1%} {peak / 1e9:8.1f} {'yes' if fits else 'NO':>4} "
+              f"{wall:6.2f}")
+    print(f"null model (mean published TFLOP/s per GPU, in-sample): "
+          f"mape={sum(null_errors) / len(null_errors):.3f} max_ape={max(null_errors):.3f}")
+    print(f"published_mape={sum(errors) / len(errors):.4f} "
+          f"published_max_ape={max(errors):.4f} n_rows={len(RUNS)} n_oom={n_oom}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
