@@ -17,7 +17,14 @@ from hyperpipe.exec import RunOptions, run_plan
 from hyperpipe.exec import checkpoint as ckpt
 from hyperpipe.exec.comm import GRADIENT, message_tag
 from hyperpipe.exec.data import micro_batch_of, step_batch
-from hyperpipe.exec.emulation import cpu_clock, device_factors, emulation_factors, stretch
+from hyperpipe.exec.emulation import (
+    compute_clock,
+    compute_s,
+    cpu_clock,
+    device_factors,
+    emulation_factors,
+    stretch,
+)
 from hyperpipe.exec.placement import adjacent_pairs, dp_groups, layer_holders, placements
 from hyperpipe.models import load_model
 from hyperpipe.plan.plan import plan_from_dict
@@ -121,6 +128,30 @@ def test_stretch_makes_compute_take_factor_times_its_cpu_time():
     assert end - start == pytest.approx(0.06, abs=0.02)
     start = time.perf_counter()
     assert stretch(start, cpu_clock(), 1.0) - start < 0.005   # factor 1: no sleep
+
+
+def test_compute_time_with_threads_is_wall_time_not_summed_cpu_time():
+    # Several threads: CPU time sums over them (about N x the wall time); the action took
+    # the wall time, which emulation must stretch (the old --threads N bug: N x slower).
+    import threading
+
+    def spin(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+    t0 = compute_clock()
+    threads = [threading.Thread(target=spin, args=(0.05,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    t1 = compute_clock()
+    wall, cpu = t1[0] - t0[0], t1[1] - t0[1]
+    assert compute_s(t0, t1) == min(wall, cpu)
+    assert compute_s(t0, t1) <= wall + 1e-9
+    # one thread that waited for a core: the CPU time, not the wait
+    assert compute_s((0.0, 0.0), (0.3, 0.1)) == pytest.approx(0.1)
+    assert compute_s((0.0, 0.0), (0.1, 0.2)) == pytest.approx(0.1)
 
 
 def test_data_stream_is_deterministic_and_sliced_by_pipeline():

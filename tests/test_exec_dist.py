@@ -212,7 +212,15 @@ def test_torch_runtime_replays_our_csv_with_our_results(kind, chunks, tmp_path):
 # ------------------------------------------------------------------ CUDA / NCCL path
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA GPU here: the NCCL path needs one")
-GPU_TOL = 1e-4        # fused SDPA on the GPU vs explicit attention in the CPU reference
+# bf16 autocast on the GPU against the fp32 CPU reference: bf16 keeps 8 bits of mantissa
+# (relative rounding 2^-9), so a whole gradient tensor agrees within a few percent
+BF16_LOSS_TOL = 2e-2
+BF16_REL_TOL = 5e-2
+
+
+def close_bf16(grad: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Relative (Frobenius) error of a bf16-autocast gradient against the fp32 one."""
+    return (grad - ref).norm().item() <= BF16_REL_TOL * ref.norm().item() + 1e-6
 
 
 @needs_gpu
@@ -220,11 +228,13 @@ def test_nccl_rank_matches_cpu_reference():
     # one GPU is enough: one rank holding two stages (interleaved, looped placement)
     plan = make_plan("interleaved-1f1b", [(2, 4, [(0, 4), (4, 8)])], chunks=2)
     result = run_plan(plan, RunOptions(steps=1, capture_state=True))
-    assert result.trace.meta["backend"] == "nccl" and result.emulated is False
+    meta = result.trace.meta
+    assert meta["backend"] == "nccl" and meta["precision"] == "bf16-autocast"
+    assert result.emulated is False
     ref_loss, ref_grads = reference(plan)
-    assert abs(result.losses[0] - ref_loss) <= GPU_TOL
+    assert abs(result.losses[0] - ref_loss) <= BF16_LOSS_TOL
     for name, st in result.state[0].items():
-        assert (st["grad"] - ref_grads[name]).abs().max().item() <= GPU_TOL, name
+        assert close_bf16(st["grad"].float(), ref_grads[name]), name
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2,
@@ -234,7 +244,7 @@ def test_nccl_two_ranks_match_cpu_reference():
     result = run_plan(plan, RunOptions(steps=1, capture_state=True))
     assert result.trace.meta["backend"] == "nccl"
     ref_loss, ref_grads = reference(plan)
-    assert abs(result.losses[0] - ref_loss) <= GPU_TOL
+    assert abs(result.losses[0] - ref_loss) <= BF16_LOSS_TOL
     for rank_state in result.state:
         for name, st in rank_state.items():
-            assert (st["grad"] - ref_grads[name]).abs().max().item() <= GPU_TOL, name
+            assert close_bf16(st["grad"].float(), ref_grads[name]), name

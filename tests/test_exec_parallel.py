@@ -115,3 +115,19 @@ def test_everything_together_trains_like_single_process():
             stage((5, 8), devices[2:], recompute="selective")]}
     check(plan_of([pipe((0, 1, 2), 2, 1), pipe((3, 4, 5), 1, 3)],
                   distributed_optimizer=True), steps=2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="NCCL tensor parallelism needs two GPUs (one rank per GPU)")
+def test_nccl_bf16_tensor_parallel_matches_cpu_reference():
+    from test_exec_dist import BF16_LOSS_TOL, close_bf16
+    plan = plan_of([{"micro_batch": 2, "num_microbatches": 2, "stages": [
+        stage((0, 8), (0, 1), sequence_parallel=True, recompute="selective")]}])
+    result = run_plan(plan, RunOptions(steps=1, capture_state=True, probe_links=False))
+    meta = result.trace.meta
+    assert meta["backend"] == "nccl" and meta["precision"] == "bf16-autocast"
+    losses, grads, _ = single_process(plan, 1)
+    assert abs(result.losses[0] - losses[0]) <= BF16_LOSS_TOL
+    for rank_state in result.state:
+        for name, st in rank_state.items():
+            assert close_bf16(st["grad"].float(), grads[name]), name

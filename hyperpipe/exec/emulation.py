@@ -41,6 +41,19 @@ def cpu_clock() -> float:
     return time.process_time()
 
 
+def compute_clock() -> tuple[float, float]:
+    """(wall, CPU) seconds now; `compute_s` of two readings is the compute between them."""
+    return time.perf_counter(), time.process_time()
+
+
+def compute_s(start: tuple[float, float], end: tuple[float, float]) -> float:
+    """Seconds of compute between two `compute_clock` readings: the smaller of the wall
+    and the CPU time. With one thread, CPU time (never more than the wall time) leaves out
+    the waits for a busy core; with N threads it sums over the threads, about N times the
+    wall time the action took, so then the wall time is the action's time."""
+    return min(end[0] - start[0], end[1] - start[1])
+
+
 def stretch(start_s: float, start_cpu_s: float, factor: float,
             clock: Callable[[], float] = time.perf_counter, *,
             reference_s: float | None = None) -> float:
@@ -52,13 +65,15 @@ def stretch(start_s: float, start_cpu_s: float, factor: float,
     Why not the wall time it took: when more ranks than cores compute at once (or two
     share a core's hyperthreads), a rank's compute takes longer than alone, which the
     device it stands for would not. The reference is the same action timed alone
-    before the run (RankRuntime.measure_reference); CPU time is the fallback, immune to
-    waiting for a core but not to sharing one. With factor 1 (no emulation) the native
+    before the run (RankRuntime.measure_reference); CPU time (the wall time if less, as
+    with several threads: `compute_s`) is the fallback, immune to waiting for a core but
+    not to sharing one. With factor 1 (no emulation) the native
     wall time stands.
     """
     end_s = clock()
     if factor > 1.0:
-        used_s = reference_s if reference_s is not None else cpu_clock() - start_cpu_s
+        used_s = reference_s if reference_s is not None else \
+            compute_s((start_s, start_cpu_s), (end_s, cpu_clock()))
         target_s = start_s + used_s * factor
         while (left_s := target_s - clock()) > 0:
             time.sleep(left_s)

@@ -196,6 +196,8 @@ def _assemble(prep: Prepared, options: RunOptions, gathered: list, emulated: boo
         "plan": portable_plan(prep), "model": prep.spec.name, "torch": torch.__version__,
         "host": socket.gethostname(), "threads": options.threads_per_rank,
         "backend": backend, "seed": options.seed, "first_step": first_step,
+        # compute precision: bf16 autocast on CUDA, fp32 on the CPU (runtime.compute_forward)
+        "precision": "bf16-autocast" if backend == "nccl" else "fp32",
     }
     return RunResult(
         trace=Trace(tuple(events), meta),

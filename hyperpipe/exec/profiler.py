@@ -21,7 +21,7 @@ import time
 import torch
 
 from hyperpipe.exec import compute
-from hyperpipe.exec.emulation import cpu_clock
+from hyperpipe.exec.emulation import compute_clock, compute_s
 from hyperpipe.models import ModelSpec, build_layer, example_batch
 from hyperpipe.plan.profile import Fit, Profile
 from hyperpipe.progress import Progress
@@ -54,7 +54,7 @@ def measure_op_times(model: ModelSpec, index: int, micro_batch: int, *, repeats:
     last = index == model.num_layers - 1
     cut = index == 0 and model.config is not None
     samples: dict[str, list[float]] = {op: [] for op in OPS}
-    clock = cpu_clock  # CPU seconds, as the executor's emulation stretches them
+    clock = compute_clock  # compute seconds, as the executor's emulation stretches them
     for rep in range(warmup + repeats):
         t0 = clock()
         entry = compute.forward([layer], x, targets if last else None, cut_after_first=cut)
@@ -74,14 +74,14 @@ def measure_op_times(model: ModelSpec, index: int, micro_batch: int, *, repeats:
         if x.is_floating_point():
             x.grad = None
         if rep >= warmup:
-            for op, dt in (("F", t1 - t0), ("I", t3 - t2), ("W", t4 - t3), ("B", t6 - t5)):
-                samples[op].append(dt)
+            for op, a, b in (("F", t0, t1), ("I", t2, t3), ("W", t3, t4), ("B", t5, t6)):
+                samples[op].append(compute_s(a, b))
     return {op: min(v) for op, v in samples.items()}   # as the executor's reference
 
 
 def measure_optimizer_times(model: ModelSpec, *, repeats: int = 10, warmup: int = 2,
                             seed: int = 0) -> list[tuple[float, float]]:
-    """(parameters, fastest CPU seconds) of an AdamW step over the first 1, 2, 4, ...
+    """(parameters, fastest compute seconds) of an AdamW step over the first 1, 2, 4, ...
     layers of `model` and over all of them (the optimizer's per-tensor work included)."""
     counts = sorted({min(2**i, model.num_layers) for i in range(model.num_layers.bit_length())}
                     | {model.num_layers})
@@ -94,10 +94,10 @@ def measure_optimizer_times(model: ModelSpec, *, repeats: int = 10, warmup: int 
         opt = torch.optim.AdamW(params)
         times = []
         for rep in range(warmup + repeats):
-            t0 = cpu_clock()
+            t0 = compute_clock()
             opt.step()
             if rep >= warmup:
-                times.append(cpu_clock() - t0)
+                times.append(compute_s(t0, compute_clock()))
         out.append((float(sum(p.numel() for p in params)), min(times)))
     return out
 

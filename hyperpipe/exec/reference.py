@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from hyperpipe.exec import compute
-from hyperpipe.exec.emulation import cpu_clock
+from hyperpipe.exec.emulation import compute_clock, compute_s
 from hyperpipe.exec.tensor_parallel import local
 from hyperpipe.models import example_batch
 
@@ -28,10 +28,10 @@ def measure_reference(rt, *, repeats: int = 5, warmup: int = 2) -> dict:
     record = [False]                  # the first `warmup` rounds are not recorded
 
     def timed(key, fn):
-        t0 = cpu_clock()
+        t0 = compute_clock()
         result = fn()
         if record[0]:
-            samples.setdefault(key, []).append(cpu_clock() - t0)
+            samples.setdefault(key, []).append(compute_s(t0, compute_clock()))
         return result
 
     for rep in range(warmup + repeats):

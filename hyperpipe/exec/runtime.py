@@ -284,10 +284,14 @@ class RankRuntime:
     # ------------------------------------------------------------------ compute
     def compute_forward(self, st: _Stage, x: torch.Tensor, targets: torch.Tensor | None
                         ) -> list:
-        """F of stage `st` on `x` (compute.forward over the stage's layers)."""
-        return compute.forward(st.layers, x, targets,
-                               cut_after_first=st.is_first and self.spec.config is not None,
-                               loss_scale=self.loss_scale)
+        """F of stage `st` on `x` (compute.forward over the stage's layers), under bf16
+        autocast on CUDA (the cost model prices bf16 GEMMs; weights, gradients, optimizer
+        and what crosses stage boundaries stay fp32) and in fp32 on the CPU."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                            enabled=self.device.type == "cuda"):
+            return compute.forward(st.layers, x, targets,
+                                   cut_after_first=st.is_first and self.spec.config is not None,
+                                   loss_scale=self.loss_scale)
 
     def measure_reference(self, *, repeats: int = 5, warmup: int = 2) -> dict:
         """Uncontended time of each (stage, op) and of the optimizer (reference.py)."""
@@ -348,7 +352,7 @@ class RankRuntime:
         """Hand the activation or gradient flowing into (stage, mb) to the ranks of that
         stage that take it from this one (placement.message_pairs; none, one, or several
         when a stage of lower tp feeds one of higher tp)."""
-        tensor = tensor.contiguous()
+        tensor = tensor.float().contiguous()     # receive buffers are fp32
         for dst in self.where.send_ranks(stage):
             if dst == self.where.rank:
                 self.local[(kind, stage, mb)] = tensor
