@@ -58,11 +58,11 @@ def single_process(plan, steps: int, seed: int = 0):
     return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def check(plan, steps: int = 1) -> None:
+def check(plan, steps: int = 1, **options):
     """Run `plan` for `steps` and compare with the single process: losses, last-step
     gradients and final weights, on every rank holding each layer."""
     result = run_plan(plan, RunOptions(steps=steps, emulate=False, capture_state=True,
-                                       probe_links=False, lr=LR))
+                                       probe_links=False, lr=LR, **options))
     losses, grads, weights = single_process(plan, steps)
     assert result.losses == pytest.approx(losses, abs=1e-5)
     seen = set()
@@ -74,6 +74,7 @@ def check(plan, steps: int = 1) -> None:
             assert diff <= WEIGHT_TOL, (name, "weight", diff)
             seen.add(name)
     assert seen == set(grads)
+    return result
 
 
 @pytest.mark.parametrize("kind,stages,steps", [
@@ -103,6 +104,27 @@ def test_distributed_optimizer_with_unequal_replicas_trains_like_single_process(
         {"micro_batch": 1, "num_microbatches": 5, "stages": [stage((0, 3), (2,)),
                                                              stage((3, 8), (3,))]}],
         distributed_optimizer=True), steps=2)
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_bucketed_reduction_overlaps_backward_and_trains_like_single_process(distributed):
+    # small buckets (20 kB of fp32 gradient: a few parameters each), unequal replicas
+    plan = plan_of([
+        {"micro_batch": 2, "num_microbatches": 3, "stages": [stage((0, 4), (0,)),
+                                                             stage((4, 8), (1,))]},
+        {"micro_batch": 1, "num_microbatches": 2, "stages": [stage((0, 4), (2,)),
+                                                             stage((4, 8), (3,))]}],
+        distributed_optimizer=distributed)
+    result = check(plan, steps=2, bucket_bytes=2e4)
+    events = [e for e in result.trace.events if e.step == 1]
+    for device in ("n/1", "n/3"):       # last stages: their last B ends their step
+        last_b = max((e for e in events if e.device == device and e.op == "B"),
+                     key=lambda e: e.end_s)
+        starts = sorted(e.start_s for e in events
+                        if e.device == device and e.op == "allreduce")
+        assert len(starts) > 3
+        # hooks started the first buckets while that backward was still running
+        assert starts[0] < last_b.end_s
 
 
 def test_everything_together_trains_like_single_process():

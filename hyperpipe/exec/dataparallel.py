@@ -6,14 +6,24 @@ micro-batch's loss is already scaled by micro_batch / global_batch (runtime), so
 sum over every micro-batch of every replica is the gradient of the full-batch mean,
 whatever each replica's micro-batch count.
 
+As PyTorch DDP does (Li et al. 2020, VLDB) and the simulator models: each group's
+parameters, in the order backward produces their gradients (last layer first), are cut
+into buckets of `bucket_bytes` of fp32 gradient; a bucket's reduction (an asynchronous
+collective, which runs while backward goes on) starts as soon as the stage's last
+backward action has produced every gradient in it (`register_post_accumulate_grad_hook`).
+Gradients that torch's I/W split accumulates by hand, and a sequence-parallel stage's
+partial norm gradients (which must first be summed over the tensor-parallel group), are
+final when that action ends. A group's buckets start in order. Without `overlap`, every
+bucket starts after the rank's last action.
+
 The optimizer is AdamW on the rank's local parameter tensors (a tensor-parallel shard's
 local storage, so DTensors never reach the optimizer). With the distributed optimizer
 (ZeRO stage 1/2 as in Megatron's distributed optimizer: Rajbhandari et al. 2020), each
-data-parallel group's gradients are reduce-scattered instead of all-reduced: rank i of k
-gets the sum of slice i of the group's flattened gradients, AdamW updates that slice of
-the parameters alone (keeping only its slice of the moments), and an all-gather brings
-every rank the updated whole. AdamW is elementwise, so this is the same update as the
-replicated one, with 1/k of the optimizer state per rank.
+bucket is reduce-scattered instead of all-reduced: rank i of k gets the sum of slice i
+of the bucket's flattened gradients, AdamW updates that slice of the parameters alone
+(keeping only its slice of the moments), and an all-gather brings every rank the
+updated whole. AdamW is elementwise, so this is the same update as the replicated one,
+with 1/k of the optimizer state per rank.
 
 Every rank of the job constructs its DataParallel at the same time, with the same
 groups in the same order (process groups are created collectively).
@@ -33,10 +43,12 @@ from hyperpipe.exec.comm import wait
 from hyperpipe.exec.tensor_parallel import local
 from hyperpipe.plan.trace import TraceEvent
 
+DDP_BUCKET_BYTES = 25e6      # PyTorch DDP's default bucket_cap_mb=25, as SimOptions
 
-@dataclass
-class _Group:
-    """One data-parallel group this rank belongs to."""
+
+@dataclass(eq=False)
+class _Bucket:
+    """Consecutive parameters (in backward order) of one data-parallel group."""
 
     pg: dist.ProcessGroup
     size: int                           # ranks in the group
@@ -44,7 +56,10 @@ class _Group:
     params: list[nn.Parameter]
     peers: str                          # the other devices, for messages and traces
     numel: int                          # elements of the local tensors, flattened
+    after: _Bucket | None = None        # the group's previous bucket (starts first)
+    next: _Bucket | None = None
     shard: nn.Parameter | None = None   # distributed optimizer: this rank's slice
+    work: tuple | None = None           # this step: (work, buffer, start time) once started
 
     @property
     def padded(self) -> int:
@@ -52,43 +67,58 @@ class _Group:
 
 
 class DataParallel:
-    """Sums gradients over data-parallel groups and steps AdamW (optionally sharded).
+    """Sums gradients over data-parallel groups in buckets overlapped with backward, and
+    steps AdamW (optionally sharded).
 
     `groups`: (ranks, layers) of every group of the job (placement.dp_groups);
-    `params_by_layer`: this rank's parameters by global layer index.
+    `params_by_layer`: this rank's parameters by global layer index. Per step:
+    `zero_grad`, then `arm` before each stage's last backward action and `produced`
+    after it, `reduce` after the rank's last action, then `step`.
     """
 
     def __init__(self, groups: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], rank: int,
                  params_by_layer: dict[int, list[nn.Parameter]], devices: Sequence[str],
-                 timeout_s: float, *, lr: float, distributed_optimizer: bool = False):
+                 timeout_s: float, *, lr: float, distributed_optimizer: bool = False,
+                 bucket_bytes: float = DDP_BUCKET_BYTES, overlap: bool = True):
         self._timeout_s = timeout_s
-        self.distributed = distributed_optimizer
+        self.distributed, self.overlap = distributed_optimizer, overlap
         self.params = [p for layer in sorted(params_by_layer) for p in params_by_layer[layer]]
-        self._groups: list[_Group] = []
-        grouped: set[int] = set()
+        self._buckets: list[_Bucket] = []
+        self._bucket_of: dict[int, _Bucket] = {}
         for ranks, layers in groups:
             pg = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s))
             if rank not in ranks:
                 continue
-            params = [p for layer in layers for p in params_by_layer.get(layer, [])]
-            grouped.update(id(p) for p in params)
-            numel = sum(local(p).numel() for p in params)
-            self._groups.append(_Group(pg, len(ranks), ranks.index(rank), params,
-                                       ",".join(devices[r] for r in ranks if r != rank),
-                                       numel))
-        solo = [p for p in self.params if id(p) not in grouped]
+            params = [p for layer in reversed(layers)
+                      for p in reversed(params_by_layer.get(layer, []))]   # backward order
+            peers = ",".join(devices[r] for r in ranks if r != rank)
+            previous = None
+            for chunk in _chunks(params, bucket_bytes):
+                b = _Bucket(pg, len(ranks), ranks.index(rank), chunk, peers,
+                            sum(local(p).numel() for p in chunk), after=previous)
+                if previous is not None:
+                    previous.next = b
+                self._buckets.append(b)
+                self._bucket_of.update((id(p), b) for p in chunk)
+                previous = b
+        solo = [p for p in self.params if id(p) not in self._bucket_of]
         # (parameter, the tensor AdamW updates): the parameter itself, or the local shard
         # of a DTensor parameter (the same storage; this very object gets the gradient)
-        self._updated = [(p, local(p)) for p in
-                         (solo if self.distributed else self.params)]
+        self._updated = [(p, local(p)) for p in (solo if self.distributed else self.params)]
         targets: list[torch.Tensor] = [t for _, t in self._updated]
         if self.distributed:
-            for g in self._groups:
-                flat = self._flat([local(p).detach() for p in g.params], g.padded)
-                n = g.padded // g.size
-                g.shard = nn.Parameter(flat[g.index * n:(g.index + 1) * n].clone())
-                targets.append(g.shard)
+            for b in self._buckets:
+                flat = self._flat([local(p).detach() for p in b.params], b.padded)
+                n = b.padded // b.size
+                b.shard = nn.Parameter(flat[b.index * n:(b.index + 1) * n].clone())
+                targets.append(b.shard)
         self.optimizer = torch.optim.AdamW(targets, lr=lr)
+        self._armed: set[int] = set()
+        self._ready: set[int] = set()
+        self._clock: Callable[[], float] = lambda: 0.0
+        for p in self.params:
+            if id(p) in self._bucket_of:
+                p.register_post_accumulate_grad_hook(self._accumulated)
 
     @staticmethod
     def _flat(tensors: list[torch.Tensor], length: int) -> torch.Tensor:
@@ -100,9 +130,16 @@ class DataParallel:
             offset += t.numel()
         return flat
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, clock: Callable[[], float] | None = None) -> None:
+        """Start a step: gradients cleared, no bucket ready; `clock` times the events."""
         for p in self.params:
             p.grad = None
+        self._armed.clear()
+        self._ready.clear()
+        if clock is not None:
+            self._clock = clock
+        for b in self._buckets:
+            b.work = None
 
     def _grads(self, params: list[nn.Parameter]) -> list[torch.Tensor]:
         """Local gradients; a layer that saw no data (zero micro-batches) contributes 0."""
@@ -113,30 +150,70 @@ class DataParallel:
             out.append(local(p.grad))
         return out
 
+    # ------------------------------------------------------------------ buckets
+    def arm(self, params: list[nn.Parameter], *, hooks: bool = True) -> None:
+        """The next backward action is the last one for `params`: a gradient accumulated
+        into them from now on is final (with `hooks`; off for a stage whose gradients
+        need a tensor-parallel sum first)."""
+        if self.overlap and hooks:
+            self._armed.update(id(p) for p in params)
+
+    def _accumulated(self, p: nn.Parameter) -> None:
+        if id(p) in self._armed:
+            self._ready.add(id(p))
+            self._start_ready(self._bucket_of[id(p)])
+
+    def produced(self, params: list[nn.Parameter]) -> None:
+        """The last backward action for `params` has ended: their gradients are final."""
+        if not self.overlap:
+            return
+        self._ready.update(id(p) for p in params)
+        for p in params:
+            if id(p) in self._bucket_of:
+                self._start_ready(self._bucket_of[id(p)])
+
+    def _start_ready(self, b: _Bucket | None) -> None:
+        """Start bucket `b` if every gradient in it is final and the group's previous
+        bucket has started; then the buckets after it that have become startable."""
+        while b is not None and b.work is None and (b.after is None or b.after.work
+                                                     is not None):
+            if not all(id(p) in self._ready for p in b.params):
+                return
+            self._start(b)
+            b = b.next
+
+    def _start(self, b: _Bucket) -> None:
+        start = self._clock()
+        flat = self._flat(self._grads(b.params), b.padded)
+        if self.distributed:
+            mine = torch.empty(b.padded // b.size, dtype=flat.dtype, device=flat.device)
+            b.work = (dist.reduce_scatter_single(mine, flat, group=b.pg, async_op=True),
+                      mine, start)
+        else:
+            b.work = (dist.all_reduce(flat, group=b.pg, async_op=True), flat, start)
+
     def reduce(self, device_name: str, step: int, clock: Callable[[], float]
                ) -> list[TraceEvent]:
-        """Sum every group's gradients over the group (all-reduce, or reduce-scatter into
-        the rank's shard with the distributed optimizer); one event per group."""
+        """Start what has not started, wait for every bucket, put the sums in place (the
+        gradients, or the shard's gradient with the distributed optimizer); one
+        `allreduce` event per bucket, from its start to when its sum was seen."""
+        self._clock = clock
+        for b in self._buckets:
+            if b.work is None:
+                self._start(b)
         events = []
-        for g in self._groups:
-            start = clock()
-            grads = self._grads(g.params)
-            flat = self._flat(grads, g.padded)
-            what = f"gradient reduction with {g.peers}"
+        for b in self._buckets:
+            work, buf, start = b.work
+            wait(work, self._timeout_s, f"gradient reduction with {b.peers}")
             if self.distributed:
-                n = g.padded // g.size
-                mine = torch.empty(n, dtype=flat.dtype, device=flat.device)
-                wait(dist.reduce_scatter_single(mine, flat, group=g.pg, async_op=True),
-                     self._timeout_s, what)
-                g.shard.grad = mine
+                b.shard.grad = buf
             else:
-                wait(dist.all_reduce(flat, group=g.pg, async_op=True), self._timeout_s, what)
                 offset = 0
-                for t in grads:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                for t in self._grads(b.params):
+                    t.copy_(buf[offset:offset + t.numel()].view_as(t))
                     offset += t.numel()
             events.append(TraceEvent(device_name, "allreduce", -1, -1, start, clock(),
-                                     float(g.numel * flat.element_size()), g.peers, step))
+                                     float(b.numel * buf.element_size()), b.peers, step))
         return events
 
     @torch.no_grad()
@@ -151,7 +228,7 @@ class DataParallel:
         self.optimizer.step()
         if not self.distributed:
             return
-        for g in self._groups:
+        for g in self._buckets:
             whole = torch.empty(g.padded, dtype=g.shard.dtype, device=g.shard.device)
             wait(dist.all_gather_single(whole, g.shard.detach(), group=g.pg, async_op=True),
                  self._timeout_s, f"parameter all-gather with {g.peers}")
@@ -168,7 +245,7 @@ class DataParallel:
         not for training. Collective over the data-parallel groups."""
         if not self.distributed:
             return
-        for g in self._groups:
+        for g in self._buckets:
             if g.shard.grad is None:
                 continue
             whole = torch.empty(g.padded, dtype=g.shard.dtype, device=g.shard.device)
@@ -185,8 +262,22 @@ class DataParallel:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
         if self.distributed:        # the shards are the master copy: refresh from params
-            for g in self._groups:
+            for g in self._buckets:
                 flat = self._flat([local(p).detach() for p in g.params], g.padded)
                 n = g.padded // g.size
                 with torch.no_grad():
                     g.shard.copy_(flat[g.index * n:(g.index + 1) * n])
+
+
+def _chunks(params: list[nn.Parameter], bucket_bytes: float) -> list[list[nn.Parameter]]:
+    """Consecutive runs of `params` of about `bucket_bytes` of fp32 gradient each (a
+    bucket closes once it reaches the cap, as DDP's do)."""
+    out: list[list[nn.Parameter]] = [[]]
+    size = 0.0
+    for p in params:
+        if out[-1] and size >= bucket_bytes:
+            out.append([])
+            size = 0.0
+        out[-1].append(p)
+        size += local(p).numel() * 4
+    return [c for c in out if c]

@@ -110,7 +110,9 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
     t0 = time.perf_counter()
     runtime = RankRuntime(plan, spec, where, seed=options.seed, lr=options.lr, device=device,
                           timeout_s=options.timeout_s, clock=clock,
-                          emulation_factor=factors[where.device])
+                          emulation_factor=factors[where.device],
+                          bucket_bytes=options.bucket_bytes,
+                          overlap_dp_allreduce=options.overlap_dp_allreduce)
     first_step = 0
     if prep.resume_from is not None:
         state = checkpoint.load_rank(options.checkpoint_dir, prep.resume_from, rank)

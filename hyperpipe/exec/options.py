@@ -45,6 +45,10 @@ class RunOptions:
     capture_state: bool = False
     probe_links: bool = True
     reference_profile: str | None = None
+    # gradient buckets (bytes of fp32 gradient) reduced during the last backward, as the
+    # simulator's SimOptions of the same names; off: every bucket after the last action
+    bucket_bytes: float = 25e6
+    overlap_dp_allreduce: bool = True
 
     def __post_init__(self) -> None:
         for name, high in (("steps", limits.MAX_STEPS), ("threads_per_rank", limits.MAX_THREADS)):
@@ -52,7 +56,8 @@ class RunOptions:
         for name, high in (("seed", limits.MAX_SEED), ("checkpoint_every", limits.MAX_STEPS)):
             check_int(getattr(self, name), f"run option {name}", allow_zero=True, at_most=high)
         for name, high in (("emulation_scale", limits.MAX_EMULATION_SCALE),
-                           ("timeout_s", limits.MAX_TIMEOUT_S), ("lr", 10.0)):
+                           ("timeout_s", limits.MAX_TIMEOUT_S), ("lr", 10.0),
+                           ("bucket_bytes", float(limits.MAX_INT))):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not 0 < value <= high:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from hyperpipe.exec import comm, compute, tensor_parallel
 from hyperpipe.exec.data import micro_batch_of, step_batch
-from hyperpipe.exec.dataparallel import DataParallel
+from hyperpipe.exec.dataparallel import DDP_BUCKET_BYTES, DataParallel
 from hyperpipe.exec.emulation import cpu_clock, stretch
 from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups, tp_groups
 from hyperpipe.exec.recompute import apply_recompute
@@ -100,7 +100,8 @@ class RankRuntime:
 
     def __init__(self, plan: Plan, spec: ModelSpec, where: RankPlacement, *, seed: int,
                  lr: float, device: torch.device, timeout_s: float,
-                 clock: Callable[[], float], emulation_factor: float = 1.0):
+                 clock: Callable[[], float], emulation_factor: float = 1.0,
+                 bucket_bytes: float = DDP_BUCKET_BYTES, overlap_dp_allreduce: bool = True):
         self.plan, self.spec, self.where = plan, spec, where
         self.seed, self.device, self.timeout_s = seed, device, timeout_s
         self.clock, self.factor = clock, emulation_factor
@@ -141,7 +142,12 @@ class RankRuntime:
         self.channels = comm.Channels(adjacent_pairs(plan), timeout_s)
         self.dp = DataParallel(dp_groups(plan), where.rank, self._params_by_layer(),
                                self.devices, timeout_s, lr=lr,
-                               distributed_optimizer=plan.distributed_optimizer)
+                               distributed_optimizer=plan.distributed_optimizer,
+                               bucket_bytes=bucket_bytes, overlap=overlap_dp_allreduce)
+        # the index of each stage's last backward action (B, or W after I): its
+        # gradients are final once that action has run (data-parallel buckets start)
+        self.final_backward = {a.stage: i for i, a in enumerate(self.actions)
+                               if a.op in ("B", "W")}
 
     # ------------------------------------------------------------------ set-up
     def _inbox(self) -> dict[int, list[_Recv]]:
@@ -196,7 +202,7 @@ class RankRuntime:
         start_s = self.clock()
         self.events: list[TraceEvent] = []
         self.step = step
-        self.dp.zero_grad()
+        self.dp.zero_grad(self.clock)
         self.local: dict[tuple[int, int, int], torch.Tensor] = {}
         self.stash: dict[tuple[int, int], list] = {}
         self.posted: dict[tuple[int, int, int], tuple[dist.Work, torch.Tensor, int]] = {}
@@ -211,8 +217,11 @@ class RankRuntime:
             self._post(src)
         primitive = {"F": self._forward, "B": self._backward, "I": self._backward_input,
                      "W": self._backward_weight}
-        for a in self.actions:
-            primitive[a.op](a)
+        for i, a in enumerate(self.actions):
+            if self.final_backward.get(a.stage) == i:
+                self._final_backward(a, primitive[a.op])
+            else:
+                primitive[a.op](a)
             self.sends.reap(self.events)
         self.sends.reap(self.events, block=True)
         unread = {src: len(q) - self.cursor[src] for src, q in self.inbox.items()
@@ -280,6 +289,18 @@ class RankRuntime:
         compute.weight_grad(st.module.parameters(), entry)
         self.events.append(self._event("W", a.stage, a.microbatch, start,
                                        self._done(start, cpu, (a.stage, "W"))))
+
+    def _final_backward(self, a: Action, primitive: Callable[[Action], None]) -> None:
+        """The stage's last backward action: gradient buckets start as it produces them
+        (hooks), or when it ends for a sequence-parallel stage, whose norms' partial
+        gradients are first summed over the tensor-parallel group."""
+        params = list(self.stages[a.stage].module.parameters())
+        sp = self.plan.pipelines[self.where.pipeline].stages[a.stage].sequence_parallel
+        self.dp.arm(params, hooks=not sp)
+        primitive(a)
+        if sp:
+            tensor_parallel.finish_grads(params)
+        self.dp.produced(params)
 
     # ------------------------------------------------------------------ compute
     def compute_forward(self, st: _Stage, x: torch.Tensor, targets: torch.Tensor | None
