@@ -30,10 +30,11 @@ _UNITS: dict[str, tuple[str, float]] = {
     "B/s": ("bandwidth", 1.0), "bit/s": ("bandwidth", 1 / 8), "bps": ("bandwidth", 1 / 8),
     "s": ("time", 1.0), "ms": ("time", 1e-3), "us": ("time", 1e-6), "µs": ("time", 1e-6),
     "ns": ("time", 1e-9), "min": ("time", 60.0), "h": ("time", 3600.0),
+    "day": ("time", 86400.0), "days": ("time", 86400.0),
     "FLOP": ("flop", 1.0), "flop": ("flop", 1.0),
     "$/h": ("price", 1.0), "USD/h": ("price", 1.0),
 }
-_TIME_WORDS = {"ms", "us", "µs", "ns", "min", "h", "s"}
+_TIME_WORDS = {"ms", "us", "µs", "ns", "min", "h", "s", "day", "days"}
 
 _QUANTITY = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(\S*)\s*$")
 

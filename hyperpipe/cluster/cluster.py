@@ -92,10 +92,16 @@ class Node:
     nic: Link
     price_per_hour: float | None = None   # USD per device-hour
     nics: Nics | None = None              # None: one NIC of `nic`'s bandwidth
+    # Straggler: compute time multiplier of each device (1.0 = catalog speed), index order.
+    slowdown: tuple[float, ...] = ()      # empty: every device 1.0
+    mtbf_s: float | None = None           # mean time between failures of the node, s
 
     def __post_init__(self) -> None:
         if self.nics is None:
             object.__setattr__(self, "nics", Nics(1, self.nic.bandwidth_bytes_per_s))
+
+    def device_slowdown(self, index: int) -> float:
+        return self.slowdown[index] if self.slowdown else 1.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ class Device:
     node: str
     index: int
     type: DeviceType
+    slowdown: float = 1.0    # compute time multiplier (a straggler > 1)
 
 
 @dataclass(frozen=True)
@@ -116,11 +123,13 @@ class Cluster:
 
     def __post_init__(self) -> None:
         devices = tuple(
-            Device(f"{n.name}/{i}", n.name, i, self.device_types[n.device_type])
+            Device(f"{n.name}/{i}", n.name, i, self.device_types[n.device_type],
+                   n.device_slowdown(i))
             for n in self.nodes for i in range(n.count))
         object.__setattr__(self, "_devices", devices)
         object.__setattr__(self, "_by_name", {d.name: d for d in devices})
         object.__setattr__(self, "_node_by_name", {n.name: n for n in self.nodes})
+        object.__setattr__(self, "_stragglers", any(n.slowdown for n in self.nodes))
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -132,6 +141,13 @@ class Cluster:
         except KeyError:
             raise BadInput(f"cluster {self.name}", f"a device named NODE/INDEX of this cluster "
                            f"(e.g. {self.devices[0].name})", name) from None
+
+    def slowdown(self, devices: tuple[str, ...] | list[str]) -> float:
+        """Compute time multiplier of a group of devices working in lock step (a
+        tensor-parallel group): its slowest member's `slowdown`, 1.0 on a healthy cluster."""
+        if not self._stragglers:  # type: ignore[attr-defined]
+            return 1.0
+        return max(self.device(d).slowdown for d in devices)
 
     def has_device(self, name: str) -> bool:
         return name in self._by_name  # type: ignore[attr-defined]
@@ -177,7 +193,7 @@ def _rail(node: Node, index: int, direction: str) -> tuple[str, float]:
 _DEVICE_KEYS = ("peak_flops", "efficiency", "memory", "mem_bandwidth", "link_bandwidth",
                 "link_latency", "price_per_hour", "base", "source", "runtime_reserve")
 _NODE_KEYS = ("name", "device", "count", "intra_link", "nic", "nics", "price_per_hour",
-              "repeat")
+              "repeat", "slowdown", "mtbf")
 _LINK_KEYS = ("bandwidth", "latency")
 
 
@@ -268,6 +284,25 @@ def _reserve(base: DeviceType, f: Fields) -> float:
     return base.runtime_reserve_bytes
 
 
+def _slowdown(nf: Fields, count: int) -> tuple[float, ...]:
+    """A node's `slowdown`: one number for all its devices, or a mapping of device index
+    to number (unlisted devices 1.0). Every multiplier is a finite number > 0."""
+    if not nf.has("slowdown"):
+        return ()
+    raw = nf.raw("slowdown")
+    if not isinstance(raw, dict):
+        value = nf.number("slowdown", positive=True)
+        return () if value == 1.0 else (value,) * count
+    sub = nf.sub("slowdown")
+    out = [1.0] * count
+    for key in raw:
+        index = int(key) if str(key).isdigit() else -1
+        if not 0 <= index < count:
+            raise BadInput(sub.at(str(key)), f"a device index 0..{count - 1} of the node", key)
+        out[index] = sub.number(key, positive=True)
+    return () if all(v == 1.0 for v in out) else tuple(out)
+
+
 def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     """Check and convert a parsed cluster document (units converted here, once)."""
     top = Fields(data, where, ("name", "device_types", "nodes", "inter_node", "description"))
@@ -307,13 +342,16 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
         if total_devices > limits.MAX_CLUSTER_DEVICES:
             raise BadInput(nf.at("count"), f"at most {limits.MAX_CLUSTER_DEVICES} devices in "
                            "the whole cluster (hyperpipe.limits)", f"{total_devices} so far")
+        slowdown = _slowdown(nf, count)
+        mtbf = nf.quantity("mtbf", "time") if nf.has("mtbf") else None
         base_name = nf.string("name", f"n{len(nodes)}")
         for r in range(repeat):
             node_name = base_name if repeat == 1 else f"{base_name}{r}"
             if "/" in node_name or node_name in names:
                 raise BadInput(nf.at("name"), "a unique node name without '/'", node_name)
             names.add(node_name)
-            nodes.append(Node(node_name, dev_name, count, intra, nic, price, nics))
+            nodes.append(Node(node_name, dev_name, count, intra, nic, price, nics, slowdown,
+                              mtbf))
     used = {n.device_type for n in nodes}
     return Cluster(name=str(top.raw("name", name)),
                    device_types={k: v for k, v in catalog.items() if k in used},

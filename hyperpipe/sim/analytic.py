@@ -163,7 +163,8 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         every_stage = chain.from_iterable(map(_STAGES, plan.pipelines))
         for dev in sorted(set(map(_FIRST, map(_DEVICES, every_stage))) - names.keys()):
             types[dev] = cluster.device(dev).type
-            names[dev] = types[dev].name
+            slow = cluster.device(dev).slowdown     # a straggler is a class of its own
+            names[dev] = types[dev].name if slow == 1.0 else f"{types[dev].name}@x{slow:g}"
         classes = _classes(plan, names)
 
     ranks: list[RankUse] = []
@@ -323,7 +324,7 @@ def _optimizer_s(cost: CostModel, stage, types: dict, shards: int, cache: dict) 
     key = ("opt", stage.layers, name, stage.tp, shards)
     if key not in cache:
         cache[key] = cost.optimizer_time_s(stage.layers, name, stage.tp, shards)
-    return cache[key]
+    return cache[key] * cost.cluster.slowdown(stage.devices)
 
 
 def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],

@@ -128,10 +128,12 @@ class CostModel:
         runs the recomputed forward: all of F with its collectives for "full", the
         attention core for "selective" (`recompute_s`). With sequence parallelism each
         all-reduce becomes a reduce-scatter and an all-gather of the same bytes (the same
-        ring time), and the norm/dropout work is split over the group."""
+        ring time), and the norm/dropout work is split over the group. The compute is
+        stretched by the group's `Cluster.slowdown` (a straggler)."""
         dtype = self.cluster.device(devices[0]).type.name
         t = self.stage_compute_s(layers, dtype, micro_batch, op, len(devices),
                                  sequence_parallel)
+        t *= self.cluster.slowdown(devices)
         if op in ("B", "I") and recompute != "none":
             t += self.recompute_s(layers, devices, micro_batch, recompute, sequence_parallel)
         return t + self.tp_comm_s(layers, devices, micro_batch, op)
@@ -151,9 +153,10 @@ class CostModel:
                                      sequence_parallel=sequence_parallel)
         dtype = self.cluster.device(devices[0]).type.name
         tp = len(devices)
-        t = sum(self.model.recompute_fraction(i, micro_batch, recompute)
-                * self.layer_time_s(i, dtype, micro_batch, "F", tp, sequence_parallel)
-                for i in range(*layers))
+        t = self.cluster.slowdown(devices) * sum(
+            self.model.recompute_fraction(i, micro_batch, recompute)
+            * self.layer_time_s(i, dtype, micro_batch, "F", tp, sequence_parallel)
+            for i in range(*layers))
         if recompute == "full":
             blocks = [i for i in range(*layers)
                       if self.model.recompute_fraction(i, micro_batch, "full") == 1.0]
@@ -345,11 +348,14 @@ class CostModel:
         return self.model.layer_cost(layers[1] - 1, micro_batch).send_bytes
 
     def optimizer_time_s(self, layers: tuple[int, int], device_type: str, tp: int = 1,
-                         dp_shards: int = 1) -> float:
+                         dp_shards: int = 1, devices: tuple[str, ...] = ()) -> float:
         """The optimizer step of a stage's parameters on one device; with the distributed
-        optimizer each of the `dp_shards` replicas updates its shard only."""
+        optimizer each of the `dp_shards` replicas updates its shard only; with `devices`
+        (the tensor-parallel group) stretched by its `Cluster.slowdown`."""
+        slow = self.cluster.slowdown(devices) if devices else 1.0
         params = self.stage_params(layers) / tp / dp_shards
         if self.profile is not None and device_type in self.profile.optimizer:
-            return self.profile.optimizer[device_type](params)
+            return slow * self.profile.optimizer[device_type](params)
         dev = self.cluster.device_types[device_type]
-        return params * ADAM_STEP_BYTES_PER_PARAM / dev.achievable_mem_bandwidth_bytes_per_s
+        return slow * params * ADAM_STEP_BYTES_PER_PARAM / \
+            dev.achievable_mem_bandwidth_bytes_per_s

@@ -194,17 +194,46 @@ def stage_holding(stages, layer: int) -> int:
 
 
 def replica_classes(plan: Plan, cost: CostModel) -> list[list[int]]:
-    """Pipelines grouped by everything that sets their timing (see the module doc)."""
+    """Pipelines grouped by everything that sets their timing (see the module doc).
+
+    Two replicas are alike when their own shapes, device types, slowdowns and links are,
+    and, refined until stable (colour refinement), when the replicas their point-to-point
+    hops are shared with are alike too: the neighbours of a straggler's replica on a
+    shared NIC see its traffic out of step with the rest, so they get a class of their
+    own, and every member of a class then moves exactly as its representative does.
+    """
     cluster = cost.cluster
     groups: dict[tuple, list[int]] = {}
+    hops_of: list[tuple[str, ...]] = []
     for q, pipe in enumerate(plan.pipelines):
         st = pipe.stages
+        edges = [(a, b) for x, y in pairwise(st) for a, b in p2p_edges(x.devices, y.devices)]
         key = (pipe.micro_batch, pipe.num_microbatches,
                tuple((s.layers, s.tp, s.recompute, s.sequence_parallel,
-                      cluster.device(s.devices[0]).type.name,
+                      cluster.device(s.devices[0]).type.name, cluster.slowdown(s.devices),
                       tuple(cost.route(a, b)[1] for a, b in pairwise(s.devices)))
                      for s in st),
-               tuple((cost.route(a, b)[1], len(cost.route(a, b)[0].hops))
-                     for x, y in pairwise(st) for a, b in p2p_edges(x.devices, y.devices)))
+               tuple((cost.route(a, b)[1], len(cost.route(a, b)[0].hops)) for a, b in edges))
         groups.setdefault(key, []).append(q)
-    return list(groups.values())
+        hops_of.append(tuple(count_hops(cost, edges)))
+    classes = list(groups.values())
+    if len(classes) == 1:
+        return classes
+    sharing: dict[str, list[int]] = {}
+    for q, hops in enumerate(hops_of):
+        for hop in hops:
+            sharing.setdefault(hop, []).append(q)
+    while True:
+        colour = [0] * len(plan.pipelines)
+        for c, members in enumerate(classes):
+            for q in members:
+                colour[q] = c
+        refined: dict[tuple, list[int]] = {}
+        for members in classes:
+            for q in members:
+                seen = tuple(sorted(colour[r] for hop in hops_of[q] for r in sharing[hop]
+                                    if r != q))
+                refined.setdefault((colour[q], seen), []).append(q)
+        if len(refined) == len(classes):
+            return classes
+        classes = sorted(refined.values())

@@ -98,6 +98,7 @@ class SimOptions:
     trace: bool = True                    # False: skip building the Trace (search)
     check_plan: bool = True               # Plan.check against model and cluster first
     validate_schedule: bool = True        # validate a user-given schedule first
+    collapse_replicas: bool = True        # simulate identical replicas once (see "Scale")
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,9 @@ class _Engine:
         self.net = Network(self.env, on_delay=self._delayed)
         self.pipes: list[Pipe] = []
         schedules: dict[tuple[int, int], Schedule] = {}
-        for members in replica_classes(plan, cost):
+        classes = replica_classes(plan, cost) if options.collapse_replicas else \
+            [[q] for q in range(len(plan.pipelines))]
+        for members in classes:
             pipe = plan.pipelines[members[0]]
             p, m = len(pipe.stages) // plan.chunks, pipe.num_microbatches
             if schedule is not None:
@@ -214,7 +217,8 @@ class _Engine:
                 st = self.plan.pipelines[pipe.index].stages[s]
                 dt = self.cost.optimizer_time_s(
                     st.layers, self.cost.cluster.device(st.devices[0]).type.name, st.tp,
-                    len(self.plan.pipelines) if self.plan.distributed_optimizer else 1)
+                    len(self.plan.pipelines) if self.plan.distributed_optimizer else 1,
+                    st.devices)
                 if dt > 0:
                     t0 = env.now
                     yield timeout(dt)
