@@ -16,6 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from hyperpipe import cli_args as ca
+from hyperpipe.cli_whatif import (
+    add_backend_options,
+    add_whatif_options,
+    cmd_whatif,
+    open_backend,
+    run_backend,
+)
 from hyperpipe.errors import BadInput, InfeasiblePlan
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT = 0, 1, 2
@@ -160,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", help="progress bar on stderr even "
                    "when it is not a terminal")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_backend_options(p)
     p.set_defaults(func=cmd_search)
 
     p = _command(sub, "whatif", "sweep a cluster or model parameter: the best plan per "
@@ -178,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
     p.add_argument("--plot", type=ca.path, help="write a PNG plot of the sweep here")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_whatif_options(p)
     p.set_defaults(func=cmd_whatif)
 
     return parser
@@ -347,8 +356,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     c = SearchConstraints(global_batch=args.global_batch, micro_batch=args.micro_batch,
                           schedule=args.schedule, pp=args.pp, dp=args.dp, tp=args.tp,
                           chunks=args.chunks, objective=args.objective)
-    result = search(model, cluster, c, profile=profile, top=args.top, workers=args.workers,
-                    progress=args.progress)
+    with open_backend(args) as backend:
+        args._backend = backend
+        result = search(model, cluster, c, profile=profile, top=args.top,
+                        workers=args.workers, progress=args.progress,
+                        backend=run_backend(args))
     if args.out:
         result.best.plan.save(args.out)
     if args.json:
@@ -358,24 +370,6 @@ def cmd_search(args: argparse.Namespace) -> int:
                                        objective=args.objective))
         if args.out:
             print(f"best plan written to {args.out}")
-    return EXIT_OK
-
-
-def cmd_whatif(args: argparse.Namespace) -> int:
-    from hyperpipe.search.whatif import format_whatif, plot_whatif, whatif
-    ca.check_vary_size(args.vary)
-    result = whatif(args.model, args.cluster, global_batch=args.global_batch,
-                    vary=args.vary, pool=args.pool, micro_batch=args.micro_batch,
-                    schedule=args.schedule, objective=args.objective,
-                    profile=_load_profile(args.profile), workers=args.workers)
-    if args.plot:
-        plot_whatif(result, args.plot)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        sys.stdout.write(format_whatif(result))
-        if args.plot:
-            print(f"plot written to {args.plot}")
     return EXIT_OK
 
 

@@ -9,12 +9,19 @@ own SimPy processes, no class weights) for the collapsed engine.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
+from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
 from hyperpipe.errors import BadInput
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.search.evaluate import Candidate
+from hyperpipe.search.stragglers import format_stragglers, plot_stragglers, search_view
+from hyperpipe.search.whatif import whatif
 from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
@@ -124,3 +131,102 @@ def _rank_ends(metrics) -> dict[tuple[int, int], float]:
     ends = {(r["pipeline"], r["rank"]): r["compute_end_s"] for r in metrics.extra["ranks"]}
     return {(q, d): ends[(members[0], d)] for members in metrics.extra["replica_classes"]
             for q in members for (rep, d) in ends if rep == members[0]}
+
+
+# ---------------------------------------------------------------- what-if: keep or re-plan
+
+def two_nodes(slow: float = 1.0) -> dict:
+    d = doc(slow if slow != 1.0 else None, bandwidth="10 Gbit/s", nodes=2, count=2)
+    d["nodes"][0]["name"], d["nodes"][1]["name"] = "a", "b"
+    return d
+
+
+WHATIF_MODEL = {"kind": "synthetic", "name": "sweep", "layers": 8, "seq_len": 1,
+                "fwd_flops_per_sample": 1.0e10, "activation_bytes_per_sample": 1.0e6,
+                "params_per_layer": 0}
+
+
+def test_search_view_prices_a_slow_node_like_the_real_cluster():
+    spec = load_model(WHATIF_MODEL)
+    real = cluster_from_dict(two_nodes(1.7), where="c", name="c")
+    view = search_view(real)
+    assert view.device("a/0").type.name == "unit@x1.7" and view.slowdown(("a/0",)) == 1.0
+    assert view.device("b/0").type.name == "unit"
+    for devices in (("a/0",), ("b/1",)):
+        for op in "FBIW":
+            assert CostModel(spec, view).stage_time_s((0, 3), devices, 2, op) == \
+                pytest.approx(CostModel(spec, real).stage_time_s((0, 3), devices, 2, op))
+    assert search_view(load_cluster("a100-v100")) == load_cluster("a100-v100")
+
+
+def test_straggler_whatif_keep_against_replan(tmp_path):
+    res = whatif(WHATIF_MODEL, two_nodes(), global_batch=8, micro_batch=1,
+                 vary=["nodes.a.slowdown=1.0,1.5,3.0"])
+    assert res.kind == "stragglers"
+    today = res.rows[0].kept.plan
+    spec = load_model(WHATIF_MODEL)
+    for row, factor in zip(res.rows, (1.0, 1.5, 3.0), strict=True):
+        # keep: today's plan, simulated here on the degraded cluster
+        assert row.kept.plan.pipelines == today.pipelines
+        degraded = cluster_from_dict(two_nodes(factor), where="c", name="c")
+        assert row.kept.metrics.iteration_time_s == pytest.approx(simulate(
+            today, CostModel(spec, degraded)).metrics.iteration_time_s, rel=1e-12)
+        # re-plan is never slower, and is what the simulator says of its plan
+        assert row.best.metrics.iteration_time_s <= row.kept.metrics.iteration_time_s
+        assert row.best.metrics.iteration_time_s == pytest.approx(simulate(
+            row.best.plan, CostModel(spec, degraded)).metrics.iteration_time_s, rel=1e-12)
+    assert res.rows[0].best.metrics.iteration_time_s == pytest.approx(
+        res.rows[0].kept.metrics.iteration_time_s)
+    kept = [r.kept.metrics.iteration_time_s for r in res.rows]
+    assert kept == sorted(kept) and kept[2] > kept[0]
+    # with a node 3x slow, shifting work off it pays
+    assert res.rows[2].best.metrics.iteration_time_s < 0.9 * kept[2]
+    text = format_stragglers(res)
+    assert "keep" in text and "re-plan" in text and "nodes.a.slowdown=3.0" in text
+    png = tmp_path / "s.png"
+    plot_stragglers(res, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replan_slower_than_kept_keeps_the_plan(monkeypatch):
+    # Make the search return a poor plan (everything on the slow node); the answer must
+    # then be the kept plan, flagged.
+    from hyperpipe.search import whatif as whatif_module
+    spec = load_model(WHATIF_MODEL)
+    slow = cluster_from_dict(two_nodes(3.0), where="c", name="c")
+    today = uniform_plan(spec, slow, pp=2, dp=2, micro_batch=1, global_batch=8)
+    poor = uniform_plan(spec, slow, pp=1, dp=2, micro_batch=1, global_batch=8)
+    real_search = whatif_module.search
+
+    def poor_search(*args, **kwargs):
+        res = real_search(*args, **kwargs)
+        return replace(res, best=Candidate(poor, res.best.metrics))
+    monkeypatch.setattr(whatif_module, "search", poor_search)
+    res = whatif(WHATIF_MODEL, two_nodes(), global_batch=8, micro_batch=1, plan=today,
+                 vary=["nodes.a.slowdown=3.0"])
+    (row,) = res.rows
+    assert row.kept_is_answer and row.best is row.kept
+    assert "search's pick was slower" in format_stragglers(res)
+    assert simulate(poor, CostModel(spec, slow)).metrics.iteration_time_s > \
+        row.kept.metrics.iteration_time_s
+
+
+def test_straggler_whatif_cli(tmp_path, capsys):
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(two_nodes()))
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps(WHATIF_MODEL))
+    png = tmp_path / "s.png"
+    rc = main(["whatif", "--cluster", str(cluster), "--model", str(model), "--global-batch",
+               "8", "--micro-batch", "1", "--vary", "nodes.a.slowdown=1.0,2.0",
+               "--plot", str(png), "--json"])
+    assert rc == 0
+    doc_ = json.loads(capsys.readouterr().out)
+    assert doc_["kind"] == "stragglers"
+    for r in doc_["rows"]:
+        assert r["replan_gain"] >= 0 and r["kept"]["metrics"]["iteration_time_s"] > 0
+    assert png.exists()
+    rc = main(["whatif", "--cluster", str(cluster), "--model", str(model), "--global-batch",
+               "8", "--vary", "nodes.a.slowdown=1.0,0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "slowdown" in err[0]

@@ -32,19 +32,16 @@ of the simulated plans either way.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hyperpipe.children import die_with_parent
 from hyperpipe.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.plan import PipelinePlan, Plan
 from hyperpipe.search import space
+from hyperpipe.search.backends import backend_or_workers
 from hyperpipe.search.baselines import tuned_baselines
 from hyperpipe.search.evaluate import (
     Candidate,
@@ -209,8 +206,10 @@ def _shortfall(ctx: SearchContext) -> str:
 
 
 def search(model, cluster, constraints: SearchConstraints, *, profile=None, top: int = 5,
-           workers: int = 1, progress: bool = False) -> SearchResult:
-    """Find the best plans for `model` on `cluster` under `constraints`.
+           workers: int = 1, progress: bool = False, backend=None) -> SearchResult:
+    """Find the best plans for `model` on `cluster` under `constraints`. Independent
+    work is spread over `backend` (`hyperpipe.search.backends`, already entered) when
+    given, else over `workers` local processes.
 
     Raises InfeasiblePlan (one line saying what is short) when nothing fits, BadInput
     when the constraints contradict the cluster.
@@ -225,11 +224,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     phases = [PhaseStats("templates"), PhaseStats("assemble"), PhaseStats("refine"),
               PhaseStats("simulate"), PhaseStats("baselines")]
 
-    # workers end with us, even when we are killed (hyperpipe.children)
-    workers_ctx = ProcessPoolExecutor(workers, initializer=die_with_parent,
-                                      initargs=(os.getpid(),)) \
-        if workers > 1 else contextlib.nullcontext()
-    with workers_ctx as pool:
+    with backend_or_workers(backend, workers) as pool:
         types = _timed(phases[0], templates_phase, ctx, show, pool)
         estimated = _timed(phases[1], _assemble_phase, ctx, types)
         base_plans = _timed(phases[4], _baselines_phase, ctx)

@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref, load_cluster
 from hyperpipe.errors import BadInput, InfeasiblePlan
-from hyperpipe.models import load_model
-from hyperpipe.search.evaluate import Candidate, pareto_front
+from hyperpipe.models import ModelSpec, load_model
+from hyperpipe.plan.plan import Plan
+from hyperpipe.search.evaluate import Candidate, pareto_front, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import SearchConstraints, search
+from hyperpipe.search.stragglers import is_straggler_key, search_view
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import SimOptions, simulate
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class Row:
     uniform: Candidate | None
     error: str | None = None                  # what is short, when nothing fits
     description: str = ""
+    kept: Candidate | None = None             # today's plan simulated on this variant
+    kept_is_answer: bool = False              # the search's pick was slower: best = kept
 
     @property
     def label(self) -> str:
@@ -55,6 +61,12 @@ class Row:
             out["uniform"] = self.uniform.to_dict()
         if self.error is not None:
             out["error"] = self.error
+        if self.kept is not None:
+            out["kept"] = self.kept.to_dict()
+            out["kept_is_answer"] = self.kept_is_answer
+            if self.best is not None and self.kept.metrics.feasible:
+                out["replan_gain"] = self.kept.metrics.iteration_time_s / \
+                    self.best.metrics.iteration_time_s - 1
         return out
 
 
@@ -64,9 +76,10 @@ class WhatIfResult:
     cluster: str
     rows: list[Row]
     pareto: list[int] = field(default_factory=list)    # rows on the (time, cost) front
+    kind: str = "sweep"          # "stragglers": rows carry today's plan kept as well
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "cluster": self.cluster,
+        return {"model": self.model, "cluster": self.cluster, "kind": self.kind,
                 "rows": [r.to_dict() for r in self.rows], "pareto_rows": self.pareto}
 
 
@@ -162,29 +175,92 @@ def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool:
 
 def whatif(model: Any, cluster: Any, *, global_batch: int, vary: list[str] | None = None,
            pool: bool = False, micro_batch: int | None = None, schedule: str | None = None,
-           objective: str = "throughput", profile=None, workers: int = 1) -> WhatIfResult:
-    """Search every variant; a variant where nothing fits gets a row with its error."""
+           objective: str = "throughput", profile=None, workers: int = 1, backend=None,
+           plan: Plan | None = None) -> WhatIfResult:
+    """Search every variant; a variant where nothing fits gets a row with its error.
+
+    With `backend` (`hyperpipe.search.backends`, entered) the variants run as its tasks,
+    each search in one process; otherwise one after another, each search over `workers`
+    processes. A sweep over slowdowns (or any sweep given today's `plan`) also reports,
+    per variant, that plan kept on the variant against re-planning
+    (`hyperpipe.search.stragglers`).
+    """
     base = cluster if not isinstance(cluster, (str, dict)) else load_cluster(cluster)
     base_model = load_model(model, where="--model")
-    rows = []
+    c = SearchConstraints(global_batch=global_batch, micro_batch=micro_batch,
+                          schedule=schedule, objective=objective)
+    stragglers = plan is not None or any(is_straggler_key(parse_vary(v)[0])
+                                         for v in vary or [])
+    if stragglers and plan is None:         # today's plan: the best on the cluster as given
+        plan = search(base_model, search_view(base), c, profile=profile, top=1,
+                      workers=workers if backend is None else 1, backend=backend).best.plan
+    tasks = []
     for combo, spec, variant, batch in _variants(model, base, global_batch, vary or [], pool):
-        settings = tuple((k, str(v)) for k, v in combo)
-        if variant is None:
-            rows.append(Row(settings, 0, None, None, error="no devices left"))
-            continue
-        n = len(variant.devices)
         if not isinstance(batch, int) or batch < 1:
             raise BadInput("--vary global_batch", "positive integers", batch)
-        try:
-            c = SearchConstraints(global_batch=batch, micro_batch=micro_batch,
-                                  schedule=schedule, objective=objective)
-            res = search(spec, variant, c, profile=profile, top=1, workers=workers)
-        except InfeasiblePlan as exc:
-            rows.append(Row(settings, n, None, None, error=str(exc)))
-            continue
-        rows.append(Row(settings, n, res.best, res.baselines.get("uniform"),
-                        description=describe_plan(res.best.plan, variant)))
-    return WhatIfResult(base_model.name, base.name, rows, _pareto_rows(rows))
+        tasks.append(VariantTask(tuple((k, str(v)) for k, v in combo), spec, variant,
+                                 replace(c, global_batch=batch), profile,
+                                 workers if backend is None else 1, plan))
+    rows = backend.map(evaluate_variant, tasks) if backend is not None else \
+        [evaluate_variant(t) for t in tasks]
+    return WhatIfResult(base_model.name, base.name, rows, _pareto_rows(rows),
+                        "stragglers" if stragglers else "sweep")
+
+
+@dataclass(frozen=True)
+class VariantTask:
+    """One variant to search (a backend task: plain, picklable data)."""
+
+    settings: tuple[tuple[str, str], ...]
+    model: ModelSpec
+    cluster: Cluster | None             # None: every node removed
+    constraints: SearchConstraints
+    profile: Any
+    workers: int
+    keep: Plan | None                   # today's plan, to simulate on the variant too
+
+
+def evaluate_variant(task: VariantTask) -> Row:
+    """The best plan of one variant (and today's plan kept on it, when given)."""
+    variant, settings = task.cluster, task.settings
+    if variant is None:
+        return Row(settings, 0, None, None, error="no devices left")
+    n = len(variant.devices)
+    cost = CostModel(task.model, variant, task.profile)
+    kept = _kept(task.keep, cost) if task.keep is not None else None
+    try:
+        res = search(task.model, search_view(variant), task.constraints, profile=task.profile,
+                     top=1, workers=task.workers)
+    except InfeasiblePlan as exc:
+        if kept is not None and kept.metrics.feasible:
+            return Row(settings, n, kept, None, kept=kept, kept_is_answer=True,
+                       description=describe_plan(kept.plan, variant))
+        return Row(settings, n, None, None, error=str(exc), kept=kept)
+    best = res.best
+    if task.keep is not None:
+        # the search ranked on the derived view: the real cluster's simulation decides
+        best = _on(best.plan, cost)
+        if kept is not None and kept.metrics.feasible and (
+                not best.metrics.feasible or rank_key(task.constraints, kept.metrics)
+                < rank_key(task.constraints, best.metrics)):
+            return Row(settings, n, kept, res.baselines.get("uniform"), kept=kept,
+                       kept_is_answer=True, description=describe_plan(kept.plan, variant))
+    return Row(settings, n, best, res.baselines.get("uniform"), kept=kept,
+               description=describe_plan(best.plan, variant))
+
+
+def _on(plan: Plan, cost: CostModel) -> Candidate:
+    """`plan` simulated on `cost`'s cluster (and naming that cluster)."""
+    plan = replace(plan, cluster=cluster_ref(cost.cluster))
+    return Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)
+
+
+def _kept(plan: Plan, cost: CostModel) -> Candidate | None:
+    """Today's plan on a variant; None when the variant lacks its devices."""
+    try:
+        return _on(plan, cost)
+    except (BadInput, InfeasiblePlan):
+        return None
 
 
 def _pareto_rows(rows: list[Row]) -> list[int]:

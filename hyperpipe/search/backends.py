@@ -1,0 +1,131 @@
+"""Where independent pieces of a search or a what-if sweep run: here (`local`, with an
+optional pool of `--workers` processes) or on a Ray cluster (`ray`: `ray.init()` on this
+machine, or `--ray-address ADDR` to join a running cluster).
+
+A backend has one job, ``map(fn, items)``: `fn` (a module-level function) applied to
+every item, results in the order of `items`, as `concurrent.futures.Executor.map`
+gives them. Every task is a pure function of its item (the simulator and the search
+are deterministic), so both backends return identical results. Ray is an optional
+extra (``pip install -e '.[ray]'``) imported only when asked for.
+
+>>> with make_backend("local") as backend:
+...     backend.map(abs, [-1, 2, -3])
+[1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from hyperpipe.children import die_with_parent
+from hyperpipe.errors import BadInput
+
+BACKENDS = ("local", "ray")
+RAY_INSTALL = "pip install -e '.[ray]'"
+
+
+class LocalBackend:
+    """Tasks in this process (`workers` 1) or over a process pool of `workers`."""
+
+    name = "local"
+
+    def __init__(self, workers: int = 1):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise BadInput("--workers", "a positive integer", workers)
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> LocalBackend:
+        if self.workers > 1:
+            self._pool = process_pool(self.workers)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        if self._pool is None:
+            return [fn(x) for x in items]
+        return list(self._pool.map(fn, items))
+
+
+class RayBackend:
+    """Tasks as Ray remote functions: on a local Ray started here (`num_cpus`, None:
+    every core) or on the cluster at `address`. A Ray already initialised in this
+    process (a test's, a notebook's) is used as it is and left running."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None):
+        self.address, self.num_cpus = address, num_cpus
+        self._started = False
+        self._ray: Any = None
+
+    def __enter__(self) -> RayBackend:
+        ray = import_ray()
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if self.address is not None:
+                kwargs["address"] = self.address
+            elif self.num_cpus is not None:
+                kwargs["num_cpus"] = self.num_cpus
+            try:
+                ray.init(**kwargs)
+            except ConnectionError as exc:
+                raise BadInput("--ray-address", f"a running Ray cluster ({exc})",
+                               self.address) from None
+            self._started = True
+        self._ray = ray
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._started:
+            self._ray.shutdown()
+            self._started = False
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        ray = self._ray
+        remote = ray.remote(fn)
+        return ray.get([remote.remote(x) for x in items])
+
+
+def import_ray():
+    """The `ray` module, or BadInput saying how to install it (exit 2)."""
+    try:
+        import ray
+    except ImportError:
+        raise BadInput("--backend ray", f"Ray installed (install it with: {RAY_INSTALL})",
+                       has_got=False) from None
+    return ray
+
+
+def make_backend(name: str, *, workers: int = 1, address: str | None = None,
+                 num_cpus: int | None = None) -> LocalBackend | RayBackend:
+    """The backend called `name` ("local" or "ray"), to use as a context manager."""
+    if name == "local":
+        if address is not None:
+            raise BadInput("--ray-address", "--backend ray with it", has_got=False)
+        return LocalBackend(workers)
+    if name == "ray":
+        import_ray()
+        return RayBackend(address, num_cpus)
+    raise BadInput("--backend", f"one of {list(BACKENDS)}", name)
+
+
+def backend_or_workers(backend: Any, workers: int):
+    """The executor a search spreads its work over: the given backend, a process pool
+    of `workers`, or none (None: everything here)."""
+    if backend is not None:
+        return contextlib.nullcontext(backend)
+    return process_pool(workers) if workers > 1 else contextlib.nullcontext()
+
+
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    """A pool whose workers end with us, even when we are killed (`hyperpipe.children`)."""
+    return ProcessPoolExecutor(workers, initializer=die_with_parent, initargs=(os.getpid(),))
