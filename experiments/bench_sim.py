@@ -12,17 +12,26 @@ Prints, side by side:
 * the wall time of simulating one iteration of a 1024-GPU plan (PP 16 x DP 64, 64
   micro-batches, 1F1B, gpt3-13b on scale-1024), with a fresh cost model (cold) and
   with a warm one;
+* without replica symmetry: the end-to-end wall time (loading the cluster and model,
+  building the plan and its schedule, simulating with the trace off, metrics) of the
+  same 1024-GPU plan with one device (the first) at `slowdown: 1.3`, and of a 16,384-GPU
+  plan of the same shape scaled up (scale-1024's nodes repeated 16 times, PP 16 x DP
+  1024); replicas are grouped into exact classes (the straggler's, its NIC
+  neighbours', the rest); as the oracle, the 1024-GPU plan with every replica simulated
+  on its own (`collapse_replicas=False`, once; skip with --no-full), whose iteration
+  time the collapsed run must equal;
 * the analytic tier's time per plan: 24 distinct 1024-GPU plans (pp 4/8/16,
   micro-batch 1/2, four schedules), one cost model, the search's shared cache; and the
   same without the cache (every look-up cold).
 
 Each figure is the best of several repetitions (the machine may be shared). The last
 line is ``actions_per_s=A simpy_events_per_s=S ratio=A/S sim_1024gpu_s=T
-analytic_per_plan_s=E`` with A the event run's throughput (the SimPy phase, which is
+analytic_per_plan_s=E sim_1024gpu_asym_s=X sim_16k_asym_s=Y`` with A the event run's
+throughput (the SimPy phase, which is
 what the ratio to raw SimPy events is about; the end-to-end figures above it add
 schedule generation and, with the trace, building one TraceEvent per action and
 message), T the cold 1024-GPU time and E the per-plan time with the cache. Targets:
-ratio >= 0.25, T <= 1 s, E <= 1 ms.
+ratio >= 0.25, T <= 1 s, E <= 1 ms, X <= 2 s, Y <= 30 s.
 
 Run: python experiments/bench_sim.py [--quick]
 """
@@ -30,11 +39,12 @@ Run: python experiments/bench_sim.py [--quick]
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import simpy
 
-from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.analytic import estimate
@@ -76,10 +86,61 @@ def engine_run_s(plan, cost) -> float:
     return time.perf_counter() - t
 
 
+def straggler_cluster_doc(scale: int) -> dict:
+    """scale-1024's document with every node group repeated `scale` times more and the
+    first node's first device at slowdown 1.3 (one straggler)."""
+    doc = copy.deepcopy(load_cluster("scale-1024").source)
+    nodes = [{**n, "repeat": n.get("repeat", 1) * scale} for n in doc["nodes"]]
+    first = nodes[0]
+    doc["nodes"] = [{**first, "name": f"{first['name']}slow", "repeat": 1,
+                     "slowdown": {0: 1.3}},
+                    {**first, "repeat": first["repeat"] - 1}, *nodes[1:]]
+    doc["name"] = f"scale-{1024 * scale}-straggler"
+    return doc
+
+
+def asym_run(scale: int, collapse: bool = True):
+    """Load, plan (PP 16 x DP 64·scale, 64 micro-batches, 1F1B), simulate (trace off),
+    metrics: the end-to-end job of `simulate` on the straggler cluster."""
+    doc = straggler_cluster_doc(scale)
+    model = load_model("gpt3-13b")
+    cluster = cluster_from_dict(doc, where="bench", name=doc["name"])
+    dp = 64 * scale
+    plan = uniform_plan(model, cluster, pp=16, dp=dp, micro_batch=1, global_batch=64 * dp)
+    return simulate(plan, CostModel(model, cluster),
+                    SimOptions(trace=False, collapse_replicas=collapse)).metrics
+
+
+def asym_figures(reps: int, full: bool) -> tuple[float, float]:
+    out = []
+    for scale, label in ((1, "1024-GPU"), (16, "16,384-GPU")):
+        secs = best(lambda s=scale: asym_run(s), reps if scale == 1 else max(1, reps // 3))
+        m = asym_run(scale)
+        classes = [len(c) for c in m.extra["replica_classes"]]
+        print(f"{label} plan, one device at slowdown 1.3 (PP16 x DP{64 * scale}, 64 "
+              f"micro-batches, 1F1B, gpt3-13b), load+plan+simulate+metrics, trace off: "
+              f"{secs:.3f} s; iteration {m.iteration_time_s:.4f} s; replica classes of "
+              f"{classes} replicas, {m.extra['simulated_actions']} actions simulated")
+        out.append((secs, m))
+    if full:
+        t = time.perf_counter()
+        m = asym_run(1, collapse=False)
+        secs = time.perf_counter() - t
+        ref = out[0][1].iteration_time_s
+        print(f"oracle: the 1024-GPU straggler plan with every replica simulated on its own: "
+              f"{secs:.1f} s, {m.extra['simulated_actions']} actions; iteration "
+              f"{m.iteration_time_s:.6f} s vs {ref:.6f} s collapsed "
+              f"({m.iteration_time_s / ref - 1:+.2e})")
+    return out[0][0], out[1][0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    reps = 3 if ap.parse_args().quick else 7
+    ap.add_argument("--no-full", action="store_true",
+                    help="skip the every-replica oracle run (tens of seconds)")
+    args = ap.parse_args()
+    reps = 3 if args.quick else 7
     model, cluster = load_model("gpt3-13b"), load_cluster("scale-1024")
 
     long_plan = uniform_plan(model, cluster, pp=16, micro_batch=1, global_batch=256)
@@ -129,9 +190,11 @@ def main() -> None:
     print(f"analytic tier: {per_plan * 1e3:.3f} ms per 1024-GPU plan with the search's "
           f"cache, {uncached * 1e3:.3f} ms without ({len(plans)} plans); its iteration "
           f"for the plan above {est:.3f} s ({est / m.iteration_time_s - 1:+.1%} vs simulated)")
+    asym_s, asym16k_s = asym_figures(reps, not args.no_full)
     print(f"actions_per_s={actions_per_s:.0f} simpy_events_per_s={simpy_rate:.0f} "
           f"ratio={actions_per_s / simpy_rate:.3f} sim_1024gpu_s={cold_s:.3f} "
-          f"analytic_per_plan_s={per_plan:.6f}")
+          f"analytic_per_plan_s={per_plan:.6f} sim_1024gpu_asym_s={asym_s:.3f} "
+          f"sim_16k_asym_s={asym16k_s:.3f}")
 
 
 if __name__ == "__main__":

@@ -156,13 +156,12 @@ def without_node(cluster: Cluster, name: str) -> Cluster:
     for entry in doc["nodes"]:
         made = cluster.nodes[i:i + int(entry.get("repeat", 1))]
         i += len(made)
-        if all(n.name != name for n in made):
+        if all(n.name != name for n in made) and "name" in entry:
             entries.append(entry)
             continue
-        for node in made:
-            if node.name != name:
-                entries.append({**{k: v for k, v in entry.items() if k != "repeat"},
-                                "name": node.name})
+        # one entry per node, each named as it was (default names count positions)
+        entries += [{**{k: v for k, v in entry.items() if k != "repeat"}, "name": node.name}
+                    for node in made if node.name != name]
     if not entries:
         raise InfeasiblePlan(f"cluster {cluster.name} has no node left without {name}")
     doc["nodes"] = entries

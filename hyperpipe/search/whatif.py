@@ -9,6 +9,10 @@ A variation is ``KEY=V1,V2,...`` (several give their grid):
   (an override, e.g. ``model.seq_len=1024,2048``);
 * ``global_batch``.
 
+A sweep that sets a ``slowdown`` (``nodes.NAME.slowdown=1.0,1.3,2.0``), or any sweep
+given today's plan, also keeps that plan on every variant against re-planning
+(`hyperpipe.search.stragglers`).
+
 `pool=True` asks "which of these device types should I use": every non-empty subset of
 the cluster's device types is a variant (the nodes of the other types removed), and with
 prices the table has the cost per million tokens and the (time, cost) Pareto front.

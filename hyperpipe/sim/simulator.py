@@ -24,10 +24,13 @@ What is modelled (each choice is the simplest one that keeps the closed forms ex
   micro-batch, from F's start to the end of its B (or W). `memory_timeline` gives
   every used device; a replica simulated through its representative shares its list.
 * **Scale.** Replicas with the same micro-batch size and count, stage layer ranges,
-  device types, tensor-parallel degrees and link classes are simulated once, by their
-  first member (its "representative"). A hop crossed by k copies of one transfer at the
-  same point of the schedule carries weight k (they move in lock step), so a NIC shared
-  by eight replicas' activations is eight times as busy. Collectives are simulated once
+  device types, slowdowns, tensor-parallel degrees and link classes, whose
+  point-to-point hops are shared with alike replicas (colour refinement: a straggler's
+  NIC neighbours form a class of their own), are simulated once, by their first member
+  (its "representative"); `collapse_replicas=False` simulates every replica. A hop
+  crossed by k copies of one transfer at the same point of the schedule carries weight
+  k (they move in lock step), so a NIC shared by eight replicas' activations is eight
+  times as busy. Collectives are simulated once
   for all replicas; their ring edges are tracked on the nodes that host a simulated
   device (elsewhere the copies see what their representative sees). Heterogeneous
   replicas are each simulated, in the same SimPy environment, so they share links.
