@@ -83,7 +83,7 @@ def test_cost_model_stretches_compute_and_optimizer_only():
         assert slow.stage_time_s((0, 2), ("n0/1",), 1, op) == pytest.approx(
             1.3 * flops / FLOPS)
     t = slow.optimizer_time_s((0, 2), "unit", 1)
-    assert slow.optimizer_time_s((0, 2), "unit", 1, ("n0/1",)) == pytest.approx(1.3 * t)
+    assert slow.optimizer_time_s((0, 2), "unit", 1, devices=("n0/1",)) == pytest.approx(1.3 * t)
 
 
 @pytest.mark.parametrize("factor", [1.0, 1.3, 2.0])
