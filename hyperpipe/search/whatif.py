@@ -232,8 +232,9 @@ def evaluate_variant(task: VariantTask) -> Row:
     n = len(variant.devices)
     cost = CostModel(task.model, variant, task.profile)
     kept = _kept(task.keep, cost) if task.keep is not None else None
+    view = search_view(variant)
     try:
-        res = search(task.model, search_view(variant), task.constraints, profile=task.profile,
+        res = search(task.model, view, task.constraints, profile=task.profile,
                      top=1, workers=task.workers)
     except InfeasiblePlan as exc:
         if kept is not None and kept.metrics.feasible:
@@ -241,9 +242,10 @@ def evaluate_variant(task: VariantTask) -> Row:
                        description=describe_plan(kept.plan, variant))
         return Row(settings, n, None, None, error=str(exc), kept=kept)
     best = res.best
-    if task.keep is not None:
+    if view is not variant:
         # the search ranked on the derived view: the real cluster's simulation decides
         best = _on(best.plan, cost)
+    if task.keep is not None:
         if kept is not None and kept.metrics.feasible and (
                 not best.metrics.feasible or rank_key(task.constraints, kept.metrics)
                 < rank_key(task.constraints, best.metrics)):
