@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -314,6 +315,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from hyperpipe.demo import DemoConfig, run_demo
     if args.steps < 2:
         raise BadInput("--steps", "at least 2 (the first step is warm-up)", args.steps)
+    from hyperpipe.files import probe_folder
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise BadInput(f"--out {args.out}", "a folder (or a new path)", has_got=False)
+    try:
+        probe_folder(Path(args.out))      # before minutes of work, not after
+    except BadInput as exc:
+        raise BadInput(f"--out {exc.where}", exc.expected, has_got=False) from None
     run_demo(DemoConfig(out_dir=Path(args.out), steps=args.steps,
                         emulation_scale=args.emulation_scale, workers=args.workers))
     return EXIT_OK
@@ -322,6 +330,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.measure == bool(args.trace):
         raise BadInput("calibrate", "either --trace FILE... or --measure --model M", has_got=False)
+    from hyperpipe.files import check_writable
+    check_writable(args.out)              # before the fit or the measurement
     if args.trace:
         from hyperpipe.plan.profile import load_profile
         from hyperpipe.plan.trace import load_trace

@@ -22,7 +22,8 @@ Counts (files and flags)
     ``MAX_MODEL_DIM``;
   * global batch ``MAX_GLOBAL_BATCH`` samples; micro-batches per pipeline
     ``MAX_MICROBATCHES``; pipeline devices ``MAX_PIPELINE_DEVICES``; chunks per device
-    ``MAX_CHUNKS``; actions in one schedule ``MAX_SCHEDULE_ACTIONS``;
+    ``MAX_CHUNKS``; actions in one schedule ``MAX_SCHEDULE_ACTIONS`` (a larger schedule
+    is `InfeasiblePlan`: the search skips it, `hyperpipe schedule` exits 2);
   * search/what-if worker processes ``MAX_WORKERS``; plans listed ``MAX_TOP``;
     what-if variants ``MAX_VARIANTS``; training steps ``MAX_STEPS``; CPU threads per
     rank ``MAX_THREADS``; seeds ``0 .. MAX_SEED``.
@@ -47,11 +48,11 @@ MAX_CLUSTER_DEVICES = 65_536         # devices of a whole cluster
 MAX_LAYERS = 10_000                  # layers of a model (GPT-3 175B has 96 blocks)
 MAX_MODEL_DIM = 2**24                # d_model, ffn_hidden, heads, vocab_size, seq_len
 MAX_PARAMS_PER_LAYER = 10**13        # parameters of one synthetic layer
-MAX_GLOBAL_BATCH = 2**22             # samples per iteration (4M)
+MAX_GLOBAL_BATCH = 65_536           # samples per iteration (GPT-3: 1536, Llama 3: 2048)
 MAX_MICROBATCHES = 65_536            # micro-batches of one pipeline
 MAX_PIPELINE_DEVICES = 4096          # devices (ranks) of one pipeline
 MAX_CHUNKS = 64                      # stages per device (interleaved schedules)
-MAX_SCHEDULE_ACTIONS = 4_000_000     # actions of one generated schedule
+MAX_SCHEDULE_ACTIONS = 200_000       # devices x chunks x micro-batches x 3 of a schedule
 MAX_WORKERS = 64                     # search / what-if worker processes
 MAX_TOP = 1000                       # plans listed by search --top
 MAX_VARIANTS = 4096                  # variants of one what-if sweep

@@ -151,3 +151,14 @@ def test_the_unmutated_documents_are_valid(two_step_trace, tmp_path, capsys):
     rc, _, err = cli(capsys, ["calibrate", "--trace", tmp_path / "t.json", "--out",
                               tmp_path / "p.json"])
     assert rc == 0, err
+
+
+@pytest.mark.parametrize("vary", [
+    "inter_node.bandwidth=5e-324", "inter_node.latency=1e308", "nodes.0.count=1000000000",
+    "nodes.0.count=0", "global_batch=0", "global_batch=1000000000000",
+    "model.seq_len=" + "9" * 400, "device_types.x.peak_flops=nan",
+    "inter_node.bandwidth=-1 Gbit/s"])
+def test_whatif_vary_numbers(vary, capsys):
+    rc, out, err = cli(capsys, ["whatif", "--cluster", "demo-hetero", "--model", "tiny-gpt",
+                                "--global-batch", "4", "--vary", vary, "--json"])
+    check(rc, out, err)

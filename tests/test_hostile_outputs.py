@@ -3,6 +3,7 @@ special file, never follows a planted temporary name, and leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -159,3 +160,21 @@ def test_checkpoint_rank_file_that_is_a_symlink_is_refused(tmp_path):
     assert victim.read_text() == "keep me\n" and temp_files(tmp_path) == []
     save_rank(tmp_path / "ck", 4, 0, {"w": torch.ones(2)})
     assert torch.load(rank_file(tmp_path / "ck", 4, 0), weights_only=True)["w"].sum() == 2
+
+
+@pytest.mark.parametrize("out", ["fifo", "/dev/null", "file", "proc"])
+def test_demo_out_is_checked_before_any_work(out, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    path = {"fifo": str(mkfifo(tmp_path / "f")), "/dev/null": "/dev/null",
+            "file": str(tmp_path / "file"), "proc": "/proc/hyperpipe-demo"}[out]
+    rc, _, err = cli(capsys, ["demo", "--out", path])
+    assert_one_line(rc, err, 2, "--out")
+
+
+def test_calibrate_out_special_file(tmp_path, capsys):
+    trace = {"format": "hyperpipe.trace/1", "events": []}
+    (tmp_path / "t.json").write_text(json.dumps(trace))
+    rc, _, err = cli(capsys, ["calibrate", "--trace", tmp_path / "t.json", "--out",
+                              "/dev/null"])
+    assert_one_line(rc, err, 2, "/dev/null", "never replaces")
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from types import MappingProxyType
 
-from hyperpipe.errors import BadInput
+from hyperpipe import limits
+from hyperpipe.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.schedule import Action, Schedule
 
 
@@ -144,6 +145,12 @@ def _generate(kind: str, num_devices: int, num_microbatches: int, chunks: int) -
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise BadInput(f"schedule {name}", "a positive integer", value)
+    actions = 3 * num_devices * chunks * num_microbatches       # F, I, W at most
+    if actions > limits.MAX_SCHEDULE_ACTIONS:
+        raise InfeasiblePlan(f"a {kind} schedule of {num_devices} devices x {chunks} chunks "
+                             f"x {num_microbatches} micro-batches (up to {actions} actions) "
+                             f"is over the limit of {limits.MAX_SCHEDULE_ACTIONS} actions "
+                             "(hyperpipe.limits)")
     if kind in _TAKES_CHUNKS:
         return SCHEDULE_KINDS[kind](num_devices, num_microbatches, chunks)
     if chunks != 1:

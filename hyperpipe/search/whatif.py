@@ -28,6 +28,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hyperpipe import limits
 from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref, load_cluster
 from hyperpipe.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import ModelSpec, load_model
@@ -200,8 +201,9 @@ def whatif(model: Any, cluster: Any, *, global_batch: int, vary: list[str] | Non
                       workers=workers if backend is None else 1, backend=backend).best.plan
     tasks = []
     for combo, spec, variant, batch in _variants(model, base, global_batch, vary or [], pool):
-        if not isinstance(batch, int) or batch < 1:
-            raise BadInput("--vary global_batch", "positive integers", batch)
+        if not isinstance(batch, int) or not 1 <= batch <= limits.MAX_GLOBAL_BATCH:
+            raise BadInput("--vary global_batch", "positive integers of at most "
+                           f"{limits.MAX_GLOBAL_BATCH} (hyperpipe.limits)", batch)
         tasks.append(VariantTask(tuple((k, str(v)) for k, v in combo), spec, variant,
                                  replace(c, global_batch=batch), profile,
                                  workers if backend is None else 1, plan))
