@@ -1,7 +1,7 @@
 """How close are the simulator's predictions to real runs? (issue 6)
 
 Calibrates once (per-layer profiling here, scaled to two short runs of calibration
-plans), then predicts and measures ten other
+plans), then predicts and measures eleven other
 plans on the demo cluster (tiny-gpt, device speeds emulated on this CPU) that differ in
 partition, schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1), micro-batch count, data
 parallelism and the device types they use. Each plan is also predicted by a null model
@@ -39,10 +39,12 @@ from hyperpipe.sim.simulator import simulate
 A0, A1, V0, V1 = "a100/0", "a100/1", "v100/0", "v100/1"
 
 
-def pipeline(micro_batch: int, count: int, cuts: list[int], devices: list[str]) -> PipelinePlan:
+def pipeline(micro_batch: int, count: int, cuts: list[int], devices: list[str],
+             recompute: str = "none") -> PipelinePlan:
     """Stages between the cuts of tiny-gpt's 8 layers, on `devices` (looped if fewer)."""
     bounds = [0, *cuts, 8]
-    stages = tuple(StagePlan((bounds[i], bounds[i + 1]), (devices[i % len(devices)],))
+    stages = tuple(StagePlan((bounds[i], bounds[i + 1]), (devices[i % len(devices)],),
+                             recompute=recompute)
                    for i in range(len(bounds) - 1))
     return PipelinePlan(micro_batch, count, stages)
 
@@ -69,6 +71,7 @@ PLANS = {
     "zb-h1-a100-only": plan("zb-h1", pipeline(2, 8, [6], [A0, A1])),
     "1f1b-v100-only": plan("1f1b", pipeline(2, 8, [4], [V0, V1])),
     "hetero-dp": plan("1f1b", pipeline(2, 5, [], [A0]), pipeline(2, 3, [4], [V0, V1])),
+    "1f1b-recompute-full": plan("1f1b", pipeline(2, 8, [4], [A0, V0], recompute="full")),
 }
 
 

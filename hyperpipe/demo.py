@@ -4,8 +4,9 @@
    type's emulation factor it is the cost model's starting point; as it is, it is the
    runs' emulation reference (a shared machine's speed drifts from second to second;
    one profile holds both runs to the same native speed).
-2. Search the cluster; run its uniform baseline for real with the executor (real
-   compute and communication, device speeds emulated on the CPU), tracing every action.
+2. Run the uniform baseline (Megatron's default on every device: equal layers, 1F1B)
+   for real with the executor (real compute and communication, device speeds emulated
+   on the CPU), tracing every action.
 3. Calibrate from that run only and search again: the best plan. Predict its iteration
    time now, before it has ever run: the out-of-sample prediction.
 4. Run the best plan for real; its measured time is the median of the step periods
@@ -90,10 +91,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             chrome_path=str(out / f"chrome_{name}_measured.json")))
         measured[name] = result.trace
 
-    _log(f"[2/5] searching {cfg.cluster} ({len(cluster.devices)} devices) for {cfg.model}, "
-         f"global batch {cfg.global_batch}, for the uniform baseline (layer profile only)")
-    first = search(model, cluster, constraints, profile=layer_profile, workers=cfg.workers)
-    plans = {"uniform": first.baselines["uniform"].plan}
+    _log(f"[2/5] the uniform baseline on all {len(cluster.devices)} devices of {cfg.cluster} "
+         f"for {cfg.model}, global batch {cfg.global_batch} (layer profile only)")
+    plans = {"uniform": _uniform_all_devices(model, cluster, cfg, layer_profile)}
     measured: dict = {}
     _log(f"[3/5] running the uniform plan for real ({cfg.steps} steps, "
          f"{len(plans['uniform'].devices)} ranks): {_describe(plans['uniform'])}")
@@ -179,6 +179,35 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
     _print_report(report, rows, out)
     return report
+
+
+def _uniform_all_devices(model, cluster, cfg: DemoConfig, profile):
+    """The Megatron/DeepSpeed default on every device of the cluster: equal layers per
+    stage, 1F1B, homogeneous data parallelism, the (pp, dp) the simulator likes best with
+    the layer profile. Why not the search's tuned `uniform` baseline (which may leave a
+    device type out, or interleave): this run is the only one calibration sees before
+    the prediction, so it must exercise every device type the best plan may use."""
+    from hyperpipe.errors import InfeasiblePlan
+    from hyperpipe.search.baselines import uniform_plan
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import simulate
+    n = len(cluster.devices)
+    cost = CostModel(model, cluster, profile)
+    best = None
+    for pp in range(1, n + 1):
+        if n % pp or pp > model.num_layers:
+            continue
+        try:
+            plan = uniform_plan(model, cluster, pp=pp, dp=n // pp, micro_batch=cfg.micro_batch,
+                                global_batch=cfg.global_batch)
+        except (InfeasiblePlan, BadInput):
+            continue
+        t = simulate(plan, cost).metrics.iteration_time_s
+        if best is None or t < best[0]:
+            best = (t, plan)
+    if best is None:
+        raise InfeasiblePlan(f"no uniform plan over all {n} devices of {cluster.name}")
+    return best[1]
 
 
 def _describe(plan) -> str:
