@@ -11,7 +11,12 @@ import json
 import math
 
 import pytest
-from hostile import assert_one_line, cli, temp_files
+from hostile import (
+    assert_one_line,
+    clean_case,  # noqa: F401 (autouse: no temp file, no process)
+    cli,
+    temp_files,
+)
 
 CLUSTER = {
     "device_types": {"fast": {"peak_flops": "1 TFLOP/s", "efficiency": 0.5, "memory": "80 GB",

@@ -11,7 +11,13 @@ import sys
 import textwrap
 
 import pytest
-from hostile import assert_one_line, cli, mkfifo, temp_files
+from hostile import (
+    assert_one_line,
+    clean_case,  # noqa: F401 (autouse: no temp file, no process)
+    cli,
+    mkfifo,
+    temp_files,
+)
 
 from hyperpipe.errors import BadInput
 from hyperpipe.files import atomic_output, write_atomic

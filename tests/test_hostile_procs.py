@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hostile import clean_case  # noqa: F401 (autouse: no temp file, no process)
 
 
 def _children(pid: int) -> list[int]:

@@ -9,7 +9,12 @@ import os
 
 import pytest
 import torch
-from hostile import assert_one_line, cli, temp_files
+from hostile import (
+    assert_one_line,
+    clean_case,  # noqa: F401 (autouse: no temp file, no process)
+    cli,
+    temp_files,
+)
 
 import hyperpipe.exec.launch as launch
 
