@@ -140,3 +140,60 @@ def test_hierarchical_allreduce_closed_form_with_rails():
     # one device per node: a plain ring over the rail
     assert cost.allreduce_time_s(["n0/1", "n1/1"], nbytes) == pytest.approx(
         nbytes / 12.5e9 + 2 * 5e-6)
+
+
+# ----------------------------------------------------------------------------- TP on links
+
+def _tp_setup(nodes: int):
+    """A tiny GPT on user-defined devices (flat efficiency 1) joined by 2 GB/s ports;
+    one NIC per device as fast as the ports, so only sharing tells the layouts apart."""
+    link = {"bandwidth": "2 GB/s", "latency": "0 us"}
+    cluster = load_cluster({
+        "device_types": {"u": {"peak_flops": "1 TFLOP/s", "efficiency": 1.0,
+                               "memory": "1000 GB"}},
+        "nodes": [{"name": "n", "device": "u", "count": 4 // nodes, "repeat": nodes,
+                   "intra_link": link, "nics": {"count": 4 // nodes, "bandwidth": "2 GB/s"}}],
+        "inter_node": link})
+    model = _gpt(n_layer=2, n_head=4, d_model=256, seq_len=128, vocab_size=512)
+    return model, cluster
+
+
+def _tp_plan(groups, m: int = 4):
+    from hyperpipe.plan.plan import plan_from_dict
+    return plan_from_dict({
+        "format": "hyperpipe.plan/1", "model": "x", "cluster": "x", "global_batch": m * len(groups),
+        "schedule": {"kind": "1f1b"},
+        "pipelines": [{"micro_batch": 1, "num_microbatches": m,
+                       "stages": [{"layers": [0, 4], "devices": g, "tp": 2}]}
+                      for g in groups]})
+
+
+def test_tp_collectives_on_idle_links_keep_the_closed_form():
+    """One tensor-parallel stage: m (F + B) plus the optimizer step, each action exactly
+    its `stage_time_s` (compute + all-reduces) when its ports are idle."""
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    model, cluster = _tp_setup(1)
+    cost = CostModel(model, cluster)
+    plan = _tp_plan([["n/0", "n/1"]])
+    devs = ("n/0", "n/1")
+    f = cost.stage_time_s((0, 4), devs, 1, "F")
+    b = cost.stage_time_s((0, 4), devs, 1, "B")
+    assert cost.stage_tp_comm_s((0, 4), devs, 1, "F")[0] > 0
+    opt = cost.optimizer_time_s((0, 4), "u", 2)
+    got = simulate(plan, cost, SimOptions(check_plan=False)).metrics.iteration_time_s
+    assert got == pytest.approx(4 * (f + b) + opt)
+
+
+def test_tp_collectives_compete_with_data_parallel_rings():
+    """Two replicas of a tp=2 stage. On one node their data-parallel rings (n/0-n/2,
+    n/1-n/3) cross the same ports as the tensor-parallel rings and slow each other; on
+    two nodes (NICs as fast as the ports) they do not. Folded into compute time, the
+    two layouts would take the same time."""
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    model, one = _tp_setup(1)
+    _, two = _tp_setup(2)
+    shared = simulate(_tp_plan([["n/0", "n/1"], ["n/2", "n/3"]]), CostModel(model, one),
+                      SimOptions(check_plan=False)).metrics.iteration_time_s
+    apart = simulate(_tp_plan([["n0/0", "n0/1"], ["n1/0", "n1/1"]]), CostModel(model, two),
+                     SimOptions(check_plan=False)).metrics.iteration_time_s
+    assert shared > apart * 1.001

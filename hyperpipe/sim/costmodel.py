@@ -164,6 +164,26 @@ class CostModel:
                 t += self.tp_comm_s((blocks[0], blocks[-1] + 1), devices, micro_batch, "F")
         return t
 
+    def stage_tp_comm_s(self, layers: tuple[int, int], devices: tuple[str, ...],
+                        micro_batch: int, op: str, recompute: str = "none"
+                        ) -> tuple[float, float]:
+        """The tensor-parallel collectives inside `stage_time_s`: (seconds on idle links,
+        of which latency). Those of the op itself and, with full recompute, those of the
+        recomputed forward. The simulator runs them as flows over the group's links."""
+        if len(devices) == 1 or op == "W":
+            return 0.0, 0.0
+        t = self.tp_comm_s(layers, devices, micro_batch, op)
+        if op in ("B", "I") and recompute == "full":
+            t += self.tp_comm_s(layers, devices, micro_batch, "F")
+        if t <= 0.0:
+            return 0.0, 0.0
+        blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind == "block")
+        count = 2 * blocks * (2 if op in ("B", "I") and recompute == "full" else 1)
+        # latency of one collective: its time for a vanishing message
+        lat = 0.0 if self.profile is not None and "*" in self.profile.allreduce else \
+            self.allreduce_time_s(devices, 1e-30)
+        return t, min(t, count * lat)
+
     def tp_comm_s(self, layers: tuple[int, int], devices: tuple[str, ...], micro_batch: int,
                   op: str) -> float:
         """Megatron tensor parallelism all-reduces the block output twice in forward and

@@ -311,3 +311,19 @@ def ring_spec(cost, rings: list[list[str]], nbytes: float, keep=None) -> FlowSpe
     if not hops:                        # every edge local or left out: a pure delay
         return FlowSpec((), 0.0, time_s, nbytes)
     return FlowSpec(tuple(hops.items()), max(time_s - lat, 0.0), lat, nbytes)
+
+
+def tp_spec(cost, devices: tuple[str, ...], time_s: float, latency_s: float
+            ) -> FlowSpec | None:
+    """The tensor-parallel collectives of one action as one flow over the ring of the
+    group's devices: `time_s` on idle links, `latency_s` of it latency (the cost
+    model's `stage_tp_comm_s`). Every ring edge moves in lock step, so each device's
+    out and in port carries weight 1; a flow that shares a port (a point-to-point send,
+    a data-parallel ring edge) slows it, and it slows them. None when there is none."""
+    if time_s <= 0.0 or len(devices) <= 1:
+        return None
+    n = len(devices)
+    hops = count_hops(cost, [(devices[i], devices[(i + 1) % n]) for i in range(n)])
+    if not hops:
+        return FlowSpec((), 0.0, time_s, 0.0)
+    return FlowSpec(tuple(hops.items()), max(time_s - latency_s, 0.0), latency_s, 0.0)

@@ -18,7 +18,7 @@ from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.schedule import Schedule
 from hyperpipe.sim.analytic import bucket_count
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.network import count_hops, p2p_edges, p2p_spec, ring_spec
+from hyperpipe.sim.network import count_hops, p2p_edges, p2p_spec, ring_spec, tp_spec
 
 if TYPE_CHECKING:
     from hyperpipe.sim.simulator import SimOptions
@@ -76,41 +76,48 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
     shapes: dict[tuple[int, str], tuple] = {}
 
     def shape(s: int, op: str) -> tuple:
-        dur = cost.stage_time_s(stages[s].layers, stages[s].devices, mb, op,
-                                stages[s].recompute, stages[s].sequence_parallel)
+        st = stages[s]
+        dur = cost.stage_time_s(st.layers, st.devices, mb, op, st.recompute,
+                                st.sequence_parallel)
+        # Tensor-parallel collectives run as a flow over the group's links after the
+        # compute (`tp`); the action's own duration is the compute alone.
+        tp = tp_spec(cost, st.devices, *cost.stage_tp_comm_s(st.layers, st.devices, mb, op,
+                                                             st.recompute))
+        if tp is not None:
+            dur = max(dur - tp.time_s, 0.0)
         if op == "F":
             return (dur, (s - 1) * m if s > 0 else -1,
                     s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
-                    stash[s])
+                    stash[s], tp)
         if op == "W":
-            return (dur, -1, -1, None, -stash[s])
+            return (dur, -1, -1, None, -stash[s], tp)
         return (dur, n_st * m + s * m if s < n_st - 1 else -1,        # B or I
                 n_st * m + (s - 1) * m if s > 0 else -1, bwd[s - 1] if s > 0 else None,
-                -stash[s] if op == "B" else 0.0)
+                -stash[s] if op == "B" else 0.0, tp)
 
     for d, row in enumerate(sched.actions):
         rank = Rank(pipe, d, stages[d].devices)
         rank.ops = [a.op for a in row]
         rank.stages = [a.stage for a in row]
         rank.mbs = [a.microbatch for a in row]
-        # One tuple per action for the inner loop: (duration, box to wait for or -1,
-        # box to send or -1, its channel, its flow (None: free), stash change, stage
-        # to report or -1).
+        # One tuple per action for the inner loop: (compute duration, box to wait for
+        # or -1, box to send or -1, its channel, its flow (None: free), stash change,
+        # stage to report or -1, tensor-parallel flow or None).
         program = []
         for s, op, j in zip(rank.stages, rank.ops, rank.mbs, strict=True):
             sh = shapes.get((s, op))
             if sh is None:
                 sh = shapes[(s, op)] = shape(s, op)
-            dur, wait, send, spec, delta = sh
+            dur, wait, send, spec, delta, tp = sh
             program.append((dur, wait + j if wait >= 0 else -1,
-                            send + j if send >= 0 else -1, send // m, spec, delta, -1))
+                            send + j if send >= 0 else -1, send // m, spec, delta, -1, tp))
         # The last gradient-producing action of each stage starts its all-reduce.
         rank.grad_order = []
         for i in range(len(row) - 1, -1, -1):
             if rank.ops[i] in "BW" and rank.stages[i] not in rank.grad_order:
                 rank.grad_order.insert(0, rank.stages[i])
                 if opt.overlap_dp_allreduce:
-                    program[i] = (*program[i][:6], rank.stages[i])
+                    program[i] = (*program[i][:6], rank.stages[i], program[i][7])
         rank.program = program
         static = cost.device_static_bytes(
             [stages[s] for s in range(d, n_st, len(sched.actions))], mb,

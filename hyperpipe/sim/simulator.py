@@ -4,10 +4,14 @@ What is modelled (each choice is the simplest one that keeps the closed forms ex
 
 * **Compute.** A pipeline rank is a stage's tensor-parallel group with one compute
   stream: a SimPy process that runs its schedule row (`generate(plan.schedule, p, m,
-  chunks)`) in order, each action taking `CostModel.stage_time_s` (tensor-parallel
-  all-reduces included), after waiting for its input. In the trace a rank's actions
-  sit on the group's first device; its tensor-parallel peers do the same at the same
-  times (they appear in `memory_timeline` and the peak memory).
+  chunks)`) in order, each action taking `CostModel.stage_time_s`, after waiting for
+  its input. Its tensor-parallel collectives (`CostModel.stage_tp_comm_s`, recomputed
+  forward included) run after its compute as one flow over the group's ring of
+  intra-node ports (`network.tp_spec`), sharing them with sends and data-parallel
+  rings; on idle links the action takes exactly `stage_time_s`. In the trace a rank's
+  actions sit on the group's first device, timed as on idle links; its tensor-parallel
+  peers do the same at the same times (they appear in `memory_timeline` and the peak
+  memory).
 * **Point-to-point.** When F of stage k ends, its output (`CostModel.send_bytes`) flows
   to stage k+1; when B or I of stage k ends, the same number of bytes flow back to stage
   k-1. Sends are flows over the route's hops (`hyperpipe.sim.network`: equal
@@ -161,7 +165,7 @@ class _Engine:
         start_lazy, sent_at, fuse, report_to = self.net.start_lazy, pipe.sent_at, pipe.fuse, \
             self._report
         t1 = env.now
-        for i, (dur, wait, box, chan, spec, delta, report) in enumerate(rank.program):
+        for i, (dur, wait, box, chan, spec, delta, report, tp) in enumerate(rank.program):
             if wait >= 0 and eta[wait] > t1:
                 rank.cursor = i
                 started = None
@@ -188,6 +192,10 @@ class _Engine:
                 if report >= 0:
                     report_to(pipe, report, t0, dur)
                 yield timeout(dur)
+            if tp is not None:                       # tensor-parallel collectives
+                done = env.event()
+                self.net.start(tp.hops, tp.work_s, tp.latency_s, _succeed, done)
+                yield done
             t1 = env.now
             if delta < 0:
                 current += delta
@@ -207,7 +215,7 @@ class _Engine:
                         if waiters[box] is not None:
                             arrive(pipe, box, t)
         rank.cursor = len(rank.program)
-        rank.busy_s = sum(action[0] for action in rank.program)
+        rank.busy_s = sum(_busy_s(action) for action in rank.program)
         rank.compute_end_s = env.now
         if not overlap:
             for s in rank.grad_order:
@@ -415,7 +423,7 @@ class _Engine:
                 dev = r.devices[0]
                 meta["device_types"][dev] = self.cost.cluster.device(dev).type.name
                 ops, stg, mbs = r.ops, r.stages, r.mbs
-                events.extend(TraceEvent(dev, ops[i], stg[i], mbs[i], t0, t0 + action[0])
+                events.extend(TraceEvent(dev, ops[i], stg[i], mbs[i], t0, t0 + _busy_s(action))
                               for i, (t0, action) in enumerate(zip(r.starts, r.program,
                                                                    strict=False)))
                 events.extend(sent.get(r.d, ()))
@@ -447,6 +455,15 @@ class _Engine:
         if stuck:
             raise ScheduleError("simulate", "every rank to finish its actions (deadlock)",
                                 got_text="; ".join(stuck))
+
+
+def _succeed(event: simpy.Event) -> None:
+    event.succeed()
+
+
+def _busy_s(action: tuple) -> float:
+    """An action's time on idle links: its compute and its tensor-parallel flow."""
+    return action[0] + (action[7].time_s if action[7] is not None else 0.0)
 
 
 def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
