@@ -266,3 +266,28 @@ def test_trace_plan_inlines_file_refs_so_calibration_can_load_it(tmp_path, monke
     assert again.load_model() == prep.spec
     assert [d.type.name for d in again.load_cluster().devices] == ["V100-32GB"] * 2
     assert portable_plan(prepare(two_stage(), RunOptions()))["cluster"] == "demo-hetero"
+
+
+# ------------------------------------------------------------------ measured memory
+def test_memory_meter_counts_params_grads_state_and_saved_tensors_at_their_peak():
+    from hyperpipe.exec.memory import MemoryMeter, state_tensors
+    lin = torch.nn.Linear(8, 8, bias=False)
+    opt = torch.optim.AdamW(lin.parameters())
+    meter = MemoryMeter(torch.device("cpu"), list(lin.parameters()),
+                        lambda: state_tensors(opt))
+    param_bytes = 4 * 64
+    x = torch.randn(4, 8, requires_grad=True)
+    meter.start_step()
+    assert meter.peak_bytes == param_bytes
+    with meter.saving():
+        y = torch.tanh(lin(x))           # saves x (not the weight: a parameter) and tanh's out
+    saved = x.nbytes + y.nbytes
+    assert meter.peak_bytes == param_bytes + saved
+    y.sum().backward()
+    del y                                # autograd let go of what it saved
+    meter.sample()
+    assert meter.peak_bytes == param_bytes + saved       # the peak stays
+    opt.step()                                           # Adam state: m and v (+ steps)
+    state = sum(t.nbytes for t in state_tensors(opt))
+    assert state >= 2 * param_bytes
+    assert meter.step_peak() == param_bytes + param_bytes + state    # params+grads+state

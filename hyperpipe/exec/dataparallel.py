@@ -256,6 +256,11 @@ class DataParallel:
                 t.copy_(whole[offset:offset + t.numel()].view_as(t))
                 offset += t.numel()
 
+    def master_tensors(self) -> list[torch.Tensor]:
+        """The distributed optimizer's slices of the parameters (its fp32 master copies:
+        memory on top of the parameters)."""
+        return [b.shard for b in self._buckets if b.shard is not None]
+
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 

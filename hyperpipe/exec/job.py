@@ -149,6 +149,8 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
             _save_checkpoint(prep, options, runtime, rank, done)
     mine = {"events": events + [e for o in outcomes for e in o.events],
             "steps": [(o.step, o.start_s, o.end_s, o.loss) for o in outcomes],
+            "peak_memory_bytes": [o.peak_memory_bytes for o in outcomes],
+            "memory_measure": runtime.memory.what,
             "reference": {f"{k[0]}{k[1]}" if isinstance(k, tuple) else k: v
                           for k, v in runtime.reference.items()},
             "state": runtime.captured() if options.capture_state else None}
@@ -200,6 +202,10 @@ def _assemble(prep: Prepared, options: RunOptions, gathered: list, emulated: boo
         "backend": backend, "seed": options.seed, "first_step": first_step,
         # compute precision: bf16 autocast on CUDA, fp32 on the CPU (runtime.compute_forward)
         "precision": "bf16-autocast" if backend == "nccl" else "fp32",
+        # per device, its peak bytes in each step run (exec.memory says what is counted)
+        "peak_memory_bytes": {plan.devices[r]: g["peak_memory_bytes"]
+                              for r, g in enumerate(gathered)},
+        "memory_measure": gathered[0]["memory_measure"],
     }
     return RunResult(
         trace=Trace(tuple(events), meta),

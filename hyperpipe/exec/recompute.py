@@ -21,6 +21,21 @@ from hyperpipe.models.gpt import Block, Synthetic
 from hyperpipe.plan.plan import RECOMPUTE_KINDS
 
 
+class _KeepInput(torch.autograd.Function):
+    """Identity that saves its input through autograd: the input a checkpointed block
+    keeps for its recompute (torch's checkpoint holds it outside autograd's saved
+    tensors, where exec.memory could not count it)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
 class Recomputed(nn.Module):
     """Runs `layer` under torch.utils.checkpoint: saves its input only."""
 
@@ -31,7 +46,7 @@ class Recomputed(nn.Module):
         self.layer = layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.layer, x, use_reentrant=False)
+        return checkpoint(self.layer, _KeepInput.apply(x), use_reentrant=False)
 
 
 def apply_recompute(layers: list[nn.Module], mode: str) -> list[nn.Module]:

@@ -38,6 +38,7 @@ from hyperpipe.exec import comm, compute, tensor_parallel
 from hyperpipe.exec.data import micro_batch_of, step_batch
 from hyperpipe.exec.dataparallel import DDP_BUCKET_BYTES, DataParallel
 from hyperpipe.exec.emulation import cpu_clock, stretch
+from hyperpipe.exec.memory import MemoryMeter, state_tensors
 from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups, tp_groups
 from hyperpipe.exec.recompute import apply_recompute
 from hyperpipe.exec.reference import measure_reference, reference_from
@@ -59,6 +60,7 @@ class StepOutcome:
     loss: float
     start_s: float
     end_s: float
+    peak_memory_bytes: float = 0.0      # the rank's peak in this step (exec.memory)
 
 
 @dataclass
@@ -144,6 +146,8 @@ class RankRuntime:
                                self.devices, timeout_s, lr=lr,
                                distributed_optimizer=plan.distributed_optimizer,
                                bucket_bytes=bucket_bytes, overlap=overlap_dp_allreduce)
+        self.memory = MemoryMeter(device, self.params, lambda: state_tensors(
+            self.dp.optimizer, self.dp.master_tensors()))
         # the index of each stage's last backward action (B, or W after I): its
         # gradients are final once that action has run (data-parallel buckets start)
         self.final_backward = {a.stage: i for i, a in enumerate(self.actions)
@@ -203,6 +207,7 @@ class RankRuntime:
         self.events: list[TraceEvent] = []
         self.step = step
         self.dp.zero_grad(self.clock)
+        self.memory.start_step()
         self.local: dict[tuple[int, int, int], torch.Tensor] = {}
         self.stash: dict[tuple[int, int], list] = {}
         self.posted: dict[tuple[int, int, int], tuple[dist.Work, torch.Tensor, int]] = {}
@@ -222,6 +227,7 @@ class RankRuntime:
                 self._final_backward(a, primitive[a.op])
             else:
                 primitive[a.op](a)
+            self.memory.sample()
             self.sends.reap(self.events)
         self.sends.reap(self.events, block=True)
         unread = {src: len(q) - self.cursor[src] for src, q in self.inbox.items()
@@ -239,7 +245,7 @@ class RankRuntime:
         self.events.append(self._event("optimizer", -1, -1, t, self._done(t, cpu,
                                                                           "optimizer")))
         return StepOutcome(step, self.events, float(self.loss_sum.item()), start_s,
-                           self.clock())
+                           self.clock(), self.memory.step_peak())
 
     # ------------------------------------------------------------------ primitives
     def _forward(self, a: Action) -> None:
@@ -309,7 +315,7 @@ class RankRuntime:
         autocast on CUDA (the cost model prices bf16 GEMMs; weights, gradients, optimizer
         and what crosses stage boundaries stay fp32) and in fp32 on the CPU."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                            enabled=self.device.type == "cuda"):
+                            enabled=self.device.type == "cuda"), self.memory.saving():
             return compute.forward(st.layers, x, targets,
                                    cut_after_first=st.is_first and self.spec.config is not None,
                                    loss_scale=self.loss_scale)
