@@ -76,6 +76,11 @@ PLANS = {
     "1f1b-v100-only": plan("1f1b", pipeline(2, 8, [4], [V0, V1])),
     "hetero-dp": plan("1f1b", pipeline(2, 5, [], [A0]), pipeline(2, 3, [4], [V0, V1])),
     "1f1b-recompute-full": plan("1f1b", pipeline(2, 8, [4], [A0, V0], recompute="full")),
+    # cut across the 10 Gbit/s inter-node link with large messages (link emulation holds
+    # each until the route would have delivered it)
+    "link-gpipe-mb8": plan("gpipe", pipeline(8, 2, [4], [A0, V0])),
+    "link-zb-dp2-mb8": plan("zb-h1", pipeline(8, 1, [3], [A0, V0]),
+                            pipeline(8, 1, [5], [A1, V1])),
 }
 
 

@@ -153,3 +153,28 @@ def test_nccl_bf16_tensor_parallel_matches_cpu_reference():
     for rank_state in result.state:
         for name, st in rank_state.items():
             assert close_bf16(st["grad"].float(), grads[name]), name
+
+
+def test_link_emulation_holds_messages_until_the_route_delivers_them():
+    # two nodes behind a 20 Mbit/s, 1 ms link: each 64 KiB activation (2 x 64 x 128 fp32)
+    # takes 26.2 ms on the wire, one after another, then 1 ms of latency
+    slow = {"nodes": [{"name": "a", "device": "A100-80GB", "count": 1},
+                      {"name": "b", "device": "A100-80GB", "count": 1}],
+            "inter_node": {"bandwidth": "20 Mbit/s", "latency": "1 ms"}}
+    plan = plan_from_dict({
+        "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": slow,
+        "global_batch": 8, "schedule": "gpipe", "pipelines": [{
+            "micro_batch": 2, "num_microbatches": 4,
+            "stages": [{"layers": [0, 4], "devices": ["a/0"]},
+                       {"layers": [4, 8], "devices": ["b/0"]}]}]})
+    result = run_plan(plan, RunOptions(steps=2, probe_links=False))
+    assert result.emulated
+    wire_s, latency_s = 2 * 64 * 128 * 4 / 2.5e6, 1e-3
+    events = [e for e in result.trace.events if e.step == 1]
+    first_send = min(e.start_s for e in events if e.op == "send" and e.device == "a/0")
+    arrivals = sorted(e.end_s for e in events if e.op == "recv" and e.device == "b/0")
+    assert len(arrivals) == 4
+    for k, end in enumerate(arrivals):      # closed form: serialised on the route
+        assert end >= first_send + (k + 1) * wire_s + latency_s - 1e-3, k
+    # the whole step: at least the 8 messages' wire time (4 forward, then 4 back)
+    assert result.step_times_s[1] >= 8 * wire_s

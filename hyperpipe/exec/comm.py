@@ -99,12 +99,14 @@ class Channels:
 
 
 def probe_links(pairs: Sequence[tuple[int, int]], rank: int, devices: Sequence[str],
-                clock: Callable[[], float], timeout_s: float, device: torch.device
-                ) -> list[TraceEvent]:
+                clock: Callable[[], float], timeout_s: float, device: torch.device,
+                links=None) -> list[TraceEvent]:
     """Ping-pong between each pair of ranks (a, b) that hold adjacent stages: for each
     size in PROBE_SIZES_BYTES, one warm-up round and PROBE_REPEATS timed ones. Each timed
     round becomes a `send` event from a to b (step -1, `bytes` the message size) lasting
-    half the round trip. Pairs go one after another in the given (global) order."""
+    half the round trip. Pairs go one after another in the given (global) order. With
+    `links` (exec.links.LinkEmulation) each round trip takes at least the emulated
+    route's time both ways, as the run's messages do."""
     events: list[TraceEvent] = []
     for a, b in pairs:
         if rank not in (a, b):
@@ -120,6 +122,8 @@ def probe_links(pairs: Sequence[tuple[int, int]], rank: int, devices: Sequence[s
                     back = dist.irecv(buf, peer, tag=_PROBE_TAG + 1)
                     wait(send, timeout_s, what)
                     wait(back, timeout_s, what)
+                    if links is not None:   # link emulation: the route's time both ways
+                        links.hold(start + 2 * links.transfer_s(a, b, n_bytes))
                     rtt = clock() - start
                     if rep:
                         events.append(TraceEvent(devices[a], "send", -1, rep - 1, start,

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hyperpipe.exec.comm import wait
+from hyperpipe.exec.links import LinkEmulation
 from hyperpipe.exec.tensor_parallel import local
 from hyperpipe.plan.trace import TraceEvent
 
@@ -60,6 +61,7 @@ class _Bucket:
     next: _Bucket | None = None
     shard: nn.Parameter | None = None   # distributed optimizer: this rank's slice
     work: tuple | None = None           # this step: (work, buffer, start time) once started
+    ranks: tuple[int, ...] = ()         # the group's global ranks
 
     @property
     def padded(self) -> int:
@@ -79,8 +81,10 @@ class DataParallel:
     def __init__(self, groups: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], rank: int,
                  params_by_layer: dict[int, list[nn.Parameter]], devices: Sequence[str],
                  timeout_s: float, *, lr: float, distributed_optimizer: bool = False,
-                 bucket_bytes: float = DDP_BUCKET_BYTES, overlap: bool = True):
+                 bucket_bytes: float = DDP_BUCKET_BYTES, overlap: bool = True,
+                 links: LinkEmulation | None = None):
         self._timeout_s = timeout_s
+        self._links = links
         self.distributed, self.overlap = distributed_optimizer, overlap
         self.params = [p for layer in sorted(params_by_layer) for p in params_by_layer[layer]]
         self._buckets: list[_Bucket] = []
@@ -95,7 +99,8 @@ class DataParallel:
             previous = None
             for chunk in _chunks(params, bucket_bytes):
                 b = _Bucket(pg, len(ranks), ranks.index(rank), chunk, peers,
-                            sum(local(p).numel() for p in chunk), after=previous)
+                            sum(local(p).numel() for p in chunk), after=previous,
+                            ranks=tuple(ranks))
                 if previous is not None:
                     previous.next = b
                 self._buckets.append(b)
@@ -202,9 +207,16 @@ class DataParallel:
             if b.work is None:
                 self._start(b)
         events = []
+        free_s: dict[int, float] = {}       # link emulation: a group's ring free at
         for b in self._buckets:
             work, buf, start = b.work
             wait(work, self._timeout_s, f"gradient reduction with {b.peers}")
+            if self._links is not None:     # held until the cluster's ring would be done
+                ring_s = self._links.allreduce_s(b.ranks, b.numel * 4.0)
+                begin = max(start, free_s.get(id(b.pg), 0.0))
+                # a reduce-scatter moves half an all-reduce's bytes
+                free_s[id(b.pg)] = begin + (ring_s / 2 if self.distributed else ring_s)
+                self._links.hold(free_s[id(b.pg)])
             if self.distributed:
                 b.shard.grad = buf
             else:
@@ -230,8 +242,11 @@ class DataParallel:
             return
         for g in self._buckets:
             whole = torch.empty(g.padded, dtype=g.shard.dtype, device=g.shard.device)
+            start = self._clock()
             wait(dist.all_gather_single(whole, g.shard.detach(), group=g.pg, async_op=True),
                  self._timeout_s, f"parameter all-gather with {g.peers}")
+            if self._links is not None:     # an all-gather: half an all-reduce's bytes
+                self._links.hold(start + self._links.allreduce_s(g.ranks, g.numel * 4.0) / 2)
             offset = 0
             for p in g.params:
                 t = local(p)

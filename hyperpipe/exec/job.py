@@ -108,11 +108,16 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
         return time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    link_cost = None
+    if emulated:        # messages and collectives take the cluster's link times (links.py)
+        from hyperpipe.sim.costmodel import CostModel
+        link_cost = CostModel(spec, prep.cluster)
     runtime = RankRuntime(plan, spec, where, seed=options.seed, lr=options.lr, device=device,
                           timeout_s=options.timeout_s, clock=clock,
                           emulation_factor=factors[where.device],
                           bucket_bytes=options.bucket_bytes,
-                          overlap_dp_allreduce=options.overlap_dp_allreduce)
+                          overlap_dp_allreduce=options.overlap_dp_allreduce,
+                          link_cost=link_cost)
     first_step = 0
     if prep.resume_from is not None:
         state = checkpoint.load_rank(options.checkpoint_dir, prep.resume_from, rank)
@@ -134,7 +139,7 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
     events: list[TraceEvent] = []
     if options.probe_links:
         events += probe_links(adjacent_pairs(plan), rank, plan.devices, clock,
-                              options.timeout_s, device)
+                              options.timeout_s, device, runtime.links)
     outcomes: list[StepOutcome] = []
     for step in range(first_step, options.steps):
         if options.inject_fault is not None and options.inject_fault[:2] == (rank, step):

@@ -27,6 +27,7 @@ a TraceEvent (seconds on the rank's clock, which the launcher aligns across rank
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,6 +39,7 @@ from hyperpipe.exec import comm, compute, tensor_parallel
 from hyperpipe.exec.data import micro_batch_of, step_batch
 from hyperpipe.exec.dataparallel import DDP_BUCKET_BYTES, DataParallel
 from hyperpipe.exec.emulation import cpu_clock, stretch
+from hyperpipe.exec.links import STAMP_ELEMENTS, LinkEmulation, stamped, unstamped
 from hyperpipe.exec.memory import MemoryMeter, state_tensors
 from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups, tp_groups
 from hyperpipe.exec.recompute import apply_recompute
@@ -103,10 +105,14 @@ class RankRuntime:
     def __init__(self, plan: Plan, spec: ModelSpec, where: RankPlacement, *, seed: int,
                  lr: float, device: torch.device, timeout_s: float,
                  clock: Callable[[], float], emulation_factor: float = 1.0,
-                 bucket_bytes: float = DDP_BUCKET_BYTES, overlap_dp_allreduce: bool = True):
+                 bucket_bytes: float = DDP_BUCKET_BYTES, overlap_dp_allreduce: bool = True,
+                 link_cost=None):
         self.plan, self.spec, self.where = plan, spec, where
         self.seed, self.device, self.timeout_s = seed, device, timeout_s
         self.clock, self.factor = clock, emulation_factor
+        # link emulation: a CostModel of the cluster gives each message and collective
+        # the time its route would take (exec.links); None: loopback speed
+        self.links = LinkEmulation(link_cost, plan.devices, clock) if link_cost else None
         self.reference: dict = {}       # (stage, op) or "optimizer" -> seconds (emulation)
         self.devices = plan.devices
         self.name = where.device
@@ -145,7 +151,8 @@ class RankRuntime:
         self.dp = DataParallel(dp_groups(plan), where.rank, self._params_by_layer(),
                                self.devices, timeout_s, lr=lr,
                                distributed_optimizer=plan.distributed_optimizer,
-                               bucket_bytes=bucket_bytes, overlap=overlap_dp_allreduce)
+                               bucket_bytes=bucket_bytes, overlap=overlap_dp_allreduce,
+                               links=self.links)
         self.memory = MemoryMeter(device, self.params, lambda: state_tensors(
             self.dp.optimizer, self.dp.master_tensors()))
         # the index of each stage's last backward action (B, or W after I): its
@@ -343,7 +350,9 @@ class RankRuntime:
             key = (r.kind, r.stage, r.microbatch)
             if until is None and self.outstanding[src] >= self.window:
                 return
-            buf = torch.empty(r.shape, dtype=torch.float32, device=self.device)
+            # with link emulation the message carries its send time (links.stamped)
+            shape = (math.prod(r.shape) + STAMP_ELEMENTS,) if self.links else r.shape
+            buf = torch.empty(shape, dtype=torch.float32, device=self.device)
             tag = comm.message_tag(r.kind, r.stage, r.microbatch, self.num_mb)
             group = self.channels.group(src, self.where.rank)
             self.posted[key] = (dist.irecv(buf, src, group=group, tag=tag), buf, src)
@@ -368,6 +377,12 @@ class RankRuntime:
         comm.wait(work, self.timeout_s, f"waiting for the {what} of stage {stage} "
                   f"micro-batch {mb} from rank {src} ({self.devices[src]})")
         self._sync()
+        if self.links:      # held until the cluster's route would have delivered it
+            st = self.stages[stage]
+            buf, sent_s = unstamped(buf, st.in_shape if kind == comm.ACTIVATION
+                                    else st.out_shape)
+            self.links.hold(self.links.arrival_s(src, self.where.rank, sent_s,
+                                                 float(buf.numel() * buf.element_size())))
         self.events.append(self._event("recv", stage, mb, start, self.clock(),
                                        float(buf.numel() * buf.element_size()),
                                        self.devices[src]))
@@ -386,7 +401,8 @@ class RankRuntime:
                 continue
             ev = self._event("send", src_stage, mb, self.clock(), 0.0,
                              float(tensor.numel() * tensor.element_size()), self.devices[dst])
-            self.sends.send(tensor, dst, comm.message_tag(kind, stage, mb, self.num_mb),
+            wire = stamped(tensor, self.clock()) if self.links else tensor
+            self.sends.send(wire, dst, comm.message_tag(kind, stage, mb, self.num_mb),
                             self.channels.group(self.where.rank, dst), ev)
 
     # ------------------------------------------------------------------ helpers
