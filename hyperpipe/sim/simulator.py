@@ -193,9 +193,12 @@ class _Engine:
                     report_to(pipe, report, t0, dur)
                 yield timeout(dur)
             if tp is not None:                       # tensor-parallel collectives
-                done = env.event()
-                self.net.start(tp.hops, tp.work_s, tp.latency_s, _succeed, done)
-                yield done
+                # On idle ports the network returns the delivery time (no flow event);
+                # if a flow joins later, `_delayed` moves the wait to `_tp_done`.
+                holder = [None]
+                t = start_lazy(tp, env.now, _tp_done, holder)
+                holder[0] = env.event() if t is None else timeout(t - env.now)
+                yield holder[0]
             t1 = env.now
             if delta < 0:
                 current += delta
@@ -308,6 +311,14 @@ class _Engine:
 
     def _delayed(self, token) -> None:
         """Network callback: another flow joined this message's hops; time unknown."""
+        if type(token) is list:
+            # A tensor-parallel flow: its rank sleeps on a timeout that no longer holds;
+            # make it wait for the delivery (`_tp_done`) instead.
+            later = token[0]
+            ev = self.env.event()
+            ev.callbacks, later.callbacks = later.callbacks, []
+            token[0] = ev
+            return
         pipe, box = token
         pipe.eta[box] = NEVER
         later = pipe.wake[box]
@@ -457,8 +468,9 @@ class _Engine:
                                 got_text="; ".join(stuck))
 
 
-def _succeed(event: simpy.Event) -> None:
-    event.succeed()
+def _tp_done(holder: list) -> None:
+    """Network callback: a tensor-parallel flow that shared its ports is delivered."""
+    holder[0].succeed()
 
 
 def _busy_s(action: tuple) -> float:
