@@ -1,7 +1,7 @@
 """How close are the simulator's predictions to real runs? (issue 6)
 
 Calibrates once (per-layer profiling here, scaled to two short runs of calibration
-plans), then predicts and measures eleven other
+plans), then predicts and measures thirteen other
 plans on the demo cluster (tiny-gpt, device speeds emulated on this CPU) that differ in
 partition, schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1), micro-batch count, data
 parallelism and the device types they use. Each plan is also predicted by a null model

@@ -77,8 +77,18 @@ def reference_from(rt, cost) -> dict:
     for a in rt.actions:
         st = pipe.stages[a.stage]
         out[(a.stage, a.op)] = cost.stage_compute_s(st.layers, dtype, rt.micro_batch, a.op,
-                                                    st.tp)
+                                                    st.tp, st.sequence_parallel)
     if dtype in cost.profile.optimizer:
         out["optimizer"] = sum(cost.optimizer_time_s(pipe.stages[s].layers, dtype,
-                                                     pipe.stages[s].tp) for s in rt.stages)
+                                                     pipe.stages[s].tp, _shards(rt.plan, s, pipe))
+                               for s in rt.stages)
     return out
+
+
+def _shards(plan, s: int, pipe) -> int:
+    """Replicas over which the distributed optimizer splits stage `s`'s state (the
+    pipelines holding the same layer range; 1 without it)."""
+    if not plan.distributed_optimizer:
+        return 1
+    layers = pipe.stages[s].layers
+    return sum(1 for p in plan.pipelines for st in p.stages if st.layers == layers)
