@@ -51,6 +51,21 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=ca.BATCH, required=True, help="samples per iteration")
 
 
+def _memory_args(p: argparse.ArgumentParser, verb: str) -> None:
+    """Activation recompute, sequence parallelism and the distributed optimizer."""
+    p.add_argument("--recompute", choices=["none", "selective", "full"],
+                   help=f"{verb} activation recompute on every stage")
+    p.add_argument("--sequence-parallel", action="store_const", const=True,
+                   help=f"{verb} sequence parallelism on tensor-parallel stages")
+    p.add_argument("--distributed-optimizer", action="store_const", const=True,
+                   help=f"{verb} the optimizer state sharded over data-parallel replicas")
+
+
+def _memory_options(args: argparse.Namespace) -> dict:
+    return {"recompute": args.recompute, "sequence_parallel": args.sequence_parallel,
+            "distributed_optimizer": args.distributed_optimizer}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hyperpipe", description="Plan, simulate and run pipeline-parallel "
                      "training on heterogeneous GPU clusters.")
@@ -82,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=ca.BATCH, help="samples per iteration")
     p.add_argument("--schedule", help="schedule kind (plan options; default 1f1b)")
     p.add_argument("--chunks", type=ca.CHUNKS, help="stages per device (interleaved; default 1)")
+    _memory_args(p, "plan options:")
     p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce gradients after the backward, not during it")
@@ -160,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp", type=ca.REPLICAS, help="fix the number of pipelines (replicas)")
     p.add_argument("--tp", type=ca.TENSOR_PARALLEL,
                    help="fix the tensor-parallel degree of every stage")
+    _memory_args(p, "fix")
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
     p.add_argument("--top", type=ca.TOP, default=5, help="plans to list")
     p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
@@ -223,7 +240,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     shape = {"--pp": args.pp, "--micro-batch": args.micro_batch,
              "--global-batch": args.global_batch}
     optional = {"--dp": args.dp, "--tp": args.tp, "--schedule": args.schedule,
-                "--chunks": args.chunks}
+                "--chunks": args.chunks, "--recompute": args.recompute,
+                "--sequence-parallel": args.sequence_parallel,
+                "--distributed-optimizer": args.distributed_optimizer}
     if args.plan:
         given = [k for k, v in {**shape, **optional}.items() if v is not None]
         if given:
@@ -244,6 +263,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         plan = uniform_plan(model, cluster, pp=args.pp, dp=args.dp or 1, tp=args.tp or 1,
                             micro_batch=args.micro_batch, global_batch=args.global_batch,
                             schedule=args.schedule or "1f1b", chunks=args.chunks or 1)
+        if args.sequence_parallel and (args.tp or 1) == 1:
+            raise BadInput("--sequence-parallel", "tensor parallelism (--tp above 1)",
+                           "--tp 1")
+        plan = plan.with_memory(**_memory_options(args))
     cost = CostModel(model, cluster, _load_profile(args.profile))
     result = simulate(plan, cost, SimOptions(overlap_dp_allreduce=not args.no_overlap))
     if args.trace:
@@ -365,7 +388,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     profile = _load_profile(args.profile)
     c = SearchConstraints(global_batch=args.global_batch, micro_batch=args.micro_batch,
                           schedule=args.schedule, pp=args.pp, dp=args.dp, tp=args.tp,
-                          chunks=args.chunks, objective=args.objective)
+                          chunks=args.chunks, objective=args.objective,
+                          **_memory_options(args))
     with open_backend(args) as backend:
         args._backend = backend
         result = search(model, cluster, c, profile=profile, top=args.top,

@@ -127,6 +127,19 @@ class Plan:
     def with_pipelines(self, pipelines: list[PipelinePlan]) -> Plan:
         return replace(self, pipelines=tuple(pipelines))
 
+    def with_memory(self, recompute: str | None = None, sequence_parallel: bool | None = None,
+                    distributed_optimizer: bool | None = None) -> Plan:
+        """This plan with the given memory options on every stage (sequence parallelism
+        on the tensor-parallel ones) and for the plan; None keeps what it has."""
+        def stage(s: StagePlan) -> StagePlan:
+            return replace(s, recompute=s.recompute if recompute is None else recompute,
+                           sequence_parallel=s.sequence_parallel if sequence_parallel is None
+                           else sequence_parallel and s.tp > 1)
+        pipes = [replace(p, stages=tuple(map(stage, p.stages))) for p in self.pipelines]
+        do = self.distributed_optimizer if distributed_optimizer is None \
+            else distributed_optimizer
+        return replace(self, pipelines=tuple(pipes), distributed_optimizer=do)
+
     # ------------------------------------------------------------------ resolving refs
     def load_model(self, override: Any = None):
         """The ModelSpec this plan names (or `override`, e.g. from --model)."""

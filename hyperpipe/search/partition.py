@@ -62,23 +62,51 @@ class LayerTables:
     bwd_s: np.ndarray          # prefix sums: backward (B = I + W) time
     state_bytes: np.ndarray    # prefix sums: weights + grads + optimizer state per device
     stash_bytes: np.ndarray    # prefix sums: activations one micro-batch stashes
+    work_bytes: float = 0.0    # the largest one-layer recompute working set (not summed)
 
 
-def layer_tables(cost: CostModel, devices: tuple[str, ...], micro_batch: int) -> LayerTables:
-    """Prefix sums over layers of the costs of one stage kind; `devices` is its tp group."""
+def layer_tables(cost: CostModel, devices: tuple[str, ...], micro_batch: int, *,
+                 recompute: str = "none", sequence_parallel: bool = False,
+                 dp_shards: int = 1) -> LayerTables:
+    """Prefix sums over layers of the costs of one stage kind; `devices` is its tp group,
+    with its recompute, sequence parallelism and optimizer shards (the distributed
+    optimizer's replicas; 1 without it)."""
+    fwd, bwd = layer_times(cost, devices, micro_batch, recompute, sequence_parallel)
+    return layer_memory(cost, len(devices), micro_batch, fwd, bwd, recompute,
+                        sequence_parallel, dp_shards)
+
+
+def layer_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
+                recompute: str = "none", sequence_parallel: bool = False
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix sums of the per-layer forward and backward (B, with its recompute) times."""
     n = cost.model.num_layers
-    tp = len(devices)
     fwd = np.zeros(n + 1)
     bwd = np.zeros(n + 1)
-    state = np.zeros(n + 1)
-    stash = np.zeros(n + 1)
     for i in range(n):
         one = (i, i + 1)
-        fwd[i + 1] = cost.stage_time_s(one, devices, micro_batch, "F")
-        bwd[i + 1] = cost.stage_time_s(one, devices, micro_batch, "B")
-        state[i + 1] = cost.state_bytes(one, tp)
-        stash[i + 1] = cost.stash_bytes(one, micro_batch, tp)
-    return LayerTables(np.cumsum(fwd), np.cumsum(bwd), np.cumsum(state), np.cumsum(stash))
+        fwd[i + 1] = cost.stage_time_s(one, devices, micro_batch, "F",
+                                       sequence_parallel=sequence_parallel)
+        bwd[i + 1] = cost.stage_time_s(one, devices, micro_batch, "B", recompute,
+                                       sequence_parallel)
+    return np.cumsum(fwd), np.cumsum(bwd)
+
+
+def layer_memory(cost: CostModel, tp: int, micro_batch: int, fwd_s: np.ndarray,
+                 bwd_s: np.ndarray, recompute: str = "none", sequence_parallel: bool = False,
+                 dp_shards: int = 1) -> LayerTables:
+    """`LayerTables` of the given time prefix sums and the per-device memory of a stage
+    kind (memory does not depend on the device type)."""
+    n = cost.model.num_layers
+    state = np.zeros(n + 1)
+    stash = np.zeros(n + 1)
+    kw = {"recompute": recompute, "sequence_parallel": sequence_parallel}
+    for i in range(n):
+        one = (i, i + 1)
+        state[i + 1] = cost.state_bytes(one, tp, dp_shards)
+        stash[i + 1] = cost.stash_bytes(one, micro_batch, tp, **kw)
+    work = cost.recompute_work_bytes((0, n), micro_batch, tp, **kw)
+    return LayerTables(fwd_s, bwd_s, np.cumsum(state), np.cumsum(stash), work)
 
 
 def link_costs(cost: CostModel, src: str, dst: str, micro_batch: int) -> np.ndarray:

@@ -144,7 +144,8 @@ def _build_plan(ctx: SearchContext, tpls: tuple[Template, ...]) -> Plan:
     pipes = [PipelinePlan(mb, m, t.stages(r)) for (t, r), m in zip(rows, counts, strict=True)]
     plan = Plan(model=ctx.refs[0], cluster=ctx.refs[1],
                 global_batch=ctx.c.global_batch, schedule=tpls[0].kind,
-                chunks=tpls[0].chunks, pipelines=tuple(pipes))
+                chunks=tpls[0].chunks, pipelines=tuple(pipes),
+                distributed_optimizer=any(t.mode.distributed_optimizer for t in tpls))
     plan.check(ctx.model, ctx.cluster)
     return plan
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from hyperpipe.errors import BadInput
 from hyperpipe.plan.generators import takes_chunks
+from hyperpipe.plan.plan import RECOMPUTE_KINDS
 
 MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
 MAX_ORDERS = 120              # distinct stage orders enumerated in full below this count
@@ -48,6 +49,9 @@ class SearchConstraints:
     tp: int | None = None
     chunks: int | None = None
     objective: str = "throughput"      # or "cost" (USD per million tokens)
+    recompute: str | None = None                 # "none", "selective" or "full"
+    sequence_parallel: bool | None = None        # on every tensor-parallel stage
+    distributed_optimizer: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "micro_batch", "pp", "dp", "tp", "chunks"):
@@ -58,6 +62,12 @@ class SearchConstraints:
                 raise BadInput(f"--{name.replace('_', '-')}", "a positive integer", value)
         if self.objective not in ("throughput", "cost"):
             raise BadInput("--objective", "throughput or cost", self.objective)
+        if self.recompute is not None and self.recompute not in RECOMPUTE_KINDS:
+            raise BadInput("--recompute", f"one of {', '.join(RECOMPUTE_KINDS)}",
+                           self.recompute)
+        if self.sequence_parallel and self.tp == 1:
+            raise BadInput("--sequence-parallel", "tensor parallelism (--tp above 1): it "
+                           "splits the tensor-parallel group's activations", "--tp 1")
         if self.micro_batch is not None and self.global_batch % self.micro_batch:
             raise BadInput("--micro-batch", f"a divisor of the global batch "
                            f"({self.global_batch})", self.micro_batch)
@@ -72,6 +82,37 @@ class SearchConstraints:
         if self.dp is not None and self.dp > self.global_batch // (self.micro_batch or 1):
             raise BadInput("--dp", f"at most global batch / micro-batch = "
                            f"{self.global_batch // (self.micro_batch or 1)} pipelines", self.dp)
+
+
+@dataclass(frozen=True)
+class MemoryMode:
+    """How a template saves memory: activation recompute and sequence parallelism on
+    every stage, the distributed optimizer over its replicas."""
+
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+
+
+def memory_modes(c: SearchConstraints, tp: int, dp: int, selective_helps: bool
+                 ) -> tuple[MemoryMode, ...]:
+    """The memory modes a template tries, in the order the search tries them: the plain
+    one first, then sequence parallelism (tp > 1) and the distributed optimizer (dp > 1)
+    together (in this cost model they cost no time: the same bytes, a sharded optimizer
+    step), then selective recompute (only where it saves memory: eager attention), then
+    full recompute. A template takes the first that fits, so a plan uses them where
+    memory needs them. A dimension fixed in `c` keeps its one value."""
+    sp = (c.sequence_parallel,) if c.sequence_parallel is not None else (False, True)
+    do = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (False, True)
+    sp = tuple(x and tp > 1 for x in sp)
+    do = tuple(x and dp > 1 for x in do)
+    if c.recompute is not None:
+        recompute: tuple[str, ...] = (c.recompute,)
+    else:
+        recompute = ("none", "selective", "full") if selective_helps else ("none", "full")
+    ladder = [MemoryMode(recompute[0], sp[0], do[0])]
+    ladder += [MemoryMode(r, sp[-1], do[-1]) for r in recompute]
+    return tuple(dict.fromkeys(ladder))
 
 
 @dataclass(frozen=True)

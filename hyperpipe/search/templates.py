@@ -14,6 +14,11 @@ first) and, only if that lands in the band, in every other order: orders change 
 and memory, rarely the bottleneck. A shape out of memory at one micro-batch size is not
 tried at larger ones.
 
+Memory modes (`space.memory_modes`: recompute, sequence parallelism, the distributed
+optimizer) are a dimension of a key: a key starts at the first mode whose memory bound
+passes, with that mode's work in its bound (recompute costs time), and its cuts take the
+first mode from there whose DP finds a cut that fits.
+
 A template's own time model is the 1F1B-style closed form (m - 1) x busiest device's
 load per micro-batch + fill (at least one micro-batch's whole trip) + gradient sync,
 with all numbers from `CostModel`; it ranks templates and splits the batch, while the
@@ -24,20 +29,23 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from hyperpipe.plan.plan import StagePlan
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
-from hyperpipe.search.space import SearchConstraints
+from hyperpipe.search.context import (  # noqa: F401  (re-exported for the other phases)
+    CLOSED_FORM_KINDS,
+    PhaseStats,
+    SearchContext,
+    objective_value,
+)
+from hyperpipe.search.space import MemoryMode
 from hyperpipe.sim.costmodel import CostModel
 
 KEEP_PER_GROUP = 3        # templates kept per (schedule, micro-batch, type group) ...
 KEEP_MAX = 32             # ... or up to this many when within TOLERANCE of the best
 TOLERANCE = 0.10          # why: the closed form ties plans the simulator tells apart
-CLOSED_FORM_KINDS = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class Template:
     fill_s: float                 # time a micro-batch takes through the empty pipeline
     sync_s: float                 # gradient all-reduce + optimizer step of the busiest stage
     price_per_hour: float         # all devices of all replicas, USD
+    mode: MemoryMode = MemoryMode()   # recompute, sequence parallelism, distributed optimizer
 
     @property
     def dp(self) -> int:
@@ -75,117 +84,43 @@ class Template:
     def stages(self, replica: int) -> tuple[StagePlan, ...]:
         row = self.slots[replica]
         p = len(row)
-        return tuple(StagePlan((a, b), row[k % p], self.tp)
+        return tuple(StagePlan((a, b), row[k % p], self.tp, self.mode.recompute,
+                               self.mode.sequence_parallel)
                      for k, (a, b) in enumerate(self.part.layer_ranges))
 
 
-@dataclass(frozen=True)
-class SearchContext:
-    """Everything a phase needs, with caches (passed explicitly; no module state)."""
-
-    cost: CostModel
-    c: SearchConstraints
-    tables: dict = field(default_factory=dict)
-    links: dict = field(default_factory=dict)
-    inflight: dict = field(default_factory=dict)
-    splits: dict = field(default_factory=dict)
-    book: dict = field(default_factory=dict)      # (types, config or None) -> templates
-    matrices: dict = field(default_factory=dict)
-    memo: dict = field(default_factory=dict)
-
-    @property
-    def refs(self) -> tuple:
-        """(model, cluster) as plans name them (built-in name or inline document)."""
-        if "refs" not in self.memo:
-            from hyperpipe.cluster.cluster import cluster_ref
-            from hyperpipe.models import model_ref
-            self.memo["refs"] = (model_ref(self.model), cluster_ref(self.cluster))
-        return self.memo["refs"]
-
-    @property
-    def model(self):
-        return self.cost.model
-
-    @property
-    def cluster(self):
-        return self.cost.cluster
-
-    def table(self, group: tuple[str, ...], mb: int) -> P.LayerTables:
-        dev = self.cluster.device(group[0])
-        node = self.cluster.node(dev.node)
-        # identical devices are interchangeable: one table per (type, intra link, tp)
-        key = (dev.type.name, node.intra_link if len(group) > 1 else None, len(group), mb)
-        if key not in self.tables:
-            self.tables[key] = P.layer_tables(self.cost, group, mb)
-        return self.tables[key]
-
-    def link(self, src: str, dst: str, mb: int) -> np.ndarray:
-        a, b = self.cluster.device(src), self.cluster.device(dst)
-        na, nb = self.cluster.node(a.node), self.cluster.node(b.node)
-        # routes cost only by their link class: one entry per (intra link) or (two NICs);
-        # a calibration profile measures intra-node links per node, so then per node
-        same = a.node == b.node
-        if self.cost.profile is not None:
-            key = ((a.node,) if same else ("inter", na.nic, nb.nic), mb)
-        else:
-            key = ((na.intra_link,) if same else (na.nic, nb.nic), mb)
-        if key not in self.links:
-            self.links[key] = P.link_costs(self.cost, src, dst, mb)
-        return self.links[key]
-
-    def times(self, table: P.LayerTables, link: np.ndarray | None) -> np.ndarray:
-        """The stage-time matrix of a (table, link) pair; both are cached objects."""
-        key = (id(table), None if link is None else id(link))
-        if key not in self.matrices:
-            self.matrices[key] = P.time_matrix(table, link)
-        return self.matrices[key]
-
-    def peak_inflight(self, kind: str, p: int, m: int, v: int) -> tuple[int, ...]:
-        """Per stage, the micro-batches it stashes at the peak: the closed forms the
-        simulator's memory model uses (`memory.peak_in_flight`, per rank, spread over
-        the rank's v chunks) for the kinds it knows, else read off the schedule IR."""
-        from hyperpipe.sim.memory import peak_in_flight
-        key = (kind, p, m if m <= 3 * p else 2 * p + m % p, v)
-        if key not in self.inflight:
-            if kind in CLOSED_FORM_KINDS:
-                per_rank = [peak_in_flight(kind, p, m, v, r) for r in range(p)]
-                self.inflight[key] = tuple(-(-per_rank[k % p] // v) for k in range(p * v))
-            else:
-                self.inflight[key] = P.peak_inflight(kind, p, m, v)
-        return self.inflight[key]
-
-    def splits_backward(self, kind: str) -> bool:
-        """Kinds that run I and W apart (zero bubble) fill the pipeline with forwards only."""
-        if kind not in self.splits:
-            from hyperpipe.plan.generators import generate
-            v = 2 if space.takes_chunks(kind) else 1
-            sched = generate(kind, 2, 2, v)
-            self.splits[kind] = any(a.op == "W" for row in sched.actions for a in row)
-        return self.splits[kind]
-
-
 def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
-              slots: list[list[tuple[str, ...]]], m: int, price: float) -> Template | None:
-    """Cut the layers for the pipelines `slots` (replica 0 stands for all); None if no
-    cut fits in memory."""
+              slots: list[list[tuple[str, ...]]], m: int, price: float,
+              start: int = 0) -> Template | None:
+    """Cut the layers for the pipelines `slots` (replica 0 stands for all) in the first
+    memory mode that fits (`SearchContext.modes`, from `start`); None if none fits."""
     row = slots[0]
     p = len(row)
     stages = p * v
     inflight = ctx.peak_inflight(kind, p, m, v)
-    tables, links, mats = [], [], []
-    for k in range(stages):
-        group = row[k % p]
-        dev = ctx.cluster.device(group[0]).type
-        slot = P.Slot(group, inflight[k], (dev.memory_bytes - dev.runtime_reserve_bytes) / v)
-        t = ctx.table(group, mb)
-        link = None if k == stages - 1 else ctx.link(group[-1], row[(k + 1) % p][0], mb)
-        tables.append(t)
-        links.append(link)
-        mats.append(P.stage_matrix(t, slot, ctx.times(t, link)))
-    bounds = P.partition(mats)
-    if bounds is None:
-        return None
-    part = P.describe(bounds, tables, links)
+    for mode in ctx.modes(tp, len(slots))[start:]:
+        tables, links, mats = [], [], []
+        for k in range(stages):
+            group = row[k % p]
+            dev = ctx.cluster.device(group[0]).type
+            t = ctx.table(group, mb, mode, len(slots))
+            room = dev.memory_bytes - dev.runtime_reserve_bytes - t.work_bytes
+            slot = P.Slot(group, inflight[k], room / v)
+            link = None if k == stages - 1 else ctx.link(group[-1], row[(k + 1) % p][0], mb)
+            tables.append(t)
+            links.append(link)
+            mats.append(P.stage_matrix(t, slot, ctx.times(t, link)))
+        bounds = P.partition(mats)
+        if bounds is not None:
+            return _finish(ctx, kind, v, mb, tp, types, slots, price, mode,
+                           P.describe(bounds, tables, links))
+    return None
+
+
+def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
+            slots, price: float, mode: MemoryMode, part: P.Partition) -> Template:
+    """The template of a cut: its busiest device's load, fill and sync."""
+    p = len(slots[0])
     load = [0.0] * p
     for k, t in enumerate(part.stage_s):
         load[k % p] += t
@@ -199,24 +134,26 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     else:
         fill = part.total_s
     return Template(kind, v, mb, tp, types, tuple(tuple(r) for r in slots), part,
-                    max(load), fill, _sync_s(ctx, slots, part, tp),
-                    price)
+                    max(load), fill, _sync_s(ctx, slots, part, tp, mode), price, mode)
 
 
-def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int) -> float:
+def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryMode) -> float:
     """Per iteration: ring all-reduce of each device's gradients over the replicas
-    (`CostModel.grad_bytes_per_param`: fp32 main grads for bf16) plus its optimizer
-    step; the busiest device counts."""
+    (`CostModel.dp_sync_bytes_per_param`: fp32 main grads for bf16; reduce-scatter and
+    all-gather with the distributed optimizer) plus its optimizer step (sharded with
+    it); the busiest device counts."""
     cost = ctx.cost
     p = len(slots[0])
+    shards = len(slots) if mode.distributed_optimizer else 1
+    per_param = cost.dp_sync_bytes_per_param(mode.distributed_optimizer)
     per_device = [0.0] * p
     for k, (a, b) in enumerate(part.layer_ranges):
         d = k % p
         group = slots[0][d]
-        nbytes = cost.stage_params((a, b)) * cost.grad_bytes_per_param / tp
+        nbytes = cost.stage_params((a, b)) * per_param / tp
         ring = [r[d][0] for r in slots]
         per_device[d] += cost.allreduce_time_s(ring, nbytes) + cost.optimizer_time_s(
-            (a, b), ctx.cluster.device(group[0]).type.name, tp)
+            (a, b), ctx.cluster.device(group[0]).type.name, tp, shards)
     return max(per_device)
 
 
@@ -240,33 +177,15 @@ def _assign(pools: dict[str, space.UnitPool], recipe: dict[str, int], dp: int,
     return slots
 
 
-@dataclass
-class PhaseStats:
-    name: str
-    seen: int = 0
-    pruned: int = 0
-    infeasible: int = 0
-    seconds: float = 0.0
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "seen": self.seen, "pruned": self.pruned,
-                "infeasible": self.infeasible, "seconds": round(self.seconds, 4)}
-
-
-def objective_value(ctx: SearchContext, time_s: float, price_per_hour: float) -> float:
-    if ctx.c.objective == "cost":
-        return price_per_hour * time_s if not math.isnan(price_per_hour) else math.inf
-    return time_s
-
-
 def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
           configs: list[tuple[str, int, int]]) -> list[tuple]:
     """Every (config, tp, replicas, units per type) for one type group that can hold the
     model's state, with a lower bound on its objective: the load spread perfectly over
     the pipeline's devices (fractional layers), the fill on the fastest type, and the
-    optimizer step spread the same way; no link, no all-reduce."""
+    optimizer step spread the same way; no link, no all-reduce. Both the memory check
+    and the bound are those of the first memory mode (`SearchContext.modes`) whose
+    memory bound passes, and the key starts its cuts at that mode."""
     c, model, cost = ctx.c, ctx.model, ctx.cost
-    total_state = cost.state_bytes((0, model.num_layers))
     keys = []
     for tp in space.tp_options(ctx.cluster, model, c):
         pools = space.unit_pools(ctx.cluster, tp)
@@ -275,24 +194,13 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
         counts = {t: len(pools[t].units) for t in types}
         opt = {t: cost.optimizer_time_s((0, model.num_layers), t, tp) for t in types}
         price_of = {t: ctx.cluster.price_per_hour(pools[t].units[0][0]) for t in types}
+        room = {t: ctx.cluster.device_types[t].memory_bytes
+                - ctx.cluster.device_types[t].runtime_reserve_bytes for t in types}
         for kind, v, mb in configs:
             big_m = c.global_batch // mb
-            work = {t: ctx.table(pools[t].units[0], mb) for t in types}
-            whole = {t: float(w.fwd_s[-1] + w.bwd_s[-1]) for t, w in work.items()}
-            fwd = {t: float(w.fwd_s[-1]) for t, w in work.items()}
-            if v > 1:
-                fill_lb = min(whole.values()) / v
-            elif ctx.splits_backward(kind):
-                fill_lb = min(fwd.values())
-            else:
-                fill_lb = min(whole.values())
-            total_stash = cost.stash_bytes((0, model.num_layers), mb)
             for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,
                                                chunks=v, pp=c.pp, dp=c.dp):
                 phase.seen += 1
-                mem = sum(k * tp * (ctx.cluster.device_types[t].memory_bytes
-                                    - ctx.cluster.device_types[t].runtime_reserve_bytes)
-                          for t, k in recipe.items())
                 p = sum(recipe.values())
                 m = -(-big_m // dp)
                 if p * v > model.num_layers or dp > big_m \
@@ -301,19 +209,56 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
                     continue
                 # memory, summed over the pipeline: all state, and every layer's stash
                 # at least as often as the least-loaded stage keeps micro-batches
-                if mem < total_state + min(ctx.peak_inflight(kind, p, m, v)) * total_stash:
+                mem = sum(k * tp * room[t] for t, k in recipe.items())
+                held = min(ctx.peak_inflight(kind, p, m, v))
+                modes = ctx.modes(tp, dp)
+                start = next((i for i, mode in enumerate(modes)
+                              if mem >= _total_bytes(ctx, mode, dp, mb, held)), None)
+                if start is None:
                     phase.infeasible += 1
                     continue
+                mode = modes[start]
+                whole, fill_lb = _work_bound(ctx, types, pools, kind, v, mb, mode)
                 load_lb = 1.0 / sum(k / whole[t] for t, k in recipe.items())
-                sync_lb = 1.0 / sum(k / opt[t] for t, k in recipe.items()) \
+                shards = dp if mode.distributed_optimizer else 1
+                sync_lb = 1.0 / sum(k * shards / opt[t] for t, k in recipe.items()) \
                     if all(opt.values()) else 0.0
                 bound = (m - 1) * load_lb + fill_lb + sync_lb
                 price = dp * tp * sum(k * (price_of[t] if price_of[t] is not None
                                            else math.nan) for t, k in recipe.items())
                 keys.append((objective_value(ctx, bound, price), (kind, v, mb), tp, dp,
-                             recipe, pools, price))
+                             recipe, pools, price, start))
     keys.sort(key=lambda k: k[0])
     return keys
+
+
+def _total_bytes(ctx: SearchContext, mode: MemoryMode, dp: int, mb: int, held: int) -> float:
+    """A lower bound on a pipeline's memory in `mode`: the model's state (its optimizer
+    state sharded over `dp` replicas with the distributed optimizer) and `held` stashes of
+    every layer, split perfectly over the tensor-parallel group."""
+    shards = dp if mode.distributed_optimizer else 1
+    key = ("total", mode.recompute, shards, mb)
+    if key not in ctx.memo:
+        whole = (0, ctx.model.num_layers)
+        ctx.memo[key] = (ctx.cost.state_bytes(whole, 1, shards),
+                         ctx.cost.stash_bytes(whole, mb, recompute=mode.recompute))
+    state, stash = ctx.memo[key]
+    return state + held * stash
+
+
+def _work_bound(ctx: SearchContext, types, pools, kind: str, v: int, mb: int,
+                mode: MemoryMode) -> tuple[dict[str, float], float]:
+    """Per type, a unit's forward + backward time of the whole model in `mode`, and the
+    fill's lower bound (on the fastest type)."""
+    work = {t: ctx.table(pools[t].units[0], mb, mode) for t in types}
+    whole = {t: float(w.fwd_s[-1] + w.bwd_s[-1]) for t, w in work.items()}
+    if v > 1:
+        fill_lb = min(whole.values()) / v
+    elif ctx.splits_backward(kind):
+        fill_lb = min(float(w.fwd_s[-1]) for w in work.values())
+    else:
+        fill_lb = min(whole.values())
+    return whole, fill_lb
 
 
 def canonical_order(ctx: SearchContext, recipe: dict[str, int]) -> tuple[str, ...]:
@@ -334,8 +279,8 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
     races: dict[int | None, list[tuple[float, int, Template]]] = {}
     too_big: dict[tuple, int] = {}      # pipeline shape -> least micro-batch out of memory
     serial = itertools.count()
-    for bound, (kind, v, mb), tp, dp, recipe, pools, price in _keys(ctx, phase, types,
-                                                                     configs):
+    for bound, (kind, v, mb), tp, dp, recipe, pools, price, start in _keys(ctx, phase, types,
+                                                                            configs):
         found = races.setdefault(dp if ctx.c.dp is not None else None, [])
         if found and bound > _band(found):
             phase.pruned += 1
@@ -350,7 +295,7 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             continue
         first = canonical_order(ctx, recipe)
         tries = [(first, lay) for lay in space.layouts(dp)]
-        key = (kind, v, mb, tp, dp, types, m, price, recipe, pools)
+        key = (kind, v, mb, tp, dp, types, m, price, recipe, pools, start)
         values = _cut_all(ctx, phase, found, serial, tries, key)
         if not values:                     # out of memory in the most memory-rich order
             if m >= p * v:
@@ -373,7 +318,7 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, found: list, serial, tries: 
              key: tuple) -> list[float]:
     """Cut the layers for each (order, layout) in `tries`; add the templates to `found`
     and return their objective values."""
-    kind, v, mb, tp, dp, types, m, price, recipe, pools = key
+    kind, v, mb, tp, dp, types, m, price, recipe, pools, start = key
     values = []
     done = set()
     for order, layout in tries:
@@ -382,7 +327,7 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, found: list, serial, tries: 
             continue
         done.add((order, str(slots)))
         phase.seen += 1
-        tpl = _template(ctx, kind, v, mb, tp, types, slots, m, price)
+        tpl = _template(ctx, kind, v, mb, tp, types, slots, m, price, start)
         if tpl is None:
             phase.infeasible += 1
             continue
