@@ -71,12 +71,15 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
     """Per factor, B with that factor switched to O's choice, or a string saying why not."""
     out: dict[str, Plan | str] = {}
     # device choice: O's pipelines, B's other choices, layers by speed
-    pipes = tuple(PipelinePlan(pipe.micro_batch, pipe.num_microbatches,
-                               _recut(pipe, _devices_of(other, pipe), best.chunks,
-                                      _speed(cost, pipe.micro_batch)))
-                  for pipe in other.pipelines)
-    out["device choice"] = _with_mb(replace(best, pipelines=pipes),
-                                    best.pipelines[0].micro_batch, _recompute_of(best))
+    try:
+        pipes = tuple(PipelinePlan(pipe.micro_batch, pipe.num_microbatches,
+                                   _recut(pipe, _devices_of(other, pipe), best.chunks,
+                                          _speed(cost, pipe.micro_batch)))
+                      for pipe in other.pipelines)
+        out["device choice"] = _with_mb(replace(best, pipelines=pipes),
+                                        best.pipelines[0].micro_batch, _recompute_of(best))
+    except InfeasiblePlan as exc:      # O's stage count x B's chunks exceeds the layers
+        out["device choice"] = str(exc)
     # layer partition
     same_shape = _types(best, cost) == _types(other, cost)
     mb = best.pipelines[0].micro_batch
@@ -96,15 +99,18 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
         out["schedule kind"] = replace(best, schedule=other.schedule)
     else:
         pipes = []
-        for pipe in best.pipelines:
-            share = {}
-            for s in pipe.stages:
-                share[s.devices] = share.get(s.devices, 0) + s.num_layers
-            st = _recut(pipe, _devices_of(best, pipe), other.chunks,
-                        lambda s, share=share: share[s.devices])
-            pipes.append(PipelinePlan(pipe.micro_batch, pipe.num_microbatches, st))
-        out["schedule kind"] = replace(best, schedule=other.schedule, chunks=other.chunks,
-                                       pipelines=tuple(pipes))
+        try:
+            for pipe in best.pipelines:
+                share = {}
+                for s in pipe.stages:
+                    share[s.devices] = share.get(s.devices, 0) + s.num_layers
+                st = _recut(pipe, _devices_of(best, pipe), other.chunks,
+                            lambda s, share=share: share[s.devices])
+                pipes.append(PipelinePlan(pipe.micro_batch, pipe.num_microbatches, st))
+            out["schedule kind"] = replace(best, schedule=other.schedule,
+                                           chunks=other.chunks, pipelines=tuple(pipes))
+        except InfeasiblePlan as exc:  # B's devices x O's chunks exceed the layers
+            out["schedule kind"] = str(exc)
     out["micro-batching"] = _with_mb(best, other.pipelines[0].micro_batch, None)
     out["recompute"] = _with_mb(best, best.pipelines[0].micro_batch, _recompute_of(other))
     return out
