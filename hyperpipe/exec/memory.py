@@ -60,6 +60,7 @@ class MemoryMeter:
         self._param_bytes = sum(local(p).nbytes for p in params)
         self._saved: dict[int, list[int]] = {}     # storage key -> [references, bytes]
         self._saved_bytes = 0
+        self._static_bytes = 0.0    # params + grads + state at the last `sample`
         self.peak_bytes = 0.0
 
     @property
@@ -86,7 +87,9 @@ class MemoryMeter:
         if entry[0] == 0:
             self._saved_bytes += nbytes
         entry[0] += 1
-        self.sample()
+        # gradients and optimizer state do not change during a forward: the last
+        # sample's static bytes stand (keeps packing O(1), off the step's critical path)
+        self.peak_bytes = max(self.peak_bytes, self._static_bytes + self._saved_bytes)
         return _Saved(t, self, key)
 
     @staticmethod
@@ -109,9 +112,9 @@ class MemoryMeter:
         """Note the current total (CPU); on CUDA the allocator keeps the peak itself."""
         if self.device.type == "cuda":
             return
-        total = self._param_bytes + self._grad_bytes() + self._saved_bytes + \
-            sum(t.nbytes for t in self._state())
-        self.peak_bytes = max(self.peak_bytes, float(total))
+        self._static_bytes = float(self._param_bytes + self._grad_bytes() +
+                                   sum(t.nbytes for t in self._state()))
+        self.peak_bytes = max(self.peak_bytes, self._static_bytes + self._saved_bytes)
 
     def step_peak(self) -> float:
         """The step's peak bytes (call after the optimizer step)."""
