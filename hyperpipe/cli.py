@@ -75,9 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "schedule", "print or draw a pipeline schedule")
     p.add_argument("--kind", required=True, help="schedule kind, e.g. 1f1b")
-    p.add_argument("--devices", type=ca.PIPELINE_DEVICES, required=True, help="pipeline ranks p")
-    p.add_argument("--microbatches", type=ca.MICROBATCHES, required=True, help="micro-batches m")
-    p.add_argument("--chunks", type=ca.CHUNKS, default=1, help="stages per device v (interleaved)")
+    p.add_argument("--devices", type=ca.PIPELINE_DEVICES, help="pipeline ranks p")
+    p.add_argument("--microbatches", type=ca.MICROBATCHES, help="micro-batches m")
+    p.add_argument("--chunks", type=ca.CHUNKS, help="stages per device v (interleaved; the "
+                   "V kinds zb-v and dualpipe-v take 2, the default for them)")
     p.add_argument("--format", choices=["text", "torch-csv", "png"], default="text")
     p.add_argument("--out", type=ca.path, help="output file (required for png; stdout otherwise)")
     p.set_defaults(func=cmd_schedule)
@@ -258,11 +259,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise BadInput("simulate", f"--plan P, or --cluster C --model M --pp N "
                            f"--micro-batch B --global-batch G (missing {' '.join(missing)})",
                            has_got=False)
+        from hyperpipe.plan.generators import default_chunks
         from hyperpipe.search.baselines import uniform_plan
         model, cluster = load_model(args.model, where="--model"), load_cluster(args.cluster)
         plan = uniform_plan(model, cluster, pp=args.pp, dp=args.dp or 1, tp=args.tp or 1,
                             micro_batch=args.micro_batch, global_batch=args.global_batch,
-                            schedule=args.schedule or "1f1b", chunks=args.chunks or 1)
+                            schedule=args.schedule or "1f1b",
+                            chunks=args.chunks or default_chunks(args.schedule or "1f1b"))
         if args.sequence_parallel and (args.tp or 1) == 1:
             raise BadInput("--sequence-parallel", "tensor parallelism (--tp above 1)",
                            "--tp 1")

@@ -18,7 +18,9 @@ from hyperpipe.cli import main as cli_main
 from hyperpipe.exec import RunFailed, RunOptions, run_plan
 from hyperpipe.exec.data import step_batch
 from hyperpipe.models import build_model
+from hyperpipe.plan.generators import placement_of
 from hyperpipe.plan.plan import plan_from_dict
+from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.plan.trace import load_trace
 
 pytestmark = pytest.mark.slow
@@ -36,7 +38,8 @@ def make_plan(kind: str, pipelines: list[tuple[int, int, list[tuple[int, int]]]]
         p = len(ranges) // chunks
         names = [f"n/{next(dev)}" for _ in range(p)]
         pipes.append({"micro_batch": mb, "num_microbatches": m, "stages": [
-            {"layers": list(r), "devices": [names[k % p]]} for k, r in enumerate(ranges)]})
+            {"layers": list(r), "devices": [names[stage_rank(k, p, placement_of(kind))]]}
+            for k, r in enumerate(ranges)]})
     return plan_from_dict({
         "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": cluster or CLUSTER,
         "global_batch": sum(mb * m for mb, m, _ in pipelines),
@@ -71,6 +74,8 @@ def check_against_reference(plan, result, seed: int = 0) -> None:
     ("zb-h1", (2, 5, [(0, 3), (3, 6), (6, 8)]), 1),
     ("zb-h1", (1, 3, [(0, 1), (1, 8)]), 1),          # a first stage of the embedding alone
     ("interleaved-1f1b", (1, 5, [(0, 2), (2, 4), (4, 6), (6, 8)]), 2),
+    ("zb-v", (1, 5, [(0, 2), (2, 4), (4, 6), (6, 8)]), 2),      # rank 0: stages 0, 3
+    ("dualpipe-v", (1, 6, [(0, 1), (1, 3), (3, 4), (4, 5), (5, 7), (7, 8)]), 2),
 ])
 def test_pipelined_gradients_equal_single_process(kind, pipeline, chunks):
     plan = make_plan(kind, [pipeline], chunks)

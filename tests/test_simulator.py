@@ -15,9 +15,9 @@ import pytest
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.plan.generators import generate
+from hyperpipe.plan.generators import generate, placement_of
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
-from hyperpipe.plan.schedule import Schedule, ScheduleError
+from hyperpipe.plan.schedule import Schedule, ScheduleError, stage_rank
 from hyperpipe.plan.trace import COMPUTE_OPS
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.analytic import estimate
@@ -102,6 +102,21 @@ def test_zb_h1_makespan(p, m):
     assert estimate(plan, cost).iteration_time_s == pytest.approx(expected, rel=5e-3)
 
 
+@pytest.mark.parametrize("kind", ["zb-v", "dualpipe-v"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 12)])
+def test_v_makespan_and_placement(kind, p, m):
+    model, cluster = free_setup(2 * p)
+    plan = uniform_plan(model, cluster, pp=p, micro_batch=1, global_batch=m, schedule=kind)
+    pipe = plan.pipelines[0]
+    for d in range(p):      # V placement: rank d holds stages d and 2p - 1 - d
+        assert pipe.stages[2 * p - 1 - d].devices == pipe.stages[d].devices
+    cost = CostModel(model, cluster)
+    t = LAYER_FLOPS / FLOPS                              # one layer per chunk
+    expected = 6 * m * t + (p - 1) * t                   # generators' orders, m >= 2p
+    assert simulate(plan, cost).metrics.iteration_time_s == pytest.approx(expected, rel=5e-3)
+    assert estimate(plan, cost).iteration_time_s == pytest.approx(expected, rel=5e-3)
+
+
 # ---------------------------------------------------------------- heterogeneous stages
 
 def brute_force(schedule: Schedule, dur, latency_s: float):
@@ -135,7 +150,8 @@ def brute_force(schedule: Schedule, dur, latency_s: float):
                 target = s + 1 if op == "F" and s < last else \
                     s - 1 if op in "BI" and s > 0 else None
                 if target is not None:
-                    lat = 0.0 if target % p == s % p else latency_s
+                    same = schedule.device_of(target) == schedule.device_of(s)
+                    lat = 0.0 if same else latency_s
                     key = (s, target)
                     t = max(end, channel_free.get(key, 0.0)) + lat
                     channel_free[key] = t
@@ -149,6 +165,8 @@ HETERO = [  # (kind, chunks, layers per stage, devices of the ranks)
     ("gpipe", 1, [1, 4, 2], ["s/0", "f/0", "s/1"]),
     ("zb-h1", 1, [2, 1, 3, 2], ["f/0", "s/0", "s/1", "f/1"]),
     ("interleaved-1f1b", 2, [1, 3, 2, 1, 2, 2], ["f/0", "s/0", "f/1"]),
+    ("zb-v", 2, [1, 3, 2, 1, 2, 2], ["f/0", "s/0", "f/1"]),
+    ("dualpipe-v", 2, [2, 1, 1, 3, 2, 1, 1, 2], ["s/0", "f/0", "s/1", "f/1"]),
 ]
 
 
@@ -161,14 +179,15 @@ def test_heterogeneous_stages_match_recurrence(kind, chunks, counts, ranks):
     m = 5
     p = len(ranks)
     stages, start = [], 0
+    place = placement_of(kind)
     for k, n in enumerate(counts):
-        stages.append(StagePlan((start, start + n), (ranks[k % p],), 1))
+        stages.append(StagePlan((start, start + n), (ranks[stage_rank(k, p, place)],), 1))
         start += n
     plan = Plan("inline", "inline", m, kind, chunks, (PipelinePlan(1, m, tuple(stages)),))
     speed = {"f": FLOPS, "s": FLOPS / 2}
     dur = {}
     for k, n in enumerate(counts):
-        t_f = n * LAYER_FLOPS / speed[ranks[k % p][0]]
+        t_f = n * LAYER_FLOPS / speed[ranks[stage_rank(k, p, place)][0]]
         dur.update({(k, "F"): t_f, (k, "I"): t_f, (k, "W"): t_f, (k, "B"): 2 * t_f})
     expected = brute_force(generate(kind, p, m, chunks), dur, latency)
     result = simulate(plan, CostModel(model, cluster))

@@ -3,8 +3,9 @@
 Rank r runs device ``plan.devices[r]``: pipelines in order, and inside a pipeline its
 devices in stage order. A pipeline has p positions (stages / chunks); position d is the
 tensor-parallel group of stage d's devices (one rank for tp = 1), and stage k lives on
-position ``k % p`` (looped placement, as in the schedule IR). Pure functions of the
-plan: no torch, no processes.
+position ``stage_rank(k, p, placement)``: ``k % p`` (looped), or in a V for zb-v /
+dualpipe-v (position d holds stages d and 2p - 1 - d), as in the schedule IR. Pure
+functions of the plan: no torch, no processes.
 
 >>> from hyperpipe.plan.plan import plan_from_dict
 >>> plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": "tiny-gpt",
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from hyperpipe.errors import BadInput
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.plan_schedule import pipeline_placement
+from hyperpipe.plan.schedule import rank_stages, stage_rank
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class RankPlacement:
     # global ranks of each position's tensor-parallel group (one rank each when tp = 1)
     position_ranks: tuple[tuple[int, ...], ...] = ()
     tp_index: int = 0               # this rank's place in its tensor-parallel group
+    placement: str = "loop"         # how the pipeline's chunks sit: "loop" or "v"
 
     @property
     def tp_ranks(self) -> tuple[int, ...]:
@@ -51,7 +55,7 @@ class RankPlacement:
 
     def ranks_of_stage(self, stage: int) -> tuple[int, ...]:
         """Global ranks (the tensor-parallel group) that run `stage` of this pipeline."""
-        return self.position_ranks[stage % self.num_pipe_ranks]
+        return self.position_ranks[stage_rank(stage, self.num_pipe_ranks, self.placement)]
 
     def rank_of_stage(self, stage: int) -> int:
         """The rank of `stage` that exchanges messages with this rank: the one whose
@@ -88,16 +92,17 @@ def placements(plan: Plan) -> list[RankPlacement]:
     offset = 0
     for i, pipe in enumerate(plan.pipelines):
         p = len(pipe.stages) // plan.chunks
+        placement = pipeline_placement(plan, pipe)
         first = len(out)
         groups, r = [], first
         for d in range(p):
             groups.append(tuple(range(r, r + len(pipe.stages[d].devices))))
             r += len(pipe.stages[d].devices)
         for d in range(p):
-            stages = tuple(range(d, len(pipe.stages), p))
+            stages = rank_stages(d, p, plan.chunks, placement)
             for t, device in enumerate(pipe.stages[d].devices):
                 out.append(RankPlacement(groups[d][t], device, i, d, p, first, stages, offset,
-                                         tuple(groups), t))
+                                         tuple(groups), t, placement))
         offset += pipe.samples
     return out
 

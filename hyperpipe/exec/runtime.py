@@ -1,6 +1,7 @@
 """Replaying one rank's share of a plan: its stages, its actions in IR order, its optimizer.
 
-The rank runs ``generate(plan.schedule, p, m, chunks).actions[d]`` exactly in order and
+The rank runs ``schedule_for(plan, pipeline).actions[d]`` (the generated kind, or the plan's own
+lists for kind synth) exactly in order and
 never decides the order itself. One small primitive per action kind:
 
 - ``F``: run the stage forward; the last stage returns the loss, scaled by
@@ -46,8 +47,8 @@ from hyperpipe.exec.recompute import apply_recompute
 from hyperpipe.exec.reference import measure_reference, reference_from
 from hyperpipe.models import build_stage
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.plan.generators import generate
 from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.plan_schedule import schedule_for
 from hyperpipe.plan.schedule import Action, dependencies
 from hyperpipe.plan.trace import TraceEvent
 
@@ -119,7 +120,7 @@ class RankRuntime:
         pipe = plan.pipelines[where.pipeline]
         self.micro_batch, self.num_mb = pipe.micro_batch, pipe.num_microbatches
         self.loss_scale = pipe.micro_batch / plan.global_batch
-        self.schedule = generate(plan.schedule, where.num_pipe_ranks, self.num_mb, plan.chunks)
+        self.schedule = schedule_for(plan, where.pipeline)
         self.actions: tuple[Action, ...] = self.schedule.actions[where.pipe_rank]
         last = len(pipe.stages) - 1
         # process groups: created collectively, the same order on every rank

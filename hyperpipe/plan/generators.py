@@ -2,7 +2,9 @@
 
 Each generator takes p (pipeline ranks), m (micro-batches) and, where the kind has them,
 v (chunks, i.e. stages per rank, looped placement: stage k on rank k % p), and returns a
-new `Schedule`. Timings quoted below take F = I = W = t (so B = 2t) and free links.
+new `Schedule`. The V-shaped kinds (`zb-v`, `dualpipe-v`, two chunks per rank in a V)
+live in `generators_v`. Timings quoted below take F = I = W = t (so B = 2t) and free
+links.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from types import MappingProxyType
 
 from hyperpipe import limits
 from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.plan.generators_v import dualpipe_v, zb_v
 from hyperpipe.plan.schedule import Action, Schedule
 
 
@@ -115,22 +118,46 @@ SCHEDULE_KINDS: Mapping[str, Callable[..., Schedule]] = MappingProxyType({
     "1f1b": one_f_one_b,
     "interleaved-1f1b": interleaved_1f1b,
     "zb-h1": zb_h1,
+    "zb-v": zb_v,
+    "dualpipe-v": dualpipe_v,
 })
 _TAKES_CHUNKS = frozenset({"interleaved-1f1b"})
+_V_KINDS = frozenset({"zb-v", "dualpipe-v"})       # exactly 2 chunks, V placement
+SYNTH = "synth"      # a plan's own action lists (`schedule.actions`), no generator
 
 
 def takes_chunks(kind: str) -> bool:
-    """Whether schedules of `kind` place several stages (chunks) on a device."""
+    """Whether schedules of `kind` take any chunk count (stages per device) >= 1."""
     return kind in _TAKES_CHUNKS
 
 
-def generate(kind: str, num_devices: int, num_microbatches: int, chunks: int = 1) -> Schedule:
-    """Build the `kind` schedule for p = num_devices, m = num_microbatches, v = chunks.
+def default_chunks(kind: str) -> int:
+    """Chunks per device when none is given: 2 for the V kinds, else 1."""
+    return 2 if kind in _V_KINDS else 1
 
-    Raises BadInput for an unknown kind, non-positive counts, or chunks != 1 for a kind
-    that has one stage per rank. Schedules are immutable and a pure function of these
-    four values, so they are memoised: a search simulates the same shapes many times.
+
+def allowed_chunks(kind: str, chunks: int) -> bool:
+    """Whether `kind` can place `chunks` stages per device."""
+    return takes_chunks(kind) or kind == SYNTH or chunks == default_chunks(kind)
+
+
+def placement_of(kind: str) -> str:
+    """How `kind` places its chunks on devices: ``v`` or ``loop`` (see `stage_rank`)."""
+    return "v" if kind in _V_KINDS else "loop"
+
+
+def generate(kind: str, num_devices: int, num_microbatches: int,
+             chunks: int | None = None) -> Schedule:
+    """Build the `kind` schedule for p = num_devices, m = num_microbatches, v = chunks
+    (None: the kind's default, 2 for the V kinds, else 1).
+
+    Raises BadInput for an unknown kind, non-positive counts, or a chunk count the kind
+    cannot take (1 for single-stage kinds, 2 for the V kinds). Schedules are immutable
+    and a pure function of these four values, so they are memoised: a search simulates
+    the same shapes many times.
     """
+    if chunks is None:
+        chunks = default_chunks(kind)
     return _generate(kind, num_devices, num_microbatches, chunks)
 
 
@@ -153,6 +180,8 @@ def _generate(kind: str, num_devices: int, num_microbatches: int, chunks: int) -
                              "(hyperpipe.limits)")
     if kind in _TAKES_CHUNKS:
         return SCHEDULE_KINDS[kind](num_devices, num_microbatches, chunks)
-    if chunks != 1:
-        raise BadInput(f"schedule chunks for kind {kind!r}", "1 (one stage per device)", chunks)
+    want = default_chunks(kind)
+    if chunks != want:
+        what = "two stages per device in a V" if want == 2 else "one stage per device"
+        raise BadInput(f"schedule chunks for kind {kind!r}", f"{want} ({what})", chunks)
     return SCHEDULE_KINDS[kind](num_devices, num_microbatches)

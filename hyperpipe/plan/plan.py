@@ -3,8 +3,10 @@
 A plan is plain data with a JSON round trip (format ``hyperpipe.plan/1``, see DESIGN.md):
 data-parallel replicas ("pipelines", which may differ from one another for heterogeneous
 data parallelism), each a list of stages (half-open layer range, devices, tensor-parallel
-degree), with its own micro-batch size and count. With an interleaved schedule of v
-chunks a pipeline of p devices has p·v stages, stage k on the devices of stage k mod p.
+degree), with its own micro-batch size and count. With v chunks a pipeline of p devices
+has p·v stages, stage k on the devices of stage `stage_rank(k, p, placement)`: k mod p
+(looped), or for the V kinds 2p - 1 - k beyond the first p. Kind `synth` carries its own
+per-device action lists (`hyperpipe.plan.plan_schedule`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Plan:
     # ZeRO-1 / Megatron's distributed optimizer: optimizer state (fp32 master weights and
     # Adam moments) sharded over the data-parallel replicas that hold the same layers.
     distributed_optimizer: bool = False
+    actions: tuple | None = None     # kind synth: ((device, (Action, ...)), ...), sorted
     base_dir: Path | None = field(default=None, compare=False)
     source: str = field(default="plan", compare=False)   # the file it came from, for errors
 
@@ -108,7 +111,7 @@ class Plan:
             "model": self.model,
             "cluster": self.cluster,
             "global_batch": self.global_batch,
-            "schedule": {"kind": self.schedule, "chunks": self.chunks},
+            "schedule": self._schedule_dict(),
         }
         if self.distributed_optimizer:
             out["distributed_optimizer"] = True
@@ -116,6 +119,13 @@ class Plan:
             {"micro_batch": p.micro_batch, "num_microbatches": p.num_microbatches,
              "stages": [s.to_dict() for s in p.stages]}
             for p in self.pipelines]
+        return out
+
+    def _schedule_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.schedule, "chunks": self.chunks}
+        if self.actions:
+            from hyperpipe.plan.plan_schedule import actions_to_dict
+            out["actions"] = actions_to_dict(self.actions)
         return out
 
     def to_json(self) -> str:
@@ -156,15 +166,22 @@ class Plan:
         """Raise BadInput unless this plan fits `model` (ModelSpec) and `cluster` (Cluster):
         layers covered exactly once and in order, devices exist and each is used by one
         stage (one per chunk for interleaved), batch sizes add up, known schedule kind."""
-        from hyperpipe.plan.generators import SCHEDULE_KINDS, takes_chunks
+        from hyperpipe.plan.generators import (
+            SCHEDULE_KINDS,
+            SYNTH,
+            allowed_chunks,
+            default_chunks,
+        )
+        from hyperpipe.plan.plan_schedule import check_actions, home_stage
         where = self.source if where is None else where
-        if self.schedule not in SCHEDULE_KINDS:
+        if self.schedule not in SCHEDULE_KINDS and self.schedule != SYNTH:
             raise BadInput(f"{where}: schedule.kind",
-                           f"one of {sorted(SCHEDULE_KINDS)}", self.schedule)
-        if self.chunks != 1 and not takes_chunks(self.schedule):
+                           f"one of {sorted([*SCHEDULE_KINDS, SYNTH])}", self.schedule)
+        if not allowed_chunks(self.schedule, self.chunks):
             raise BadInput(f"{where}: schedule.chunks",
-                           f"1 for schedule {self.schedule!r} (only interleaved-1f1b takes "
-                           "chunks)", self.chunks)
+                           f"{default_chunks(self.schedule)} for schedule {self.schedule!r} "
+                           "(only interleaved-1f1b and synth take other chunk counts)",
+                           self.chunks)
         total = sum(p.samples for p in self.pipelines)
         if total != self.global_batch:
             raise BadInput(f"{where}: global_batch", "the sum over pipelines of micro_batch x "
@@ -194,10 +211,10 @@ class Plan:
                     if not cluster.has_device(d):
                         raise BadInput(f"{sw}.devices", f"devices of cluster {cluster.name!r} "
                                        f"named NODE/INDEX (e.g. {cluster.devices[0].name})", d)
-                home = pipe.stages[k % p]
-                if k >= p and st.devices != home.devices:
-                    raise BadInput(f"{sw}.devices", f"the devices of stage {k % p} (looped "
-                                   f"placement of chunks)", list(st.devices))
+                h = home_stage(self, pipe, k)
+                if k >= p and st.devices != pipe.stages[h].devices:
+                    raise BadInput(f"{sw}.devices", f"the devices of stage {h} (placement "
+                                   f"of chunks)", list(st.devices))
                 if k < p:
                     for d in st.devices:
                         if d in owner:
@@ -210,6 +227,7 @@ class Plan:
             if pos != model.num_layers:
                 raise BadInput(f"{pw}.stages", f"layers covering 0..{model.num_layers} of model "
                                f"{model.name!r}", f"coverage ending at {pos}")
+        check_actions(self, where)
 
 
 _TOP_KEYS = ("format", "model", "cluster", "global_batch", "schedule", "pipelines", "notes",
@@ -238,11 +256,17 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
             raise BadInput(top.at(key), "a built-in name, a file path or an inline mapping",
                            value)
     sched = top.raw("schedule")
+    from hyperpipe.plan.generators import default_chunks
+    from hyperpipe.plan.plan_schedule import parse_actions
+    actions = None
     if isinstance(sched, str):
-        kind, chunks = sched, 1
+        kind, chunks = sched, default_chunks(sched)
     else:
-        sf = Fields(sched, top.at("schedule"), ("kind", "chunks"))
-        kind, chunks = sf.string("kind"), sf.positive_int("chunks", 1, at_most=limits.MAX_CHUNKS)
+        sf = Fields(sched, top.at("schedule"), ("kind", "chunks", "actions"))
+        kind = sf.string("kind")
+        chunks = sf.positive_int("chunks", default_chunks(kind), at_most=limits.MAX_CHUNKS)
+        if sf.has("actions"):
+            actions = parse_actions(sf.raw("actions"), sf.at("actions"))
     pipelines = []
     raw_pipes = top.items("pipelines")
     if not raw_pipes:
@@ -281,7 +305,7 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
             tuple(stages)))
     global_batch = top.positive_int("global_batch", at_most=limits.MAX_GLOBAL_BATCH)
     return Plan(model=model, cluster=cluster, global_batch=global_batch,
-                schedule=kind, chunks=chunks, pipelines=tuple(pipelines),
+                schedule=kind, chunks=chunks, pipelines=tuple(pipelines), actions=actions,
                 distributed_optimizer=_flag(top, "distributed_optimizer"), base_dir=base_dir,
                 source=where)
 

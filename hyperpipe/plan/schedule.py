@@ -11,8 +11,13 @@ names:
   we keep torch's name.
 - ``W``: weight-gradient backward, which may run any time after its ``I``.
 
-Stages are placed on devices in the looped way: with ``p`` devices and ``v`` chunks per
-device there are ``p * v`` stages and stage ``k`` lives on device ``k % p``.
+With ``p`` devices and ``v`` chunks per device there are ``p * v`` stages, placed on
+devices in one of two ways (`PLACEMENTS`, `stage_rank`):
+
+- ``loop`` (Megatron's interleaving): stage ``k`` lives on device ``k % p``;
+- ``v`` (ZB-V, DualPipe-V): chunks alternate direction, so with v = 2 device ``d``
+  holds stages ``d`` and ``2p - 1 - d`` and the last stage sits on device 0.
+
 Communication is not written in the IR; it follows from stage adjacency.
 
 Example::
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from hyperpipe.errors import BadInput
 
 OPS = ("F", "B", "I", "W")
+PLACEMENTS = ("loop", "v")
 _ACTION_RE = re.compile(r"(\d+)([FBIW])(\d+)")
 
 
@@ -92,12 +98,25 @@ class Action:
         return Action(int(match[1]), match[2], int(match[3]))
 
 
+def stage_rank(stage: int, p: int, placement: str = "loop") -> int:
+    """The rank (0..p-1) holding `stage` of a pipeline of p ranks under `placement`."""
+    chunk, i = divmod(stage, p)
+    return p - 1 - i if placement == "v" and chunk % 2 else i
+
+
+def rank_stages(d: int, p: int, v: int, placement: str = "loop") -> tuple[int, ...]:
+    """The stages rank d holds, chunk 0 first: ``(d, d + p, ...)`` looped, ``(d, 2p-1-d)``
+    in a V."""
+    return tuple(c * p + (p - 1 - d if placement == "v" and c % 2 else d) for c in range(v))
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per-device action lists for `num_devices` ranks, `num_stages` stages, `num_microbatches`.
 
-    `actions[d]` is the order rank `d` runs its actions in. Lists given to the constructor
-    are frozen into tuples. Construction checks only the shape; `validate` checks the rest.
+    `actions[d]` is the order rank `d` runs its actions in; `placement` (``loop`` or ``v``)
+    says which stages rank d holds. Lists given to the constructor are frozen into
+    tuples. Construction checks only the shape; `validate` checks the rest.
     """
 
     kind: str
@@ -105,6 +124,7 @@ class Schedule:
     num_stages: int
     num_microbatches: int
     actions: tuple[tuple[Action, ...], ...]
+    placement: str = "loop"
 
     def __post_init__(self) -> None:
         for name in ("num_devices", "num_stages", "num_microbatches"):
@@ -117,6 +137,9 @@ class Schedule:
                 f"a multiple of num_devices={self.num_devices} (looped placement)",
                 self.num_stages,
             )
+        if self.placement not in PLACEMENTS:
+            raise ScheduleError("schedule placement", f"one of {', '.join(PLACEMENTS)}",
+                                self.placement)
         frozen = tuple(tuple(row) for row in self.actions)
         if len(frozen) != self.num_devices:
             raise ScheduleError("schedule actions", f"{self.num_devices} device rows", len(frozen))
@@ -132,8 +155,8 @@ class Schedule:
         return self.num_stages // self.num_devices
 
     def device_of(self, stage: int) -> int:
-        """The rank that holds `stage` under looped placement."""
-        return stage % self.num_devices
+        """The rank that holds `stage` under this schedule's placement."""
+        return stage_rank(stage, self.num_devices, self.placement)
 
     def to_text(self) -> str:
         """One line per device: ``"0: 0F0 0F1 0B0 0B1"``. `from_text` reads it back."""
@@ -144,13 +167,15 @@ class Schedule:
 
     @staticmethod
     def from_text(
-        text: str, *, kind: str = "custom", num_microbatches: int | None = None
+        text: str, *, kind: str = "custom", num_microbatches: int | None = None,
+        placement: str | None = None,
     ) -> Schedule:
         """Parse `to_text` output. Blank lines and lines starting with ``#`` are skipped.
 
         The device count is the number of lines; the stage count is the highest stage + 1
         rounded up to a multiple of it; the micro-batch count, unless given, is the highest
-        micro-batch + 1.
+        micro-batch + 1; the placement, unless given, is ``v`` when every action sits on
+        its V rank but not every one on its looped rank, else ``loop``.
         """
         rows: list[tuple[Action, ...]] = []
         for lineno, line in enumerate(text.splitlines(), start=1):
@@ -179,7 +204,9 @@ class Schedule:
         num_stages = (top_stage // p + 1) * p
         if num_microbatches is None:
             num_microbatches = max((a.microbatch for a in every), default=0) + 1
-        return Schedule(kind, p, num_stages, num_microbatches, tuple(rows))
+        if placement is None:
+            placement = infer_placement(rows)
+        return Schedule(kind, p, num_stages, num_microbatches, tuple(rows), placement)
 
     def to_torch_csv(self) -> str:
         """The compute-only CSV that torch's ``_load_csv`` reads: one row per rank."""
@@ -193,6 +220,18 @@ class Schedule:
             d: [_Action(a.stage, _ComputationType(a.op), a.microbatch) for a in row]
             for d, row in enumerate(self.actions)
         }
+
+
+def infer_placement(rows: Sequence[Sequence[Action]]) -> str:
+    """``v`` when every action of `rows` (one per rank) sits on its V rank and some
+    action is off its looped rank; else ``loop``."""
+    p = len(rows)
+
+    def fits(placement: str) -> bool:
+        return all(stage_rank(a.stage, p, placement) == d
+                   for d, row in enumerate(rows) for a in row)
+
+    return "v" if not fits("loop") and fits("v") else "loop"
 
 
 def dependencies(schedule: Schedule) -> dict[Action, tuple[Action, ...]]:
@@ -258,14 +297,14 @@ def _fail(schedule: Schedule, where: str, expected: str, got: object, marks=()) 
 def validate(schedule: Schedule) -> None:
     """Raise ScheduleError unless every rank can run its list to the end.
 
-    Checks, in order: ops and stage / micro-batch ranges, placement (stage k on rank
-    k % p), duplicates, completeness (each (stage, micro-batch) has one F and either one
+    Checks, in order: ops and stage / micro-batch ranges, placement (`stage_rank`),
+    duplicates, completeness (each (stage, micro-batch) has one F and either one
     B or one I plus one W), same-device order (F before its B/I, I before its W), and
     cross-device progress (a simulation where each rank runs its list in order as soon as
     the dependencies are done; if it gets stuck, the message names each stuck action and
     what it waits for).
     """
-    p, n_st, n_mb = schedule.num_devices, schedule.num_stages, schedule.num_microbatches
+    n_st, n_mb = schedule.num_stages, schedule.num_microbatches
     position: dict[Action, tuple[int, int]] = {}
     for d, row in enumerate(schedule.actions):
         for step, a in enumerate(row):
@@ -278,11 +317,12 @@ def validate(schedule: Schedule) -> None:
                 raise _fail(
                     schedule, where, f"micro-batch in [0, {n_mb})", a.microbatch, [(d, step)]
                 )
-            if a.stage % p != d:
+            home = schedule.device_of(a.stage)
+            if home != d:
                 raise _fail(
                     schedule,
                     where,
-                    f"stage {a.stage} on rank {a.stage % p} (looped)",
+                    f"stage {a.stage} on rank {home} ({schedule.placement} placement)",
                     f"rank {d}",
                     [(d, step)],
                 )

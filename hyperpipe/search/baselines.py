@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 from hyperpipe.cluster.cluster import cluster_ref
 from hyperpipe.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import model_ref
+from hyperpipe.plan.generators import default_chunks, placement_of
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search import space
 from hyperpipe.search.evaluate import estimate, rank_key
 
@@ -91,7 +93,7 @@ def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: 
     pipelines = []
     for row in grid:
         pp = len(row)
-        homes = [row[k % pp] for k in range(pp * chunks)]
+        homes = [row[stage_rank(k, pp, placement_of(schedule))] for k in range(pp * chunks)]
         counts = layer_counts(model.num_layers, [weights_of(g) for g in homes])
         stages, start = [], 0
         for group, n in zip(homes, counts, strict=True):
@@ -108,10 +110,12 @@ def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: 
 
 
 def uniform_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_batch: int,
-                 global_batch: int, schedule: str = "1f1b", chunks: int = 1,
+                 global_batch: int, schedule: str = "1f1b", chunks: int | None = None,
                  devices: list[str] | None = None, refs: tuple | None = None) -> Plan:
     """Megatron/DeepSpeed default: equal layers per stage, devices in cluster order.
-    `refs` = (model_ref, cluster_ref) when the caller has them already."""
+    `refs` = (model_ref, cluster_ref) when the caller has them already; chunks None: the
+    kind's default (2 for the V kinds, else 1)."""
+    chunks = default_chunks(schedule) if chunks is None else chunks
     m = _check_dims(pp, dp, tp, micro_batch, global_batch, chunks)
     grid = _device_grid(cluster, pp, dp, tp, devices)
     return _build(model, cluster, grid, lambda g: 1.0, global_batch=global_batch,
@@ -120,9 +124,10 @@ def uniform_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_bat
 
 
 def proportional_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_batch: int,
-                      global_batch: int, schedule: str = "1f1b", chunks: int = 1,
+                      global_batch: int, schedule: str = "1f1b", chunks: int | None = None,
                       devices: list[str] | None = None, refs: tuple | None = None) -> Plan:
     """Layers per stage proportional to the stage's peak FLOP/s (tp x device peak)."""
+    chunks = default_chunks(schedule) if chunks is None else chunks
     m = _check_dims(pp, dp, tp, micro_batch, global_batch, chunks)
     grid = _device_grid(cluster, pp, dp, tp, devices)
 

@@ -202,11 +202,6 @@ def peak_inflight(kind: str, p: int, m: int, chunks: int = 1) -> tuple[int, ...]
     from hyperpipe.plan.generators import generate
     m_eff = m if m <= 3 * p else 2 * p + m % p
     sched = generate(kind, p, m_eff, chunks)
-    last_op = {}
-    for row in sched.actions:
-        for a in row:
-            if a.op == "W" or (a.op == "B" and last_op.get(a.stage) != "W"):
-                last_op[a.stage] = a.op
     live = [0] * sched.num_stages
     peak = [0] * sched.num_stages
     for row in sched.actions:
@@ -214,6 +209,6 @@ def peak_inflight(kind: str, p: int, m: int, chunks: int = 1) -> tuple[int, ...]
             if a.op == "F":
                 live[a.stage] += 1
                 peak[a.stage] = max(peak[a.stage], live[a.stage])
-            elif a.op == last_op.get(a.stage):
+            elif a.op in "BW":     # a (stage, mb) has one of them: its last op
                 live[a.stage] -= 1
     return tuple(peak)

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hyperpipe.errors import BadInput
-from hyperpipe.plan.generators import takes_chunks
+from hyperpipe.plan.generators import allowed_chunks, default_chunks, takes_chunks
 from hyperpipe.plan.plan import RECOMPUTE_KINDS
 
 MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
@@ -76,9 +76,9 @@ class SearchConstraints:
             if self.schedule not in SCHEDULE_KINDS:
                 raise BadInput("--schedule", f"one of {', '.join(SCHEDULE_KINDS)}",
                                self.schedule)
-            if self.chunks is not None and self.chunks > 1 and not takes_chunks(self.schedule):
-                raise BadInput("--chunks", f"1 with schedule {self.schedule!r} (it places one "
-                               "stage per device)", self.chunks)
+            if self.chunks is not None and not allowed_chunks(self.schedule, self.chunks):
+                raise BadInput("--chunks", f"{default_chunks(self.schedule)} with schedule "
+                               f"{self.schedule!r}", self.chunks)
         if self.dp is not None and self.dp > self.global_batch // (self.micro_batch or 1):
             raise BadInput("--dp", f"at most global batch / micro-batch = "
                            f"{self.global_batch // (self.micro_batch or 1)} pipelines", self.dp)
@@ -128,8 +128,9 @@ def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[st
     from hyperpipe.plan.generators import SCHEDULE_KINDS
     for kind in ([c.schedule] if c.schedule else list(SCHEDULE_KINDS)):
         if not takes_chunks(kind):
-            if c.chunks in (None, 1):
-                yield kind, 1
+            v = default_chunks(kind)
+            if c.chunks in (None, v) and (v == 1 or 2 * v <= num_layers):
+                yield kind, v
             continue
         chunk_options = [c.chunks] if c.chunks else range(2, MAX_CHUNKS + 1, 2)
         for v in chunk_options:

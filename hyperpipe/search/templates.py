@@ -31,7 +31,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from hyperpipe.plan.generators import placement_of
 from hyperpipe.plan.plan import StagePlan
+from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
 from hyperpipe.search.context import (  # noqa: F401  (re-exported for the other phases)
@@ -84,8 +86,9 @@ class Template:
     def stages(self, replica: int) -> tuple[StagePlan, ...]:
         row = self.slots[replica]
         p = len(row)
-        return tuple(StagePlan((a, b), row[k % p], self.tp, self.mode.recompute,
-                               self.mode.sequence_parallel)
+        place = placement_of(self.kind)
+        return tuple(StagePlan((a, b), row[stage_rank(k, p, place)], self.tp,
+                               self.mode.recompute, self.mode.sequence_parallel)
                      for k, (a, b) in enumerate(self.part.layer_ranges))
 
 
@@ -98,15 +101,16 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     p = len(row)
     stages = p * v
     inflight = ctx.peak_inflight(kind, p, m, v)
+    homes = [stage_rank(k, p, placement_of(kind)) for k in range(stages)]
     for mode in ctx.modes(tp, len(slots))[start:]:
         tables, links, mats = [], [], []
         for k in range(stages):
-            group = row[k % p]
+            group = row[homes[k]]
             dev = ctx.cluster.device(group[0]).type
             t = ctx.table(group, mb, mode, len(slots))
             room = dev.memory_bytes - dev.runtime_reserve_bytes - t.work_bytes
             slot = P.Slot(group, inflight[k], room / v)
-            link = None if k == stages - 1 else ctx.link(group[-1], row[(k + 1) % p][0], mb)
+            link = None if k == stages - 1 else ctx.link(group[-1], row[homes[k + 1]][0], mb)
             tables.append(t)
             links.append(link)
             mats.append(P.stage_matrix(t, slot, ctx.times(t, link)))
@@ -121,23 +125,28 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
             slots, price: float, mode: MemoryMode, part: P.Partition) -> Template:
     """The template of a cut: its busiest device's load, fill and sync."""
     p = len(slots[0])
+    place = placement_of(kind)
+    homes = [stage_rank(k, p, place) for k in range(len(part.stage_s))]
     load = [0.0] * p
     for k, t in enumerate(part.stage_s):
-        load[k % p] += t
+        load[homes[k]] += t
     # fill: what a uniform pipeline adds to m x load (equal stages of F = I = W = t:
     # 1F1B 3(m + p - 1)t, zero-bubble 3mt + (p - 1)t, interleaved 3mvt + 3(p - 1)t with
     # t per chunk; the generators' docstrings), written with per-stage times
-    if v > 1:
+    if place == "v":     # zb-v / dualpipe-v: 6 m t + (p - 1) t with t per chunk
+        fill = max(load) + part.forward_s / v
+    elif v > 1:
         fill = part.total_s / v + max(load) * (v - 1) / v
     elif ctx.splits_backward(kind):
         fill = part.forward_s + part.last_backward_s
     else:
         fill = part.total_s
     return Template(kind, v, mb, tp, types, tuple(tuple(r) for r in slots), part,
-                    max(load), fill, _sync_s(ctx, slots, part, tp, mode), price, mode)
+                    max(load), fill, _sync_s(ctx, slots, part, tp, mode, kind), price, mode)
 
 
-def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryMode) -> float:
+def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryMode,
+            slots_kind: str = "") -> float:
     """Per iteration: ring all-reduce of each device's gradients over the replicas
     (`CostModel.dp_sync_bytes_per_param`: fp32 main grads for bf16; reduce-scatter and
     all-gather with the distributed optimizer) plus its optimizer step (sharded with
@@ -147,8 +156,9 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
     shards = len(slots) if mode.distributed_optimizer else 1
     per_param = cost.dp_sync_bytes_per_param(mode.distributed_optimizer)
     per_device = [0.0] * p
+    place = placement_of(slots_kind) if slots_kind else "loop"
     for k, (a, b) in enumerate(part.layer_ranges):
-        d = k % p
+        d = stage_rank(k, p, place)
         group = slots[0][d]
         nbytes = cost.stage_params((a, b)) * per_param / tp
         ring = [r[d][0] for r in slots]

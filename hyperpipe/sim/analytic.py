@@ -10,7 +10,11 @@ T = max(max_r t_r, c) the steady-state period, one pipeline takes
 * interleaved-1f1b (v):   m T + (sum_r t_r - max_r t_r) / v + sum of link times / v
   (equal chunks: 3 m v t + 3 (p - 1) t, Megatron's (p - 1) / v bubble);
 * zb-h1:                  m T + sum over non-bottleneck ranks of (F + I - W) + links
-  (equal F = I = W = t: 3 m t + (p - 1) t, Qi et al. 2023).
+  (equal F = I = W = t: 3 m t + (p - 1) t, Qi et al. 2023);
+* zb-v, dualpipe-v (V placement, rank r holds stages r and 2p-1-r): as zb-h1 with the
+  fill taken from chunk 0 and the links halved (equal chunks of F = I = W = t and
+  m >= 2p: 6 m t + (p - 1) t, the generators' orders); synth: as zb-h1 when its lists
+  split backwards, else as 1f1b, over its own placement.
 
 Stage s (on rank r) ends its last backward about sum_{r' < r} (backward of r') before
 the pipeline ends; its data-parallel all-reduce (the cost model's ring time, in
@@ -33,12 +37,17 @@ from itertools import chain, pairwise, repeat
 from operator import attrgetter, eq, itemgetter
 
 from hyperpipe.cluster.catalog import DeviceType
+from hyperpipe.plan.generators import SYNTH
 from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.plan_schedule import pipeline_placement, rank_peaks, schedule_for
+from hyperpipe.plan.schedule import rank_stages
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import oom_detail, peak_in_flight
 from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.network import p2p_edges, p2p_spec
 
+_SPLIT = frozenset({"zb-h1", "zb-v", "dualpipe-v"})       # kinds that run I and W apart
+_READ_OFF = frozenset({"zb-v", "dualpipe-v", SYNTH})      # in-flight counts off the IR
 DDP_BUCKET_BYTES = 25e6      # PyTorch DDP's default bucket_cap_mb=25, as SimOptions
 
 
@@ -179,7 +188,12 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         n_st = len(st)
         p = n_st // v
         t_f = [_stage_s(cost, s, b, "F") for s in st]
-        if kind == "zb-h1":
+        sched = schedule_for(plan, members[0]) if kind in _READ_OFF else None
+        split = kind in _SPLIT or (sched is not None and sched.kind == SYNTH and any(
+            a.op == "W" for row in sched.actions for a in row))
+        placement = pipeline_placement(plan, pipe)
+        homes = [rank_stages(r, p, v, placement) for r in range(p)]
+        if split:
             t_i = [_stage_s(cost, s, b, "I") for s in st]
             t_w = [_stage_s(cost, s, b, "W") for s in st]
             t_b = [i + w for i, w in zip(t_i, t_w, strict=True)]
@@ -190,12 +204,13 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         sizes = [_stage_bytes(cost, s, b, cache) for s in st]
         links = [_link_times(cost, x, y, sizes[k][1], cache)
                  for k, (x, y) in enumerate(pairwise(st))]
-        work = [sum(t_f[s] + t_b[s] for s in range(r, n_st, p)) for r in range(p)]
+        work = [sum(t_f[s] + t_b[s] for s in homes[r]) for r in range(p)]
         top = max(range(p), key=work.__getitem__)
         period = max([work[top]] + [max(fwd, bwd) for fwd, bwd in links])
         link_sum = sum(fwd + bwd for fwd, bwd in links)
-        if kind == "zb-h1":
-            fill = sum(t_f[r] + t_i[r] - t_w[r] for r in range(p) if r != top) + link_sum
+        if split:
+            fill = sum(t_f[r] + t_i[r] - t_w[r] for r in range(p) if r != top) + \
+                link_sum / v
         else:
             fill = (sum(work) - work[top] + link_sum) / v
         span = m * period + fill
@@ -204,15 +219,15 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         below = 0.0
         columns = list(zip(*[plan.pipelines[q].stages for q in members], strict=True))
         for r in range(p):
-            mine = range(r, n_st, p)
+            mine = homes[r]
             for s in mine:
                 ready[(c, s)] = (span - below, last[s])
             rank_info.append((c, span - below, mine))
             below += sum(t_b[s] for s in mine)
             stash = sum(sizes[s][0] for s in mine) / len(mine)
             peak = _static_bytes(cost, [st[s] for s in mine], types[st[r].devices[0]].name,
-                                 b, shards, cache) + \
-                stash * peak_in_flight(kind, p, m, v, r)
+                                 b, shards, cache) + stash * (
+                peak_in_flight(kind, p, m, v, r) if sched is None else rank_peaks(sched)[r])
             devices = tuple(chain.from_iterable(map(_DEVICES, columns[r])))
             for s in mine:
                 rank_devices[(c, s)] = devices

@@ -15,7 +15,8 @@ import simpy
 
 from hyperpipe.errors import BadInput
 from hyperpipe.plan.plan import Plan
-from hyperpipe.plan.schedule import Schedule
+from hyperpipe.plan.plan_schedule import schedule_for
+from hyperpipe.plan.schedule import Schedule, rank_stages
 from hyperpipe.sim.analytic import bucket_count
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.network import count_hops, p2p_edges, p2p_spec, ring_spec, tp_spec
@@ -120,7 +121,8 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
                     program[i] = (*program[i][:6], rank.stages[i], program[i][7])
         rank.program = program
         static = cost.device_static_bytes(
-            [stages[s] for s in range(d, n_st, len(sched.actions))], mb,
+            [stages[s] for s in rank_stages(d, sched.num_devices, sched.chunks,
+                                            sched.placement)], mb,
             len(plan.pipelines) if plan.distributed_optimizer else 1)
         rank.timeline = [(0.0, static)]
         pipe.ranks.append(rank)
@@ -215,7 +217,9 @@ def replica_classes(plan: Plan, cost: CostModel) -> list[list[int]]:
     for q, pipe in enumerate(plan.pipelines):
         st = pipe.stages
         edges = [(a, b) for x, y in pairwise(st) for a, b in p2p_edges(x.devices, y.devices)]
-        key = (pipe.micro_batch, pipe.num_microbatches,
+        # Kind synth: each pipeline replays its own lists, so they join the key.
+        own = schedule_for(plan, q).actions if plan.actions else None
+        key = (own, pipe.micro_batch, pipe.num_microbatches,
                tuple((s.layers, s.tp, s.recompute, s.sequence_parallel,
                       cluster.device(s.devices[0]).type.name, cluster.slowdown(s.devices),
                       tuple(cost.route(a, b)[1] for a, b in pairwise(s.devices)))

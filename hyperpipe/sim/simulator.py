@@ -3,15 +3,15 @@
 What is modelled (each choice is the simplest one that keeps the closed forms exact):
 
 * **Compute.** A pipeline rank is a stage's tensor-parallel group with one compute
-  stream: a SimPy process that runs its schedule row (`generate(plan.schedule, p, m,
-  chunks)`) in order, each action taking `CostModel.stage_time_s`, after waiting for
-  its input. Its tensor-parallel collectives (`CostModel.stage_tp_comm_s`, recomputed
-  forward included) run after its compute as one flow over the group's ring of
-  intra-node ports (`network.tp_spec`), sharing them with sends and data-parallel
-  rings; on idle links the action takes exactly `stage_time_s`. In the trace a rank's
-  actions sit on the group's first device, timed as on idle links; its tensor-parallel
-  peers do the same at the same times (they appear in `memory_timeline` and the peak
-  memory).
+  stream: a SimPy process that runs its schedule row (`schedule_for(plan, pipeline)`:
+  the generated kind or a synth plan's own lists) in order, each action taking
+  `CostModel.stage_time_s`, after waiting for its input. Its tensor-parallel
+  collectives (`CostModel.stage_tp_comm_s`, recomputed forward included) run after its
+  compute as one flow over the group's ring of intra-node ports (`network.tp_spec`),
+  sharing them with sends and data-parallel rings; on idle links the action takes
+  exactly `stage_time_s`. In the trace a rank's actions sit on the group's first
+  device, timed as on idle links; its tensor-parallel peers do the same at the same
+  times (they appear in `memory_timeline` and the peak memory).
 * **Point-to-point.** When F of stage k ends, its output (`CostModel.send_bytes`) flows
   to stage k+1; when B or I of stage k ends, the same number of bytes flow back to stage
   k-1. Sends are flows over the route's hops (`hyperpipe.sim.network`: equal
@@ -76,8 +76,8 @@ from dataclasses import dataclass
 import simpy
 
 from hyperpipe.errors import BadInput
-from hyperpipe.plan.generators import generate
 from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.plan_schedule import schedule_for
 from hyperpipe.plan.schedule import Schedule, ScheduleError, validate
 from hyperpipe.plan.trace import Trace, TraceEvent
 from hyperpipe.sim.analytic import RankUse, summarize
@@ -149,8 +149,9 @@ class _Engine:
                                    f"{m} micro-batches (pipeline {members[0]})", got)
                 sched = schedule
             else:
-                sched = schedules.get((p, m)) or generate(plan.schedule, p, m, plan.chunks)
-                schedules[(p, m)] = sched
+                key = (p, m) if plan.actions is None else members[0]
+                sched = schedules.get(key) or schedule_for(plan, members[0])
+                schedules[key] = sched
             self.pipes.append(prepare_pipe(plan, cost, options, Pipe(members[0], members, sched)))
         self.segments = prepare_collectives(plan, cost, options, self.pipes)
 
