@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", required=True, help="schedule kind, e.g. 1f1b")
     p.add_argument("--devices", type=ca.PIPELINE_DEVICES, help="pipeline ranks p")
     p.add_argument("--microbatches", type=ca.MICROBATCHES, help="micro-batches m")
+    p.add_argument("--plan", type=ca.path,
+                   help="with --kind synth: the plan to synthesise a schedule for")
     p.add_argument("--chunks", type=ca.CHUNKS, help="stages per device v (interleaved; the "
                    "V kinds zb-v and dualpipe-v take 2, the default for them)")
     p.add_argument("--format", choices=["text", "torch-csv", "png"], default="text")
@@ -214,6 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_schedule(args: argparse.Namespace) -> int:
     from hyperpipe.plan.generators import generate
     from hyperpipe.plan.schedule import validate
+    if args.plan or args.kind == "synth":
+        if not args.plan:
+            raise BadInput("--kind synth", "--plan P (synth builds a schedule for a plan)",
+                           has_got=False)
+        from hyperpipe.synth_cli import schedule_from_plan
+        return schedule_from_plan(args)
+    missing = [f for f in ("devices", "microbatches") if getattr(args, f) is None]
+    if missing:
+        raise BadInput("schedule", f"--{missing[0]} (or --kind synth --plan P)", has_got=False)
     sched = generate(args.kind, args.devices, args.microbatches, args.chunks)
     validate(sched)
     if args.format == "png":

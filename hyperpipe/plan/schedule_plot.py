@@ -97,3 +97,42 @@ def draw_schedule(schedule: Schedule, path: str | os.PathLike, *, title: str | N
     )
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def draw_timed_schedules(panels: list[tuple[str, list[str], list]], path: str | os.PathLike
+                         ) -> None:
+    """Write a PNG of several timed schedules, one panel each, on one time axis.
+
+    `panels`: (title, rank device names top to bottom, trace events with `device`, `op`,
+    `stage`, `microbatch`, `start_s`, `end_s`); compute ops are drawn, in milliseconds.
+    Used to put a synthesised schedule under the best fixed kind's.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    rows = sum(len(names) for _, names, _ in panels)
+    fig = Figure(figsize=(14, 1.2 + 0.45 * rows + 0.6 * len(panels)), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    end = max((e.end_s for _, _, evs in panels for e in evs), default=1.0) * 1e3
+    ops_seen: set[str] = set()
+    for ax, (title, names, events) in zip(axes, panels, strict=True):
+        index = {n: i for i, n in enumerate(names)}
+        for e in events:
+            if e.op not in _UNITS or e.device not in index:
+                continue
+            ops_seen.add(e.op)
+            ax.broken_barh([(e.start_s * 1e3, (e.end_s - e.start_s) * 1e3)],
+                           (index[e.device] - 0.4, 0.8), facecolors=OP_COLORS[e.op],
+                           edgecolor="black", linewidth=0.2)
+        ax.set_ylim(len(names) - 0.5, -0.5)
+        ax.set_yticks(range(len(names)), names)
+        ax.set_title(title, fontsize=9)
+    axes[-1].set_xlim(0, end)
+    axes[-1].set_xlabel("simulated time (ms)")
+    axes[0].legend(handles=[Patch(color=OP_COLORS[op], label=op)
+                            for op in sorted(ops_seen, key="FBIW".index)],
+                   loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)

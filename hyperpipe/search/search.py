@@ -17,7 +17,8 @@ infeasible, and how long it took:
 3. **refine** – single layers moved across cuts, judged by the analytic tier.
 4. **simulate** – the short list and the baselines are ranked with the SimPy simulator
    (`hyperpipe.sim.simulator.simulate`), over `workers` processes, and the best plans
-   polished by single-layer moves judged by the simulator, within a budget.
+   polished by single-layer moves judged by the simulator, within a budget; then a
+   schedule is synthesised for the best few (`hyperpipe.search.synthesis`, kind synth).
 5. **baselines** – `uniform` and `proportional` (`hyperpipe.search.baselines`), tuned over
    pp, dp, tp, micro-batch, schedule kind, chunks and device-type subsets; their short
    lists (best by the analytic tier) are ranked by the simulator in phase 4, the same
@@ -54,6 +55,7 @@ from hyperpipe.search.evaluate import (
 )
 from hyperpipe.search.refine import polish, refine
 from hyperpipe.search.space import SearchConstraints
+from hyperpipe.search.synthesis import synthesise_top
 from hyperpipe.search.templates import (
     KEEP_PER_GROUP,
     PhaseStats,
@@ -364,6 +366,7 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
             baselines[k] = cand
     ranked.sort(key=lambda cand: rank_key(ctx.c, cand.metrics))
     ranked = polish(ctx, phase, ranked, budget, pool)
+    ranked = synthesise_top(ctx, phase, ranked)
     # the search's own pick stays first even where a baseline beats it: the report
     # compares the two honestly
     return ranked, baselines

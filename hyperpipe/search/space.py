@@ -72,9 +72,9 @@ class SearchConstraints:
             raise BadInput("--micro-batch", f"a divisor of the global batch "
                            f"({self.global_batch})", self.micro_batch)
         if self.schedule is not None:
-            from hyperpipe.plan.generators import SCHEDULE_KINDS
-            if self.schedule not in SCHEDULE_KINDS:
-                raise BadInput("--schedule", f"one of {', '.join(SCHEDULE_KINDS)}",
+            from hyperpipe.plan.generators import SCHEDULE_KINDS, SYNTH
+            if self.schedule not in SCHEDULE_KINDS and self.schedule != SYNTH:
+                raise BadInput("--schedule", f"one of {', '.join([*SCHEDULE_KINDS, SYNTH])}",
                                self.schedule)
             if self.chunks is not None and not allowed_chunks(self.schedule, self.chunks):
                 raise BadInput("--chunks", f"{default_chunks(self.schedule)} with schedule "
@@ -125,8 +125,10 @@ class UnitPool:
 
 
 def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[str, int]]:
-    from hyperpipe.plan.generators import SCHEDULE_KINDS
-    for kind in ([c.schedule] if c.schedule else list(SCHEDULE_KINDS)):
+    from hyperpipe.plan.generators import SCHEDULE_KINDS, SYNTH
+    # synth: every fixed kind, then a schedule synthesised for the best (search phase 4)
+    fixed = c.schedule if c.schedule not in (None, SYNTH) else None
+    for kind in ([fixed] if fixed else list(SCHEDULE_KINDS)):
         if not takes_chunks(kind):
             v = default_chunks(kind)
             if c.chunks in (None, v) and (v == 1 or 2 * v <= num_layers):

@@ -1,0 +1,184 @@
+"""Synthesised schedules (kind synth): list scheduling, synthesis, plan field
+`schedule.actions`.
+
+Oracles: the fixed kinds' closed-form makespans (unit times, `test_schedule.makespan`),
+the simulator's price of every fixed kind for the same stages (synthesis may never be
+slower nor over memory), and the IR validator.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_schedule import makespan
+
+from hyperpipe.cli import main
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.errors import BadInput
+from hyperpipe.models import load_model
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, load_plan, plan_from_dict
+from hyperpipe.plan.plan_schedule import schedule_for
+from hyperpipe.plan.schedule import Schedule, validate
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.listsched import PipeCosts, Policy, list_schedule
+from hyperpipe.sim.simulator import simulate
+from hyperpipe.sim.synth import fixed_kinds, synthesise
+
+
+def unit_costs(n_st: int, p: int) -> PipeCosts:
+    one = (1.0,) * n_st
+    return PipeCosts(one, one, one, one, (0.0,) * (n_st - 1), (0.0,) * (n_st - 1),
+                     (1e9,) * p)
+
+
+@pytest.mark.parametrize("p", [2, 4, 6])
+def test_list_schedule_reaches_the_zero_bubble_closed_forms(p):
+    for m in (p, 2 * p, 3 * p + 1):
+        rows = list_schedule(unit_costs(p, p), p, m, "loop", Policy(0, "fill"))
+        s = Schedule("synth", p, p, m, rows)
+        validate(s)
+        assert makespan(s) == 3 * m + p - 1                # ZB-H1's, Qi et al. 2023
+        eager = Schedule("synth", p, p, m,
+                         list_schedule(unit_costs(p, p), p, m, "loop", Policy(0, "eager")))
+        validate(eager)
+        assert makespan(eager) <= 3 * (m + p - 1)          # never behind 1F1B
+    for m in (2 * p, 4 * p):
+        rows = list_schedule(unit_costs(2 * p, p), p, m, "v", Policy(None, "fill"))
+        s = Schedule("synth", p, 2 * p, m, rows, "v")
+        validate(s)
+        assert makespan(s) == 6 * m + p - 1                # ZB-V's
+
+
+def test_list_schedule_respects_the_memory_budget_or_gives_up():
+    p, m = 4, 8
+    c = unit_costs(p, p)
+    tight = PipeCosts(c.f_s, c.i_s, c.w_s, c.stash_bytes, c.fwd_link_s, c.bwd_link_s,
+                      (2.0, 2.0, 2.0, 1.0))
+    rows = list_schedule(tight, p, m, "loop", Policy(None, "fill"))
+    for d, row in enumerate(rows):
+        live = peak = 0
+        for a in row:
+            live += 1 if a.op == "F" else -1 if a.op == "W" else 0
+            peak = max(peak, live)
+        assert peak <= tight.budget_bytes[d]
+    starved = PipeCosts(c.f_s, c.i_s, c.w_s, c.stash_bytes, c.fwd_link_s, c.bwd_link_s,
+                        (1.0, 0.5, 1.0, 1.0))
+    assert list_schedule(starved, p, m, "loop", Policy(0, "fill")) is None
+
+
+# ---------------------------------------------------------------- synthesis on plans
+
+def setup(memory=("100 GB", "100 GB"), stash=1e6):
+    link = {"bandwidth": 1e10, "latency": 1e-5}
+    cluster = load_cluster({
+        "name": "t",
+        "device_types": {
+            "big": {"peak_flops": 1e12, "efficiency": 1.0, "memory": memory[0],
+                    "mem_bandwidth": 1e30},
+            "small": {"peak_flops": 1e12, "efficiency": 1.0, "memory": memory[1],
+                      "mem_bandwidth": 1e30}},
+        "nodes": [{"name": "a", "device": "big", "count": 4, "intra_link": link},
+                  {"name": "b", "device": "small", "count": 4, "intra_link": link}],
+        "inter_node": link})
+    model = load_model({"kind": "synthetic", "layers": 40, "fwd_flops_per_sample": 1e9,
+                        "params_per_layer": 0, "activation_bytes_per_sample": 1e5,
+                        "stash_bytes_per_sample": stash})
+    return model, cluster
+
+
+def plan_of(counts, devices, m, kind="1f1b"):
+    stages, a = [], 0
+    for n, dev in zip(counts, devices, strict=True):
+        stages.append(StagePlan((a, a + n), (dev,), 1))
+        a += n
+    return Plan({"kind": "synthetic", "layers": 40, "fwd_flops_per_sample": 1e9,
+                 "params_per_layer": 0, "activation_bytes_per_sample": 1e5,
+                 "stash_bytes_per_sample": 1e6}, "inline", m, kind, 1,
+                (PipelinePlan(1, m, tuple(stages)),))
+
+
+@pytest.mark.parametrize("counts", [[10, 10, 10, 10], [8, 14, 9, 9], [13, 9, 9, 9]])
+def test_synthesis_is_never_slower_than_any_fixed_kind(counts):
+    model, cluster = setup()
+    cost = CostModel(model, cluster)
+    plan = plan_of(counts, ["a/0", "a/1", "b/0", "b/1"], 8)
+    result = synthesise(plan, cost)
+    best_fixed = min(simulate(plan.__class__(**{**plan.__dict__, "schedule": k}), cost)
+                     .metrics.iteration_time_s for k in fixed_kinds(plan))
+    assert result.fixed_time_s == pytest.approx(best_fixed)
+    assert result.metrics.iteration_time_s <= best_fixed * (1 + 1e-12)
+    assert not result.metrics.oom
+    again = simulate(result.plan, cost).metrics.iteration_time_s
+    assert again == pytest.approx(result.metrics.iteration_time_s)
+
+
+def test_binding_memory_synthesis_beats_1f1b_where_zero_bubble_does_not_fit():
+    # Stage stash 10 layers x 1 MB = 10 MB. The small devices (stages 2, 3) hold 25 MB:
+    # zb-h1 keeps min(p, m) = 4 stashes on every stage and does not fit; 1F1B (p - d
+    # stashes) fits; a synthesised order can still fill bubbles with W's under the cap.
+    model, cluster = setup(memory=("100 MB", "25 MB"))
+    cost = CostModel(model, cluster)
+    plan = plan_of([10, 10, 10, 10], ["a/0", "a/1", "b/0", "b/1"], 8)
+    zb = simulate(Plan(**{**plan.__dict__, "schedule": "zb-h1"}), cost).metrics
+    assert zb.oom                                              # the cap binds
+    result = synthesise(plan, cost)
+    assert result.fixed_kind == "1f1b"
+    assert result.plan.schedule == "synth" and not result.metrics.oom
+    assert result.gain > 1.05
+    for dev, peak in result.metrics.peak_memory_bytes.items():
+        assert peak <= cluster.device(dev).type.memory_bytes
+
+
+# ---------------------------------------------------------------- plan field and CLI
+
+def synth_doc():
+    return {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+            "global_batch": 4,
+            "schedule": {"kind": "synth", "actions": {
+                "a100/0": ["0F0", "0F1", "0I0", "0W0", "0I1", "0W1"],
+                "v100/0": ["1F0", "1I0", "1F1", "1I1", "1W0", "1W1"]}},
+            "pipelines": [{"micro_batch": 2, "num_microbatches": 2, "stages": [
+                {"layers": [0, 5], "devices": ["a100/0"]},
+                {"layers": [5, 8], "devices": ["v100/0"]}]}]}
+
+
+def test_actions_round_trip_and_replay_exactly(tmp_path):
+    plan = plan_from_dict(synth_doc())
+    plan.check(plan.load_model(), plan.load_cluster())
+    s = schedule_for(plan)
+    assert [str(a) for a in s.actions[1]] == synth_doc()["schedule"]["actions"]["v100/0"]
+    path = tmp_path / "p.json"
+    plan.save(path)
+    again = load_plan(path)
+    assert again.actions == plan.actions and again.to_dict() == plan.to_dict()
+    cost = CostModel(plan.load_model(), plan.load_cluster())
+    trace = simulate(plan, cost).trace
+    order = [str(e.stage) + e.op + str(e.microbatch) for e in
+             sorted(trace.events, key=lambda e: e.start_s) if e.device == "v100/0"
+             and e.op in "FBIW"]
+    assert order == synth_doc()["schedule"]["actions"]["v100/0"]
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d["schedule"]["actions"]["v100/0"].__setitem__(2, "1X1"),
+     ["v100/0", "step 2", "1X1"]),
+    (lambda d: d["schedule"]["actions"]["v100/0"].__setitem__(0, "1I0"),
+     ["device v100/0", "1I0"]),
+    (lambda d: d["schedule"]["actions"].pop("a100/0"), ["a100/0"]),
+    (lambda d: d["schedule"].pop("actions"), ["schedule.actions"]),
+    (lambda d: d["schedule"].__setitem__("kind", "1f1b"), ["schedule.actions"]),
+])
+def test_bad_actions_are_bad_input_naming_device_and_step(edit, words, tmp_path, capsys):
+    doc = synth_doc()
+    edit(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BadInput) as err:
+        plan = load_plan(path)
+        plan.check(plan.load_model(), plan.load_cluster())
+    text = str(err.value)
+    assert "\n" not in text and str(path) in text
+    for w in words:
+        assert w in text, (w, text)
+    assert main(["simulate", "--plan", str(path)]) == 2
