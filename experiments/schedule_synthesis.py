@@ -1,0 +1,139 @@
+"""Schedule synthesis: synthesised schedules (kind synth) against the best fixed kind.
+
+Every case keeps one plan's stages, devices and micro-batches fixed. The comparator
+(the "null model") is the best fixed kind that places chunks as the plan does (gpipe,
+1f1b, zb-h1 for one chunk; interleaved-1f1b; zb-v, dualpipe-v), each simulated by the
+same SimPy simulator; kinds over a device's memory do not count. Synthesis
+(`hyperpipe.sim.synth`) keeps the fixed kind when it finds nothing faster, so
+gain = fixed / synthesised >= 1 by construction; the figure is how much above 1.
+
+Cases:
+- search: the best non-synth plan `hyperpipe search` finds on built-in heterogeneous
+  clusters and models (its costs are the analytic cost model's, not calibrated: nothing
+  here is fitted to these numbers);
+- synthetic: 4 or 8 stages on identical devices, one stage heavier by 1.0x-2.0x, with
+  memory unlimited ("free") or capped on the second half of the pipeline so that
+  zero-bubble's stash of p micro-batches does not fit there but 1F1B's does ("cap").
+
+Per case: best fixed kind and its simulated iteration time, the synthesised time, gain,
+synthesis wall time (all its candidates simulated), peak memory over capacity. Last line
+``geomean_gain=X min_gain=Y n_cases=N synth_ms_per_plan=T`` with X over the imbalanced
+cases (imbalance > 1.0, and search plans, whose stages are unequal).
+
+    python experiments/schedule_synthesis.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.search.search import SearchConstraints, search
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.synth import synthesise
+
+SEARCH_CASES = [  # (cluster, model, global batch)
+    ("demo-hetero", "gpt3-1.3b", 64),
+    ("demo-hetero", "gpt2-xl", 32),
+    ("a100-v100", "gpt3-1.3b", 64),
+    ("a100-v100", "gpt3-6.7b", 128),
+    ("h100-a100-l4", "gpt3-2.7b", 64),
+    ("h100-a100-l4", "llama2-7b", 64),
+]
+LAYERS_PER_STAGE = 10
+STASH_BYTES = 1e6       # per sample per layer
+IMBALANCES = (1.0, 1.25, 1.5, 1.75, 2.0)
+SHAPES = ((4, 8), (8, 16))    # (stages p, micro-batches m)
+
+
+def synthetic_case(p: int, m: int, imbalance: float, capped: bool):
+    """A plan of p stages on p identical devices, stage p // 2 heavier by `imbalance`;
+    with `capped`, the second half's devices hold 1F1B's stash but not p stashes."""
+    counts = [LAYERS_PER_STAGE] * p
+    counts[p // 2] = round(LAYERS_PER_STAGE * imbalance)
+    layers = sum(counts)
+    stage_stash = STASH_BYTES * LAYERS_PER_STAGE * imbalance
+    # second half: rank d >= p/2 needs p - d stashes under 1F1B (at most p/2); cap at
+    # p/2 + 0.5 stashes of the heaviest stage, below zero-bubble's p
+    small = f"{stage_stash * (p / 2 + 0.5) / 1e6:.3f} MB" if capped else "1000 GB"
+    link = {"bandwidth": "100 GB/s", "latency": "5 us"}
+    cluster = load_cluster({
+        "name": "synthetic",
+        "device_types": {
+            "big": {"peak_flops": "100 TFLOP/s", "efficiency": 1.0, "memory": "1000 GB",
+                    "mem_bandwidth": "1000 TB/s"},
+            "small": {"peak_flops": "100 TFLOP/s", "efficiency": 1.0, "memory": small,
+                      "mem_bandwidth": "1000 TB/s"}},
+        "nodes": [{"name": "a", "device": "big", "count": p // 2, "intra_link": link},
+                  {"name": "b", "device": "small", "count": p - p // 2,
+                   "intra_link": link}],
+        "inter_node": link})
+    model_doc = {"kind": "synthetic", "layers": layers, "fwd_flops_per_sample": 1e10,
+                 "params_per_layer": 0, "activation_bytes_per_sample": 1e5,
+                 "stash_bytes_per_sample": STASH_BYTES}
+    model = load_model(model_doc)
+    devices = [f"a/{i}" for i in range(p // 2)] + [f"b/{i}" for i in range(p - p // 2)]
+    stages, a = [], 0
+    for n, dev in zip(counts, devices, strict=True):
+        stages.append(StagePlan((a, a + n), (dev,), 1))
+        a += n
+    plan = Plan(model_doc, "inline", m, "1f1b", 1, (PipelinePlan(1, m, tuple(stages)),))
+    return plan, CostModel(model, cluster)
+
+
+def search_case(cluster_name: str, model_name: str, batch: int):
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    result = search(model, cluster, SearchConstraints(global_batch=batch))
+    plan = next(c.plan for c in [result.best, *result.ranked] if c.plan.schedule != "synth")
+    return plan, CostModel(model, cluster)
+
+
+def over_capacity(result, cost) -> float:
+    """Largest peak / capacity - 1 over the winner's devices (<= 0: fits)."""
+    return max(peak / cost.cluster.device(dev).type.memory_bytes - 1
+               for dev, peak in result.metrics.peak_memory_bytes.items())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="two search cases, p = 4 only")
+    args = ap.parse_args()
+    cases = []
+    for cl, mo, gb in SEARCH_CASES[:2] if args.quick else SEARCH_CASES:
+        cases.append((f"search {cl} {mo} gb={gb}", True, lambda cl=cl, mo=mo, gb=gb:
+                      search_case(cl, mo, gb)))
+    for p, m in SHAPES[:1] if args.quick else SHAPES:
+        for imb in IMBALANCES:
+            for capped in (False, True):
+                name = f"synthetic p={p} m={m} imbalance={imb:.2f} {'cap' if capped else 'free'}"
+                cases.append((name, imb > 1.0, lambda p=p, m=m, imb=imb, capped=capped:
+                              synthetic_case(p, m, imb, capped)))
+    print(f"{'case':<52} {'fixed kind':<12} {'fixed ms':>10} {'synth ms':>10} "
+          f"{'gain':>6} {'synth ms/plan':>13} {'mem over':>9}")
+    gains, imbalanced, times, worst_mem = [], [], [], -math.inf
+    for name, is_imbalanced, build in cases:
+        plan, cost = build()
+        r = synthesise(plan, cost)
+        synth_ms = r.synth_time_s * 1e3 if math.isfinite(r.synth_time_s) else math.inf
+        mem = over_capacity(r, cost)
+        worst_mem = max(worst_mem, mem)
+        gains.append(r.gain)
+        times.append(r.elapsed_s * 1e3)
+        if is_imbalanced:
+            imbalanced.append(r.gain)
+        print(f"{name:<52} {r.fixed_kind:<12} {r.fixed_time_s * 1e3:>10.3f} {synth_ms:>10.3f} "
+              f"{r.gain:>6.3f} {r.elapsed_s * 1e3:>13.0f} {mem:>+9.3f}", flush=True)
+    geo = math.exp(statistics.fmean(math.log(g) for g in imbalanced))
+    every = math.exp(statistics.fmean(math.log(g) for g in gains))
+    print(f"geomean gain over all cases {every:.3f}; memory: worst peak/capacity - 1 = "
+          f"{worst_mem:+.3f} ({'no cap exceeded' if worst_mem <= 1e-9 else 'CAP EXCEEDED'})")
+    print(f"geomean_gain={geo:.3f} min_gain={min(gains):.3f} n_cases={len(cases)} "
+          f"synth_ms_per_plan={statistics.fmean(times):.0f}")
+
+
+if __name__ == "__main__":
+    main()
