@@ -86,13 +86,14 @@ def pipe_costs(plan: Plan, cost: CostModel, q: int) -> PipeCosts:
         nbytes = cost.send_bytes(a.layers, mb)
         links_f.append(cost.transfer_time_s(a.devices[-1], b.devices[0], nbytes))
         links_b.append(cost.transfer_time_s(b.devices[0], a.devices[-1], nbytes))
+    shards = len(plan.pipelines) if plan.distributed_optimizer else 1
     budget = []
     for d in range(p):
-        mine = rank_stages(d, p, plan.chunks, placement)
-        static = sum(cost.state_bytes(st[s].layers, st[s].tp) for s in mine)
+        mine = [st[s] for s in rank_stages(d, p, plan.chunks, placement)]
+        static = cost.device_static_bytes(mine, mb, shards)    # as the simulator counts it
         budget.append(cost.cluster.device(st[d].devices[0]).type.memory_bytes - static)
     return PipeCosts(times("F"), times("I"), times("W"),
-                     tuple(cost.stash_bytes(s.layers, mb, s.tp) for s in st),
+                     tuple(cost.stage_stash_bytes(s, mb) for s in st),
                      tuple(links_f), tuple(links_b), tuple(budget))
 
 
