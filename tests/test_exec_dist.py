@@ -253,3 +253,28 @@ def test_nccl_two_ranks_match_cpu_reference():
     for rank_state in result.state:
         for name, st in rank_state.items():
             assert close_bf16(st["grad"].float(), ref_grads[name]), name
+
+
+def test_synthesised_schedule_runs_with_single_process_losses(tmp_path):
+    # A demo-hetero plan (fast A100 first, V100 second, uneven cut), its schedule
+    # synthesised from the cost model and saved as `schedule.actions`: the executor
+    # replays the lists and gets the single-process loss and gradients.
+    from hyperpipe.plan.plan import load_plan
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.listsched import Policy
+    from hyperpipe.sim.synth import synth_plan
+    base = plan_from_dict({
+        "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+        "global_batch": 6, "schedule": "zb-h1",
+        "pipelines": [{"micro_batch": 1, "num_microbatches": 6, "stages": [
+            {"layers": [0, 5], "devices": ["a100/0"]},
+            {"layers": [5, 8], "devices": ["v100/0"]}]}]})
+    plan = synth_plan(base, CostModel(base.load_model(), base.load_cluster()),
+                      Policy(None, "fill"))
+    path = tmp_path / "synth.json"
+    plan.save(path)
+    plan = load_plan(path)
+    assert plan.schedule == "synth" and plan.actions
+    result = run_plan(plan, RunOptions(steps=1, emulate=False, capture_state=True,
+                                       probe_links=False))
+    check_against_reference(plan, result)

@@ -69,7 +69,7 @@ def test_list_schedule_respects_the_memory_budget_or_gives_up():
 
 # ---------------------------------------------------------------- synthesis on plans
 
-def setup(memory=("100 GB", "100 GB"), stash=1e6):
+def setup(memory=("100 GB", "100 GB"), stash=1e6, count=4):
     link = {"bandwidth": 1e10, "latency": 1e-5}
     cluster = load_cluster({
         "name": "t",
@@ -78,8 +78,8 @@ def setup(memory=("100 GB", "100 GB"), stash=1e6):
                     "mem_bandwidth": 1e30},
             "small": {"peak_flops": 1e12, "efficiency": 1.0, "memory": memory[1],
                       "mem_bandwidth": 1e30}},
-        "nodes": [{"name": "a", "device": "big", "count": 4, "intra_link": link},
-                  {"name": "b", "device": "small", "count": 4, "intra_link": link}],
+        "nodes": [{"name": "a", "device": "big", "count": count, "intra_link": link},
+                  {"name": "b", "device": "small", "count": count, "intra_link": link}],
         "inter_node": link})
     model = load_model({"kind": "synthetic", "layers": 40, "fwd_flops_per_sample": 1e9,
                         "params_per_layer": 0, "activation_bytes_per_sample": 1e5,
@@ -182,3 +182,45 @@ def test_bad_actions_are_bad_input_naming_device_and_step(edit, words, tmp_path,
     for w in words:
         assert w in text, (w, text)
     assert main(["simulate", "--plan", str(path)]) == 2
+
+
+def test_cli_schedule_synth_text_csv_png(tmp_path, capsys):
+    doc = synth_doc()
+    doc["schedule"] = "1f1b"
+    doc["pipelines"][0]["num_microbatches"], doc["global_batch"] = 4, 8
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    assert main(["schedule", "--kind", "synth", "--plan", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# ") and "best fixed kind" in text
+    s = Schedule.from_text(text)
+    validate(s)
+    assert (s.num_devices, s.num_stages, s.num_microbatches) == (2, 2, 4)
+    assert main(["schedule", "--kind", "synth", "--plan", str(path), "--format",
+                 "torch-csv"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert [r.split(",") for r in rows] == [[str(a) for a in row] for row in s.actions]
+    png = tmp_path / "s.png"
+    assert main(["schedule", "--kind", "synth", "--plan", str(path), "--format", "png",
+                 "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["schedule", "--kind", "synth", "--devices", "2", "--microbatches",
+                 "4"]) == 2
+    assert "--plan" in capsys.readouterr().err
+
+
+def test_search_records_synthesised_actions_that_replay(tmp_path):
+    from hyperpipe.search.search import SearchConstraints, search
+    model, cluster = setup(memory=("100 MB", "25 MB"), count=2)
+    result = search(model, cluster, SearchConstraints(global_batch=8, micro_batch=1, pp=4,
+                                                      dp=1, tp=1))
+    synth = [c for c in result.ranked if c.plan.schedule == "synth"]
+    assert synth, [c.plan.schedule for c in result.ranked]
+    plan = synth[0].plan
+    path = tmp_path / "p.json"
+    plan.save(path)
+    again = load_plan(path)
+    assert again.actions == plan.actions
+    replay = simulate(again, CostModel(model, cluster)).metrics
+    assert replay.iteration_time_s == pytest.approx(synth[0].metrics.iteration_time_s)
+    assert not replay.oom

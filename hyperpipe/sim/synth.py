@@ -56,6 +56,7 @@ class SynthResult:
     policy: Policy | None            # the policy that built it
     candidates: int                  # schedules simulated
     elapsed_s: float                 # wall time of the whole synthesis
+    synth_plan: Plan | None = None   # the best synthesised plan, even when it lost
 
     @property
     def gain(self) -> float:
@@ -160,4 +161,4 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
     else:
         winner, metrics, policy = fixed_plan, fixed_metrics, None
     return SynthResult(winner, metrics, kind, fixed_t, synth_t, policy, n,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, synth_best[1] if synth_best else None)
