@@ -16,7 +16,9 @@ Cases:
   zero-bubble's stash of p micro-batches does not fit there but 1F1B's does ("cap").
 
 Per case: best fixed kind and its simulated iteration time, the synthesised time, gain,
-synthesis wall time (all its candidates simulated), peak memory over capacity. Last line
+a lower bound on any schedule's pipeline time for one-chunk plans (`compute_bound_s`:
+how much room the fixed kind left), synthesis wall time (all its candidates simulated),
+peak memory over capacity. Last line
 ``geomean_gain=X min_gain=Y n_cases=N synth_ms_per_plan=T`` with X over the imbalanced
 cases (imbalance > 1.0, and search plans, whose stages are unequal).
 
@@ -34,7 +36,7 @@ from hyperpipe.models import load_model
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.synth import synthesise
+from hyperpipe.sim.synth import pipe_costs, synthesise
 
 SEARCH_CASES = [  # (cluster, model, global batch)
     ("demo-hetero", "gpt3-1.3b", 64),
@@ -92,6 +94,24 @@ def search_case(cluster_name: str, model_name: str, batch: int):
     return plan, CostModel(model, cluster)
 
 
+def compute_bound_s(plan: Plan, cost: CostModel) -> float:
+    """A lower bound on any schedule's pipeline time for these stages (one chunk per
+    device): rank r cannot start before the first micro-batch's forwards reach it and
+    then has m x (F + I + W) of its own to run; tails, all-reduce and optimizer left
+    out. inf-free: 0 for plans with several chunks (not bounded here)."""
+    if plan.chunks != 1:
+        return 0.0
+    bound = 0.0
+    for q, pipe in enumerate(plan.pipelines):
+        c = pipe_costs(plan, cost, q)
+        head = 0.0
+        for r in range(len(pipe.stages)):
+            work = c.f_s[r] + c.i_s[r] + c.w_s[r]
+            bound = max(bound, head + pipe.num_microbatches * work)
+            head += c.f_s[r] + (c.fwd_link_s[r] if r < len(c.fwd_link_s) else 0.0)
+    return bound
+
+
 def over_capacity(result, cost) -> float:
     """Largest peak / capacity - 1 over the winner's devices (<= 0: fits)."""
     return max(peak / cost.cluster.device(dev).type.memory_bytes - 1
@@ -113,20 +133,22 @@ def main() -> None:
                 cases.append((name, imb > 1.0, lambda p=p, m=m, imb=imb, capped=capped:
                               synthetic_case(p, m, imb, capped)))
     print(f"{'case':<52} {'fixed kind':<12} {'fixed ms':>10} {'synth ms':>10} "
-          f"{'gain':>6} {'synth ms/plan':>13} {'mem over':>9}")
+          f"{'gain':>6} {'bound ms':>9} {'synth ms/plan':>13} {'mem over':>9}")
     gains, imbalanced, times, worst_mem = [], [], [], -math.inf
     for name, is_imbalanced, build in cases:
         plan, cost = build()
         r = synthesise(plan, cost)
         synth_ms = r.synth_time_s * 1e3 if math.isfinite(r.synth_time_s) else math.inf
         mem = over_capacity(r, cost)
+        bound_ms = compute_bound_s(plan, cost) * 1e3
         worst_mem = max(worst_mem, mem)
         gains.append(r.gain)
         times.append(r.elapsed_s * 1e3)
         if is_imbalanced:
             imbalanced.append(r.gain)
         print(f"{name:<52} {r.fixed_kind:<12} {r.fixed_time_s * 1e3:>10.3f} {synth_ms:>10.3f} "
-              f"{r.gain:>6.3f} {r.elapsed_s * 1e3:>13.0f} {mem:>+9.3f}", flush=True)
+              f"{r.gain:>6.3f} {bound_ms:>9.3f} {r.elapsed_s * 1e3:>13.0f} {mem:>+9.3f}",
+              flush=True)
     geo = math.exp(statistics.fmean(math.log(g) for g in imbalanced))
     every = math.exp(statistics.fmean(math.log(g) for g in gains))
     print(f"geomean gain over all cases {every:.3f}; memory: worst peak/capacity - 1 = "

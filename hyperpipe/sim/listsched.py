@@ -12,7 +12,8 @@ actions whose inputs have arrived, by a `Policy`:
    as its budget lets, not a fixed p - d); later chunks first ("deep") or oldest first;
 3. else a W (weight gradient), oldest first: the zero-bubble paper's automatic
    schedule (Qi et al., ICLR'24) puts W's into what would otherwise be bubbles; a W
-   also runs when an F waits for memory only W's can free.
+   also runs when an F waits for memory only W's can free, and before an F when more
+   than ``w_limit`` W's are owed (ZB-V's steady state runs each W soon after its I).
 
 With ``patience`` > 0 the rank looks ahead: it waits for an I that arrives within
 ``patience`` x the duration of the F or W it would start instead. Each decision is made
@@ -40,6 +41,7 @@ class Policy:
     w_mode: str = "fill"             # "fill": W's into bubbles; "eager": W right after its I
     f_order: str = "deep"            # "deep": later chunk first; "old": oldest micro-batch first
     patience: float = 0.0            # wait for an I arriving within this x the other action
+    w_limit: int | None = None       # W's owed beyond which a W goes before any F
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,9 @@ def list_schedule(c: PipeCosts, p: int, m: int, placement: str,
             order = (-k, j) if policy.f_order == "deep" else (j, -k)
             cands.append((max(f_ready[k][j], t), order, k, j))
         cands.sort()
+        if policy.w_limit is not None and len(w_queue[d]) > policy.w_limit:
+            k, j = w_queue[d][0]
+            return t, "W", k, j
         if cands and cands[0][0] <= t:
             other = (t, "F", cands[0][2], cands[0][3])
         elif w_queue[d]:

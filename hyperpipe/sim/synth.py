@@ -41,6 +41,7 @@ POLICIES: tuple[Policy, ...] = (
     Policy(None, "fill", "deep"), Policy(0, "eager", "deep"), Policy(None, "eager", "deep"),
     Policy(1, "fill", "old"), Policy(None, "fill", "old"),
     Policy(1, "fill", "deep", 0.5), Policy(None, "fill", "deep", 0.5),
+    Policy(None, "fill", "deep", 0.0, 1),
 )
 
 
