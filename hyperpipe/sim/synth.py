@@ -81,7 +81,8 @@ def pipe_costs(plan: Plan, cost: CostModel, q: int) -> PipeCosts:
     placement = pipeline_placement(plan, pipe)
 
     def times(op: str) -> tuple[float, ...]:
-        return tuple(cost.stage_time_s(s.layers, s.devices, mb, op, s.recompute) for s in st)
+        return tuple(cost.stage_time_s(s.layers, s.devices, mb, op, s.recompute,
+                                       s.sequence_parallel) for s in st)
 
     links_f, links_b = [], []
     for a, b in zip(st, st[1:], strict=False):
