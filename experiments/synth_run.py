@@ -1,13 +1,13 @@
 """A synthesised schedule run for real: measured step time against simulated.
 
 On `demo-hetero` with `tiny-gpt` (device speeds emulated on this CPU, as `hyperpipe
-demo` does): profile the layers here once, search a 2-stage plan, run it with its best
-fixed kind for real and calibrate the cost model from that run alone. Then synthesise a
-schedule for the same stages from the calibrated costs, run it for real and compare its
-measured step time with its simulated one. The synthesised run is out of sample: no
-figure of its own run went into the costs that predict it. Losses of the two runs are
-printed side by side (same seed and data: they must agree; tests/test_exec_dist.py
-checks the synthesised run against a single-process run).
+demo` does): profile the layers here once, take a 2-stage A100 + V100 plan, run it
+with its best fixed kind for real and calibrate the cost model from that run alone.
+Then synthesise a schedule for the same stages from the calibrated costs, run it for
+real and compare its measured step time with its simulated one. The synthesised run
+is out of sample: no figure of its own run went into the costs that predict it.
+Losses of the two runs are printed side by side (same seed and data: they must agree;
+tests/test_exec_dist.py checks the synthesised run against a single-process run).
 
 Last line: ``synth_measured_s=A synth_simulated_s=B error=C fixed_measured_s=D
 fixed_simulated_s=E loss_diff=F``.
@@ -27,7 +27,7 @@ from hyperpipe.exec import RunOptions, run_plan
 from hyperpipe.exec.emulation import emulation_factors
 from hyperpipe.exec.profiler import emulated_profile, measure_profile
 from hyperpipe.models import load_model
-from hyperpipe.search.search import SearchConstraints, search
+from hyperpipe.search.baselines import proportional_plan
 from hyperpipe.sim.accuracy import compare, relative_error
 from hyperpipe.sim.calibrate import calibrate
 from hyperpipe.sim.costmodel import CostModel
@@ -48,9 +48,10 @@ def main() -> None:
     native = measure_profile("tiny-gpt", "demo-hetero", emulate=False)
     native.save(out / "profile_native.json")
     layers = emulated_profile(native, emulation_factors(cluster, SCALE))
-    found = search(model, cluster, SearchConstraints(global_batch=16, micro_batch=2, tp=1,
-                                                     pp=2, dp=1), profile=layers)
-    base = next(c.plan for c in found.ranked if c.plan.schedule != "synth")
+    # a heterogeneous pipeline: the A100 first, the V100 second, layers cut in
+    # proportion to their peak FLOP/s (what the search gives here may use one type only)
+    base = proportional_plan(model, cluster, pp=2, micro_batch=2, global_batch=16,
+                             schedule="zb-h1", devices=["a100/0", "v100/0"])
 
     def run(name: str, plan):
         plan.save(out / f"plan_{name}.json")
