@@ -13,10 +13,12 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from hyperpipe import cli_args as ca
+from hyperpipe.cli_cmds import cmd_export, cmd_list, cmd_run
 from hyperpipe.cli_whatif import (
     add_backend_options,
     add_whatif_options,
@@ -24,7 +26,7 @@ from hyperpipe.cli_whatif import (
     open_backend,
     run_backend,
 )
-from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.errors import BadInput, InfeasiblePlan, Stopped
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -102,10 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunks", type=ca.CHUNKS, help="stages per device (interleaved; default 1)")
     _memory_args(p, "plan options:")
     p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
+    p.add_argument("--allow-profile-mismatch", action="store_true", help="use --profile even "
+                   "if it was measured on another model or lacks a device type")
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce gradients after the backward, not during it")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--timeline", type=ca.path, help="write a timeline PNG here")
+    p.add_argument("--timeline", type=ca.path, help="write a timeline here (.png, .svg, .pdf)")
+    p.add_argument("--window", metavar="START:END", help="with --timeline: draw only this "
+                   "time window, in seconds from the iteration's start (e.g. 0:0.002)")
+    p.add_argument("--microbatches", type=ca.BATCH, metavar="K", help="with --timeline: "
+                   "draw only the first K micro-batches")
     p.add_argument("--trace", type=ca.path,
                    help="write the predicted trace (hyperpipe.trace/1 JSON)")
     p.add_argument("--chrome", type=ca.path, help="write the trace as Chrome trace JSON (Perfetto)")
@@ -138,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-emulate", action="store_true",
                    help="with --measure: every device type at this machine's native speed")
     p.add_argument("--micro-batches", default="1,2,4", help="with --measure: sizes to time")
+    p.add_argument("--progress", action="store_true", help="progress bar on stderr even "
+                   "when it is not a terminal")
     p.add_argument("--out", type=ca.path, required=True, help="profile JSON to write")
     p.set_defaults(func=cmd_calibrate)
 
@@ -154,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=ca.EVERY, default=0, metavar="N",
                    help="checkpoint every N steps (and after the last)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace the checkpoints of "
+                   "another run in --checkpoint DIR (refused without it)")
+    p.add_argument("--no-memory-check", action="store_true", help="launch even when the "
+                   "predicted memory does not fit this host or GPU")
+    p.add_argument("--progress", action="store_true", help="progress bars on stderr even "
+                   "when it is not a terminal")
     p.add_argument("--inject-fault", metavar="RANK:STEP",
                    help="make that rank fail at the start of that step (RANK:STEP:stop: "
                    "SIGSTOP it instead, a drill of the watchdog)")
@@ -184,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=ca.TOP, default=5, help="plans to list")
     p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
     p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
+    p.add_argument("--allow-profile-mismatch", action="store_true", help="use --profile even "
+                   "if it was measured on another model or lacks a device type")
     p.add_argument("--out", type=ca.path, help="write the best plan here (for simulate/run --plan)")
     p.add_argument("--progress", action="store_true", help="progress bar on stderr even "
                    "when it is not a terminal")
@@ -205,10 +223,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
     p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
     p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
-    p.add_argument("--plot", type=ca.path, help="write a PNG plot of the sweep here")
+    p.add_argument("--allow-profile-mismatch", action="store_true", help="use --profile even "
+                   "if it was measured on another model or lacks a device type")
+    p.add_argument("--plot", type=ca.path, help="write a plot of the sweep here (.png, .svg, "
+                   ".pdf)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_whatif_options(p)
     p.set_defaults(func=cmd_whatif)
+
+    p = _command(sub, "list", "the built-in clusters, models, device types or schedule "
+                 "kinds with their key figures")
+    p.add_argument("what", choices=["clusters", "models", "devices", "schedules"])
+    p.set_defaults(func=cmd_list)
+
+    p = _command(sub, "export", "write what torchtitan, Megatron-LM or DeepSpeed needs to run "
+                 "a plan's partition, and what it cannot express")
+    p.add_argument("--plan", required=True, metavar="P", help="plan JSON")
+    p.add_argument("--to", required=True, choices=["torchtitan", "megatron", "deepspeed"])
+    p.add_argument("--out", help="write here instead of stdout")
+    p.set_defaults(func=cmd_export)
 
     return parser
 
@@ -229,7 +262,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     validate(sched)
     if args.format == "png":
         if not args.out:
-            raise BadInput("--out", "an output .png path with --format png", has_got=False)
+            raise BadInput("--out", "an output .png, .svg or .pdf path with --format png",
+                           has_got=False)
         from hyperpipe.plan.schedule_plot import draw_schedule
         draw_schedule(sched, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -281,16 +315,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise BadInput("--sequence-parallel", "tensor parallelism (--tp above 1)",
                            "--tp 1")
         plan = plan.with_memory(**_memory_options(args))
-    cost = CostModel(model, cluster, _load_profile(args.profile))
+    window = None
+    if args.timeline:
+        from hyperpipe.files import figure_format
+        from hyperpipe.sim.timeline import parse_window
+        figure_format(args.timeline)
+        window = parse_window(args.window) if args.window else None
+    elif args.window or args.microbatches:
+        raise BadInput("--window/--microbatches", "--timeline FILE to draw", has_got=False)
+    cost = CostModel(model, cluster, _load_profile(args, model, cluster, plan.devices))
     result = simulate(plan, cost, SimOptions(overlap_dp_allreduce=not args.no_overlap))
     if args.trace:
         result.trace.save(args.trace)
     if args.chrome:
         result.trace.save_chrome(args.chrome)
     if args.timeline:
-        from hyperpipe.sim.timeline import plot_timelines
+        from hyperpipe.sim.timeline import plot_timelines, replicas_shown
         plot_timelines([result.trace], [f"simulated: {model.name} on {cluster.name}, "
-                                        f"{plan.schedule}"], args.timeline)
+                                        f"{plan.schedule}; {replicas_shown(plan, result.trace)}"],
+                       args.timeline, window=window, microbatches=args.microbatches)
     if args.json:
         print_json(result.metrics.to_dict())
     else:
@@ -299,52 +342,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                            ("timeline", args.timeline)):
             if path:
                 print(f"{what}: {path}")
-    return EXIT_OK
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    fault = None
-    if args.inject_fault is not None:
-        rank, sep, step = args.inject_fault.partition(":")
-        step, _, kind = step.partition(":")
-        if not (sep and rank.isdigit() and step.isdigit() and kind in ("", "raise", "stop")):
-            raise BadInput("--inject-fault", "RANK:STEP or RANK:STEP:stop, e.g. 1:3",
-                           args.inject_fault)
-        fault = (int(rank), int(step)) if len(args.inject_fault) <= 40 else (0, 0)
-        fault += (kind,) if kind else ()
-        if len(args.inject_fault) > 40 or fault[1] >= args.steps:
-            raise BadInput("--inject-fault", f"RANK:STEP with STEP below --steps "
-                           f"({args.steps})", args.inject_fault)
-    from hyperpipe.exec import RunFailed, RunOptions, run_plan
-    from hyperpipe.exec.launch import torchrun_env
-    from hyperpipe.plan.plan import load_plan
-    options = RunOptions(
-        steps=args.steps, seed=args.seed, trace_path=args.trace, chrome_path=args.chrome,
-        checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
-        resume=args.resume, inject_fault=fault, emulate=not args.no_emulate,
-        emulation_scale=args.emulation_scale, threads_per_rank=args.threads,
-        timeout_s=args.timeout, lr=args.lr)
-    env = torchrun_env()
-    try:
-        result = run_plan(load_plan(args.plan), options)
-    except RunFailed as exc:
-        print(f"hyperpipe: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    if env is not None and env[0] != 0:
-        return EXIT_OK                       # under torchrun, rank 0 reports
-    if args.resume and result.first_step == 0:
-        print(f"no complete checkpoint in {args.checkpoint}: started at step 0")
-    speed = "emulated (compute stretched to each device's speed)" if result.emulated \
-        else "native speed"
-    print(f"ran {len(result.losses)} step(s) on {len(result.trace.devices())} rank(s), "
-          f"{speed}")
-    for i, (t, loss) in enumerate(zip(result.step_times_s, result.losses, strict=True)):
-        print(f"step {result.first_step + i}: {t * 1e3:9.1f} ms   loss {loss:.4f}")
-    for what, path in (("trace", args.trace), ("chrome trace", args.chrome)):
-        if path:
-            print(f"{what}: {path}")
-    if not args.trace:
-        print("(no trace written: add --trace T to keep the measured trace)")
     return EXIT_OK
 
 
@@ -382,7 +379,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from hyperpipe.exec.profiler import measure_profile
         profile = measure_profile(args.model, args.cluster, micro_batches=sizes,
                                   emulate=not args.no_emulate,
-                                  emulation_scale=args.emulation_scale)
+                                  emulation_scale=args.emulation_scale,
+                                  progress=True if args.progress else None,
+                                  log=lambda line: print(line, flush=True))
     profile.save(args.out)
     fits = profile.compute
     worst = max((f.rel_rmse for f in fits.values()), default=0.0)
@@ -399,7 +398,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from hyperpipe.search.search import SearchConstraints, search
     from hyperpipe.sim.costmodel import CostModel
     model, cluster = load_model(args.model, where="--model"), load_cluster(args.cluster)
-    profile = _load_profile(args.profile)
+    profile = _load_profile(args, model, cluster)
     c = SearchConstraints(global_batch=args.global_batch, micro_batch=args.micro_batch,
                           schedule=args.schedule, pp=args.pp, dp=args.dp, tp=args.tp,
                           chunks=args.chunks, objective=args.objective,
@@ -421,11 +420,16 @@ def cmd_search(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load_profile(path: str | None):
-    if path is None:
+def _load_profile(args: argparse.Namespace, model, cluster, devices=None):
+    """--profile, checked to belong to this model and cover the device types in use (of
+    `devices`, or of the whole cluster)."""
+    if args.profile is None:
         return None
-    from hyperpipe.plan.profile import load_profile
-    return load_profile(path)
+    from hyperpipe.plan.profile import check_profile, load_profile
+    profile = load_profile(args.profile)
+    check_profile(profile, model, cluster, where=f"--profile {args.profile}",
+                  allow_mismatch=args.allow_profile_mismatch, devices=devices)
+    return profile
 
 
 def _int_list(text: str, where: str) -> tuple[int, ...]:
@@ -451,27 +455,41 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+_STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    for name in _STOP_SIGNALS:          # clean-up runs once, not interrupted by a repeat
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line. SIGTERM and SIGHUP stop it as Ctrl-C does (exit 128 + signal)."""
     with sigterm_as_exit():
         return _main(argv)
 
 
 @contextlib.contextmanager
 def sigterm_as_exit():
-    """Turn SIGTERM into SystemExit(143) while the command runs, so that `finally`
-    blocks (the safe writer's temp-file clean-up, stopping ranks) run on a kill too.
-    Only the main thread can set handlers; elsewhere this does nothing."""
-    def handler(signum, frame):
-        raise SystemExit(143)
+    """While the block runs, SIGTERM and SIGHUP raise `errors.Stopped` (a
+    KeyboardInterrupt), so that `finally` blocks (the safe writer's temp-file clean-up,
+    stopping ranks) run on a kill too; a Stopped that leaves the block becomes
+    SystemExit(128 + signal), 143 for SIGTERM. Only the main thread can set handlers;
+    elsewhere this does nothing."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in _STOP_SIGNALS:
+            if hasattr(signal, name):
+                sig = getattr(signal, name)
+                saved[sig] = signal.signal(sig, _raise_stopped)
     try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:                      # not the main thread
         yield
-        return
-    try:
-        yield
+    except Stopped as exc:
+        raise SystemExit(128 + exc.signum) from None
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -484,8 +502,9 @@ def _main(argv: list[str] | None) -> int:
     except InfeasiblePlan as exc:
         print(f"hyperpipe: infeasible: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("hyperpipe: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        print(f"hyperpipe: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:
         return EXIT_OK

@@ -57,7 +57,7 @@ def run_backend(args: argparse.Namespace):
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from hyperpipe.cli import _load_profile, print_json
+    from hyperpipe.cli import print_json
     from hyperpipe.plan.plan import load_plan
     ca.check_vary_size(args.vary)
     plan = load_plan(args.plan) if args.plan else None
@@ -72,7 +72,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         args._backend = backend
         common = dict(global_batch=args.global_batch, micro_batch=args.micro_batch,
                       schedule=args.schedule, objective=args.objective,
-                      profile=_load_profile(args.profile), workers=args.workers,
+                      profile=_whatif_profile(args), workers=args.workers,
                       backend=run_backend(args), plan=plan)
         if args.failures:
             return _failures(args, common, print_json)
@@ -120,3 +120,14 @@ def _failures(args: argparse.Namespace, common: dict, print_json) -> int:
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0
+
+
+def _whatif_profile(args: argparse.Namespace):
+    """--profile, checked against --model and --cluster (cli._load_profile)."""
+    if args.profile is None:
+        return None
+    from hyperpipe.cli import _load_profile
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
+    return _load_profile(args, load_model(args.model, where="--model"),
+                         load_cluster(args.cluster))

@@ -30,6 +30,16 @@ class BadInput(HyperPipeError):
         super().__init__(msg)
 
 
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) arrived. A KeyboardInterrupt, so that every clean-up
+    path that handles Ctrl-C handles it the same way; `signum` says which signal, and the
+    command line exits with 128 + signum (143 for SIGTERM)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 class InfeasiblePlan(HyperPipeError):
     """A legal plan that cannot run: out of memory, not enough devices, and so on."""
 

@@ -335,10 +335,24 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
         f.write(data)
 
 
+FIGURE_FORMATS = ("png", "svg", "pdf")
+
+
+def figure_format(path: str | os.PathLike) -> str:
+    """The image format a figure path asks for by its suffix (png, svg or pdf); anything
+    else is bad input, so that a file's name never lies about its bytes."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in FIGURE_FORMATS:
+        raise BadInput(show_path(Path(path)), "a figure file ending in .png, .svg or .pdf",
+                       Path(path).suffix or "no suffix")
+    return suffix
+
+
 def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110) -> None:
-    """Save a matplotlib figure as PNG through `atomic_output`."""
-    with atomic_output(path) as f:
-        fig.savefig(f, dpi=dpi, format="png")
+    """Save a matplotlib figure through `atomic_output`, in the format its suffix names
+    (PNG, SVG or PDF; figure_format)."""
+    with atomic_output(path) as f:     # its refusals (special files...) come first
+        fig.savefig(f, dpi=dpi, format=figure_format(path))
 
 
 class Fields:

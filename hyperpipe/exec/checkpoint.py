@@ -7,16 +7,24 @@ killed at any moment leaves either a complete checkpoint or an incomplete one th
 resuming ignores. A manifest carries a fingerprint of the plan, the model and the seed;
 resuming from a checkpoint of another run is refused (BadInput, exit 2), never silently
 mixed in. Files are read back with torch's weights-only loader.
+
+A directory belongs to one run: ``DIR/run.json`` records its fingerprint, seed and rank
+count. A fresh run into a directory that holds another run's record or checkpoints is
+refused (BadInput) unless asked to overwrite it, so that stale checkpoints can never
+outlive the new ones (pruning keeps the highest steps) and be resumed by mistake.
+``DIR/.lock`` (an exclusive `flock`, released by the kernel when its holder dies, even
+by SIGKILL) keeps two runs out of one directory.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -28,6 +36,9 @@ from hyperpipe.plan.plan import Plan
 MANIFEST = "manifest.json"
 CHECKPOINT_FORMAT = "hyperpipe.checkpoint/1"
 KEEP = 2                       # complete checkpoints kept; older ones are removed
+RUN_RECORD = "run.json"
+RUN_FORMAT = "hyperpipe.checkpoint-run/1"
+LOCK = ".lock"
 
 
 def fingerprint(plan: Plan, spec: ModelSpec, seed: int) -> str:
@@ -81,6 +92,87 @@ def resume_step(root: str | os.PathLike, expected_fingerprint: str, world_size: 
         raise BadInput(f"{path}: world_size", f"{world_size} ranks",
                        manifest.get("world_size"))
     return steps[-1]
+
+
+def read_run_record(root: str | os.PathLike) -> dict | None:
+    """DIR/run.json, the run a checkpoint directory belongs to (None if absent)."""
+    path = Path(root) / RUN_RECORD
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BadInput(str(path), "a readable checkpoint run record", str(exc)) from None
+    if not isinstance(doc, dict) or doc.get("format") != RUN_FORMAT:
+        raise BadInput(f"{path}: format", repr(RUN_FORMAT), doc)
+    return doc
+
+
+def check_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int, *,
+                    steps: int, resume: bool, overwrite: bool) -> int | None:
+    """Check that a run may use checkpoint directory `root`; return the step to resume
+    from (None: start at step 0). Raises BadInput, before anything is written, when
+    `root` holds another run (unless `overwrite`), when `resume` finds a checkpoint of
+    another run or one already at or past `steps`."""
+    base = Path(root)
+    if base.exists() and not base.is_dir():
+        raise BadInput("--checkpoint", "a directory", str(base))
+    record = read_run_record(base)
+    done = complete_steps(base)
+    if resume:
+        if record is not None and record.get("fingerprint") != fp:
+            raise BadInput(f"{base / RUN_RECORD}: fingerprint", "a checkpoint directory of "
+                           f"this plan, model and seed ({fp[:12]}); it belongs to run "
+                           f"{str(record.get('fingerprint'))[:12]} (seed "
+                           f"{record.get('seed')})", has_got=False)
+        step = resume_step(base, fp, world_size)
+        if step is not None and step >= steps:
+            raise BadInput("--steps", f"more than {step}: the checkpoint in {base} is already "
+                           f"after step {step}, so --steps {steps} leaves nothing to run",
+                           has_got=False)
+        return step
+    if overwrite or (record is None and not done):
+        return None
+    if record is not None and record.get("fingerprint") == fp and not done:
+        return None                 # this run's own directory, nothing saved yet
+    owner = "another run" if record is None or record.get("fingerprint") != fp else \
+        "an earlier run of this plan and seed"
+    held = f"checkpoints up to step {done[-1]}" if done else "no complete checkpoint"
+    who = f" ({str(record.get('fingerprint'))[:12]}, seed {record.get('seed')})" \
+        if record is not None else ""
+    raise BadInput(f"--checkpoint {base}", f"a directory of this run or an empty one; it "
+                   f"belongs to {owner}{who} and holds {held}: add --resume to continue "
+                   "it, or --overwrite to replace it", has_got=False)
+
+
+def claim_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int, *,
+                    resume: bool, overwrite: bool) -> IO:
+    """Lock `root` for this run and record the run in it (after check_directory). With
+    `overwrite` (and no resume) the old checkpoints are removed first. Returns the open
+    lock file: keep it open for the whole run (closing it, or exiting, unlocks)."""
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    lock = open(base / LOCK, "a+")      # noqa: SIM115 - held open for the run
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise BadInput(f"--checkpoint {base}", "a directory no other run is using; "
+                       f"process {holder} holds {base / LOCK}", has_got=False) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    if overwrite and not resume:
+        for step in complete_steps(base):
+            shutil.rmtree(step_dir(base, step), ignore_errors=True)
+        for d in base.glob("step-*"):       # incomplete ones too
+            shutil.rmtree(d, ignore_errors=True)
+    doc = {"format": RUN_FORMAT, "fingerprint": fp, "seed": seed, "world_size": world_size}
+    write_atomic(base / RUN_RECORD, json.dumps(doc, indent=1) + "\n")
+    return lock
 
 
 def save_rank(root: str | os.PathLike, step: int, rank: int, state: dict[str, Any]) -> None:

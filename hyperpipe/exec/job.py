@@ -15,7 +15,6 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,12 +24,18 @@ from hyperpipe.errors import BadInput
 from hyperpipe.exec import checkpoint, preflight
 from hyperpipe.exec.comm import probe_links
 from hyperpipe.exec.emulation import device_factors
+from hyperpipe.exec.monitor import Reporter, peak_memory_bytes
 from hyperpipe.exec.options import RunOptions, RunResult
 from hyperpipe.exec.placement import adjacent_pairs, check_runnable, placements
 from hyperpipe.exec.runtime import RankRuntime, StepOutcome
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.trace import Trace, TraceEvent
+
+TIMEOUT_STEPS = 5.0          # waits last at least this many expected steps
+REFERENCE_BUDGET_S = 4.0     # per rank, for timing its actions before the run
+REFERENCE_WAIT_S = 3600.0    # a rank waiting its turn to time its actions
+BUSY_OPS = ("F", "B", "I", "W", "optimizer")
 
 
 class InjectedFault(RuntimeError):
@@ -67,24 +72,24 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
     fp = checkpoint.fingerprint(plan, spec, options.seed)
     resume_from = None
     if options.checkpoint_dir is not None:
-        root = Path(options.checkpoint_dir)
-        if root.exists() and not root.is_dir():
-            raise BadInput("--checkpoint", "a directory", str(root))
-        if options.resume:
-            resume_from = checkpoint.resume_step(root, fp, world)
-            if resume_from is not None:
-                preflight.check_rank_files(root, resume_from, world)
+        resume_from = checkpoint.check_directory(
+            options.checkpoint_dir, fp, options.seed, world, steps=options.steps,
+            resume=options.resume, overwrite=options.overwrite)
+        if resume_from is not None:
+            preflight.check_rank_files(options.checkpoint_dir, resume_from, world)
     return Prepared(plan, spec, cluster, fp, resume_from)
 
 
 def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *,
               use_cuda: bool, store: dist.Store | None = None,
-              world_size: int | None = None) -> RunResult:
+              world_size: int | None = None, report: Reporter | None = None) -> RunResult:
     """Run rank `rank` of the plan: join the job, replay every step, gather the result.
 
     `store` and `world_size` come from the local launcher; under torchrun both are None
-    and the process group is set up from the environment.
+    and the process group is set up from the environment. `report` (see exec.monitor)
+    hears of the reference-timing phase and of each step as it ends.
     """
+    report = report or (lambda kind, **data: None)
     plan, spec = prep.plan, prep.spec
     torch.set_num_threads(options.threads_per_rank)
     if use_cuda:
@@ -124,16 +129,15 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
         runtime.load_state_dict(state)
         checkpoint.set_rng_state(state["rng"])
         first_step = int(state["step"])
-    if emulated:                    # reference times, one rank at a time (uncontended),
-        for r in range(dist.get_world_size()):  # a tensor-parallel group's ranks together
-            dist.barrier()
-            if r == where.tp_ranks[0]:
-                runtime.measure_reference()
-        if options.reference_profile:
-            from hyperpipe.plan.profile import load_profile
-            from hyperpipe.sim.costmodel import CostModel
-            runtime.reference_from(CostModel(spec, prep.cluster,
-                                             load_profile(options.reference_profile)))
+    if emulated:
+        _reference_phase(runtime, options, prep, rank, report)
+        busy = _expected_busy_s(runtime, factors[where.device])
+        report("expected", device=where.device, busy_s=busy)
+        # Every wait may last a whole step of the slowest rank: give waits at least a few
+        # expected steps (the sum of all ranks' busy time bounds one step from above).
+        total = torch.tensor([busy], dtype=torch.float64)
+        dist.all_reduce(total)
+        runtime.timeout_s = max(options.timeout_s, TIMEOUT_STEPS * float(total.item()))
     dist.barrier()
     t0 = time.perf_counter()        # aligned: every rank leaves the barrier together
     events: list[TraceEvent] = []
@@ -146,12 +150,17 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
             if options.inject_fault[2:] == ("stop",):
                 os.kill(os.getpid(), signal.SIGSTOP)     # a watchdog drill
             raise InjectedFault(f"injected fault at step {step}")
-        outcomes.append(runtime.run_step(step))
-        preflight.check_loss(outcomes[-1].loss, step)   # before it can be checkpointed
+        outcome = runtime.run_step(step)
+        outcomes.append(outcome)
+        preflight.check_loss(outcome.loss, step)        # before it can be checkpointed
         done = step + 1
         if options.checkpoint_dir and (done == options.steps or (
                 options.checkpoint_every and done % options.checkpoint_every == 0)):
             _save_checkpoint(prep, options, runtime, rank, done)
+        report("step", step=step, start_s=outcome.start_s, end_s=outcome.end_s,
+               loss=outcome.loss, device=where.device,
+               peak_memory_bytes=peak_memory_bytes(device),
+               busy_s=sum(e.end_s - e.start_s for e in outcome.events if e.op in BUSY_OPS))
     mine = {"events": events + [e for o in outcomes for e in o.events],
             "steps": [(o.step, o.start_s, o.end_s, o.loss) for o in outcomes],
             "peak_memory_bytes": [o.peak_memory_bytes for o in outcomes],
@@ -169,6 +178,47 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
         if options.chrome_path:
             result.trace.save_chrome(options.chrome_path)
     return result
+
+
+def _reference_phase(runtime: RankRuntime, options: RunOptions, prep: Prepared, rank: int,
+                     report: Reporter) -> None:
+    """Time this rank's actions for emulation, one rank at a time (uncontended), with a
+    progress tick per rank. The ranks wait their turn on a group of their own with a
+    long timeout (a rank may wait for all the others' timing, which on a large model
+    outlasts the run's own timeout); a rank alone in its tensor-parallel group holds its
+    timing to a budget (one trial round sets how many rounds fit), a group's ranks time
+    together with the default rounds so that their collectives match."""
+    world = dist.get_world_size()
+    report("phase", text=f"timing each rank's actions for emulation, one rank at a time "
+           f"({world} ranks)", total=world)
+    turns = dist.new_group(backend="gloo", timeout=timedelta(seconds=REFERENCE_WAIT_S))
+    for r in range(world):                  # a tensor-parallel group's ranks together
+        dist.barrier(group=turns)
+        if r == runtime.where.tp_ranks[0]:
+            if options.reference_profile is None and len(runtime.where.tp_ranks) == 1:
+                t = time.perf_counter()
+                runtime.measure_reference(repeats=1, warmup=0)
+                round_s = time.perf_counter() - t
+                repeats = int(min(5, REFERENCE_BUDGET_S / max(round_s, 1e-9)))
+                if repeats >= 2:
+                    runtime.measure_reference(repeats=repeats, warmup=1)
+            else:   # a tp group times together (same rounds on each); with a profile,
+                runtime.measure_reference()     # compute is replaced below
+            report("tick")
+    dist.barrier(group=turns)
+    if options.reference_profile:
+        from hyperpipe.plan.profile import load_profile
+        from hyperpipe.sim.costmodel import CostModel
+        runtime.reference_from(CostModel(prep.spec, prep.cluster,
+                                         load_profile(options.reference_profile)))
+
+
+def _expected_busy_s(runtime: RankRuntime, factor: float) -> float:
+    """Compute seconds one step of this rank should take here: its actions' reference
+    times stretched by its emulation factor, plus its optimizer step."""
+    ref = runtime.reference
+    total = sum(ref.get((a.stage, a.op), 0.0) for a in runtime.actions)
+    return factor * (total + ref.get("optimizer", 0.0))
 
 
 def _save_checkpoint(prep: Prepared, options: RunOptions, runtime: RankRuntime, rank: int,

@@ -13,18 +13,28 @@ Both paths run `job.rank_main`. A rank that raises writes its cause to the run d
 and exits; the launcher, watching every child's exit, waits a moment for the first
 cause, kills the rest and raises RunFailed("rank R (device D) failed: cause"). Every
 blocking wait inside a rank has a timeout, so a hung peer becomes a failure too.
+
+Stopping: Ctrl-C, SIGTERM or SIGHUP reach the launcher as KeyboardInterrupt (the command
+line turns the last two into `errors.Stopped`); the launcher then stops and reaps every
+rank before the exception leaves `launch_local`. If the launcher itself dies without
+clean-up (SIGKILL), each rank notices: the kernel signals it when its parent (the fork
+server, which exits with the launcher) dies (Linux `PR_SET_PDEATHSIG`), and a watcher
+thread polls the launcher's pid on any system; the rank then exits at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
 import signal
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -35,9 +45,10 @@ import torch
 import torch.distributed as dist
 
 from hyperpipe.errors import BadInput, HyperPipeError
-from hyperpipe.exec import watchdog
+from hyperpipe.exec import checkpoint, watchdog
 from hyperpipe.exec.comm import PeerFailure
 from hyperpipe.exec.job import Prepared, prepare, rank_main
+from hyperpipe.exec.monitor import Collector, FileReporter, Monitor
 from hyperpipe.exec.options import RunOptions, RunResult
 from hyperpipe.files import atomic_output, write_atomic
 from hyperpipe.plan.plan import Plan
@@ -45,6 +56,11 @@ from hyperpipe.plan.plan import Plan
 FAILURE_GRACE_S = 1.0     # after the first failed exit, time for the root cause to land
 KILL_GRACE_S = 3.0        # SIGTERM, then SIGKILL after this long
 WATCHDOG_S = 15.0         # a rank silent this long (and within --timeout) stopped answering
+PARENT_POLL_S = 0.5       # how often a rank checks that its launcher is still alive
+PR_SET_PDEATHSIG = 1      # prctl option, linux/prctl.h
+POLL_S = 0.2              # how often the launcher looks for the ranks' reports
+RUN_DIR_ENV = "HYPERPIPE_RUN_DIR"
+EVENTS = "events"
 
 
 class RunFailed(HyperPipeError):
@@ -59,16 +75,24 @@ class RunFailed(HyperPipeError):
         self.exit_codes = exit_codes or {}
 
 
-def run_plan(plan: Plan, options: RunOptions) -> RunResult:
+def run_plan(plan: Plan, options: RunOptions, monitor: Monitor | None = None) -> RunResult:
     """Run `plan` for `options.steps` steps on real ranks and return the gathered result.
 
     Under torchrun this process is one rank (every rank gets the whole result); otherwise
     one local process per plan device is started and this process waits for them (a
     script calling this needs the ``if __name__ == "__main__":`` guard: the children
     start from a fork server, which imports the main script as multiprocessing's spawn
-    does). Raises BadInput for a bad plan or options, RunFailed when a rank fails.
+    does). `monitor` hears of phases, progress and each step as it ends (under torchrun,
+    rank 0's view of its own steps). A checkpoint directory is locked and stamped with
+    this run for as long as it runs. Raises BadInput for a bad plan or options (before
+    any rank starts), RunFailed when a rank fails.
     """
     prep = prepare(plan, options)
+    if monitor is not None and options.resume:
+        monitor.phase(f"resuming from the checkpoint after step {prep.resume_from} in "
+                      f"{options.checkpoint_dir}" if prep.resume_from is not None else
+                      f"no complete checkpoint in {options.checkpoint_dir}: starting at "
+                      "step 0", 0)
     env = torchrun_env()
     if env is not None:
         rank, world, local_rank, local_world = env
@@ -76,14 +100,35 @@ def run_plan(plan: Plan, options: RunOptions) -> RunResult:
             raise BadInput("WORLD_SIZE (from torchrun)", f"{len(plan.devices)}, one rank per "
                            "device of the plan", world)
         use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+        collector = Collector(".", 1, monitor if rank == 0 else None)
+        lock = _claim(prep, options) if rank == 0 else None
         try:
-            return rank_main(prep, options, rank, local_rank, use_cuda=use_cuda)
+            return rank_main(prep, options, rank, local_rank, use_cuda=use_cuda,
+                             report=lambda kind, **d: collector.handle(
+                                 {"kind": kind, "rank": 0, **d}))
         except BaseException as exc:
             if isinstance(exc, (BadInput, KeyboardInterrupt)):
                 raise
             raise RunFailed(rank, plan.devices[rank], _cause(exc),
                             traceback.format_exc()) from exc
-    return _run_local(prep, options)
+        finally:
+            if lock is not None:
+                lock.close()
+    lock = _claim(prep, options)
+    try:
+        return _run_local(prep, options, monitor)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _claim(prep: Prepared, options: RunOptions):
+    """Lock and stamp the checkpoint directory (None without one)."""
+    if options.checkpoint_dir is None:
+        return None
+    return checkpoint.claim_directory(options.checkpoint_dir, prep.fingerprint, options.seed,
+                                      len(prep.plan.devices), resume=options.resume,
+                                      overwrite=options.overwrite)
 
 
 def torchrun_env() -> tuple[int, int, int, int] | None:
@@ -102,12 +147,13 @@ def torchrun_env() -> tuple[int, int, int, int] | None:
 
 
 # ---------------------------------------------------------------------- local launch
-def _run_local(prep: Prepared, options: RunOptions) -> RunResult:
+def _run_local(prep: Prepared, options: RunOptions, monitor: Monitor | None) -> RunResult:
     world = len(prep.plan.devices)
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
     # the watchdog fires before the peers' receive timeouts, so it names the silent rank
     results = launch_local(_plan_rank, (prep, options, use_cuda), prep.plan.devices,
-                           watchdog_s=max(3.0, min(options.timeout_s, WATCHDOG_S)))
+                           watchdog_s=max(3.0, min(options.timeout_s, WATCHDOG_S)),
+                           monitor=monitor)
     if results[0] is None:
         raise RunFailed(0, prep.plan.devices[0], "exited without a result")
     return results[0]
@@ -115,32 +161,37 @@ def _run_local(prep: Prepared, options: RunOptions) -> RunResult:
 
 def _plan_rank(rank: int, world: int, store: dist.Store, prep: Prepared,
                options: RunOptions, use_cuda: bool) -> RunResult | None:
+    report = FileReporter(Path(os.environ[RUN_DIR_ENV]) / EVENTS, rank)
     result = rank_main(prep, options, rank, rank, use_cuda=use_cuda, store=store,
-                       world_size=world)
+                       world_size=world, report=report)
     return result if rank == 0 else None       # every rank holds it; one copy is enough
 
 
 def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
-                 watchdog_s: float = 15.0) -> list[Any]:
+                 watchdog_s: float = 15.0, monitor: Monitor | None = None) -> list[Any]:
     """Run ``target(rank, world, store, *args)`` in one local process per device and
     return what each rank returned (rank order). `store` is the rendezvous store for
     ``dist.init_process_group``. `target` must be importable (a module-level function),
     and a script that calls this needs the ``if __name__ == "__main__":`` guard, as with
     any multiprocessing start method but fork. Raises RunFailed when a rank fails, or
-    when one stops answering (no heartbeat for `watchdog_s` seconds, see `watchdog`)."""
+    when one stops answering (no heartbeat for `watchdog_s` seconds, see `watchdog`). A
+    rank finds the private run directory in the environment (RUN_DIR_ENV); what it
+    reports under ``EVENTS`` there reaches `monitor` while the ranks run."""
     world = len(devices)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["hyperpipe.exec.launch"])
     with tempfile.TemporaryDirectory(prefix="hyperpipe-run-") as tmp:
         run_dir = Path(tmp)
         procs = [ctx.Process(target=_child, name=f"hyperpipe-rank{r}", daemon=True,
-                             args=(target, args, r, world, str(run_dir)))
+                             args=(target, args, r, world, str(run_dir), os.getpid()))
                  for r in range(world)]
         started_at = time.time()
         try:
             for p in procs:
                 p.start()
-            _watch(procs, devices, run_dir, watchdog_s, started_at)
+            collector = Collector(run_dir / EVENTS, world, monitor)
+            _watch(procs, devices, run_dir, watchdog_s, started_at, collector.poll)
+            collector.poll()
         finally:
             _stop(procs)
         results = []
@@ -152,9 +203,11 @@ def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
         return results
 
 
-def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_dir: str
-           ) -> None:
+def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_dir: str,
+           launcher_pid: int) -> None:
     """Body of one local child process: rendezvous on a file, loopback sockets only."""
+    die_with_parent(launcher_pid)
+    os.environ[RUN_DIR_ENV] = run_dir
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["NCCL_SOCKET_IFNAME"] = "lo"
     try:
@@ -168,6 +221,45 @@ def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_d
                   "secondary": _lost_peer(exc), "traceback": traceback.format_exc()}
         write_atomic(Path(run_dir) / f"failure-{rank}.json", json.dumps(report))
         os._exit(1)     # no clean-up that could block on dead peers
+
+
+def die_with_parent(launcher_pid: int) -> None:
+    """Make this process exit as soon as the launcher `launcher_pid` is gone, even if it
+    was SIGKILLed and could not stop us. Two guards: Linux's PR_SET_PDEATHSIG (SIGKILL
+    when our parent, the fork server, exits; it exits when the launcher does), and a
+    daemon thread that polls the launcher's pid (any POSIX system; a zombie counts as
+    gone)."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass                            # the watcher thread still guards us
+        if os.getppid() != parent:          # the parent died before prctl took effect
+            os._exit(1)
+
+    def watch() -> None:
+        while _alive(launcher_pid):
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)                         # nobody is left to stop us or read results
+
+    threading.Thread(target=watch, name="hyperpipe-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """True while process `pid` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True                         # no /proc: os.kill's answer stands
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 # What gloo and NCCL say when the other side went away (collectives outside comm.wait).
@@ -186,8 +278,9 @@ def _cause(exc: BaseException) -> str:
 
 
 def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = 15.0,
-           started_at: float = 0.0) -> None:
-    """Return when every child exited 0; raise RunFailed as soon as one fails.
+           started_at: float = 0.0, poll: Callable[[], None] = lambda: None) -> None:
+    """Return when every child exited 0; raise RunFailed as soon as one fails. `poll`
+    runs a few times a second meanwhile (live reports).
 
     Blame, in this order: the earliest failure a rank reported of its own (not the echo
     of a lost peer), else a rank still running that stopped answering (no heartbeat:
@@ -206,7 +299,8 @@ def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = 1
         if all(p.exitcode == 0 for p in procs):
             return
         multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None],
-                                        timeout=0.5)
+                                        timeout=POLL_S)
+        poll()
     # The first exit seen may be a peer that lost its connection: give every rank a
     # moment to fail and report, then pick the root cause.
     deadline = time.monotonic() + FAILURE_GRACE_S

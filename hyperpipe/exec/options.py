@@ -24,9 +24,10 @@ class RunOptions:
     `capture_state` makes every rank hand back its parameters and the last step's
     gradients (for tests that compare with a single-process run). `probe_links` runs the
     point-to-point ping-pong before step 0 that calibration fits links to.
-    `reference_profile` (a profile JSON of native speeds, `hyperpipe calibrate --measure
-    --no-emulate`) gives emulation its compute references instead of timing each action
-    before the run (see RankRuntime.reference_from).
+    `overwrite` lets a fresh run replace the checkpoints of another run in
+    `checkpoint_dir` (refused without it). `reference_profile` (a profile JSON of native
+    speeds, `hyperpipe calibrate --measure --no-emulate`) gives emulation its compute
+    references instead of timing each action before the run (see RankRuntime.reference_from).
     """
 
     steps: int = 1
@@ -36,6 +37,7 @@ class RunOptions:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    overwrite: bool = False
     inject_fault: tuple[int, int] | tuple[int, int, str] | None = None
     emulate: bool = True
     emulation_scale: float = 1.0

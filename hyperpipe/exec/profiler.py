@@ -23,7 +23,7 @@ import torch
 from hyperpipe.exec import compute
 from hyperpipe.exec.emulation import compute_clock, compute_s
 from hyperpipe.models import ModelSpec, build_layer, example_batch
-from hyperpipe.plan.profile import Fit, Profile
+from hyperpipe.plan.profile import Fit, Profile, model_fingerprint
 from hyperpipe.progress import Progress
 from hyperpipe.sim.calibrate import fit_line
 from hyperpipe.sim.costmodel import op_flops
@@ -105,9 +105,15 @@ def measure_optimizer_times(model: ModelSpec, *, repeats: int = 10, warmup: int 
 def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
                    micro_batches: tuple[int, ...] = (1, 2, 4), repeats: int = 10,
                    warmup: int = 2, seed: int = 0, threads: int = 1,
-                   progress: bool | None = None) -> Profile:
+                   progress: bool | None = None, budget_s: float = 20.0,
+                   log=None) -> Profile:
     """Measure each layer kind of `model` here and return a Profile for `device_types`
-    (device type name -> time multiplier, 1.0 for this device at native speed)."""
+    (device type name -> time multiplier, 1.0 for this device at native speed).
+
+    Each (layer kind, micro-batch) is held to about `budget_s` seconds: one trial round
+    sets how many of the `repeats` fit (at least 2, one warm-up when fewer than asked),
+    so large models finish in minutes; small ones get every repeat. `log` (a callable
+    taking one line) hears of each measurement as it ends."""
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     first_of_kind: dict[str, int] = {}
@@ -119,8 +125,19 @@ def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
                       enabled=progress) as bar:
             for kind, index in sorted(first_of_kind.items()):
                 for mb in micro_batches:
-                    times = measure_op_times(model, index, mb, repeats=repeats,
-                                             warmup=warmup, seed=seed)
+                    t0 = time.perf_counter()
+                    measure_op_times(model, index, mb, repeats=1, warmup=0, seed=seed)
+                    round_s = time.perf_counter() - t0
+                    fit = int(budget_s / max(round_s, 1e-9))
+                    # over budget, the trial round was the warm-up
+                    reps, warm = (repeats, warmup) if fit >= repeats + warmup else \
+                        (max(2, min(fit, repeats)), 0)
+                    times = measure_op_times(model, index, mb, repeats=reps,
+                                             warmup=warm, seed=seed)
+                    if log is not None:
+                        log(f"  {kind} layer, micro-batch {mb}: " + ", ".join(
+                            f"{op} {t * 1e3:.1f} ms" for op, t in sorted(times.items()))
+                            + f" ({reps} timed rounds, {time.perf_counter() - t0:.0f} s)")
                     for op, t in times.items():
                         measured.setdefault((kind, op), []).append(
                             (op_flops(model, index, mb, op), t))
@@ -136,7 +153,8 @@ def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
     return Profile(compute=compute, optimizer={
         dtype: _scaled(optimizer, factor) for dtype, factor in sorted(device_types.items())},
         provenance={
-        "method": "layer profiling", "model": model.name, "host": socket.gethostname(),
+        "method": "layer profiling", "model": model.name,
+        "model_fingerprint": model_fingerprint(model), "host": socket.gethostname(),
         "platform": platform.platform(), "torch": torch.__version__, "threads": threads,
         "micro_batches": list(micro_batches), "repeats": repeats,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -162,7 +180,7 @@ def emulated_profile(native: Profile, factors: dict[str, float]) -> Profile:
 
 def measure_profile(model_ref, cluster_ref=None, *, micro_batches: tuple[int, ...] = (1, 2, 4),
                     emulate: bool = True, emulation_scale: float = 1.0,
-                    progress: bool | None = None) -> Profile:
+                    progress: bool | None = None, log=None) -> Profile:
     """`hyperpipe calibrate --measure`: profile `model_ref` here, with entries for every
     device type of `cluster_ref` stretched as the executor emulates them (or a single
     ``local`` type when no cluster is given)."""
@@ -176,4 +194,9 @@ def measure_profile(model_ref, cluster_ref=None, *, micro_batches: tuple[int, ..
         cluster = load_cluster(cluster_ref)
         factors = emulation_factors(cluster, emulation_scale) if emulate else \
             {name: 1.0 for name in cluster.device_types}
-    return profile_layers(model, factors, micro_batches=micro_batches, progress=progress)
+    if log is not None:
+        kinds = sorted({layer.kind for layer in model.layers})
+        log(f"profiling F/I/W/B of {len(kinds)} layer kinds of {model.name} "
+            f"({', '.join(kinds)}) at micro-batches {list(micro_batches)} on this CPU ...")
+    return profile_layers(model, factors, micro_batches=micro_batches, progress=progress,
+                          log=log)

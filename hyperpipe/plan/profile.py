@@ -7,10 +7,16 @@ for one micro-batch; link entries are keyed by link class (``"inter"``,
 optimizer entries are keyed by device type, with x = parameters held. Overhead entries,
 keyed ``"DEVICE_TYPE|OP"``, are seconds each compute action costs on top of its layers
 (dispatch, Python, the executor's bookkeeping), fitted from pipeline runs.
+
+A profile records what it was measured on (``provenance.model``,
+``provenance.model_fingerprint``, and the device types of its entries); `check_profile`
+refuses it for another model or for a cluster with device types it has no entry for,
+unless the user asks for it explicitly.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -126,6 +132,38 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
     if not isinstance(prov, dict):
         raise BadInput(top.at("provenance"), "a mapping", prov)
     return Profile(compute, links, opt, ar, overhead, prov)
+
+
+def model_fingerprint(spec: Any) -> str:
+    """sha256 (first 16 hex digits) of a ModelSpec's document: equal for equal shapes."""
+    doc = json.dumps(spec.to_dict(), sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
+                  allow_mismatch: bool = False, devices: Any = None) -> None:
+    """Refuse (BadInput) a profile measured on another model, or one without entries for
+    a device type in use (`devices`, by default every device of `cluster`: its costs
+    would silently mix with analytic ones), unless `allow_mismatch`. Profiles older than
+    the fingerprint are checked by model name."""
+    if allow_mismatch:
+        return
+    hint = "pass --allow-profile-mismatch to use it anyway"
+    prov = profile.provenance
+    got_fp, got_name = prov.get("model_fingerprint"), prov.get("model")
+    if (got_fp and got_fp != model_fingerprint(spec)) or \
+            (not got_fp and got_name and got_name != spec.name):
+        raise BadInput(where, f"a profile measured on model {spec.name} "
+                       f"({model_fingerprint(spec)}); it was measured on {got_name} "
+                       f"({got_fp or 'no fingerprint'}): {hint}", has_got=False)
+    covered = {k.split("|")[0] for k in profile.compute}
+    if covered:
+        used = cluster.devices if devices is None else [cluster.device(d) for d in devices]
+        missing = sorted({d.type.name for d in used} - covered)
+        if missing:
+            raise BadInput(where, f"a profile with entries for every device type used on "
+                           f"cluster {cluster.name}; it has none for {', '.join(missing)} (it "
+                           f"covers {', '.join(sorted(covered))}): {hint}", has_got=False)
 
 
 def load_profile(path: str | Path) -> Profile:

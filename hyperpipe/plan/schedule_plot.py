@@ -1,8 +1,11 @@
-"""Draw a schedule as a PNG: one row per rank, one box per action, in unit time.
+"""Draw a schedule (PNG, SVG or PDF by the file's suffix): one row per rank, one box per
+action, in unit time.
 
-Times here are illustrative, not simulated: F, I and W take one unit and B two (a full
-backward is I + W), each action starting once its rank is free and its dependencies (from
-`dependencies`) are done, with free links. The SimPy simulator gives real times.
+Times here are illustrative, not simulated: a device's whole share of the model takes
+one unit for F, I or W and two for B (a full backward is I + W); with v chunks per
+device each chunk holds 1/v of that share, so its actions take 1/v of those units.
+Each action starts once its rank is free and its dependencies (from `dependencies`) are
+done, with free links. The SimPy simulator gives real times.
 Uses matplotlib's Agg canvas directly, so no pyplot state or display is touched.
 """
 
@@ -21,10 +24,14 @@ from hyperpipe.plan.schedule import (
 from hyperpipe.plan.trace import OP_COLORS
 
 _UNITS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+# torch.distributed.pipelining's op names (the zero-bubble papers call I "B")
+OP_NAMES = {"F": "F: forward", "B": "B: full backward (I + W)",
+            "I": "I: backward, input gradient", "W": "W: backward, weight gradient"}
 
 
 def unit_times(schedule: Schedule) -> dict[Action, tuple[float, float]]:
-    """(start, end) of each action in units (F = I = W = 1, B = 2), free links.
+    """(start, end) of each action in units (a device's whole share: F = I = W = 1,
+    B = 2; one of v chunks: 1/v of that), free links.
 
     Raises ScheduleError if the ranks cannot all finish (call `validate` for the reason).
     """
@@ -35,7 +42,7 @@ def unit_times(schedule: Schedule) -> dict[Action, tuple[float, float]]:
     for a in order:                     # each action comes after its dependencies
         d = schedule.device_of(a.stage)
         start = max([free[d], *(times[x][1] for x in deps[a])])
-        free[d] = start + _UNITS[a.op]
+        free[d] = start + _UNITS[a.op] / schedule.chunks
         times[a] = (start, free[d])
     if len(times) != sum(len(row) for row in schedule.actions):
         raise ScheduleError(
@@ -45,7 +52,8 @@ def unit_times(schedule: Schedule) -> dict[Action, tuple[float, float]]:
 
 
 def draw_schedule(schedule: Schedule, path: str | os.PathLike, *, title: str | None = None) -> None:
-    """Write a PNG timeline of `schedule` to `path` (rank 0 on top, time in units)."""
+    """Draw `schedule` to `path` (rank 0 on top, time in units); the format follows the
+    suffix (.png, .svg, .pdf)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -82,19 +90,22 @@ def draw_schedule(schedule: Schedule, path: str | os.PathLike, *, title: str | N
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_xlim(0, makespan)
     ax.set_yticks(range(p), [f"rank {d}" for d in range(p)])
-    ax.set_xlabel("time (units: F = I = W = 1, B = 2)")
+    v = schedule.chunks
+    ax.set_xlabel("time (units: F = I = W = 1, B = 2 for a device's share"
+                  + (f"; a chunk: 1/{v})" if v > 1 else ")"), fontsize=8)
     ax.set_title(
         title
         or f"{schedule.kind}: p={p}, v={schedule.chunks}, "
-        f"m={schedule.num_microbatches}, makespan {makespan:g}"
+        f"m={schedule.num_microbatches}, makespan {makespan:g} units"
     )
     ops = sorted({a.op for a in times}, key="FBIW".index)
-    ax.legend(
-        handles=[Patch(color=OP_COLORS[op], label=op) for op in ops],
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-        fontsize=7,
-    )
+    handles = [Patch(color=OP_COLORS[op], label=OP_NAMES[op]) for op in ops]
+    if v > 1:
+        handles += [Patch(facecolor="#777777", alpha=1.0 - 0.5 * c / (v - 1),
+                          label=f"chunk {c}" + (" (stages 0..p-1)" if c == 0 else ""))
+                    for c in range(v)]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
+              title="box = action; number = micro-batch", title_fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
 

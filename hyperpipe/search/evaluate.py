@@ -84,6 +84,28 @@ def count_actions(plan: Plan) -> int:
     return 2 * sum(seen.values())
 
 
+def dedupe_equivalent(cands: list[Candidate], cluster) -> list[Candidate]:
+    """Keep the first of plans a reader cannot tell apart: the same schedule, the same
+    stages (layers, tp, recompute, device types) per replica in any replica order, the
+    same micro-batching and the same simulated iteration time (to 1e-9 relative); they
+    differ only in which devices of one type they use."""
+    seen, out = set(), []
+    for cand in cands:
+        p = cand.plan
+        pipes = sorted(
+            (pipe.micro_batch, pipe.num_microbatches,
+             tuple((s.layers, s.tp, s.recompute, s.sequence_parallel,
+                    tuple(cluster.device(d).type.name for d in s.devices))
+                   for s in pipe.stages))
+            for pipe in p.pipelines)
+        key = (p.schedule, p.chunks, p.distributed_optimizer, tuple(pipes),
+               float(f"{cand.metrics.iteration_time_s:.9e}"))
+        if key not in seen:
+            seen.add(key)
+            out.append(cand)
+    return out
+
+
 def dedupe(cands: list[Candidate]) -> list[Candidate]:
     seen, out = set(), []
     for cand in cands:

@@ -11,9 +11,9 @@ LIST_GROUPS = 6           # memory headroom lines (devices grouped by type and h
 
 
 def describe_plan(plan: Plan, cluster) -> str:
-    """One part per class of identical pipelines: 'N x [TYPE L0-5 | ...] mb b x m'.
-    Runs of more than RUN stages of one type and tp degree print as one item
-    'TYPE tpN xK L0-40' (K stages over layers 0-40)."""
+    """One part per class of identical replicas: 'N replica(s) x S stages [TYPE [0, 5) |
+    ...] mb b x m'. Layer ranges are half-open. Runs of more than RUN stages of one type
+    and tp degree print as one item 'TYPE tpN x K stages [0, 40)'."""
     classes: dict[tuple, int] = {}
     for pipe in plan.pipelines:
         runs: list[list] = []
@@ -26,21 +26,42 @@ def describe_plan(plan: Plan, cluster) -> str:
         items = []
         for name, ranges in runs:
             if len(ranges) > RUN:
-                items.append(f"{name} x{len(ranges)} L{ranges[0][0]}-{ranges[-1][1] - 1}")
+                items.append(f"{name} x {len(ranges)} stages [{ranges[0][0]}, {ranges[-1][1]})")
             else:
-                items += [f"{name} L{a}-{b - 1}" for a, b in ranges]
-        key = (" | ".join(items), pipe.micro_batch, pipe.num_microbatches)
+                items += [f"{name} [{a}, {b})" for a, b in ranges]
+        key = (" | ".join(items), len(pipe.stages), pipe.micro_batch, pipe.num_microbatches)
         classes[key] = classes.get(key, 0) + 1
     sched = plan.schedule + (f" v={plan.chunks}" if plan.chunks > 1 else "")
-    parts = [f"{n} x [{st}] mb {mb} x {m}" for (st, mb, m), n in classes.items()]
+    parts = [f"{replicas_x_stages(n, k)} [{st}] mb {mb} x {m}"
+             for (st, k, mb, m), n in classes.items()]
     return f"{sched}: " + "; ".join(parts)
 
 
-def _metrics_row(m) -> str:
+def replicas_x_stages(replicas: int, stages: int) -> str:
+    """The one way HyperPipe writes a plan's shape: '2 replicas x 4 stages'."""
+    return (f"{replicas} replica{'s' if replicas != 1 else ''} x "
+            f"{stages} stage{'s' if stages != 1 else ''}")
+
+
+def table_unit(times_s: list[float]) -> tuple[str, float]:
+    """One time unit for a whole table (that of its smallest entry): (name, seconds)."""
+    smallest = min((t for t in times_s if t > 0), default=1.0)
+    for name, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if smallest >= factor:
+            return name, factor
+    return "ns", 1e-9
+
+
+def _metrics_row(m, unit: tuple[str, float]) -> str:
     cost = f"  ${m.cost_per_million_tokens:.3f}/Mtok" \
         if m.cost_per_million_tokens is not None else ""
-    return (f"{format_seconds(m.iteration_time_s):>10}  {m.throughput_samples_per_s:9.2f} "
-            f"samples/s  bubble {m.bubble_fraction:5.1%}  MFU {m.mfu:5.1%}{cost}")
+    return (f"{m.iteration_time_s / unit[1]:>15.4g}  {m.throughput_samples_per_s:9.2f}  "
+            f"{m.bubble_fraction:6.1%}  {m.mfu:5.1%}{cost}")
+
+
+def _header(unit: tuple[str, float]) -> str:
+    return (f"{'iteration (' + unit[0] + ')':>15}  {'samples/s':>9}  {'bubble':>6}  "
+            f"{'MFU':>5}")
 
 
 def why_best(plan: Plan, metrics, cost: CostModel) -> list[str]:
@@ -55,9 +76,9 @@ def why_best(plan: Plan, metrics, cost: CostModel) -> list[str]:
             if worst is None or t > worst[0]:
                 worst = (t, q, k, st)
     t, q, k, st = worst
-    lines.append(f"bottleneck: pipeline {q} stage {k} on {_names(list(st.devices))} "
-                 f"({cluster.device(st.devices[0]).type.name}, layers {st.layers[0]}-"
-                 f"{st.layers[1] - 1}): {format_seconds(t)} of forward+backward per "
+    lines.append(f"bottleneck: replica {q} stage {k} on {_names(list(st.devices))} "
+                 f"({cluster.device(st.devices[0]).type.name}, layers [{st.layers[0]}, "
+                 f"{st.layers[1]})): {format_seconds(t)} of forward+backward per "
                  f"micro-batch of {plan.pipelines[q].micro_batch}")
     lines.append(f"bubble fraction: {metrics.bubble_fraction:.1%} of device time idle")
     groups: dict[tuple[str, float, float], list[str]] = {}
@@ -122,12 +143,15 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
     best = result.best
     out = [f"search: model {model.name} on cluster {cluster.name} "
            f"({len(cluster.devices)} devices), global batch {best.plan.global_batch}, "
-           f"objective {objective}", "", "ranked plans (simulated):"]
+           f"objective {objective}; layer ranges half-open [start, end)"]
+    unit = table_unit([c.metrics.iteration_time_s for c in
+                       [*result.ranked, *result.baselines.values(), *result.pareto]])
+    out += ["", "ranked plans (simulated):", f"     {_header(unit)}"]
     for i, cand in enumerate(result.ranked, 1):
-        out.append(f"{i:>3}. {_metrics_row(cand.metrics)}")
+        out.append(f"{i:>3}. {_metrics_row(cand.metrics, unit)}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
     out += ["", "baselines and peer planners (each picks its own plan; all judged by the "
-            "same simulator):"]
+            "same simulator):", f"  {'':<13}{_header(unit)}"]
     for name, cand in result.baselines.items():
         speedup = cand.metrics.iteration_time_s / best.metrics.iteration_time_s
         versus = f"pick is {speedup:.2f}x faster" if speedup >= 1 else \
@@ -138,15 +162,16 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
             versus = f"best is {cheaper:.2f}x cheaper per token ({speedup:.2f}x the speed)"
         oom = f"  OUT OF MEMORY on {len(cand.metrics.oom)} device(s)" \
             if cand.metrics.oom else ""
-        out.append(f"  {name:<13}{_metrics_row(cand.metrics)}  -> {versus}{oom}")
+        out.append(f"  {name:<13}{_metrics_row(cand.metrics, unit)}  -> {versus}{oom}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
     out += gain_lines(result, cost)
     out += ["", "why the best wins:"] + [f"  {line}" for line in
                                            why_best(best.plan, best.metrics, cost)]
     if result.pareto and len(result.pareto) > 1:
-        out += ["", "Pareto front (iteration time vs USD per million tokens):"]
+        out += ["", "Pareto front (iteration time vs USD per million tokens):",
+                f"  {_header(unit)}"]
         for cand in result.pareto:
-            out.append(f"  {_metrics_row(cand.metrics)}  "
+            out.append(f"  {_metrics_row(cand.metrics, unit)}  "
                        f"{len(cand.plan.devices)} devices")
     out += ["", "phases:"]
     for ph in result.phases:

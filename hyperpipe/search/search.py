@@ -48,6 +48,7 @@ from hyperpipe.search.evaluate import (
     Candidate,
     count_actions,
     dedupe,
+    dedupe_equivalent,
     estimate,
     pareto_front,
     rank_key,
@@ -242,6 +243,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     feasible = [cand for cand in ranked if cand.metrics.feasible]
     if not feasible:
         raise InfeasiblePlan(_shortfall(ctx))
+    feasible = dedupe_equivalent(feasible, cluster)     # no look-alikes in the list
     return SearchResult(best=feasible[0], ranked=feasible[:top], baselines=baselines,
                         candidates_evaluated=sum(p.seen for p in phases),
                         search_time_s=time.perf_counter() - start,

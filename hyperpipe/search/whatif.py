@@ -37,6 +37,7 @@ from hyperpipe.search.evaluate import Candidate, pareto_front, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.search.stragglers import is_straggler_key, search_view
+from hyperpipe.search.vary_paths import check_vary
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 
@@ -144,6 +145,9 @@ def set_path(doc: dict, key: str, value: str) -> None:
 def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool: bool):
     """(settings, model ref, cluster, global batch) per variant."""
     axes = [parse_vary(v) for v in vary]
+    for key, values in axes:
+        if key not in ("model", "global_batch") and not key.startswith("model."):
+            check_vary(key, values, cluster.source)
     if pool:
         types = list(dict.fromkeys(n.device_type for n in cluster.nodes))
         subsets = [s for r in range(len(types), 0, -1)
@@ -171,8 +175,12 @@ def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool:
         # count 0 means "without this node" (a what-if, not a file error)
         doc["nodes"] = [n for n in doc.get("nodes", []) if n.get("count") != 0]
         where = f"--vary {', '.join(f'{k}={v}' for k, v in combo)}"
-        variant_cluster = cluster_from_dict(doc, where=where, name=cluster.name) \
-            if doc["nodes"] else None     # every node removed: a row, not an error
+        try:
+            variant_cluster = cluster_from_dict(doc, where="cluster", name=cluster.name) \
+                if doc["nodes"] else None     # every node removed: a row, not an error
+        except BadInput as exc:              # name the settings as typed, then the field
+            raise BadInput(f"{where} ({exc.where})", exc.expected, exc.got,
+                           has_got=exc.got is not None) from None
         spec = load_model(model, where="--model" if model is model_ref else where,
                           overrides=overrides or None)
         yield combo, spec, variant_cluster, batch
@@ -271,6 +279,44 @@ def _kept(plan: Plan, cost: CostModel) -> Candidate | None:
         return None
 
 
+class _BaseBest:
+    """The base cluster's best plan, searched once when a variant adds devices, and
+    compared on that variant with the variant's own best (same model and batch)."""
+
+    def __init__(self, model, cluster, batch, micro_batch, schedule, objective, profile,
+                 workers):
+        self.model, self.cluster, self.batch = model, cluster, batch
+        self.args = (micro_batch, schedule, objective, profile, workers)
+        self.plan = None
+        self.searched = False
+
+    def better(self, best: Candidate, spec, variant, batch: int) -> Candidate:
+        from hyperpipe.sim.costmodel import CostModel
+        from hyperpipe.sim.simulator import simulate
+        if batch != self.batch or spec != self.model or \
+                len(variant.devices) <= len(self.cluster.devices):
+            return best
+        types = {d.name: d.type for d in variant.devices}
+        if any(types.get(d.name) != d.type for d in self.cluster.devices):
+            return best                          # not a superset: nothing to keep
+        micro_batch, schedule, objective, profile, workers = self.args
+        if not self.searched:
+            self.searched = True
+            try:
+                c = SearchConstraints(global_batch=batch, micro_batch=micro_batch,
+                                      schedule=schedule, objective=objective)
+                self.plan = search(spec, self.cluster, c, profile=profile, top=1,
+                                   workers=workers).best.plan
+            except InfeasiblePlan:
+                self.plan = None
+        if self.plan is None or objective != "throughput":
+            return best
+        metrics = simulate(self.plan, CostModel(spec, variant, profile)).metrics
+        if metrics.feasible and metrics.iteration_time_s < best.metrics.iteration_time_s:
+            return Candidate(self.plan, metrics)
+        return best
+
+
 def _pareto_rows(rows: list[Row]) -> list[int]:
     """Indices of the rows whose best plan is on the (time, cost) front."""
     bests = [r.best for r in rows if r.best is not None]
@@ -283,8 +329,8 @@ def format_whatif(result: WhatIfResult) -> str:
     model = "models as varied" if "model" in varied else f"model {result.model}"
     out = [f"what-if: {model} on variants of cluster {result.cluster}", ""]
     width = max(len(r.label) for r in result.rows)
-    out.append(f"{'variant':<{width}}  devices  best iter   samples/s  vs uniform  "
-               f"$/Mtok   plan")
+    out.append(f"{'variant':<{width}}  devices  iter (ms)  samples/s  vs uniform  "
+               f"$/Mtok   plan (layer ranges half-open)")
     for i, r in enumerate(result.rows):
         if r.best is None:
             out.append(f"{r.label:<{width}}  {r.devices:>7}  infeasible: {r.error}")
@@ -295,7 +341,7 @@ def format_whatif(result: WhatIfResult) -> str:
         cost = f"{m.cost_per_million_tokens:7.3f}" \
             if m.cost_per_million_tokens is not None else "      --"
         star = " *" if i in result.pareto and len(result.pareto) > 1 else ""
-        out.append(f"{r.label:<{width}}  {r.devices:>7}  {m.iteration_time_s * 1e3:7.1f} ms"
+        out.append(f"{r.label:<{width}}  {r.devices:>7}  {m.iteration_time_s * 1e3:9.3f}"
                    f"  {m.throughput_samples_per_s:9.2f}  {speed}  {cost}  "
                    f"{r.description}{star}")
     if len(result.pareto) > 1:

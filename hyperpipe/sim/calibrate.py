@@ -326,6 +326,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         allreduce={**(base.allreduce if base else {}), **_fit_allreduce(misc)},
         overhead=overhead,
         provenance={
+            **_measured_on([m for _, _, m, _ in misc]),
             "traces": list(sources or []),
             "base": None if base is None else base.provenance,
             "host": socket.gethostname(),
@@ -335,3 +336,12 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
             "emulated": any(t.emulated for t in traces),
             "compute_samples": len(samples),
         })
+
+
+def _measured_on(models: list) -> dict:
+    """The model a profile was fitted on (name and fingerprint), when the traces agree."""
+    from hyperpipe.plan.profile import model_fingerprint
+    fps = {model_fingerprint(m) for m in models}
+    if len(fps) != 1:
+        return {}
+    return {"model": models[0].name, "model_fingerprint": fps.pop()}

@@ -1,0 +1,100 @@
+"""Stopping a real run from outside: SIGTERM/SIGHUP to the launcher stop every rank
+(exit 143/129, one line saying so); SIGKILL to the launcher leaves no rank behind.
+
+Oracle: the process table. The run starts in a session of its own, so every process it
+starts (ranks, fork server, resource tracker), even one reparented to PID 1, keeps that
+session id; none may be left once the run is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")]
+
+PLAN = {"format": "hyperpipe.plan/1", "model": "tiny-gpt",
+        "cluster": {"nodes": [{"name": "n", "device": "A100-80GB", "count": 2}]},
+        "global_batch": 4, "schedule": {"kind": "1f1b", "chunks": 1},
+        "pipelines": [{"micro_batch": 1, "num_microbatches": 4, "stages": [
+            {"layers": [0, 4], "devices": ["n/0"]}, {"layers": [4, 8], "devices": ["n/1"]}]}]}
+
+
+def session_pids(sid: int) -> set[int]:
+    """Live (non-zombie) processes whose session id is `sid`."""
+    found = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            found.add(int(d.name))
+    return found
+
+
+def start_run(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hyperpipe", "run", "--plan", str(plan), "--steps", "100000",
+         "--no-emulate", "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
+         *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    # running: launcher, fork server, resource tracker and both ranks, and a checkpoint
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if len(session_pids(proc.pid)) >= 5 and \
+                list((tmp_path / "ckpt").glob("step-*/manifest.json")):
+            return proc
+        if proc.poll() is not None:
+            pytest.fail(f"run ended early: {proc.communicate()}")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("run did not start within 120 s")
+
+
+def wait_gone(sid: int, within_s: float) -> set[int]:
+    deadline = time.monotonic() + within_s
+    while session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return session_pids(sid)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_stop_signal_stops_every_rank_with_one_line(tmp_path, sig, code):
+    proc = start_run(tmp_path)
+    proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        left = wait_gone(proc.pid, 10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == code, err
+    assert not left, f"processes left behind: {left}"
+    lines = [x for x in err.splitlines() if x.startswith("hyperpipe:")]
+    assert len(lines) == 1, err
+    assert f"stopped by {sig.name}: all 2 rank(s) stopped" in lines[0]
+    assert "last complete checkpoint" in lines[0]
+    assert "Traceback" not in err
+
+
+def test_sigkill_of_the_launcher_leaves_no_rank_behind(tmp_path):
+    proc = start_run(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    left = wait_gone(proc.pid, 30)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind 30 s after SIGKILL: {left}"
