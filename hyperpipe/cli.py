@@ -123,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "report (built-in defaults)")
     p.add_argument("--out", type=ca.path, default="hyperpipe-demo", help="output directory")
     p.add_argument("--steps", type=ca.STEPS, default=6, help="training steps per real run")
-    p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=2.0,
-                   help="stretch every emulated device by this factor (>= 1)")
+    p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=None,
+                   help="stretch every emulated device by this factor (>= 1; default: "
+                   "enough that ranks sharing this machine's cores do not slow each "
+                   "other, 3 for 4 ranks on 2 cores)")
     p.add_argument("--workers", type=ca.WORKERS, default=1, help="search worker processes")
     p.set_defaults(func=cmd_demo)
 

@@ -9,9 +9,9 @@ import pytest
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
-from hyperpipe.plan.profile import Profile, load_profile
+from hyperpipe.plan.profile import Fit, Profile, load_profile
 from hyperpipe.plan.trace import Trace, TraceEvent
-from hyperpipe.sim.calibrate import calibrate, fit_line
+from hyperpipe.sim.calibrate import MIN_SPAN, calibrate, fit_bulk, fit_line
 from hyperpipe.sim.costmodel import CostModel, op_flops
 
 # Known truth: seconds per call and per FLOP, per (device type, layer kind), same for ops.
@@ -138,3 +138,47 @@ def test_calibration_shares_a_fit_when_kinds_are_not_identifiable():
                      .kind)][1] * op_flops(model, i, 2, "F") for i in range(*stage))
         assert cost.stage_compute_s(stage, dtype, 2, "F") == pytest.approx(true_t, rel=0.02)
     assert Profile.key("A100-80GB", "block", "F") in profile.compute
+
+
+def test_bulk_fit_over_one_size_is_proportional_or_the_prior_scaled():
+    # one size only: a per-call constant would predict the same time for twice the work
+    fit = fit_bulk([1e6, 1e6, 1e6], [0.010, 0.012, 0.011])
+    assert fit.a_s == 0.0
+    assert fit.a_s + fit.b_s_per_unit * 2e6 == pytest.approx(0.022)
+    # with a prior line (per-layer profiling saw many sizes) its shape is kept, scaled
+    prior = Fit(1e-3, 1e-8, 4, 0.0)
+    fit = fit_bulk([1e6], [2 * (1e-3 + 1e-8 * 1e6)], prior)
+    assert (fit.a_s, fit.b_s_per_unit) == pytest.approx((2e-3, 2e-8))
+    # sizes spanning MIN_SPAN or more: the data decide, as fit_line
+    xs = [1e6, MIN_SPAN * 1e6, 3 * MIN_SPAN * 1e6]
+    ys = [4e-3 + 2e-9 * x for x in xs]
+    assert (fit_bulk(xs, ys).a_s, fit_bulk(xs, ys).b_s_per_unit) == pytest.approx((4e-3, 2e-9))
+
+
+def test_optimizer_of_one_run_shape_extrapolates_with_the_parameters():
+    # every device type held one parameter count in this run; a plan holding twice the
+    # parameters must be predicted about twice the optimizer time (truth: OPT_A + OPT_B x)
+    plan = _plan([4], ["a100/0", "v100/0"], 2, 4)
+    profile = calibrate([_synthetic_trace(plan, random.Random(0), 0.0)])
+    model = load_model("tiny-gpt")
+    half = sum(model.layers[i].params for i in range(0, 4))
+    fit = profile.optimizer["A100-80GB"]
+    truth_2x = OPT_A + OPT_B * 2 * half
+    ours = fit.a_s + fit.b_s_per_unit * 2 * half
+    constant = OPT_A + OPT_B * half        # what a per-call fit of this run predicts
+    assert ours == pytest.approx(2 * constant)
+    assert abs(ours - truth_2x) < abs(constant - truth_2x)
+
+
+def test_probes_without_a_per_byte_cost_give_a_finite_bandwidth(tmp_path):
+    # noise can make the probe's slope <= 0; the profile must still save and load
+    plan = _plan([4], ["a100/0", "v100/0"], 2, 4)
+    trace = _synthetic_trace(plan, random.Random(0), 0.0)
+    flat = tuple(TraceEvent(e.device, e.op, e.stage, e.microbatch, 0.0, 1e-3, e.bytes,
+                            e.peer, e.step) if e.step < 0 else e for e in trace.events)
+    profile = calibrate([Trace(flat, trace.meta)])
+    link = profile.links["*"]
+    assert 0 < link.bandwidth_bytes_per_s < float("inf")
+    assert link.bandwidth_bytes_per_s == pytest.approx(4e6 / 1e-3)   # largest probe
+    profile.save(tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json").links["*"] == link

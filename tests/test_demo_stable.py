@@ -4,7 +4,7 @@ that makes a prediction worse says why."""
 from __future__ import annotations
 
 from hyperpipe.cluster.cluster import load_cluster
-from hyperpipe.demo import TIE_MARGIN, calibration_notes, pick_stable
+from hyperpipe.demo import TIE_MARGIN, auto_emulation_scale, calibration_notes, pick_stable
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.search.evaluate import Candidate
@@ -42,3 +42,11 @@ def test_calibration_that_makes_a_prediction_worse_says_why():
     assert "best plan's prediction worse (4.4% -> 13.4%)" in notes[0]
     assert "beyond the measured steps' spread" in notes[0]
     assert "within the measured steps' spread" in notes[1]
+
+
+def test_emulation_scale_outruns_the_contention_of_ranks_sharing_cores():
+    # a rank can be slowed up to ranks/cores by its neighbours; the stretch must exceed it
+    for ranks, cores in [(4, 2), (4, 1), (8, 2), (4, 16), (2, 2)]:
+        scale = auto_emulation_scale(ranks, cores)
+        assert scale >= 2.0 and scale > ranks / cores
+    assert auto_emulation_scale(4, 2) == 3.0

@@ -278,3 +278,19 @@ def test_synthesised_schedule_runs_with_single_process_losses(tmp_path):
     result = run_plan(plan, RunOptions(steps=1, emulate=False, capture_state=True,
                                        probe_links=False))
     check_against_reference(plan, result)
+
+
+def test_emulated_gradient_buckets_start_when_the_last_backward_ends(tmp_path):
+    # Under emulation the real compute makes every gradient in the first 1/factor of an
+    # action; the device it stands for makes the last of them at the action's end, which
+    # is when the simulator starts a stage's (single) bucket. So must the executor.
+    plan = make_plan("1f1b", [(2, 2, [(0, 4), (4, 8)]), (2, 2, [(0, 4), (4, 8)])])
+    trace_path = tmp_path / "t.json"
+    run_plan(plan, RunOptions(steps=2, emulation_scale=3.0, probe_links=False,
+                              trace_path=str(trace_path)))
+    trace = load_trace(trace_path)
+    assert trace.meta["emulated"] is True
+    for e in (e for e in trace.events if e.op == "allreduce"):
+        last_grad_end = max(c.end_s for c in trace.events if c.device == e.device
+                            and c.step == e.step and c.op in ("B", "W"))
+        assert e.start_s >= last_grad_end - 1e-6

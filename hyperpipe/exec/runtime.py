@@ -307,10 +307,13 @@ class RankRuntime:
     def _final_backward(self, a: Action, primitive: Callable[[Action], None]) -> None:
         """The stage's last backward action: gradient buckets start as it produces them
         (hooks), or when it ends for a sequence-parallel stage, whose norms' partial
-        gradients are first summed over the tensor-parallel group."""
+        gradients are first summed over the tensor-parallel group. Under emulation too
+        they start when it ends: the real compute produces every gradient in the first
+        1/factor of the action's emulated time, while the device it stands for produces
+        the last ones at its end (with one bucket, as the simulator starts it)."""
         params = list(self.stages[a.stage].module.parameters())
         sp = self.plan.pipelines[self.where.pipeline].stages[a.stage].sequence_parallel
-        self.dp.arm(params, hooks=not sp)
+        self.dp.arm(params, hooks=not sp and self.factor <= 1.0)
         primitive(a)
         if sp:
             tensor_parallel.finish_grads(params)

@@ -10,7 +10,9 @@
   what messages of the training steps took when their receiver was already waiting.
 * All-reduce and optimizer: time = a + b · x with x the ring's bytes per device
   (2(n-1)/n · bytes; the shortest event of each group and step, since the others
-  include waiting for the last member) or the parameters a device holds.
+  include waiting for the last member) or the parameters a device holds; where the
+  runs saw too narrow a range of x to split a from b, the base profile's line scaled
+  to them, or time proportional to x (`fit_bulk`).
 
 With a base profile from per-layer profiling, compute is instead the base scaled per
 device type: time = c + k · base time, c a per-action overhead.
@@ -84,6 +86,34 @@ def fit_line(xs: Iterable[float], ys: Iterable[float]) -> Fit:
     (a, b), _ = _lstsq([[1.0, x] for x in xs], ys)
     pred = [a + b * x for x in xs]
     return Fit(float(a), float(b), len(xs), _rel_rmse(pred, ys))
+
+
+# x must span at least this ratio (largest / smallest) for a fit to tell a per-call
+# time from a per-unit one; over a narrower span the split is noise
+MIN_SPAN = 2.0
+
+
+def fit_bulk(xs: Iterable[float], ys: Iterable[float], prior: Fit | None = None) -> Fit:
+    """time = a + b·x for work that scales with its size (an optimizer step over x
+    parameters, a reduction of x bytes). Over a span of x too narrow to separate a from b
+    (one run shape, `MIN_SPAN`), keep the shape of `prior` (e.g. per-layer profiling's
+    fit, which saw many sizes) scaled to the measurements, or without one take the time
+    as proportional to x: extrapolating a per-call constant to a model twice the size
+    would predict the same time for twice the work."""
+    xs, ys = list(xs), list(ys)
+    if len(xs) and min(xs) > 0 and max(xs) / min(xs) >= MIN_SPAN:
+        return fit_line(xs, ys)
+    if not xs:
+        raise BadInput("calibration", "at least one measurement to fit", has_got=False)
+    if prior is not None and (prior_sum := sum(prior.a_s + prior.b_s_per_unit * x
+                                               for x in xs)) > 0:
+        k = sum(ys) / prior_sum
+        a, b = k * prior.a_s, k * prior.b_s_per_unit
+    elif (sxx := sum(x * x for x in xs)) > 0:
+        a, b = 0.0, sum(x * y for x, y in zip(xs, ys, strict=True)) / sxx
+    else:
+        a, b = float(np.mean(ys)), 0.0
+    return Fit(float(a), float(b), len(xs), _rel_rmse([a + b * x for x in xs], ys))
 
 
 def _rel_rmse(pred: list[float], ys: list[float]) -> float:
@@ -231,8 +261,13 @@ def _fit_links(traces: list[tuple[Trace, Cluster]]) -> dict[str, Link]:
     links = {}
     for cls, pts in sorted(probes.items()):
         fit = fit_line([b for b, _ in pts], [t for _, t in pts])
-        bw = 1.0 / fit.b_s_per_unit if fit.b_s_per_unit > 0 else float("inf")
-        latency = fit.a_s
+        if fit.b_s_per_unit > 0:
+            bw, latency = 1.0 / fit.b_s_per_unit, fit.a_s
+        else:
+            # the probe's sizes did not show a per-byte cost above its noise: bound the
+            # bandwidth from below by the largest message, taking all its time as transfer
+            big_bytes, big_s = max(pts)
+            bw, latency = big_bytes / max(big_s, 1e-9), fit.a_s
         if len(delays.get(cls, [])) >= MIN_IN_RUN_SAMPLES:
             latency = float(np.mean([d - b / bw for b, d in delays[cls]]))
         links[cls] = Link(bw, max(latency, 0.0))
@@ -242,16 +277,17 @@ def _fit_links(traces: list[tuple[Trace, Cluster]]) -> dict[str, Link]:
 MIN_IN_RUN_SAMPLES = 5
 
 
-def _fit_optimizer(traces) -> dict[str, Fit]:
+def _fit_optimizer(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
     pts: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for trace, plan, model, dtypes in traces:
         for e in trace.events:
             if e.op == "optimizer" and e.step >= 1:
                 pts[dtypes[e.device]].append((_params_on(e.device, plan, model), e.duration_s))
-    return {k: fit_line([x for x, _ in v], [t for _, t in v]) for k, v in sorted(pts.items())}
+    return {k: fit_bulk([x for x, _ in v], [t for _, t in v], prior.get(k))
+            for k, v in sorted(pts.items())}
 
 
-def _fit_allreduce(traces) -> dict[str, Fit]:
+def _fit_allreduce(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
     """A rank's all-reduce event also holds its wait for the group's last member; the
     last to arrive waits least, so each (step, group) contributes its shortest event.
     x is the ring's bytes per device, 2(n-1)/n · bytes."""
@@ -269,7 +305,7 @@ def _fit_allreduce(traces) -> dict[str, Fit]:
     if not shortest:
         return {}
     pts = list(shortest.values())
-    return {"*": fit_line([x for x, _ in pts], [t for _, t in pts])}
+    return {"*": fit_bulk([x for x, _ in pts], [t for _, t in pts], prior.get("*"))}
 
 
 def _params_on(device: str, plan: Plan, model: ModelSpec) -> float:
@@ -322,8 +358,10 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
     return Profile(
         compute=compute,
         links={**(base.links if base else {}), **_fit_links(with_cluster)},
-        optimizer={**(base.optimizer if base else {}), **_fit_optimizer(misc)},
-        allreduce={**(base.allreduce if base else {}), **_fit_allreduce(misc)},
+        optimizer={**(base.optimizer if base else {}),
+                   **_fit_optimizer(misc, base.optimizer if base else {})},
+        allreduce={**(base.allreduce if base else {}),
+                   **_fit_allreduce(misc, base.allreduce if base else {})},
         overhead=overhead,
         provenance={
             **_measured_on([m for _, _, m, _ in misc]),
