@@ -13,7 +13,7 @@ the figures. Prints a table and, last,
 ``mape=X mape_null=Y residual_mape=Z kendall_tau=T n_plans=N``, residual_mape being the
 error on the non-compute part (|predicted - measured| / (measured - null compute)).
 
-    python experiments/accuracy.py [--steps 5] [--emulation-scale 2]
+    python experiments/accuracy.py [--steps 5] [--emulation-scale S]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.exec import RunOptions, run_plan
-from hyperpipe.exec.emulation import emulation_factors
+from hyperpipe.exec.emulation import auto_emulation_scale, emulation_factors
 from hyperpipe.exec.profiler import emulated_profile, measure_profile
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.sim.accuracy import compute_only_s, measured_iteration_s, relative_error
@@ -95,7 +96,8 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--emulation-scale", type=float, default=2.0)
+    parser.add_argument("--emulation-scale", type=float, default=None,
+                        help="default: exec.emulation.auto_emulation_scale for 4 ranks")
     parser.add_argument("--reference", choices=["profile", "measured"], default="profile",
                         help="emulation's compute reference: the layer profile taken once "
                         "(default), or each run's own timing of its actions")
@@ -105,6 +107,8 @@ def main() -> int:
     print("profiling each layer kind here (the base of calibration and, with "
           "--reference profile, of emulation)", flush=True)
     cluster = load_cluster("demo-hetero")
+    if args.emulation_scale is None:
+        args.emulation_scale = auto_emulation_scale(len(cluster.devices), os.cpu_count() or 1)
     native = measure_profile("tiny-gpt", "demo-hetero", emulate=False)
     base = emulated_profile(native, emulation_factors(cluster, args.emulation_scale))
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,12 +11,13 @@ sample, unless a pair plan is the calibration plan itself, which is said).
 Per pair: ``speedup_measured=... speedup_predicted=... n_pairs=N``; last line
 ``speedup_error_max=E`` (|predicted - measured| / measured over the pairs).
 
-    python experiments/speedup_validation.py [--steps 6] [--emulation-scale 2]
+    python experiments/speedup_validation.py [--steps 6] [--emulation-scale S]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from hyperpipe.cluster.cluster import cluster_from_dict, cluster_ref, load_cluster
 from hyperpipe.exec import RunOptions, run_plan
-from hyperpipe.exec.emulation import emulation_factors
+from hyperpipe.exec.emulation import auto_emulation_scale, emulation_factors
 from hyperpipe.exec.profiler import emulated_profile, measure_profile
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import uniform_plan
@@ -52,8 +53,11 @@ def _clusters():
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--emulation-scale", type=float, default=2.0)
+    ap.add_argument("--emulation-scale", type=float, default=None,
+                    help="default: exec.emulation.auto_emulation_scale for 4 ranks")
     args = ap.parse_args()
+    if args.emulation_scale is None:
+        args.emulation_scale = auto_emulation_scale(4, os.cpu_count() or 1)
     t0 = time.perf_counter()
     model = load_model(MODEL)
     errors = []

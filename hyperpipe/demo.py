@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperpipe.errors import BadInput
+from hyperpipe.exec.emulation import auto_emulation_scale
 from hyperpipe.files import write_atomic
 from hyperpipe.sim.accuracy import compare, relative_error, step_periods_s
 
@@ -45,15 +46,6 @@ class DemoConfig:
     emulation_scale: float | None = None    # None: `auto_emulation_scale`
     seed: int = 0
     workers: int = 1
-
-
-def auto_emulation_scale(ranks: int, cores: int) -> float:
-    """The demo's stretch of every device: with more ranks than cores, a rank's real
-    compute can take up to ranks/cores times its uncontended time; emulation stretches
-    each action to factor x that uncontended time, so the fastest type's factor must
-    exceed the contention with room to spare (1.5x), or contention, not the emulated
-    device, sets the time. At least 2. 4 ranks on 2 cores: 3."""
-    return max(2.0, 1.5 * ranks / max(cores, 1))
 
 
 def _log(msg: str) -> None:

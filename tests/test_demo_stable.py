@@ -4,7 +4,8 @@ that makes a prediction worse says why."""
 from __future__ import annotations
 
 from hyperpipe.cluster.cluster import load_cluster
-from hyperpipe.demo import TIE_MARGIN, auto_emulation_scale, calibration_notes, pick_stable
+from hyperpipe.demo import TIE_MARGIN, calibration_notes, pick_stable
+from hyperpipe.exec.emulation import auto_emulation_scale
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.search.evaluate import Candidate

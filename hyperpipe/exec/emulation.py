@@ -29,6 +29,16 @@ def emulation_factors(cluster: Cluster, scale: float = 1.0) -> dict[str, float]:
     return {name: scale * fastest / s for name, s in speed.items()}
 
 
+def auto_emulation_scale(ranks: int, cores: int) -> float:
+    """A stretch of every device for runs of `ranks` ranks on `cores` cores. With more
+    ranks than cores, a rank's real compute can take up to ranks/cores times its
+    uncontended time; emulation stretches each action to factor x that uncontended
+    time, so the fastest type's factor must exceed the contention with room to spare
+    (1.5x), or contention, not the emulated device, sets the time. At least 2; 4 ranks
+    on 2 cores: 3."""
+    return max(2.0, 1.5 * ranks / max(cores, 1))
+
+
 def device_factors(devices: list[str], cluster: Cluster, scale: float = 1.0
                    ) -> dict[str, float]:
     """Device name -> stretch factor of its compute times (its type's factor)."""
