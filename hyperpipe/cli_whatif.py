@@ -22,6 +22,25 @@ def add_backend_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_whatif_options(p: argparse.ArgumentParser) -> None:
+    """Every option of `hyperpipe whatif` but the workload (cluster, model, batch)."""
+    p.add_argument("--vary", action="append", default=[],
+                   help="KEY=V1,V2,... e.g. 'inter_node.bandwidth=10 Gbit/s,100 Gbit/s', "
+                   "'nodes.v100.count=0,4,8', 'nodes.v100.device=V100-32GB,A100-80GB', "
+                   "'model=gpt3-1.3b,gpt3-2.7b', 'global_batch=32,64' (repeat for a grid)")
+    p.add_argument("--pool", action="store_true", help="which subset of the cluster's "
+                   "device types to use: every subset is a variant (with prices: cost too)")
+    p.add_argument("--micro-batch", type=ca.BATCH, help="fix the micro-batch size")
+    p.add_argument("--schedule", help="fix the schedule kind")
+    p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
+    p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
+    p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
+    p.add_argument("--allow-profile-mismatch", action="store_true", help="use --profile even "
+                   "if it was measured on another model or lacks a device type")
+    p.add_argument("--plot", type=ca.path, help="write a plot of the sweep here (.png, .svg, "
+                   ".pdf)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--progress", action="store_true", help="a progress bar over the "
+                   "variants on stderr even when it is not a terminal")
     add_backend_options(p)
     p.add_argument("--plan", metavar="P", type=ca.path,
                    help="today's plan: kept on every variant against re-planning (default "
@@ -78,7 +97,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             return _failures(args, common, print_json)
         from hyperpipe.search.stragglers import format_stragglers, plot_stragglers
         from hyperpipe.search.whatif import format_whatif, plot_whatif, whatif
-        result = whatif(args.model, args.cluster, vary=args.vary, pool=args.pool, **common)
+        result = whatif(args.model, args.cluster, vary=args.vary, pool=args.pool,
+                        progress=True if args.progress else None, **common)
     straggler = result.kind == "stragglers"
     if args.plot:
         (plot_stragglers if straggler else plot_whatif)(result, args.plot)

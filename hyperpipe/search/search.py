@@ -210,10 +210,12 @@ def _shortfall(ctx: SearchContext) -> str:
 
 
 def search(model, cluster, constraints: SearchConstraints, *, profile=None, top: int = 5,
-           workers: int = 1, progress: bool = False, backend=None) -> SearchResult:
+           workers: int = 1, progress: bool = False, backend=None,
+           quiet: bool = False) -> SearchResult:
     """Find the best plans for `model` on `cluster` under `constraints`. Independent
     work is spread over `backend` (`hyperpipe.search.backends`, already entered) when
-    given, else over `workers` local processes.
+    given, else over `workers` local processes. Progress bars on stderr: on a terminal,
+    always with `progress`, never with `quiet`.
 
     Raises InfeasiblePlan (one line saying what is short) when nothing fits, BadInput
     when the constraints contradict the cluster.
@@ -224,7 +226,8 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
         raise BadInput("--top/--workers", "positive integers", (top, workers))
     _check_constraints(model, cluster, c)
     ctx = SearchContext(CostModel(model, cluster, profile), c)
-    show = progress or None          # None: the bar shows itself on a terminal only
+    # None: the bar shows itself on a terminal only; `quiet`: a caller's bar is shown
+    show = False if quiet else (progress or None)
     phases = [PhaseStats("templates"), PhaseStats("assemble"), PhaseStats("refine"),
               PhaseStats("simulate"), PhaseStats("baselines")]
 

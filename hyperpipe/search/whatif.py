@@ -29,17 +29,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hyperpipe import limits
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref, load_cluster
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, load_cluster
 from hyperpipe.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import ModelSpec, load_model
 from hyperpipe.plan.plan import Plan
+from hyperpipe.progress import Progress
+from hyperpipe.search.added_devices import keep_unused, needs_base, simulate_on
 from hyperpipe.search.evaluate import Candidate, pareto_front, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.search.stragglers import is_straggler_key, search_view
 from hyperpipe.search.vary_paths import check_vary
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.simulator import SimOptions, simulate
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Row:
     description: str = ""
     kept: Candidate | None = None             # today's plan simulated on this variant
     kept_is_answer: bool = False              # the search's pick was slower: best = kept
+    unused_from: str | None = None            # best is this smaller variant's plan, the
+                                              # added devices unused (added_devices)
 
     @property
     def label(self) -> str:
@@ -67,6 +70,8 @@ class Row:
             out["uniform"] = self.uniform.to_dict()
         if self.error is not None:
             out["error"] = self.error
+        if self.unused_from is not None:
+            out["unused_from"] = self.unused_from
         if self.kept is not None:
             out["kept"] = self.kept.to_dict()
             out["kept_is_answer"] = self.kept_is_answer
@@ -189,34 +194,58 @@ def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool:
 def whatif(model: Any, cluster: Any, *, global_batch: int, vary: list[str] | None = None,
            pool: bool = False, micro_batch: int | None = None, schedule: str | None = None,
            objective: str = "throughput", profile=None, workers: int = 1, backend=None,
-           plan: Plan | None = None) -> WhatIfResult:
+           plan: Plan | None = None, progress: bool | None = None) -> WhatIfResult:
     """Search every variant; a variant where nothing fits gets a row with its error.
 
     With `backend` (`hyperpipe.search.backends`, entered) the variants run as its tasks,
     each search in one process; otherwise one after another, each search over `workers`
     processes. A sweep over slowdowns (or any sweep given today's `plan`) also reports,
     per variant, that plan kept on the variant against re-planning
-    (`hyperpipe.search.stragglers`).
+    (`hyperpipe.search.stragglers`). A variant that adds devices to another (or to the
+    cluster as given) keeps the smaller one's plan when that is faster
+    (`hyperpipe.search.added_devices`). `progress`: a bar over the variants on stderr
+    (True), on a terminal only (None) or never (False); the searches' own bars are
+    silenced under it.
     """
     base = cluster if not isinstance(cluster, (str, dict)) else load_cluster(cluster)
     base_model = load_model(model, where="--model")
     c = SearchConstraints(global_batch=global_batch, micro_batch=micro_batch,
                           schedule=schedule, objective=objective)
+    one = workers if backend is None else 1          # processes per search
     stragglers = plan is not None or any(is_straggler_key(parse_vary(v)[0])
                                          for v in vary or [])
-    if stragglers and plan is None:         # today's plan: the best on the cluster as given
-        plan = search(base_model, search_view(base), c, profile=profile, top=1,
-                      workers=workers if backend is None else 1, backend=backend).best.plan
     tasks = []
     for combo, spec, variant, batch in _variants(model, base, global_batch, vary or [], pool):
         if not isinstance(batch, int) or not 1 <= batch <= limits.MAX_GLOBAL_BATCH:
             raise BadInput("--vary global_batch", "positive integers of at most "
                            f"{limits.MAX_GLOBAL_BATCH} (hyperpipe.limits)", batch)
         tasks.append(VariantTask(tuple((k, str(v)) for k, v in combo), spec, variant,
-                                 replace(c, global_batch=batch), profile,
-                                 workers if backend is None else 1, plan))
-    rows = backend.map(evaluate_variant, tasks) if backend is not None else \
-        [evaluate_variant(t) for t in tasks]
+                                 replace(c, global_batch=batch), profile, one, plan))
+    given = VariantTask((), base_model, base, c, profile, one, None)
+    base_needed = needs_base(tasks, given)
+    steps = len(tasks) + (stragglers and plan is None) + base_needed
+    with Progress(steps, "what-if: variants", enabled=progress) as bar:
+        quiet = bar.enabled          # one bar: the searches inside stay silent under it
+        if stragglers and plan is None:     # today's plan: the best on the cluster as given
+            plan = search(base_model, search_view(base), c, profile=profile, top=1,
+                          workers=one, backend=backend, quiet=quiet).best.plan
+            tasks = [replace(t, keep=plan) for t in tasks]
+            bar.advance(note="the cluster as given")
+        tasks = [replace(t, quiet=quiet) for t in tasks]
+        if backend is not None:
+            rows = backend.map(evaluate_variant, tasks)
+            bar.advance(len(tasks))
+        else:
+            rows = []
+            for t in tasks:
+                rows.append(evaluate_variant(t))
+                bar.advance(note=rows[-1].label)
+        extra = []
+        if base_needed:       # the devices as given, with those a variant adds unused
+            extra.append(("the cluster as given", given,
+                          evaluate_variant(replace(given, quiet=quiet))))
+            bar.advance(note="the cluster as given")
+    rows = keep_unused(rows, tasks, extra)
     return WhatIfResult(base_model.name, base.name, rows, _pareto_rows(rows),
                         "stragglers" if stragglers else "sweep")
 
@@ -232,6 +261,7 @@ class VariantTask:
     profile: Any
     workers: int
     keep: Plan | None                   # today's plan, to simulate on the variant too
+    quiet: bool = False                 # no progress bars of the search's own
 
 
 def evaluate_variant(task: VariantTask) -> Row:
@@ -245,7 +275,7 @@ def evaluate_variant(task: VariantTask) -> Row:
     view = search_view(variant)
     try:
         res = search(task.model, view, task.constraints, profile=task.profile,
-                     top=1, workers=task.workers)
+                     top=1, workers=task.workers, quiet=task.quiet)
     except InfeasiblePlan as exc:
         if kept is not None and kept.metrics.feasible:
             return Row(settings, n, kept, None, kept=kept, kept_is_answer=True,
@@ -254,7 +284,7 @@ def evaluate_variant(task: VariantTask) -> Row:
     best = res.best
     if view is not variant:
         # the search ranked on the derived view: the real cluster's simulation decides
-        best = _on(best.plan, cost)
+        best = simulate_on(best.plan, cost)
     if task.keep is not None:
         if kept is not None and kept.metrics.feasible and (
                 not best.metrics.feasible or rank_key(task.constraints, kept.metrics)
@@ -265,56 +295,12 @@ def evaluate_variant(task: VariantTask) -> Row:
                description=describe_plan(best.plan, variant))
 
 
-def _on(plan: Plan, cost: CostModel) -> Candidate:
-    """`plan` simulated on `cost`'s cluster (and naming that cluster)."""
-    plan = replace(plan, cluster=cluster_ref(cost.cluster))
-    return Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)
-
-
 def _kept(plan: Plan, cost: CostModel) -> Candidate | None:
     """Today's plan on a variant; None when the variant lacks its devices."""
     try:
-        return _on(plan, cost)
+        return simulate_on(plan, cost)
     except (BadInput, InfeasiblePlan):
         return None
-
-
-class _BaseBest:
-    """The base cluster's best plan, searched once when a variant adds devices, and
-    compared on that variant with the variant's own best (same model and batch)."""
-
-    def __init__(self, model, cluster, batch, micro_batch, schedule, objective, profile,
-                 workers):
-        self.model, self.cluster, self.batch = model, cluster, batch
-        self.args = (micro_batch, schedule, objective, profile, workers)
-        self.plan = None
-        self.searched = False
-
-    def better(self, best: Candidate, spec, variant, batch: int) -> Candidate:
-        from hyperpipe.sim.costmodel import CostModel
-        from hyperpipe.sim.simulator import simulate
-        if batch != self.batch or spec != self.model or \
-                len(variant.devices) <= len(self.cluster.devices):
-            return best
-        types = {d.name: d.type for d in variant.devices}
-        if any(types.get(d.name) != d.type for d in self.cluster.devices):
-            return best                          # not a superset: nothing to keep
-        micro_batch, schedule, objective, profile, workers = self.args
-        if not self.searched:
-            self.searched = True
-            try:
-                c = SearchConstraints(global_batch=batch, micro_batch=micro_batch,
-                                      schedule=schedule, objective=objective)
-                self.plan = search(spec, self.cluster, c, profile=profile, top=1,
-                                   workers=workers).best.plan
-            except InfeasiblePlan:
-                self.plan = None
-        if self.plan is None or objective != "throughput":
-            return best
-        metrics = simulate(self.plan, CostModel(spec, variant, profile)).metrics
-        if metrics.feasible and metrics.iteration_time_s < best.metrics.iteration_time_s:
-            return Candidate(self.plan, metrics)
-        return best
 
 
 def _pareto_rows(rows: list[Row]) -> list[int]:
