@@ -123,11 +123,21 @@ def test_layer_profiling_says_what_it_does_and_holds_to_its_budget():
     lines: list[str] = []
     prof = measure_profile("tiny-gpt", None, micro_batches=(1,), log=lines.append)
     assert lines[0].startswith("profiling F/I/W/B of 3 layer kinds of tiny-gpt")
-    assert len(lines) == 1 + 3 and all("(10 timed rounds" in x for x in lines[1:])
+    # one line per layer kind (each kind timed once), then the optimizer's two
+    assert len(lines) == 1 + 3 + 2 and all("(10 timed rounds" in x for x in lines[1:4])
+    assert lines[4].startswith("  timing an AdamW step") and "AdamW step:" in lines[5]
     from hyperpipe.exec.profiler import profile_layers
     from hyperpipe.models import load_model
+    from hyperpipe.plan.profile import Profile
     lines.clear()
-    profile_layers(load_model("tiny-gpt"), {"local": 1.0}, micro_batches=(1,), budget_s=0.0,
-                   log=lines.append)
-    assert all("(2 timed rounds" in x for x in lines)      # over budget: the minimum
+    over = profile_layers(load_model("tiny-gpt"), {"local": 1.0}, micro_batches=(1, 2, 4),
+                          budget_s=0.0, log=lines.append)
+    timed = [x for x in lines if "timed round" in x]
+    # over budget: the trial round and one timed round; a third size is skipped, as the
+    # two before it determine the linear fit
+    assert len(timed) == 3 * 2 and all("(1 timed round," in x for x in timed)
+    assert sum("micro-batch 4: skipped" in x for x in lines) == 3
+    assert sorted(over.provenance["skipped"]) == ["block@4", "embedding@4", "head@4"]
+    assert all(Profile.key("local", kind, op) in over.compute
+               for kind in ("embedding", "block", "head") for op in ("F", "I", "W", "B"))
     assert prof.provenance["model"] == "tiny-gpt" and prof.provenance["model_fingerprint"]

@@ -80,69 +80,117 @@ def measure_op_times(model: ModelSpec, index: int, micro_batch: int, *, repeats:
 
 
 def measure_optimizer_times(model: ModelSpec, *, repeats: int = 10, warmup: int = 2,
-                            seed: int = 0) -> list[tuple[float, float]]:
+                            seed: int = 0, budget_s: float = 3.0,
+                            done=None) -> list[tuple[float, float]]:
     """(parameters, fastest compute seconds) of an AdamW step over the first 1, 2, 4, ...
-    layers of `model` and over all of them (the optimizer's per-tensor work included)."""
+    layers of `model` and over all of them (the optimizer's per-tensor work included).
+
+    Each count is held to about `budget_s`: the first step (it allocates the moments) is
+    the warm-up when the `repeats` do not fit, then as many steps as fit (at least one).
+    `done` (a callable taking the count) hears of each count as it ends."""
     counts = sorted({min(2**i, model.num_layers) for i in range(model.num_layers.bit_length())}
                     | {model.num_layers})
+    layers = [list(build_layer(model, i, seed).parameters()) for i in range(max(counts))]
+    for p in (p for ps in layers for p in ps):
+        p.grad = torch.zeros_like(p)
     out = []
     for n in counts:
-        params = [torch.nn.Parameter(p.detach().clone())
-                  for i in range(n) for p in build_layer(model, i, seed).parameters()]
-        for p in params:
-            p.grad = torch.zeros_like(p)
+        params = [p for ps in layers[:n] for p in ps]
         opt = torch.optim.AdamW(params)
+        t0 = compute_clock()
+        opt.step()
+        first_s = compute_s(t0, compute_clock())
+        fit = int(budget_s / max(first_s, 1e-9))
+        reps, warm = (repeats, warmup - 1) if fit >= repeats + warmup else \
+            (max(1, min(fit, repeats)), 0)
         times = []
-        for rep in range(warmup + repeats):
+        for rep in range(warm + reps):
             t0 = compute_clock()
             opt.step()
-            if rep >= warmup:
+            if rep >= warm:
                 times.append(compute_s(t0, compute_clock()))
         out.append((float(sum(p.numel() for p in params)), min(times)))
+        if done is not None:
+            done(n)
     return out
+
+
+def _round(model: ModelSpec, index: int, mb: int, seed: int, repeats: int, warmup: int,
+           budget_s: float) -> tuple[dict[str, float], int, float]:
+    """(fastest seconds per op, timed rounds, seconds of one round) of layer `index` at
+    micro-batch `mb`, held to about `budget_s`: a trial round sets how many of the
+    `repeats` fit; over budget, the trial round is the warm-up and counts among the
+    samples (the fastest is kept), and at least one more round is timed."""
+    t0 = time.perf_counter()
+    trial = measure_op_times(model, index, mb, repeats=1, warmup=0, seed=seed)
+    round_s = time.perf_counter() - t0
+    fit = int(budget_s / max(round_s, 1e-9))
+    if fit >= repeats + warmup:
+        return measure_op_times(model, index, mb, repeats=repeats, warmup=warmup,
+                                seed=seed), repeats, round_s
+    reps = max(1, min(fit, repeats))
+    times = measure_op_times(model, index, mb, repeats=reps, warmup=0, seed=seed)
+    return {op: min(t, trial[op]) for op, t in times.items()}, reps, round_s
 
 
 def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
                    micro_batches: tuple[int, ...] = (1, 2, 4), repeats: int = 10,
                    warmup: int = 2, seed: int = 0, threads: int = 1,
-                   progress: bool | None = None, budget_s: float = 20.0,
+                   progress: bool | None = None, budget_s: float = 8.0,
                    log=None) -> Profile:
     """Measure each layer kind of `model` here and return a Profile for `device_types`
     (device type name -> time multiplier, 1.0 for this device at native speed).
 
-    Each (layer kind, micro-batch) is held to about `budget_s` seconds: one trial round
-    sets how many of the `repeats` fit (at least 2, one warm-up when fewer than asked),
-    so large models finish in minutes; small ones get every repeat. `log` (a callable
-    taking one line) hears of each measurement as it ends."""
+    Each layer kind is timed once (its first layer), not every layer. Each (layer kind,
+    micro-batch) is held to about `budget_s` seconds (see `_round`), so large models
+    finish in minutes and small ones get every repeat; a kind already timed at two
+    sizes skips a larger size whose round would take over twice the budget (the fit is
+    linear in FLOPs, so two sizes determine it). `log` (a callable taking one line)
+    hears of each measurement as it ends."""
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     first_of_kind: dict[str, int] = {}
     for i, layer in enumerate(model.layers):
         first_of_kind.setdefault(layer.kind, i)
+    sizes = sorted(set(micro_batches))
+    n_opt = len({min(2**i, model.num_layers) for i in range(model.num_layers.bit_length())}
+                | {model.num_layers})
     measured: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    skipped: list[str] = []
+    say = log if log is not None else (lambda line: None)
     try:
-        with Progress(len(first_of_kind) * len(micro_batches), "profiling layers",
+        with Progress(len(first_of_kind) * len(sizes) + n_opt, "profiling layers",
                       enabled=progress) as bar:
             for kind, index in sorted(first_of_kind.items()):
-                for mb in micro_batches:
+                done: list[tuple[int, float]] = []         # (micro-batch, round seconds)
+                for mb in sizes:
+                    if len(done) >= 2 and done[-1][1] * mb / done[-1][0] > 2 * budget_s:
+                        skipped.append(f"{kind}@{mb}")
+                        say(f"  {kind} layer, micro-batch {mb}: skipped (one round would "
+                            f"take about {done[-1][1] * mb / done[-1][0]:.0f} s; the fit "
+                            f"in FLOPs over micro-batches {[m for m, _ in done]} covers it)")
+                        bar.advance(note=f"{kind} mb={mb} skipped")
+                        continue
                     t0 = time.perf_counter()
-                    measure_op_times(model, index, mb, repeats=1, warmup=0, seed=seed)
-                    round_s = time.perf_counter() - t0
-                    fit = int(budget_s / max(round_s, 1e-9))
-                    # over budget, the trial round was the warm-up
-                    reps, warm = (repeats, warmup) if fit >= repeats + warmup else \
-                        (max(2, min(fit, repeats)), 0)
-                    times = measure_op_times(model, index, mb, repeats=reps,
-                                             warmup=warm, seed=seed)
-                    if log is not None:
-                        log(f"  {kind} layer, micro-batch {mb}: " + ", ".join(
-                            f"{op} {t * 1e3:.1f} ms" for op, t in sorted(times.items()))
-                            + f" ({reps} timed rounds, {time.perf_counter() - t0:.0f} s)")
+                    times, reps, round_s = _round(model, index, mb, seed, repeats, warmup,
+                                                  budget_s)
+                    done.append((mb, round_s))
+                    say(f"  {kind} layer, micro-batch {mb}: " + ", ".join(
+                        f"{op} {t * 1e3:.1f} ms" for op, t in sorted(times.items()))
+                        + f" ({reps} timed round{'s' if reps != 1 else ''}, "
+                        f"{time.perf_counter() - t0:.0f} s)")
                     for op, t in times.items():
                         measured.setdefault((kind, op), []).append(
                             (op_flops(model, index, mb, op), t))
                     bar.advance(note=f"{kind} mb={mb}")
-        optimizer = fit_line(*zip(*measure_optimizer_times(model, seed=seed), strict=True))
+            say(f"  timing an AdamW step over 1 to {model.num_layers} layers ...")
+            t0 = time.perf_counter()
+            opt_points = measure_optimizer_times(
+                model, seed=seed, done=lambda n: bar.advance(note=f"AdamW {n} layers"))
+            optimizer = fit_line(*zip(*opt_points, strict=True))
+            params, step_s = opt_points[-1]
+            say(f"  AdamW step: {step_s * 1e3:.1f} ms for {params / 1e6:.1f} M parameters "
+                f"({time.perf_counter() - t0:.0f} s)")
     finally:
         torch.set_num_threads(old_threads)
     native = {(kind, op): fit_line([f for f, _ in pts], [t for _, t in pts])
@@ -157,6 +205,7 @@ def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
         "model_fingerprint": model_fingerprint(model), "host": socket.gethostname(),
         "platform": platform.platform(), "torch": torch.__version__, "threads": threads,
         "micro_batches": list(micro_batches), "repeats": repeats,
+        "skipped": skipped, "budget_s": budget_s,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "emulated": any(f != 1.0 for f in device_types.values()),
         "device_types": dict(device_types)})
