@@ -291,3 +291,33 @@ def test_memory_meter_counts_params_grads_state_and_saved_tensors_at_their_peak(
     state = sum(t.nbytes for t in state_tensors(opt))
     assert state >= 2 * param_bytes
     assert meter.step_peak() == param_bytes + param_bytes + state    # params+grads+state
+
+
+def test_profile_reference_of_a_recomputing_backward_adds_the_redone_forward():
+    # emulation stretches each action to factor x its reference: a backward under full
+    # recompute must be stretched to (its own + the stage's forward) compute, as the
+    # simulator costs it (B = F + B), or the run would hide the recompute's cost
+    from types import SimpleNamespace
+
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.exec.reference import reference_from
+    from hyperpipe.plan.schedule import Action
+    from hyperpipe.sim.costmodel import CostModel
+
+    plans = {}
+    for recompute in ("none", "full"):
+        plans[recompute] = plan_from_dict({
+            "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+            "global_batch": 4, "schedule": {"kind": "1f1b"},
+            "pipelines": [{"micro_batch": 2, "num_microbatches": 2, "stages": [
+                {"layers": [1, 5], "devices": ["a100/0"], "recompute": recompute}]}]})
+    cost = CostModel(load_model("tiny-gpt"), load_cluster("demo-hetero"))
+    refs = {}
+    for recompute, plan in plans.items():
+        rt = SimpleNamespace(plan=plan, where=SimpleNamespace(pipeline=0), name="a100/0",
+                             micro_batch=2, stages={0: None},
+                             actions=[Action(0, "F", 0), Action(0, "B", 0)])
+        refs[recompute] = reference_from(rt, cost)
+    f = cost.stage_compute_s((1, 5), "A100-80GB", 2, "F")
+    assert refs["full"][(0, "F")] == pytest.approx(refs["none"][(0, "F")])
+    assert refs["full"][(0, "B")] == pytest.approx(refs["none"][(0, "B")] + f)

@@ -70,7 +70,9 @@ def reference_from(rt, cost) -> dict:
     --no-emulate`). Why: a shared machine's own speed drifts by tens of percent from one
     second to the next; a profile taken once holds every run of a study to the same
     native speed, so that emulated device speeds stay put. The optimizer's reference is
-    the profile's too, summed over the stages as the simulator counts it."""
+    the profile's too, summed over the stages as the simulator counts it. A backward
+    that recomputes includes the forward work it redoes (CostModel.recompute_s, without
+    its collectives, which the run does for real)."""
     pipe = rt.plan.pipelines[rt.where.pipeline]
     dtype = cost.cluster.device(rt.name).type.name
     out: dict = {}
@@ -78,7 +80,13 @@ def reference_from(rt, cost) -> dict:
         st = pipe.stages[a.stage]
         out[(a.stage, a.op)] = cost.stage_compute_s(st.layers, dtype, rt.micro_batch, a.op,
                                                     st.tp, st.sequence_parallel)
-    if dtype in cost.profile.optimizer:
+        if a.op in ("B", "I") and st.recompute != "none":
+            # the backward that needs the activations first redoes their forward
+            out[(a.stage, a.op)] += sum(
+                cost.model.recompute_fraction(i, rt.micro_batch, st.recompute)
+                * cost.layer_time_s(i, dtype, rt.micro_batch, "F", st.tp, st.sequence_parallel)
+                for i in range(*st.layers))
+    if cost.profile is not None and dtype in cost.profile.optimizer:
         out["optimizer"] = sum(cost.optimizer_time_s(pipe.stages[s].layers, dtype,
                                                      pipe.stages[s].tp, _shards(rt.plan, s, pipe))
                                for s in rt.stages)
