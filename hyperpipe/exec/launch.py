@@ -55,7 +55,10 @@ from hyperpipe.plan.plan import Plan
 
 FAILURE_GRACE_S = 1.0     # after the first failed exit, time for the root cause to land
 KILL_GRACE_S = 3.0        # SIGTERM, then SIGKILL after this long
-WATCHDOG_S = 15.0         # a rank silent this long (and within --timeout) stopped answering
+# a rank silent this long (and within --timeout) stopped answering; why 30: its
+# heartbeat is a thread that wakes every 0.5 s, and on a machine loaded 10x over its
+# cores (load average 20 on 2 cores) 15 s of silence was seen from a healthy rank
+WATCHDOG_S = 30.0
 PARENT_POLL_S = 0.5       # how often a rank checks that its launcher is still alive
 PR_SET_PDEATHSIG = 1      # prctl option, linux/prctl.h
 POLL_S = 0.2              # how often the launcher looks for the ranks' reports
@@ -168,7 +171,7 @@ def _plan_rank(rank: int, world: int, store: dist.Store, prep: Prepared,
 
 
 def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
-                 watchdog_s: float = 15.0, monitor: Monitor | None = None) -> list[Any]:
+                 watchdog_s: float = WATCHDOG_S, monitor: Monitor | None = None) -> list[Any]:
     """Run ``target(rank, world, store, *args)`` in one local process per device and
     return what each rank returned (rank order). `store` is the rendezvous store for
     ``dist.init_process_group``. `target` must be importable (a module-level function),
@@ -277,7 +280,7 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = 15.0,
+def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = WATCHDOG_S,
            started_at: float = 0.0, poll: Callable[[], None] = lambda: None) -> None:
     """Return when every child exited 0; raise RunFailed as soon as one fails. `poll`
     runs a few times a second meanwhile (live reports).
