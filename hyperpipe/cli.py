@@ -268,7 +268,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from hyperpipe.models import load_model
     from hyperpipe.plan.plan import load_plan
     from hyperpipe.sim.costmodel import CostModel
-    from hyperpipe.sim.simulator import SimOptions, describe, simulate
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    from hyperpipe.sim.summary import describe
     shape = {"--pp": args.pp, "--micro-batch": args.micro_batch,
              "--global-batch": args.global_batch}
     optional = {"--dp": args.dp, "--tp": args.tp, "--schedule": args.schedule,

@@ -1,0 +1,44 @@
+"""The human summary of one simulation: the text `hyperpipe simulate` prints."""
+
+from __future__ import annotations
+
+from hyperpipe.plan.plan import Plan
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import SimResult
+from hyperpipe.units import format_quantity, format_seconds
+
+
+def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
+    """A short human summary of a simulation (the `hyperpipe simulate` text output)."""
+    m, cluster = result.metrics, cost.cluster
+    pipes = plan.pipelines
+    shape = (f"{len(pipes)} pipeline(s) x {len(pipes[0].stages) // plan.chunks} stage "
+             f"device(s)" + (f" x {plan.chunks} chunks" if plan.chunks > 1 else ""))
+    lines = [
+        f"model {cost.model.name} on cluster {cluster.name}: {len(plan.devices)} devices, "
+        f"{shape}, {plan.schedule}, global batch {plan.global_batch} "
+        f"(micro-batch {pipes[0].micro_batch} x {pipes[0].num_microbatches})",
+        f"iteration   {format_seconds(m.iteration_time_s)}   "
+        f"{m.throughput_samples_per_s:.4g} samples/s   {m.tokens_per_s:.4g} tokens/s",
+        f"bubble      {m.bubble_fraction:.1%} of device time idle   MFU {m.mfu:.1%}",
+    ]
+    top = m.extra["bottleneck"]
+    lines.append(f"bottleneck  pipeline {top['pipeline']} rank {top['rank']} ({top['device']}, "
+                 f"{top['device_type']}), stages {top['stages']}, busy "
+                 f"{format_seconds(top['busy_s'])}")
+    ph = m.extra["phases"]
+    reduce = f"data-parallel all-reduce ends {format_seconds(ph['dp_allreduce_end_s'])}" \
+        if ph["dp_allreduce_end_s"] > 0 else "no data-parallel all-reduce"
+    lines.append(f"phases      pipeline {format_seconds(ph['pipeline_s'])}, {reduce}, "
+                 f"optimizer {format_seconds(ph['optimizer_s'])}")
+    dev = max(m.peak_memory_bytes, key=m.peak_memory_bytes.get)
+    cap = cluster.device(dev).type.memory_bytes
+    lines.append(f"memory      peak {format_quantity(m.peak_memory_bytes[dev], 'B')} on {dev} "
+                 f"(of {format_quantity(cap, 'B')})")
+    if m.oom:
+        worst = max(m.extra["oom_detail"], key=lambda d: d["bytes_over"])
+        lines.append(f"OUT OF MEMORY on {len(m.oom)} device(s): worst {worst['device']} "
+                     f"(stages {worst['stages']}) by {format_quantity(worst['bytes_over'], 'B')}")
+    if m.cost_per_million_tokens is not None:
+        lines.append(f"cost        ${m.cost_per_million_tokens:.4g} per million tokens")
+    return "\n".join(lines) + "\n"
