@@ -15,7 +15,10 @@ What is modelled (each choice is the simplest one that keeps the closed forms ex
 * **Point-to-point.** When F of stage k ends, its output (`CostModel.send_bytes`) flows
   to stage k+1; when B or I of stage k ends, the same number of bytes flow back to stage
   k-1. Sends are flows over the route's hops (`hyperpipe.sim.network`: equal
-  time-sharing per hop, latency once per transfer) and overlap with compute. Sends
+  time-sharing per hop, latency once per transfer) and overlap with compute, unless
+  `blocking_p2p`: then the sender's stream waits out its send (its time on the hops as
+  weighted) before its next action, as Megatron-LM's p2p does (batch_isend_irecv,
+  req.wait(), torch.cuda.synchronize(): megatron/p2p_communication.py, 2021). Sends
   between one pair of stages in one direction go one after another, in issue order
   (NCCL runs a peer pair's sends on one stream); different pairs share hops.
 * **Data parallelism.** The gradients of each layer range are ring-all-reduced among the
@@ -106,6 +109,7 @@ class SimOptions:
     check_plan: bool = True               # Plan.check against model and cluster first
     validate_schedule: bool = True        # validate a user-given schedule first
     collapse_replicas: bool = True        # simulate identical replicas once (see "Scale")
+    blocking_p2p: bool = False            # sender waits for its send (Megatron-LM's p2p)
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ class _Engine:
     def _rank_process(self, rank: Rank):
         env, pipe, opt = self.env, rank.pipe, self.opt
         eta, waiters, busy_until = pipe.eta, pipe.waiters, pipe.busy_until
-        overlap = opt.overlap_dp_allreduce
+        overlap, blocking = opt.overlap_dp_allreduce, opt.blocking_p2p
         timeline, starts = rank.timeline, rank.starts
         current = timeline[0][1]
         timeout, arrive, delivered = env.timeout, self._arrive, self._delivered
@@ -218,6 +222,11 @@ class _Engine:
                         busy_until[chan] = eta[box] = t
                         if waiters[box] is not None:
                             arrive(pipe, box, t)
+                if blocking and spec is not None:
+                    # the stream waits out the send (its time on the hops as weighted,
+                    # without later sharing) before its next action
+                    yield timeout(spec.latency_s + spec.work_s / spec.speed)
+                    t1 = env.now
         rank.cursor = len(rank.program)
         rank.busy_s = sum(_busy_s(action) for action in rank.program)
         rank.compute_end_s = env.now
