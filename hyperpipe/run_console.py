@@ -13,14 +13,16 @@ it is compared with.
 Memory: each rank's predicted peak (simulator: weights, gradients, Adam state and
 stashed activations) must fit before anything starts. With one GPU per rank, in that
 GPU's free memory; on a CPU, all ranks together plus the torch runtime of each process
-(RANK_OVERHEAD_BYTES) in the host's available memory (MemAvailable). A plan that does
-not fit is refused as bad input (exit 2) with the figures.
+(RANK_OVERHEAD_BYTES) in the host's available memory (MemAvailable). The catalog's
+runtime reserve of each GPU (CUDA context, NCCL buffers, allocator fragmentation: a few
+GB) is part of a GPU's peak but not of a CPU rank's, so it is left out on a CPU. A plan
+that does not fit is refused as bad input (exit 2) with the figures.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -44,6 +46,8 @@ class Prediction:
     tokens_per_step: float
     peak_memory_bytes: dict[str, float]     # device -> bytes
     busy_s: dict[str, float]                # device -> compute seconds in one step
+    # device -> the GPU runtime reserve inside its peak (not held by a CPU rank)
+    reserve_bytes: dict[str, float] = field(default_factory=dict)
 
 
 def predict(plan: Plan) -> Prediction:
@@ -51,14 +55,17 @@ def predict(plan: Plan) -> Prediction:
     from hyperpipe.sim.costmodel import CostModel
     from hyperpipe.sim.simulator import simulate
     spec, cluster = plan.load_model(), plan.load_cluster()
-    result = simulate(plan, CostModel(spec, cluster))
+    cost = CostModel(spec, cluster)
+    result = simulate(plan, cost)
     m = result.metrics
     busy: dict[str, float] = {}
     for e in result.trace.events:
         if e.op in ("F", "B", "I", "W", "optimizer"):
             busy[e.device] = busy.get(e.device, 0.0) + e.duration_s
+    reserve = {d: cost.runtime_reserve_bytes(cluster.device(d).type.name)
+               for d in plan.devices}
     return Prediction(m.iteration_time_s, m.tokens_per_s * m.iteration_time_s,
-                      dict(m.peak_memory_bytes), busy)
+                      dict(m.peak_memory_bytes), busy, reserve)
 
 
 def host_available_bytes() -> float | None:
@@ -93,6 +100,8 @@ def check_memory(plan: Plan, pred: Prediction, plan_path: str, *, gpus: list[flo
                                f"their GPUs: it needs {b / GB:.2f} GB (predicted peak) and "
                                f"GPU {rank} has {gpus[rank] / GB:.2f} GB free", has_got=False)
         return f"memory: each rank fits its GPU (largest need {max(need) / GB:.2f} GB)"
+    need = [max(0.0, b - pred.reserve_bytes.get(d, 0.0)) for d, b in zip(devices, need,
+                                                                       strict=True)]
     total = sum(need) + RANK_OVERHEAD_BYTES * len(devices)
     if host_bytes is None:
         return f"memory: {total / GB:.2f} GB predicted for all ranks (host size unknown)"
@@ -101,7 +110,8 @@ def check_memory(plan: Plan, pred: Prediction, plan_path: str, *, gpus: list[flo
         raise BadInput(plan_path, f"a plan that fits this host: its {len(devices)} ranks need "
                        f"{total / GB:.1f} GB (predicted peaks {sum(need) / GB:.1f} GB, largest "
                        f"rank {worst} on {devices[worst]} {need[worst] / GB:.1f} GB, plus "
-                       f"{RANK_OVERHEAD_BYTES / GB:.1f} GB per process) and this host has "
+                       f"{RANK_OVERHEAD_BYTES / GB:.1f} GB per process; no GPU runtime "
+                       f"reserve on a CPU) and this host has "
                        f"{host_bytes / GB:.1f} GB available (add --no-memory-check to try "
                        "anyway)", has_got=False)
     return (f"memory: {len(devices)} ranks need {total / GB:.2f} GB of this host's "

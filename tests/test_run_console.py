@@ -75,6 +75,27 @@ def test_gpt3_6_7b_plan_is_refused_before_launch_with_the_figures(tmp_path, caps
     assert "GB" in err and "ranks need" in err and len(err.strip().splitlines()) == 1
 
 
+def test_cpu_ranks_need_no_gpu_runtime_reserve(tmp_path):
+    # the README's tiny plan: a few MB of tensors per rank, while the catalog's GPU
+    # runtime reserve (CUDA context, NCCL, fragmentation) is GBs that a CPU rank never
+    # holds; oracle: the simulator's peaks less DeviceType.reserve_for(the GPU's memory)
+    from hyperpipe.cluster.catalog import DeviceType
+    plan = plan_from_dict(TINY)
+    pred = predict(plan)
+    cluster = plan.load_cluster()
+    tensors = sum(pred.peak_memory_bytes[d] - DeviceType.reserve_for(
+        cluster.device(d).type.memory_bytes) for d in plan.devices)
+    assert 0 < tensors < 0.2e9
+    need = tensors + 0.4e9 * len(plan.devices)           # RANK_OVERHEAD_BYTES per rank
+    line = check_memory(plan, pred, "tiny.json", gpus=None, host_bytes=need + 0.05e9)
+    assert f"ranks need {need / 1e9:.2f} GB" in line
+    with pytest.raises(BadInput, match="fits this host"):
+        check_memory(plan, pred, "tiny.json", gpus=None, host_bytes=need - 0.05e9)
+    # on GPUs the reserve is real: an A100 rank needs more than its tensors
+    with pytest.raises(BadInput, match="rank 0 .a100/0."):
+        check_memory(plan, pred, "tiny.json", gpus=[1e9, 100e9], host_bytes=None)
+
+
 def test_step_lines_merge_every_ranks_report_as_each_step_ends(tmp_path):
     out = io.StringIO()
     pred = Prediction(0.5, 1000.0, {}, {"a": 0.2, "b": 0.2})
