@@ -31,10 +31,12 @@ from hyperpipe.exec.monitor import StepReport
 from hyperpipe.plan.plan import Plan
 from hyperpipe.progress import Progress
 
-# Resident memory of one rank process before it holds any model state: the Python
-# interpreter, torch and gloo (measured here: 0.25-0.35 GB RSS after `import torch` and
-# init_process_group on torch 2.x, CPU build).
-RANK_OVERHEAD_BYTES = 0.4e9
+# Resident memory of one rank process besides its model state: the Python interpreter,
+# torch, gloo and the executor's buffers. Measured here (torch 2.x, CPU build): 0.25-0.35
+# GB RSS after `import torch` and init_process_group; 0.63-0.72 GB peak RSS per rank over
+# a 5-step run of the README's tiny-gpt plan, whose tensors are a few MB (RSS counts the
+# shared torch libraries in every rank, so this errs on the safe side).
+RANK_OVERHEAD_BYTES = 0.7e9
 GB = 1e9
 
 

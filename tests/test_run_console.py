@@ -18,7 +18,13 @@ from hyperpipe.errors import BadInput
 from hyperpipe.exec import checkpoint as ckpt
 from hyperpipe.exec.monitor import Collector, FileReporter
 from hyperpipe.plan.plan import plan_from_dict
-from hyperpipe.run_console import ConsoleMonitor, Prediction, check_memory, predict
+from hyperpipe.run_console import (
+    RANK_OVERHEAD_BYTES,
+    ConsoleMonitor,
+    Prediction,
+    check_memory,
+    predict,
+)
 
 TINY = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
         "global_batch": 8, "schedule": {"kind": "1f1b", "chunks": 1},
@@ -86,7 +92,7 @@ def test_cpu_ranks_need_no_gpu_runtime_reserve(tmp_path):
     tensors = sum(pred.peak_memory_bytes[d] - DeviceType.reserve_for(
         cluster.device(d).type.memory_bytes) for d in plan.devices)
     assert 0 < tensors < 0.2e9
-    need = tensors + 0.4e9 * len(plan.devices)           # RANK_OVERHEAD_BYTES per rank
+    need = tensors + RANK_OVERHEAD_BYTES * len(plan.devices)
     line = check_memory(plan, pred, "tiny.json", gpus=None, host_bytes=need + 0.05e9)
     assert f"ranks need {need / 1e9:.2f} GB" in line
     with pytest.raises(BadInput, match="fits this host"):
