@@ -76,12 +76,12 @@ def _stopped_note(world: int, checkpoint_dir: str | None) -> str:
     note = f"all {world} rank(s) stopped"
     if checkpoint_dir is None:
         return note + "; no checkpoint (add --checkpoint DIR to keep progress)"
-    from hyperpipe.exec.checkpoint import complete_steps
+    from hyperpipe.exec.checkpoint import complete_steps, steps_done
     steps = complete_steps(checkpoint_dir)
     if not steps:
         return note + f"; no complete checkpoint in {checkpoint_dir}"
-    return note + (f"; last complete checkpoint in {checkpoint_dir} is after step "
-                   f"{steps[-1]} (continue with --resume)")
+    return note + (f"; last complete checkpoint in {checkpoint_dir} holds "
+                   f"{steps_done(steps[-1])} (continue with --resume)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

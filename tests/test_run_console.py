@@ -35,7 +35,7 @@ TINY = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hete
 
 def test_fresh_run_into_another_runs_directory_is_refused_unless_overwrite(tmp_path):
     ckpt.write_manifest(tmp_path, 20, "old" * 20, ["a", "b"])   # an older run, step 20
-    with pytest.raises(BadInput, match="another run .*up to step 20.*--overwrite"):
+    with pytest.raises(BadInput, match=r"another run .*up to 20 steps \(0 to 19\).*--overwrite"):
         ckpt.check_directory(tmp_path, "new" * 20, 0, 2, steps=5, resume=False,
                              overwrite=False)
     assert ckpt.check_directory(tmp_path, "new" * 20, 0, 2, steps=5, resume=False,
@@ -57,7 +57,7 @@ def test_fresh_run_into_another_runs_directory_is_refused_unless_overwrite(tmp_p
 
 def test_resume_past_the_requested_steps_is_refused(tmp_path):
     ckpt.write_manifest(tmp_path, 4, "f" * 64, ["a", "b"])
-    with pytest.raises(BadInput, match="already after step 4"):
+    with pytest.raises(BadInput, match=r"already holds 4 steps \(0 to 3\)"):
         ckpt.check_directory(tmp_path, "f" * 64, 0, 2, steps=4, resume=True, overwrite=False)
     assert ckpt.check_directory(tmp_path, "f" * 64, 0, 2, steps=6, resume=True,
                                 overwrite=False) == 4
@@ -141,7 +141,7 @@ def test_cli_run_prints_each_step_and_resumes_where_it_says(tmp_path, capsys):
     assert cli_main(["run", "--plan", str(path), "--steps", "3", "--checkpoint", ck,
                      "--resume"]) == 0
     out = capsys.readouterr().out
-    assert "resuming from the checkpoint after step 2" in out
+    assert "holds 2 steps (0 to 1): next is step 2" in out
     assert [x.split()[1] for x in out.splitlines() if x.startswith("step ")] == ["2:"]
 
 

@@ -108,6 +108,12 @@ def read_run_record(root: str | os.PathLike) -> dict | None:
     return doc
 
 
+def steps_done(n: int) -> str:
+    """`n` completed steps in the step lines' numbering (from 0): '4 steps (0 to 3)'. A
+    checkpoint's step number counts the steps it holds; the next step run is step `n`."""
+    return f"{n} step{'s' if n != 1 else ''} ({'0' if n == 1 else f'0 to {n - 1}'})"
+
+
 def check_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int, *,
                     steps: int, resume: bool, overwrite: bool) -> int | None:
     """Check that a run may use checkpoint directory `root`; return the step to resume
@@ -127,9 +133,9 @@ def check_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int
                            f"{record.get('seed')})", has_got=False)
         step = resume_step(base, fp, world_size)
         if step is not None and step >= steps:
-            raise BadInput("--steps", f"more than {step}: the checkpoint in {base} is already "
-                           f"after step {step}, so --steps {steps} leaves nothing to run",
-                           has_got=False)
+            raise BadInput("--steps", f"more than {step}: the checkpoint in {base} already "
+                           f"holds {steps_done(step)}, so --steps {steps} leaves nothing to "
+                           "run", has_got=False)
         return step
     if overwrite or (record is None and not done):
         return None
@@ -137,7 +143,8 @@ def check_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int
         return None                 # this run's own directory, nothing saved yet
     owner = "another run" if record is None or record.get("fingerprint") != fp else \
         "an earlier run of this plan and seed"
-    held = f"checkpoints up to step {done[-1]}" if done else "no complete checkpoint"
+    held = f"checkpoints of up to {steps_done(done[-1])}" if done else \
+        "no complete checkpoint"
     who = f" ({str(record.get('fingerprint'))[:12]}, seed {record.get('seed')})" \
         if record is not None else ""
     raise BadInput(f"--checkpoint {base}", f"a directory of this run or an empty one; it "

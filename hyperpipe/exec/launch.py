@@ -92,8 +92,9 @@ def run_plan(plan: Plan, options: RunOptions, monitor: Monitor | None = None) ->
     """
     prep = prepare(plan, options)
     if monitor is not None and options.resume:
-        monitor.phase(f"resuming from the checkpoint after step {prep.resume_from} in "
-                      f"{options.checkpoint_dir}" if prep.resume_from is not None else
+        monitor.phase(f"resuming from the checkpoint in {options.checkpoint_dir}, which "
+                      f"holds {checkpoint.steps_done(prep.resume_from)}: next is step "
+                      f"{prep.resume_from}" if prep.resume_from is not None else
                       f"no complete checkpoint in {options.checkpoint_dir}: starting at "
                       "step 0", 0)
     env = torchrun_env()
