@@ -329,6 +329,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                            ("timeline", args.timeline)):
             if path:
                 print(f"{what}: {path}")
+        m = max(p.num_microbatches for p in plan.pipelines)
+        if args.timeline and window is None and not args.microbatches and m > 16:
+            print(f"  ({m} micro-batches drawn: zoom in with --microbatches 8 or --window "
+                  "START:END in seconds)")
     return EXIT_OK
 
 

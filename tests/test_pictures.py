@@ -66,3 +66,43 @@ def test_timeline_zoom_keeps_the_first_k_microbatches_and_names_the_replica(tmp_
     out = tmp_path / "t.svg"
     plot_timelines([trace], ["t"], out, microbatches=2)
     assert out.read_bytes().startswith(b"<?xml")
+
+
+@pytest.mark.parametrize("devices,panels", [(1, 1), (2, 1), (6, 1), (2, 2)])
+def test_timeline_legend_never_covers_a_title_or_a_panel(monkeypatch, tmp_path, devices,
+                                                         panels):
+    # every op and two chunks per device: ten legend entries, more than one row of them
+    ops = ("F", "I", "W", "B", "optimizer", "send", "recv", "allreduce")
+    ev = [TraceEvent(f"a/{d}", op, stage, 0, 2.0 * i + stage, 2.0 * i + stage + 1.0, 8,
+                     f"a/{(d + 1) % devices}" if op in ("send", "recv") else "")
+          for d in range(devices) for i, op in enumerate(ops) for stage in (d, d + devices)]
+    figures = []
+    monkeypatch.setattr("hyperpipe.sim.timeline.save_figure",
+                        lambda fig, path: figures.append(fig))
+    titles = ["predicted: a long title " * 3, "measured"][:panels]
+    plot_timelines([Trace(tuple(ev), {})] * panels, titles, tmp_path / "t.png")
+    (fig,) = figures
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert len(fig.legends[0].get_texts()) == 10
+    for ax in fig.axes:
+        assert not legend.overlaps(ax.title.get_window_extent(renderer))
+        assert not legend.overlaps(ax.get_window_extent(renderer))
+    assert legend.y1 <= fig.bbox.y1 + 1e-6         # and the legend stays on the page
+
+
+def test_simulate_says_how_to_zoom_a_crowded_timeline(tmp_path, capsys):
+    import json
+    plan = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+            "global_batch": 32, "schedule": {"kind": "1f1b", "chunks": 1},
+            "pipelines": [{"micro_batch": 1, "num_microbatches": 32, "stages": [
+                {"layers": [0, 4], "devices": ["a100/0"]},
+                {"layers": [4, 8], "devices": ["a100/1"]}]}]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(plan))
+    for extra, hint in (([], True), (["--microbatches", "4"], False)):
+        assert cli_main(["simulate", "--plan", str(path), "--timeline",
+                         str(tmp_path / "t.png"), *extra]) == 0
+        out = capsys.readouterr().out
+        assert ("32 micro-batches drawn: zoom in with --microbatches" in out) == hint

@@ -161,10 +161,12 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
     handles += [Patch(facecolor="#777777", alpha=_shade(c, max_chunks),
                       label=f"chunk {c} of a device")
                 for c in range(max_chunks) if max_chunks > 1]
-    if handles:
-        fig.legend(handles=handles, loc="upper right", ncol=min(len(handles), 6),
-                   fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    top = 1.0
+    if handles:            # above the panels, in as many rows as it needs, never on a title
+        ncol = min(len(handles), 8)
+        fig.legend(handles=handles, loc="upper right", ncol=ncol, fontsize=8, frameon=False)
+        top = 1.0 - (0.3 * -(-len(handles) // ncol) + 0.1) / height
+    fig.tight_layout(rect=(0, 0, 1, top))
     save_figure(fig, path)
 
 
