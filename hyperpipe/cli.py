@@ -317,7 +317,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.chrome:
         result.trace.save_chrome(args.chrome)
     if args.timeline:
-        from hyperpipe.sim.timeline import plot_timelines, replicas_shown
+        from hyperpipe.sim.timeline import plot_timelines, replicas_shown, zoom_note
         plot_timelines([result.trace], [f"simulated: {model.name} on {cluster.name}, "
                                         f"{plan.schedule}; {replicas_shown(plan, result.trace)}"],
                        args.timeline, window=window, microbatches=args.microbatches)
@@ -325,14 +325,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print_json(result.metrics.to_dict())
     else:
         sys.stdout.write(describe(result, plan, cost))
+        zoom = zoom_note(plan, window, args.microbatches) if args.timeline else ""
         for what, path in (("trace", args.trace), ("chrome trace", args.chrome),
-                           ("timeline", args.timeline)):
+                           ("timeline", args.timeline and f"{args.timeline}{zoom}")):
             if path:
                 print(f"{what}: {path}")
-        m = max(p.num_microbatches for p in plan.pipelines)
-        if args.timeline and window is None and not args.microbatches and m > 16:
-            print(f"  ({m} micro-batches drawn: zoom in with --microbatches 8 or --window "
-                  "START:END in seconds)")
     return EXIT_OK
 
 

@@ -170,6 +170,16 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
     save_figure(fig, path)
 
 
+def zoom_note(plan, window: tuple[float, float] | None, microbatches: int | None) -> str:
+    """How to zoom a whole timeline of more than 16 micro-batches (a barcode at that
+    width); empty when zoomed or short."""
+    m = max(p.num_microbatches for p in plan.pipelines)
+    if window is not None or microbatches or m <= 16:
+        return ""
+    return (f" ({m} micro-batches drawn: zoom in with --microbatches 8 or --window "
+            "START:END in seconds)")
+
+
 def _shade(chunk: int, chunks: int) -> float:
     """Opacity of a device's chunk `chunk` of `chunks`: later chunks paler."""
     return 1.0 - 0.5 * chunk / max(chunks - 1, 1)
