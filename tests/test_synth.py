@@ -67,6 +67,27 @@ def test_list_schedule_respects_the_memory_budget_or_gives_up():
     assert list_schedule(starved, p, m, "loop", Policy(0, "fill")) is None
 
 
+@pytest.mark.parametrize("m", [8, 12])
+def test_every_policy_reaches_the_memory_capped_bound(m):
+    # p = 4, unit times, ranks 2 and 3 hold 2 stashes (freed by W). The last rank starts
+    # at p - 1 and works 3m; at most 2 of its W's can follow its last I, whose gradient
+    # then needs p - 1 more I's and stage 0's W: makespan >= 3m + 2p - 3, reached.
+    from hyperpipe.sim.synth import POLICIES
+    p = 4
+    c = unit_costs(p, p)
+    capped = PipeCosts(c.f_s, c.i_s, c.w_s, c.stash_bytes, c.fwd_link_s, c.bwd_link_s,
+                       (1e9, 1e9, 2.0, 2.0))
+    best = []
+    for policy in POLICIES:
+        rows = list_schedule(capped, p, m, "loop", policy)
+        assert rows is not None
+        s = Schedule("synth", p, p, m, rows)
+        validate(s)
+        assert makespan(s) >= 3 * m + 2 * p - 3
+        best.append(makespan(s))
+    assert min(best) == 3 * m + 2 * p - 3
+
+
 # ---------------------------------------------------------------- synthesis on plans
 
 def setup(memory=("100 GB", "100 GB"), stash=1e6, count=4):

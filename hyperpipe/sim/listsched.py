@@ -16,7 +16,11 @@ actions whose inputs have arrived, by a `Policy`:
    than ``w_limit`` W's are owed (ZB-V's steady state runs each W soon after its I).
 
 With ``patience`` > 0 the rank looks ahead: it waits for an I that arrives within
-``patience`` x the duration of the F or W it would start instead. Each decision is made
+``patience`` x the duration of the F or W it would start instead; with ``drain_only``
+only once it has no forward left (the drain: there the I's chain back to stage 0 is
+the tail of the iteration, and a W started just before an I lands delays all of it,
+while W's left for the end delay nothing downstream and, no F being left, add no
+memory). Each decision is made
 at the earliest time any rank could start something, so what is "arrived" is exact for
 the model here (fixed link delays, no contention; the SimPy simulator then prices the
 result with contention). Pure function; returns None when the policy deadlocks (a memory
@@ -42,6 +46,7 @@ class Policy:
     f_order: str = "deep"            # "deep": later chunk first; "old": oldest micro-batch first
     patience: float = 0.0            # wait for an I arriving within this x the other action
     w_limit: int | None = None       # W's owed beyond which a W goes before any F
+    drain_only: bool = False         # patience only once the rank has no forward left
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,8 @@ def list_schedule(c: PipeCosts, p: int, m: int, placement: str,
             k, j = w_queue[d][0]
             other = (t, "W", k, j)
         if other is not None:
-            if best_i is not None and policy.patience > 0:
+            draining = all(next_f[k] >= m for k in homes[d])
+            if best_i is not None and policy.patience > 0 and (draining or not policy.drain_only):
                 dur = (c.f_s if other[1] == "F" else c.w_s)[other[2]]
                 if best_i[0][0] - t < policy.patience * dur:
                     return best_i[0][0], "I", best_i[1], best_i[2]

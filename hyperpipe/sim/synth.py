@@ -34,14 +34,16 @@ from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.simulator import SimOptions, simulate
 
 # Candidate policies: warm-up depth (1F1B's, a little deeper, memory only), W placement
-# and forward order, with and without lookahead. Small on purpose: each costs one
+# and forward order, with and without lookahead in the drain. Small on purpose: each costs one
 # list-scheduling pass and one simulation.
 POLICIES: tuple[Policy, ...] = (
     Policy(0, "fill", "deep"), Policy(1, "fill", "deep"), Policy(2, "fill", "deep"),
     Policy(None, "fill", "deep"), Policy(0, "eager", "deep"), Policy(None, "eager", "deep"),
     Policy(1, "fill", "old"), Policy(None, "fill", "old"),
-    Policy(1, "fill", "deep", 0.5), Policy(None, "fill", "deep", 0.5),
     Policy(None, "fill", "deep", 0.0, 1),
+    # drain: once a rank has no forward left, it waits for an I that lands before the W
+    # it would start ends (the I's chain back to stage 0 is the tail; W's wait)
+    Policy(0, "fill", "deep", 1.0, None, True), Policy(None, "fill", "deep", 1.0, 1, True),
 )
 
 
