@@ -10,7 +10,15 @@ model; it does not test the cost model: see experiments/accuracy.py and
 speedup_validation.py). The search's pick is never replaced by a baseline.
 
 Per case: simulated iteration times of the pick and of each other plan, and the pick's
-speed-up over the best other (the fastest feasible baseline or peer). Last line:
+speed-up over the best other (the fastest feasible baseline or peer). What the schedule
+kinds of issue 12 bring: ``old kinds`` is the best plan of the kinds before it (gpipe,
+1f1b, interleaved-1f1b, zb-h1) among the search's own simulated plans (the same short
+list: an estimate of the search without zb-v, dualpipe-v and synthesis, which would
+have simulated other plans in their place), and ``new share`` the part of the pick's
+log speed-up over the best other that the new kinds and synthesis bring,
+log(old kinds / pick) / log(best other / pick). The baselines are tuned over every
+kind, the new ones included, either way. Last lines:
+``geomean_vs_best_other_old_kinds=X geomean_new_kinds_gain=G new_kinds_share=S`` and
 ``geomean_vs_best_other=X min_vs_best_other=Y n_cases=N``.
 
     python experiments/search_quality.py [--workers 2] [--quick]
@@ -62,6 +70,7 @@ CLUSTERS = ["a100-v100", "h100-a100-l4", *EXTRA_CLUSTERS]
 MODELS = ["gpt2-xl", "gpt3-6.7b", "llama2-13b"]
 GLOBAL_BATCH = 256
 OTHERS = ("uniform", "proportional", "metis", "amp")
+OLD_KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")    # the kinds before issue 12
 
 
 def _cluster(name: str):
@@ -86,8 +95,9 @@ def main() -> int:
     args = ap.parse_args()
     models = MODELS[:1] if args.quick else MODELS
     print(f"{'cluster':<15} {'model':<11} {'pick':>9} " + " ".join(f"{k[:9]:>9}" for k in OTHERS)
-          + f" {'vs other':>9} {'search':>7}  pick's plan", flush=True)
-    ratios, losses = [], []
+          + f" {'vs other':>9} {'old kinds':>9} {'new gain':>8} {'search':>7}  pick's plan",
+          flush=True)
+    ratios, losses, old_ratios, new_gains = [], [], [], []
     for cname in CLUSTERS:
         cluster = _cluster(cname)
         for mname in models:
@@ -109,10 +119,17 @@ def main() -> int:
             ratios.append(ratio)
             if ratio < 1:
                 losses.append((cname, mname, name, ratio))
+            pick_s = res.best.metrics.iteration_time_s
+            old_s = min((c.metrics.iteration_time_s for c in res.simulated
+                         if c.plan.schedule in OLD_KINDS), default=math.inf)
+            if math.isfinite(old_s):
+                old_ratios.append(other.metrics.iteration_time_s / old_s)
+                new_gains.append(old_s / pick_s)
             used = sorted({cluster.device(d).type.name for d in res.best.plan.devices})
             print(f"{cname:<15} {mname:<11} {_cell(res.best)} "
                   + " ".join(_cell(res.baselines.get(k)) for k in OTHERS)
-                  + f" {ratio:8.2f}x {took:6.1f}s  [{'+'.join(used)}] "
+                  + f" {ratio:8.2f}x {old_s:9.3f} {old_s / pick_s:7.3f}x {took:6.1f}s"
+                  f"  [{'+'.join(used)}] "
                   f"{describe_plan(res.best.plan, cluster)[:80]}", flush=True)
     if not ratios:
         print("no comparable case", file=sys.stderr)
@@ -121,7 +138,16 @@ def main() -> int:
           "time (the best other: fastest feasible of " + ", ".join(OTHERS) + ")")
     for cname, mname, name, ratio in losses:
         print(f"search loses: {cname} {mname} to {name} ({ratio:.3f}x)")
+    print("old kinds: the best simulated plan of " + ", ".join(OLD_KINDS) + " on the "
+          "search's short list; new gain = old kinds / pick (zb-v, dualpipe-v, synth)")
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    if old_ratios:
+        geo_old = math.exp(sum(map(math.log, old_ratios)) / len(old_ratios))
+        geo_new = math.exp(sum(map(math.log, new_gains)) / len(new_gains))
+        share = math.log(geo_new) / math.log(geo) if geo > 1 else math.nan
+        print(f"geomean_vs_best_other_old_kinds={geo_old:.3f} "
+              f"geomean_new_kinds_gain={geo_new:.3f} new_kinds_share={share:.2f} "
+              f"n_cases={len(old_ratios)}")
     print(f"geomean_vs_best_other={geo:.3f} min_vs_best_other={min(ratios):.3f} "
           f"n_cases={len(ratios)}")
     return 0

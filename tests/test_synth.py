@@ -245,3 +245,43 @@ def test_search_records_synthesised_actions_that_replay(tmp_path):
     replay = simulate(again, CostModel(model, cluster)).metrics
     assert replay.iteration_time_s == pytest.approx(synth[0].metrics.iteration_time_s)
     assert not replay.oom
+
+
+# ---------------------------------------------------------------- V kinds in the search
+
+@pytest.mark.parametrize("kind", ["zb-v", "dualpipe-v"])
+@pytest.mark.parametrize("counts", [[5, 5, 5, 5, 5, 5, 5, 5], [3, 9, 4, 4, 6, 4, 6, 4]])
+def test_busiest_device_bound_is_below_the_simulated_time(kind, counts):
+    from hyperpipe.search.context import SearchContext
+    from hyperpipe.search.search import SearchConstraints
+    from hyperpipe.search.synthesis import busiest_device_bound_s
+    model, cluster = setup()
+    cost = CostModel(model, cluster)
+    devices = ["a/0", "a/1", "b/0", "b/1"]
+    v_devices = devices + devices[::-1]          # V placement: rank r holds r and 2p-1-r
+    v = Plan(**{**plan_of(counts[:4], devices, 8).__dict__, "schedule": kind, "chunks": 2})
+    stages, a = [], 0
+    for n, dev in zip(counts, v_devices, strict=True):
+        stages.append(StagePlan((a, a + n), (dev,), 1))
+        a += n
+    plan = Plan(**{**v.__dict__, "pipelines": (PipelinePlan(1, 8, tuple(stages)),)})
+    ctx = SearchContext(cost, SearchConstraints(global_batch=8))
+    bound = busiest_device_bound_s(ctx, plan)
+    simulated = simulate(plan, cost).metrics.iteration_time_s
+    assert 0 < bound <= simulated
+    busiest = max(sum(c for c, d in zip(counts, v_devices, strict=True) if d == dev)
+                  for dev in devices)
+    assert bound == pytest.approx(8 * busiest * 3 * 1e9 / 1e12)   # F = I = W = 1 ms/layer
+
+
+def test_v_pruning_keeps_the_pick_and_prunes(monkeypatch):
+    import hyperpipe.search.search as S
+    model, cluster = setup(count=2)
+    c = S.SearchConstraints(global_batch=16, micro_batch=1, tp=1)
+    pruned = S.search(model, cluster, c)
+    monkeypatch.setattr(S, "v_ruled_out", lambda ctx, cand, best: False)
+    full = S.search(model, cluster, c)
+    assert pruned.best.metrics.iteration_time_s == full.best.metrics.iteration_time_s
+    sim = [ph for ph in pruned.phases if ph["name"] == "simulate"][0]
+    sim_full = [ph for ph in full.phases if ph["name"] == "simulate"][0]
+    assert sim["pruned"] > sim_full["pruned"] == 0

@@ -1,4 +1,6 @@
-"""Search phase 4b: synthesised schedules (kind synth) for the best simulated plans.
+"""Search phase 4b: synthesised schedules (kind synth) for the best simulated plans;
+and the cheap bound that keeps the V kinds' candidates (zb-v, dualpipe-v) out of the
+simulator when it rules them out.
 
 For each of the top `SYNTH_TOP` plans of the simulated short list (their stages,
 devices and micro-batches kept), `hyperpipe.sim.synth.synthesise` builds per-device
@@ -10,8 +12,10 @@ user fixed a schedule kind other than synth.
 
 from __future__ import annotations
 
+from hyperpipe.plan.generators import placement_of
+from hyperpipe.plan.plan import Plan
 from hyperpipe.search.evaluate import Candidate, rank_key
-from hyperpipe.search.templates import PhaseStats, SearchContext
+from hyperpipe.search.templates import PhaseStats, SearchContext, objective_value
 
 SYNTH_TOP = 3         # plans of the short list a schedule is synthesised for
 
@@ -30,3 +34,41 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
                 rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics):
             added.append(Candidate(result.plan, result.metrics))
     return sorted(ranked + added, key=lambda cand: rank_key(ctx.c, cand.metrics))
+
+
+def busiest_device_bound_s(ctx: SearchContext, plan: Plan) -> float:
+    """A lower bound on `plan`'s simulated iteration time (seconds): per device, the F
+    and backward (the lesser of B and I + W) times of its stages on idle links, as the
+    simulator prices each action, times its pipeline's micro-batches; the busiest device
+    counts (no bubble, no link transfer, no all-reduce, no optimizer)."""
+    cost, cache = ctx.cost, ctx.memo.setdefault("device_bound_s", {})
+    worst = 0.0
+    for pipe in plan.pipelines:
+        load: dict[str, float] = {}
+        for st in pipe.stages:
+            key = (st.layers, st.devices, pipe.micro_batch, st.recompute,
+                   st.sequence_parallel)
+            if key not in cache:
+                t = {op: cost.stage_time_s(st.layers, st.devices, pipe.micro_batch, op,
+                                           st.recompute, st.sequence_parallel)
+                     for op in "FBIW"}
+                cache[key] = t["F"] + min(t["B"], t["I"] + t["W"])
+            load[st.devices[0]] = load.get(st.devices[0], 0.0) + cache[key]
+        worst = max(worst, pipe.num_microbatches * max(load.values()))
+    return worst
+
+
+def v_ruled_out(ctx: SearchContext, cand: Candidate, best_value: float) -> bool:
+    """Whether `cand` is of a V kind and its `busiest_device_bound_s` already puts its
+    objective above `best_value` (the best simulated plan of the search's own so far):
+    then simulating it cannot change the ranking's top."""
+    plan = cand.plan
+    if placement_of(plan.schedule) != "v":
+        return False
+    bound = busiest_device_bound_s(ctx, plan)
+    price = cand.metrics.cost_per_million_tokens
+    if ctx.c.objective == "cost":     # cost per token scales with time at a fixed price
+        if price is None or cand.metrics.iteration_time_s <= 0:
+            return False
+        return price * bound / cand.metrics.iteration_time_s > best_value
+    return objective_value(ctx, bound, 0.0) > best_value
