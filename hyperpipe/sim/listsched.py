@@ -15,6 +15,11 @@ actions whose inputs have arrived, by a `Policy`:
    also runs when an F waits for memory only W's can free, and before an F when more
    than ``w_limit`` W's are owed (ZB-V's steady state runs each W soon after its I).
 
+With ``f_order="tail"`` the rules give way to a critical-path order (HLFET list
+scheduling, Adam et al. 1974): of the actions ready now (the same memory and depth
+limits on F's), the one with the longest chain of work behind it, its own time, links
+and what waits on it down to stage 0's W, goes first.
+
 With ``patience`` > 0 the rank looks ahead: it waits for an I that arrives within
 ``patience`` x the duration of the F or W it would start instead; with ``drain_only``
 only once it has no forward left (the drain: there the I's chain back to stage 0 is
@@ -43,7 +48,8 @@ class Policy:
 
     depth_extra: int | None = 0      # chunk-0 forwards in flight beyond the base; None: memory only
     w_mode: str = "fill"             # "fill": W's into bubbles; "eager": W right after its I
-    f_order: str = "deep"            # "deep": later chunk first; "old": oldest micro-batch first
+    f_order: str = "deep"            # "deep": later chunk first; "old": oldest micro-batch
+                                     # first; "tail": longest critical chain first (any op)
     patience: float = 0.0            # wait for an I arriving within this x the other action
     w_limit: int | None = None       # W's owed beyond which a W goes before any F
     drain_only: bool = False         # patience only once the rank has no forward left
@@ -93,6 +99,16 @@ def list_schedule(c: PipeCosts, p: int, m: int, placement: str,
     reserve = [[sum(c.stash_bytes[s] for s in homes[d] if s > k) for k in range(n_st)]
                for d in range(p)]
     left = 3 * n_st * m
+    # critical-path tails: the longest chain of work from an action's start to the end
+    # of the iteration (its own time, the links it crosses, all that waits on it)
+    tail_i = [0.0] * n_st
+    for k in range(n_st):
+        hop = 0.0 if k == 0 or rank_of[k - 1] == rank_of[k] else c.bwd_link_s[k - 1]
+        tail_i[k] = c.i_s[k] + (c.w_s[0] if k == 0 else hop + tail_i[k - 1])
+    tail_f = [0.0] * n_st
+    for k in reversed(range(n_st)):
+        hop = 0.0 if k == last or rank_of[k + 1] == rank_of[k] else c.fwd_link_s[k]
+        tail_f[k] = c.f_s[k] + (tail_i[k] if k == last else hop + tail_f[k + 1])
 
     def decide(d: int) -> tuple[float, str, int, int]:
         """(start, op, stage, micro-batch) of rank d's next action; start INF: none known."""
@@ -119,6 +135,16 @@ def list_schedule(c: PipeCosts, p: int, m: int, placement: str,
             order = (-k, j) if policy.f_order == "deep" else (j, -k)
             cands.append((max(f_ready[k][j], t), order, k, j))
         cands.sort()
+        if policy.f_order == "tail":
+            ready = [(-tail_i[k], next_i[k], "I", k) for k in homes[d]
+                     if next_i[k] < min(m, next_f[k]) and i_ready[k][next_i[k]] <= t]
+            ready += [(-tail_f[k], j, "F", k) for a, _, k, j in cands if a <= t]
+            if w_queue[d]:
+                k, j = w_queue[d][0]
+                ready.append((-c.w_s[k], j, "W", k))
+            if ready:
+                _, j, op, k = min(ready)
+                return t, op, k, j
         if policy.w_limit is not None and len(w_queue[d]) > policy.w_limit:
             k, j = w_queue[d][0]
             return t, "W", k, j
