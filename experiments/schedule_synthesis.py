@@ -9,8 +9,10 @@ gain = fixed / synthesised >= 1 by construction; the figure is how much above 1.
 
 Cases:
 - search: the best non-synth plan `hyperpipe search` finds on built-in heterogeneous
-  clusters and models (its costs are the analytic cost model's, not calibrated: nothing
-  here is fitted to these numbers);
+  clusters and models (its costs are the analytic cost model's, not calibrated: no
+  constant is fitted to these numbers; but the synthesis policies and the local
+  improvement were chosen while looking at these cases, so for those choices the
+  figures are in-sample);
 - synthetic: 4 or 8 stages on identical devices, one stage heavier by 1.0x-2.0x, with
   memory unlimited ("free") or capped on the second half of the pipeline so that
   zero-bubble's stash of p micro-batches does not fit there but 1F1B's does ("cap").
