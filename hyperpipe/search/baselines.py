@@ -222,7 +222,11 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Pla
                     and c.objective == "throughput" and bound > short[-1][0][1]:
                 phase.pruned += 1
                 continue
-            key = rank_key(c, estimate(plan, ctx.cost))
+            try:
+                key = rank_key(c, estimate(plan, ctx.cost))
+            except InfeasiblePlan:       # e.g. a schedule over the action limit
+                phase.infeasible += 1
+                continue
             short.append((key, serial, plan))
             short.sort(key=lambda x: x[:2])
             del short[BASELINE_SHORT_LIST:]

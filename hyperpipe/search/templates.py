@@ -103,18 +103,25 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     inflight = ctx.peak_inflight(kind, p, m, v)
     homes = [stage_rank(k, p, placement_of(kind)) for k in range(stages)]
     for mode in ctx.modes(tp, len(slots))[start:]:
-        tables, links, mats = [], [], []
+        tables, links, slots_k = [], [], []
         for k in range(stages):
             group = row[homes[k]]
             dev = ctx.cluster.device(group[0]).type
             t = ctx.table(group, mb, mode, len(slots))
             room = dev.memory_bytes - dev.runtime_reserve_bytes - t.work_bytes
-            slot = P.Slot(group, inflight[k], room / v)
             link = None if k == stages - 1 else ctx.link(group[-1], row[homes[k + 1]][0], mb)
             tables.append(t)
             links.append(link)
-            mats.append(P.stage_matrix(t, slot, ctx.times(t, link)))
-        bounds = P.partition(mats)
+            slots_k.append(P.Slot(group, inflight[k], room / v))
+        # The cut depends only on each stage's (table, in-flight stashes, room, link), all
+        # cached objects: templates that differ elsewhere (replica count, price, m past
+        # the fill) share it, so it is computed once (issue 9: search_scale).
+        key = ("cut", *((id(t), sl.inflight, sl.capacity_bytes, id(ln))
+                        for t, sl, ln in zip(tables, slots_k, links, strict=True)))
+        if key not in ctx.memo:
+            ctx.memo[key] = P.partition([P.stage_matrix(t, sl, ctx.times(t, ln)) for t, sl, ln
+                                         in zip(tables, slots_k, links, strict=True)])
+        bounds = ctx.memo[key]
         if bounds is not None:
             return _finish(ctx, kind, v, mb, tp, types, slots, price, mode,
                            P.describe(bounds, tables, links))
