@@ -90,7 +90,11 @@ class MemoryMeter:
         # gradients and optimizer state do not change during a forward: the last
         # sample's static bytes stand (keeps packing O(1), off the step's critical path)
         self.peak_bytes = max(self.peak_bytes, self._static_bytes + self._saved_bytes)
-        return _Saved(t, self, key)
+        # detached: an output saved by its own node (softmax's) would otherwise hold
+        # that node through its grad_fn, a cycle through C++ that Python's collector
+        # cannot break; the graphs of an I/W split (run with retain_graph) then leaked
+        # their saved tensors every step. Autograd restores the grad_fn on unpacking.
+        return _Saved(t.detach(), self, key)
 
     @staticmethod
     def _unpack(handle):
