@@ -18,13 +18,14 @@ fixed_simulated_s=E loss_diff=F``.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.exec import RunOptions, run_plan
-from hyperpipe.exec.emulation import emulation_factors
+from hyperpipe.exec.emulation import auto_emulation_scale, emulation_factors
 from hyperpipe.exec.profiler import emulated_profile, measure_profile
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import proportional_plan
@@ -34,7 +35,8 @@ from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
 from hyperpipe.sim.synth import synthesise
 
-SCALE = 2.0      # emulation scale, as the demo (4 ranks on 2 shared cores)
+# emulation scale for its two ranks, as the demo chooses (2 on 2 cores)
+SCALE = auto_emulation_scale(2, os.cpu_count() or 1)
 
 
 def main() -> None:
