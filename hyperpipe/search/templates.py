@@ -27,9 +27,10 @@ analytic tier and the simulator judge whole plans.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hyperpipe.plan.generators import placement_of
 from hyperpipe.plan.plan import StagePlan
@@ -278,6 +279,31 @@ def _work_bound(ctx: SearchContext, types, pools, kind: str, v: int, mb: int,
     return whole, fill_lb
 
 
+@dataclass
+class _Race:
+    """The templates competing for one group (and replica count): all of them, and the
+    KEEP_PER_GROUP smallest objective values, kept sorted as they come, so that the band
+    is O(1) to read however many templates the race has seen."""
+
+    found: list = field(default_factory=list)     # (value, serial, template)
+    best: list = field(default_factory=list)      # the smallest values, ascending
+
+    def add(self, value: float, serial: int, template: Template) -> None:
+        self.found.append((value, serial, template))
+        if len(self.best) < KEEP_PER_GROUP or value < self.best[-1]:
+            bisect.insort(self.best, value)
+            del self.best[KEEP_PER_GROUP:]
+
+    def band(self) -> float:
+        """Templates whose closed-form value is within TOLERANCE of the best, or among
+        the KEEP_PER_GROUP best, go on: the closed form does not see everything the
+        analytic tier and the simulator do (which stage order fills the pipeline faster,
+        ...)."""
+        if not self.best:
+            return math.inf
+        return max(self.best[0] * (1 + TOLERANCE), self.best[-1])
+
+
 def canonical_order(ctx: SearchContext, recipe: dict[str, int]) -> tuple[str, ...]:
     """The stage order tried first: most memory first (1F1B's early stages stash the
     most micro-batches), then the faster type, each type's units together."""
@@ -293,13 +319,13 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
     order only if that one lands in the band; the visit ends when no bound can."""
     # with a fixed number of pipelines every replica count is its own race: groups are
     # combined to exactly that many pipelines later
-    races: dict[int | None, list[tuple[float, int, Template]]] = {}
+    races: dict[int | None, _Race] = {}
     too_big: dict[tuple, int] = {}      # pipeline shape -> least micro-batch out of memory
     serial = itertools.count()
     for bound, (kind, v, mb), tp, dp, recipe, pools, price, start in _keys(ctx, phase, types,
                                                                             configs):
-        found = races.setdefault(dp if ctx.c.dp is not None else None, [])
-        if found and bound > _band(found):
+        race = races.setdefault(dp if ctx.c.dp is not None else None, _Race())
+        if bound > race.band():
             phase.pruned += 1
             continue
         m = -(-(ctx.c.global_batch // mb) // dp)
@@ -313,27 +339,27 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
         first = canonical_order(ctx, recipe)
         tries = [(first, lay) for lay in space.layouts(dp)]
         key = (kind, v, mb, tp, dp, types, m, price, recipe, pools, start)
-        values = _cut_all(ctx, phase, found, serial, tries, key)
+        values = _cut_all(ctx, phase, race, serial, tries, key)
         if not values:                     # out of memory in the most memory-rich order
             if m >= p * v:
                 too_big[shape] = min(mb, too_big.get(shape, mb))
             continue
-        if min(values) > _band(found):
+        if min(values) > race.band():
             continue                       # the other orders only move links and memory
         more = [(o, lay) for o in space.stage_orders(recipe) if o != first
                 for lay in space.layouts(dp)]
-        _cut_all(ctx, phase, found, serial, more, key)
+        _cut_all(ctx, phase, race, serial, more, key)
     kept: list[Template] = []
-    for found in races.values():
-        found.sort(key=lambda x: x[:2])
-        limit = _band(found)
-        kept += [t for value, _, t in found if value <= limit][:KEEP_MAX]
+    for race in races.values():
+        race.found.sort(key=lambda x: x[:2])
+        limit = race.band()
+        kept += [t for value, _, t in race.found if value <= limit][:KEEP_MAX]
     return kept
 
 
-def _cut_all(ctx: SearchContext, phase: PhaseStats, found: list, serial, tries: list,
+def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: list,
              key: tuple) -> list[float]:
-    """Cut the layers for each (order, layout) in `tries`; add the templates to `found`
+    """Cut the layers for each (order, layout) in `tries`; add the templates to `race`
     and return their objective values."""
     kind, v, mb, tp, dp, types, m, price, recipe, pools, start = key
     values = []
@@ -349,7 +375,7 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, found: list, serial, tries: 
             phase.infeasible += 1
             continue
         value = objective_value(ctx, tpl.time_s(m), tpl.price_per_hour)
-        found.append((value, next(serial), tpl))
+        race.add(value, next(serial), tpl)
         values.append(value)
     return values
 
@@ -371,16 +397,6 @@ def templates_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
 def all_configs(ctx: SearchContext) -> list[tuple[str, int, int]]:
     return [(k, v, mb) for k, v in space.schedule_options(ctx.c, ctx.model.num_layers)
             for mb in space.micro_batches(ctx.c)]
-
-
-def _band(found: list) -> float:
-    """Templates whose closed-form value is within TOLERANCE of the best, or among the
-    KEEP_PER_GROUP best, go on: the closed form does not see everything the analytic
-    tier and the simulator do (which stage order fills the pipeline faster, ...)."""
-    values = sorted(v for v, _, _ in found)
-    if not values:
-        return math.inf
-    return max(values[0] * (1 + TOLERANCE), values[min(KEEP_PER_GROUP, len(values)) - 1])
 
 
 def templates_phase(ctx: SearchContext, phase: PhaseStats, show, pool=None
