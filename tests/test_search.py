@@ -278,6 +278,14 @@ def test_in_flight_counts_from_the_schedule_ir(kind, v):
         assert all(a >= peak_in_flight(kind, p, m, v, r) for r, a in enumerate(per_rank))
 
 
+@pytest.mark.parametrize("kind", ["zb-v", "dualpipe-v"])
+def test_v_kinds_in_flight_closed_form_matches_the_ir(kind):
+    from hyperpipe.search.context import v_peak_inflight
+    for p in range(1, 9):
+        for m in range(1, 4 * p + 3):
+            assert v_peak_inflight(p, m) == P.peak_inflight(kind, p, m, 2), (p, m)
+
+
 def test_space_generators():
     assert sum(1 for _ in space.set_partitions(list("abcd"))) == 15       # Bell(4)
     assert sum(1 for _ in space.type_groups(list("abc"))) == 3 + 3 * 2 + 5
@@ -313,3 +321,32 @@ def test_contradicting_constraints_are_bad_input(flags, word, capsys):
                *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and word in err[0]
+
+
+def test_plans_over_the_action_limit_are_infeasible_not_a_crash(monkeypatch):
+    """The analytic tier never builds a closed-form kind's schedule, so plans over the
+    action limit reach the simulate phase; they are counted infeasible there (before,
+    gpt3-175b on scale-1024 crashed on a baseline's zb-h1 plan of 96 x 1536)."""
+    from hyperpipe import limits
+    from hyperpipe.plan import generators
+    from hyperpipe.search.baselines import uniform_plan
+    from hyperpipe.search.evaluate import Candidate, estimate
+    from hyperpipe.search.search import _simulate_phase
+    from hyperpipe.search.templates import PhaseStats, SearchContext
+    from hyperpipe.sim.costmodel import CostModel
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=16))
+    ok = uniform_plan(model, cluster, pp=2, micro_batch=2, global_batch=16)    # 48 actions
+    over = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=16)  # 192
+    monkeypatch.setattr(limits, "MAX_SCHEDULE_ACTIONS", 96)
+    generators._generate.cache_clear()
+    try:
+        phase = PhaseStats("simulate")
+        cands = [Candidate(p, estimate(p, ctx.cost)) for p in (over, ok)]
+        ranked, baselines = _simulate_phase(ctx, phase, cands, {"uniform": [over, ok]},
+                                            None, False, 1)
+    finally:
+        generators._generate.cache_clear()
+    assert [c.plan.schedule for c in ranked] and all(c.plan != over for c in ranked)
+    assert ok in [c.plan for c in ranked] and baselines["uniform"].plan == ok
+    assert phase.infeasible >= 2

@@ -161,6 +161,18 @@ def generate(kind: str, num_devices: int, num_microbatches: int,
     return _generate(kind, num_devices, num_microbatches, chunks)
 
 
+def over_action_limit(kind: str, num_devices: int, num_microbatches: int,
+                      chunks: int) -> str | None:
+    """Why a schedule of this shape is not built (over `limits.MAX_SCHEDULE_ACTIONS`,
+    counting F, I and W per stage and micro-batch), or None when it is within it."""
+    actions = 3 * num_devices * chunks * num_microbatches
+    if actions <= limits.MAX_SCHEDULE_ACTIONS:
+        return None
+    return (f"a {kind} schedule of {num_devices} devices x {chunks} chunks x "
+            f"{num_microbatches} micro-batches (up to {actions} actions) is over the limit "
+            f"of {limits.MAX_SCHEDULE_ACTIONS} actions (hyperpipe.limits)")
+
+
 @lru_cache(maxsize=256)
 def _generate(kind: str, num_devices: int, num_microbatches: int, chunks: int) -> Schedule:
     if kind not in SCHEDULE_KINDS:
@@ -172,12 +184,9 @@ def _generate(kind: str, num_devices: int, num_microbatches: int, chunks: int) -
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise BadInput(f"schedule {name}", "a positive integer", value)
-    actions = 3 * num_devices * chunks * num_microbatches       # F, I, W at most
-    if actions > limits.MAX_SCHEDULE_ACTIONS:
-        raise InfeasiblePlan(f"a {kind} schedule of {num_devices} devices x {chunks} chunks "
-                             f"x {num_microbatches} micro-batches (up to {actions} actions) "
-                             f"is over the limit of {limits.MAX_SCHEDULE_ACTIONS} actions "
-                             "(hyperpipe.limits)")
+    over = over_action_limit(kind, num_devices, num_microbatches, chunks)
+    if over:
+        raise InfeasiblePlan(over)
     if kind in _TAKES_CHUNKS:
         return SCHEDULE_KINDS[kind](num_devices, num_microbatches, chunks)
     want = default_chunks(kind)

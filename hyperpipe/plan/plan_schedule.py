@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hyperpipe.errors import BadInput
-from hyperpipe.plan.generators import SYNTH, generate, placement_of
+from hyperpipe.plan.generators import SYNTH, generate, over_action_limit, placement_of
 from hyperpipe.plan.schedule import Action, Schedule, ScheduleError, stage_rank, validate
 
 if TYPE_CHECKING:
@@ -63,6 +63,20 @@ def pipeline_placement(plan: Plan, pipe: PipelinePlan) -> str:
     if plan.chunks > 1 and p > 1 and pipe.stages[p].devices == pipe.stages[p - 1].devices:
         return "v"
     return "loop"
+
+
+def plan_over_action_limit(plan: Plan) -> str | None:
+    """Why some pipeline's generated schedule would be over the action limit (the
+    simulator and executor could not build it), or None. Synthesised plans carry their
+    actions and are never over."""
+    if plan.schedule == SYNTH:
+        return None
+    for pipe in plan.pipelines:
+        over = over_action_limit(plan.schedule, len(pipe.stages) // plan.chunks,
+                                 pipe.num_microbatches, plan.chunks)
+        if over:
+            return over
+    return None
 
 
 def schedule_for(plan: Plan, q: int = 0) -> Schedule:

@@ -350,10 +350,18 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     budget (in schedule actions) allows: the analytic tier ties plans that differ only
     in which stage sits where, the simulator does not. Then single-layer moves on the
     best simulated plans, judged by the simulator, while budget is left."""
+    from hyperpipe.plan.plan_schedule import plan_over_action_limit
     from hyperpipe.progress import Progress
+    # plans whose schedule could not be built (the analytic tier's closed forms do not
+    # build it) are infeasible: the simulator and the executor would refuse them
+    runnable = [cand for cand in cands if not plan_over_action_limit(cand.plan)]
+    n_base = sum(map(len, base_plans.values()))
+    base_plans = {k: kept for k, plans in base_plans.items()
+                  if (kept := [p for p in plans if not plan_over_action_limit(p)])}
+    phase.infeasible += len(cands) - len(runnable) + n_base - sum(map(len, base_plans.values()))
     budget = SIM_ACTION_BUDGET
     short = []
-    for cand in cands:
+    for cand in runnable:
         size = count_actions(cand.plan)
         if len(short) >= n_min and (size > budget or len(short) >= SIMULATE_MAX):
             break
@@ -378,7 +386,7 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
                    zip(keep, simulate_all([c.plan for c in keep], ctx.cost, pool, bar),
                        strict=True)]
     phase.seen = len(todo) + len(later)
-    phase.infeasible = sum(1 for cand in ranked if cand.metrics.oom)
+    phase.infeasible += sum(1 for cand in ranked if cand.metrics.oom)
     # each baseline's pick among its short list, by the simulator (the search's judge)
     baselines: dict[str, Candidate] = {}
     for (k, i), m in zip(names, metrics[n:], strict=True):
