@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
+from hyperpipe.errors import InfeasiblePlan
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import (
     BASELINE_SHORT_LIST,
     baseline_grid,
     compute_bound_s,
+    proportional_plan,
+    sketch,
     state_fits,
     tuned_baselines,
     uniform_plan,
@@ -28,7 +35,7 @@ def test_pruned_short_list_is_the_exhaustive_one():
     assert phase.pruned > 0                      # the bound did cut something
     # oracle: every plan of the grid estimated, no bound
     scored = []
-    for dims in baseline_grid(ctx):
+    for _, dims in baseline_grid(ctx):
         try:
             plan = uniform_plan(model, cluster, **dims)
         except Exception:
@@ -41,6 +48,46 @@ def test_pruned_short_list_is_the_exhaustive_one():
     best_keys = [k for k, _ in scored[:BASELINE_SHORT_LIST]]
     got_keys = sorted(rank_key(ctx.c, estimate(p, ctx.cost)) for p in got)
     assert [k[1] for k in got_keys] == [k[1] for k in best_keys]
+
+
+@pytest.mark.parametrize("cluster_name", ["demo-hetero", "straggler", "small-memory"])
+def test_sketch_is_what_the_built_plan_gives(cluster_name):
+    """Oracle: every grid point built as a plan, its state check and bound computed on
+    the plan (every replica), against the sketch (distinct replicas only)."""
+    model = load_model("tiny-gpt")
+    cluster = load_cluster("demo-hetero")
+    if cluster_name == "straggler":       # one slow device: replicas no longer alike
+        cluster = _with_straggler(cluster)
+    if cluster_name == "small-memory":    # room for the state of about a third of it
+        room = CostModel(model, cluster).state_bytes((0, model.num_layers)) / 3
+        cluster = dataclasses.replace(cluster, device_types={
+            k: dataclasses.replace(t, memory_bytes=t.runtime_reserve_bytes + room)
+            for k, t in cluster.device_types.items()})
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=16))
+    n, tps, fits = 0, set(), set()
+    for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
+        for subset, dims in baseline_grid(ctx):
+            got = sketch(ctx, name, subset, dims)
+            try:
+                plan = make(model, cluster, **dims)
+            except InfeasiblePlan:
+                assert got is None, dims
+                continue
+            assert got is not None, dims
+            n += 1
+            tps.add(dims["tp"])
+            fits.add(got[0])
+            assert got[0] == state_fits(ctx, plan), dims
+            assert got[1] == pytest.approx(compute_bound_s(ctx, plan), rel=1e-12), dims
+    assert n > 20 and tps == {1, 2}    # tensor-parallel groups compared too
+    if cluster_name == "small-memory":
+        assert fits == {True, False}
+
+
+def _with_straggler(cluster):
+    first = cluster.nodes[0]
+    slow = dataclasses.replace(first, slowdown=(1.0,) * (first.count - 1) + (1.7,))
+    return dataclasses.replace(cluster, nodes=(slow, *cluster.nodes[1:]))
 
 
 def test_tuned_uniform_leaves_a_hopeless_device_type_out():

@@ -150,11 +150,12 @@ def type_subsets(cluster) -> list[tuple[str, ...]]:
     return [s for r in range(len(types), 0, -1) for s in itertools.combinations(types, r)]
 
 
-def baseline_grid(ctx: SearchContext) -> Iterator[dict]:
+def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
     """Choices of a Megatron-style run: a subset of the device types (their devices in
     cluster order), tp (inside a node), pp, as many replicas as the devices allow
     (dp = devices // (pp x tp), all devices used unless pp or dp is fixed), every
-    schedule kind and chunk count, every micro-batch size. Fixed dimensions as given."""
+    schedule kind and chunk count, every micro-batch size. Fixed dimensions as given.
+    Yields (the subset, the keyword arguments of `uniform_plan`/`proportional_plan`)."""
     c, cluster, model = ctx.c, ctx.cluster, ctx.model
     for subset in type_subsets(cluster):
         nodes = [nd for nd in cluster.nodes if nd.device_type in subset]
@@ -173,9 +174,9 @@ def baseline_grid(ctx: SearchContext) -> Iterator[dict]:
                         continue
                     for mb in space.micro_batches(c):
                         if c.global_batch % (dp * mb) == 0:
-                            yield dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
-                                       global_batch=c.global_batch, schedule=kind,
-                                       chunks=chunks, devices=list(devices))
+                            yield subset, dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
+                                               global_batch=c.global_batch, schedule=kind,
+                                               chunks=chunks, devices=list(devices))
 
 
 def compute_bound_s(ctx: SearchContext, plan: Plan) -> float:
@@ -195,36 +196,99 @@ def compute_bound_s(ctx: SearchContext, plan: Plan) -> float:
     return worst
 
 
+def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, ...],
+              pp: int, dp: int, tp: int) -> dict[tuple, tuple] | None:
+    """The distinct replicas of `_device_grid`'s layout: per stage, (device type,
+    slowdown, tensor-parallel link) of its group, mapped to one replica's groups of that
+    kind (cost and memory see no other difference). None: a group mixes device types."""
+    cache = ctx.memo.setdefault("baseline_replicas", {})
+    key = (subset, pp, dp, tp)
+    if key not in cache:
+        cluster, out = ctx.cluster, {}
+        profiled = ctx.cost.profile is not None    # its intra-node links are per node
+        for r in range(dp):
+            groups = [devices[(s * dp + r) * tp:(s * dp + r + 1) * tp] for s in range(pp)]
+            kinds = []
+            for g in groups:
+                first = cluster.device(g[0])
+                if any(cluster.device(d).type.name != first.type.name for d in g[1:]):
+                    out = None
+                    break
+                link = None if tp == 1 else (first.node if profiled else
+                                             ctx.memo["baseline_nodes"][first.node])
+                kinds.append((first.type.name, cluster.slowdown(g), link))
+            if out is None:
+                break
+            out.setdefault(tuple(kinds), tuple(groups))
+        cache[key] = out
+    return cache[key]
+
+
+def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
+           ) -> tuple[bool, float] | None:
+    """(`state_fits`, `compute_bound_s`) of the plan `name` ("uniform" or
+    "proportional") would build from `dims`, without building it: per distinct replica
+    only (at 1024 devices the grid holds thousands of plans of up to 1024 pipelines).
+    None where building would fail (InfeasiblePlan)."""
+    pp, dp, tp, mb = dims["pp"], dims["dp"], dims["tp"], dims["micro_batch"]
+    kind, chunks = dims["schedule"], dims["chunks"]
+    if "baseline_nodes" not in ctx.memo:
+        ctx.memo["baseline_nodes"] = {n.name: n.intra_link for n in ctx.cluster.nodes}
+    replicas = _replicas(ctx, subset, tuple(dims["devices"]), pp, dp, tp)
+    if replicas is None or ctx.model.num_layers < pp * chunks:
+        return None
+    cost, cluster = ctx.cost, ctx.cluster
+    times = ctx.memo.setdefault("baseline_stage_s", {})
+    fits, worst = True, 0.0
+    m = dims["global_batch"] // (dp * mb)
+    for row in replicas.values():
+        homes = [stage_rank(k, pp, placement_of(kind)) for k in range(pp * chunks)]
+        weights = [1.0 if name == "uniform" else
+                   sum(cluster.device(d).type.peak_flops for d in row[h]) for h in homes]
+        held, load, start = [0.0] * pp, [0.0] * pp, 0
+        for h, n in zip(homes, layer_counts(ctx.model.num_layers, weights), strict=True):
+            layers, group = (start, start + n), row[h]
+            start += n
+            held[h] += cost.state_bytes(layers, tp)
+            key = (layers, group, mb)
+            if key not in times:
+                times[key] = sum(cost.stage_time_s(layers, group, mb, op) for op in "FB")
+            load[h] += times[key]
+        worst = max(worst, m * max(load))
+        types = [cluster.device(g[0]).type for g in row]
+        fits = fits and all(b + t.runtime_reserve_bytes <= t.memory_bytes
+                            for b, t in zip(held, types, strict=True))
+    return fits, worst
+
+
 def tuned_baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Plan]]:
     """Per baseline, its short list: the BASELINE_SHORT_LIST plans of the grid that the
     analytic tier likes best (memory-feasible first), for the simulator to rank.
-    Branch and bound: plans are estimated in order of `compute_bound_s`, until the bound
-    exceeds the short list's worst estimate."""
+    Branch and bound: the grid's points are estimated in order of `compute_bound_s`
+    (taken from their `sketch`), until the bound exceeds the short list's worst
+    estimate; only those are built as plans."""
     c = ctx.c
     out: dict[str, list[Plan]] = {}
     for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
         built = []
-        for dims in baseline_grid(ctx):
+        for subset, dims in baseline_grid(ctx):
             phase.seen += 1
-            try:
-                plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs)
-            except (InfeasiblePlan, BadInput):
-                phase.infeasible += 1
+            got = sketch(ctx, name, subset, dims)
+            if got is None or not got[0]:
+                phase.infeasible += 1    # no such plan, or weights alone overflow a device
                 continue
-            if not state_fits(ctx, plan):
-                phase.infeasible += 1    # weights alone overflow a device
-                continue
-            built.append((compute_bound_s(ctx, plan), len(built), plan))
+            built.append((got[1], len(built), dims))
         built.sort(key=lambda x: x[:2])
         short: list[tuple[tuple, int, Plan]] = []
-        for bound, serial, plan in built:
+        for bound, serial, dims in built:
             if len(short) >= BASELINE_SHORT_LIST and not short[-1][0][0] \
                     and c.objective == "throughput" and bound > short[-1][0][1]:
                 phase.pruned += 1
                 continue
             try:
+                plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs)
                 key = rank_key(c, estimate(plan, ctx.cost))
-            except InfeasiblePlan:       # e.g. a schedule over the action limit
+            except (InfeasiblePlan, BadInput):   # e.g. a schedule over the action limit
                 phase.infeasible += 1
                 continue
             short.append((key, serial, plan))

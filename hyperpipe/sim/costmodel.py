@@ -11,6 +11,7 @@ caller goes through this one interface, so nothing else needs to know which was 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -282,7 +283,12 @@ class CostModel:
 
     # ---------------------------------------------------------------- memory and optimizer
     def stage_params(self, layers: tuple[int, int]) -> int:
-        return sum(self.model.layers[i].params for i in range(*layers))
+        """Parameters of layers [a, b), from prefix sums over the model's layers."""
+        prefix = self._cache.get("param_prefix")
+        if prefix is None:
+            prefix = self._cache["param_prefix"] = [0, *itertools.accumulate(
+                layer.params for layer in self.model.layers)]
+        return prefix[layers[1]] - prefix[layers[0]]
 
     @property
     def state_bytes_per_param(self) -> float:
