@@ -80,3 +80,60 @@ def test_peers_pick_plans_that_check(name):
     plan.check(model, cluster)
     assert own_s > 0 and len(plan.devices) == len(cluster.devices)   # both use all
     assert plan.schedule == "1f1b"
+
+
+@pytest.mark.parametrize("model_name,cluster_name,batch", [
+    ("gpt2-medium", "a100-v100", 64), ("tiny-gpt", "demo-hetero", 16),
+    ("gpt2-xl", "h100-a100-l4", 128)])
+def test_metis_branch_and_bound_picks_what_the_exhaustive_walk_picks(
+        model_name, cluster_name, batch):
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=batch))
+    fast, slow = metis_plan(ctx), metis_plan(ctx, prune=False)
+    assert fast[0] == slow[0] and fast[1] == slow[1]
+
+
+def _balance_reference(bounds, tables, inflight):
+    """Metis's memory balancing written plainly: recompute every stage's room each move."""
+    b, p = list(bounds), len(bounds) - 1
+
+    def free(k):
+        t = tables[k]
+        return t.memory_bytes - (t.state_bytes[b[k + 1]] - t.state_bytes[b[k]]) - \
+            inflight[k] * (t.stash_bytes[b[k + 1]] - t.stash_bytes[b[k]])
+
+    for _ in range(b[-1] * p):
+        over = [k for k in range(p) if free(k) < 0]
+        if not over:
+            return b
+        k = over[0]
+        if b[k + 1] - b[k] <= 1:
+            return None
+        left = free(k - 1) if k > 0 else -np.inf
+        right = free(k + 1) if k < p - 1 else -np.inf
+        if max(left, right) <= 0:
+            return None
+        if left >= right:
+            b[k] += 1
+        else:
+            b[k + 1] -= 1
+    return None
+
+
+def test_memory_balance_matches_the_plain_walk():
+    rng = np.random.default_rng(3)
+    outcomes = set()
+    for _ in range(400):
+        p = int(rng.integers(2, 7))
+        n = int(rng.integers(2 * p, 30))
+        tabs = [GroupTable(np.zeros(n + 1),
+                           np.concatenate([[0.0], np.cumsum(rng.uniform(0.5, 2, n))]),
+                           np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1, n))]),
+                           float(rng.uniform(0.6, 2.0) * 2.5 * n / p))
+                for _ in range(p)]
+        bounds = proportional_cuts(n, list(rng.uniform(1, 4, p)))
+        inflight = [min(p - k, 4) for k in range(p)]
+        got = balance_memory(bounds, tabs, inflight)
+        assert got == _balance_reference(bounds, tabs, inflight)
+        outcomes.add(got is None)
+    assert outcomes == {True, False}

@@ -25,6 +25,15 @@ class GroupTable:
 
 
 def group_table(cost, group: tuple[str, ...], mb: int, memo: dict) -> GroupTable:
+    """The table of `group` at micro-batch `mb`, shared by groups alike (device type,
+    size, intra-node link)."""
+    mine = ("peer-table-of", group, mb)
+    if mine not in memo:
+        memo[mine] = _type_table(cost, group, mb, memo)
+    return memo[mine]
+
+
+def _type_table(cost, group: tuple[str, ...], mb: int, memo: dict) -> GroupTable:
     dev = cost.cluster.device(group[0])
     node = cost.cluster.node(dev.node)
     key = ("peer-table", dev.type.name, len(group), node.intra_link if len(group) > 1

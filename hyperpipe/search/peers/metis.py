@@ -21,6 +21,7 @@ stage's data-parallel gradient all-reduce and optimizer step.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 
 import numpy as np
@@ -47,7 +48,8 @@ def proportional_cuts(n: int, speed: list[float]) -> list[int]:
     """Layer counts in proportion to `speed` (largest remainder, each stage >= 1), as
     cut positions [0, ..., n]."""
     p = len(speed)
-    share = [(n - p) * s / sum(speed) for s in speed]
+    total = sum(speed)
+    share = [(n - p) * s / total for s in speed]
     counts = [1 + int(x) for x in share]
     order = sorted(range(p), key=lambda i: -(share[i] - int(share[i])))
     for i in order[:n - sum(counts)]:
@@ -57,41 +59,66 @@ def proportional_cuts(n: int, speed: list[float]) -> list[int]:
 
 def balance_memory(bounds: list[int], tables, inflight: list[int]) -> list[int] | None:
     """Move single layers off overflowing stages to the neighbour with more free memory,
-    until all fit (None if they cannot)."""
+    until all fit (None if they cannot). The first overflowing stage moves first."""
     b = list(bounds)
     p = len(b) - 1
+    lists = {}                 # prefix sums as Python lists (numpy scalars are slow here)
+    for t in tables:
+        if id(t) not in lists:
+            lists[id(t)] = (t.state_bytes.tolist(), t.stash_bytes.tolist())
+    state = [lists[id(t)][0] for t in tables]
+    stash = [lists[id(t)][1] for t in tables]
+    memory = [t.memory_bytes for t in tables]
 
     def free(k: int) -> float:
-        t = tables[k]
-        return t.memory_bytes - (t.state_bytes[b[k + 1]] - t.state_bytes[b[k]]) - \
-            inflight[k] * (t.stash_bytes[b[k + 1]] - t.stash_bytes[b[k]])
+        lo, hi = b[k], b[k + 1]
+        return memory[k] - (state[k][hi] - state[k][lo]) - \
+            inflight[k] * (stash[k][hi] - stash[k][lo])
 
-    for _ in range(b[-1] * p):
-        over = [k for k in range(p) if free(k) < 0]
+    room = [free(k) for k in range(p)]          # kept up to date move by move
+    over = [k for k in range(p) if room[k] < 0]  # a heap; stages that fit again are
+    queued = [r < 0 for r in room]               # dropped when they reach its top
+    seen = set()                                 # the walk is deterministic: a cut
+    for _ in range(b[-1] * p):                   # seen before means it cycles, never fits
+        cut = tuple(b)
+        if cut in seen:
+            return None
+        seen.add(cut)
+        while over and room[over[0]] >= 0:
+            queued[heapq.heappop(over)] = False
         if not over:
             return b
         k = over[0]
         if b[k + 1] - b[k] <= 1:
             return None
-        left = free(k - 1) if k > 0 else -np.inf
-        right = free(k + 1) if k < p - 1 else -np.inf
+        left = room[k - 1] if k > 0 else -np.inf
+        right = room[k + 1] if k < p - 1 else -np.inf
         if max(left, right) <= 0:
             return None
-        if left >= right:
+        j = k - 1 if left >= right else k + 1
+        if j < k:
             b[k] += 1              # first layer of k to stage k - 1
         else:
             b[k + 1] -= 1          # last layer of k to stage k + 1
+        room[k], room[j] = free(k), free(j)
+        if room[j] < 0 and not queued[j]:
+            queued[j] = True
+            heapq.heappush(over, j)
     return None
 
 
-def metis_plan(ctx) -> tuple[Plan, float] | None:
-    """Metis's pick and its own predicted iteration time, or None if nothing fits."""
+def metis_plan(ctx, prune: bool = True) -> tuple[Plan, float] | None:
+    """Metis's pick and its own predicted iteration time, or None if nothing fits.
+
+    The grid is walked by branch and bound (`prune`; the exhaustive walk picks the same
+    plan, ties to the earlier point of the grid): a (tp per type, dp, micro-batch) point
+    is skipped when `_metis_floor_s` shows none of its stage orders can beat the best."""
     c, model, cluster = ctx.c, ctx.model, ctx.cluster
     n = model.num_layers
     types = list(dict.fromkeys(nd.device_type for nd in cluster.nodes))
     tps = list(space.tp_options(cluster, model, c))
-    best: tuple[float, Plan] | None = None
-    for tp_of in itertools.product(tps, repeat=len(types)):
+    points = []           # (floor, serial, pools, dp, per, mb, m)
+    for i, tp_of in enumerate(itertools.product(tps, repeat=len(types))):
         pools = {t: space.unit_pools(cluster, tp).get(t) for t, tp in zip(types, tp_of,
                                                                         strict=True)}
         if any(p is None or any(nd.count % tp for nd in cluster.nodes
@@ -106,28 +133,72 @@ def metis_plan(ctx) -> tuple[Plan, float] | None:
             pp = sum(per.values())
             if pp > n or (c.pp is not None and pp != c.pp):
                 continue
-            for order in itertools.permutations(types):
-                rows = [[pools[t].units[j * dp + r] for t in order for j in range(per[t])]
-                        for r in range(dp)]
-                for mb in space.micro_batches(c):
-                    if c.global_batch % (dp * mb):
-                        continue
-                    m = c.global_batch // (dp * mb)
-                    found = _balanced(ctx, rows, mb, m)
-                    if found is None or (best is not None and found[0] >= best[0]):
-                        continue
-                    try:
-                        best = (found[0], build(ctx, rows, found[1], mb, m))
-                    except (InfeasiblePlan, BadInput):
-                        continue
-    return None if best is None else (best[1], best[0])
+            for j, mb in enumerate(space.micro_batches(c)):
+                if c.global_batch % (dp * mb):
+                    continue
+                m = c.global_batch // (dp * mb)
+                floor = _metis_floor_s(ctx, pools, dp, per, mb, m) if prune else 0.0
+                if floor == np.inf:
+                    continue                 # no stage order fits in memory
+                points.append((floor, (i, dp, j), pools, dp, per, mb, m))
+    points.sort(key=lambda x: x[:2])
+    best: tuple[tuple, Plan] | None = None   # ((time, serial), plan)
+    for floor, (i, dp, j), pools, _, per, mb, m in points:
+        if best is not None and floor > best[0][0]:
+            break                            # the floors only grow from here
+        for o, order in enumerate(itertools.permutations(types)):
+            rows = [[pools[t].units[q * dp + r] for t in order for q in range(per[t])]
+                    for r in range(dp)]
+            found = _balanced(ctx, rows, mb, m)
+            if found is None:
+                continue
+            key = (found[0], (i, dp, o, j))  # the exhaustive walk's order breaks ties
+            if best is not None and key >= best[0]:
+                continue
+            try:
+                best = (key, build(ctx, rows, found[1], mb, m))
+            except (InfeasiblePlan, BadInput):
+                continue
+    return None if best is None else (best[1], best[0][0])
+
+
+def _metis_floor_s(ctx, pools, dp: int, per: dict, mb: int, m: int) -> float:
+    """A floor under Metis's estimate for every stage order of one grid point: with S
+    the sum over layers of the layer's least time on any of the stages' groups, the
+    stages sum to at least S and the slowest is at least S / pp, so (m - 1) x slowest +
+    sum >= (m - 1) S / pp + S (sends and sync only add).
+
+    Infinite when no order can fit in memory: the stage at position k stashes
+    min(pp - k, m) micro-batches (1F1B), so it holds at most `_capacity` layers of its
+    group's type; if even the roomiest type at every position holds fewer than the
+    model's layers in all, every order overflows."""
+    groups = [pools[t].units[q * dp] for t in per for q in range(per[t])]
+    pp = len(groups)
+    tables = list({id(tab): tab for tab in (group_table(ctx.cost, g, mb, ctx.memo)
+                                            for g in groups)}.values())
+    room = sum(max(_capacity(ctx.memo, tab, min(pp - k, m)) for tab in tables)
+               for k in range(pp))
+    if room < ctx.model.num_layers:
+        return np.inf
+    least = np.min([np.diff(tab.time_s) for tab in tables], axis=0).sum()
+    return float((m - 1) * least / pp + least)
+
+
+def _capacity(memo: dict, table, inflight: int) -> int:
+    """The most layers a stage with `table`'s memory holds while stashing `inflight`
+    micro-batches: its cheapest layers (state + inflight x stash each) first."""
+    key = ("metis-capacity", id(table), inflight)
+    if key not in memo:
+        need = np.sort(np.diff(table.state_bytes) + inflight * np.diff(table.stash_bytes))
+        memo[key] = int(np.searchsorted(np.cumsum(need), table.memory_bytes, side="right"))
+    return memo[key]
 
 
 def _balanced(ctx, rows, mb: int, m: int) -> tuple[float, list[int]] | None:
     cost, n = ctx.cost, ctx.model.num_layers
     pp = len(rows[0])
     tables = [group_table(cost, rows[0][k], mb, ctx.memo) for k in range(pp)]
-    speed = [n / tab.time_s[-1] for tab in tables]      # layers per second, whole model
+    speed = [n / float(tab.time_s[-1]) for tab in tables]   # layers/s, whole model
     inflight = inflight_1f1b(pp, m)
     bounds = proportional_cuts(n, speed)
     if not all(fits(t, a, b, f) for t, a, b, f in zip(tables, bounds, bounds[1:], inflight,
