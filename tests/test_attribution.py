@@ -32,3 +32,21 @@ def test_one_factor_apart_gives_the_other_plans_time(field):
     for name, g in gains.items():
         if name != moved:
             assert g.same, name
+
+
+def test_a_synthesised_pick_gets_every_factor_priced():
+    """A synth pick's action lists fit its own stages only: the schedule kind's variant
+    drops them (and is then exactly O), the others get a schedule synthesised."""
+    from hyperpipe.sim.synth import POLICIES, synth_plan
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    fixed = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
+    best = synth_plan(fixed, cost, POLICIES[0])
+    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=2, global_batch=8)
+    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
+    for name in ("device choice", "layer partition", "schedule kind", "micro-batching"):
+        assert gains[name].time_s is not None, (name, gains[name].note)
+    kind_only = replace(best, schedule="1f1b", actions=None)
+    assert gains["schedule kind"].time_s == pytest.approx(
+        simulate_one(kind_only, cost).iteration_time_s)

@@ -14,6 +14,9 @@ simulated; the factor's share is how much slower B gets without it:
 * micro-batching  - B with O's micro-batch size (same samples per pipeline)
 * recompute       - B with O's recompute mode on every stage
 
+When B's schedule is synthesised (kind synth), every variant but the schedule kind's
+gets a schedule synthesised for it: B's action lists fit B's stages only.
+
 Factors interact, so their ratios need not multiply to the total speed-up.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.plan.generators import SYNTH
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.search.baselines import layer_counts
 
@@ -113,7 +117,25 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
             out["schedule kind"] = str(exc)
     out["micro-batching"] = _with_mb(best, other.pipelines[0].micro_batch, None)
     out["recompute"] = _with_mb(best, best.pipelines[0].micro_batch, _recompute_of(other))
+    if isinstance(out["schedule kind"], Plan):          # O's kind: no action lists
+        out["schedule kind"] = replace(out["schedule kind"], actions=None)
+    if best.schedule == SYNTH:
+        for factor in ("device choice", "layer partition", "micro-batching", "recompute"):
+            if isinstance(out[factor], Plan):
+                out[factor] = _resynthesised(out[factor], cost)
     return out
+
+
+def _resynthesised(plan: Plan, cost) -> Plan | str:
+    """A variant of a synthesised pick: its action lists belong to the pick's devices,
+    stages and micro-batches, so the variant gets its own schedule, synthesised as the
+    search would (the best of it and the fixed kinds of its placement)."""
+    from hyperpipe.sim.synth import fixed_kinds, synthesise
+    bare = replace(plan, actions=None)
+    try:
+        return synthesise(replace(bare, schedule=fixed_kinds(bare)[0]), cost).plan
+    except (InfeasiblePlan, BadInput) as exc:
+        return f"no schedule for it: {exc}"
 
 
 def _types(plan: Plan, cost) -> list[tuple[str, int]]:
