@@ -101,3 +101,14 @@ def test_oracle_times_v():
         ends = [times[a][1] for a in row]
         assert ends == sorted(ends)
         assert all(s.device_of(a.stage) == d for a in row)
+
+
+@pytest.mark.parametrize("kind", ["zb-v", "dualpipe-v"])
+def test_v_rank_peaks_stop_growing_at_two_rounds(kind):
+    """The analytic tier reads a V kind's in-flight peaks off the schedule of
+    min(m, 2p) micro-batches: past 2p they no longer change."""
+    from hyperpipe.plan.plan_schedule import rank_peaks
+    for p in range(1, 9):
+        ref = rank_peaks(generate(kind, p, 2 * p, 2))
+        for m in range(2 * p + 1, 4 * p + 3):
+            assert rank_peaks(generate(kind, p, m, 2)) == ref, (p, m)

@@ -67,6 +67,14 @@ class CostModel:
                      tp: int = 1, sequence_parallel: bool = False) -> float:
         """Compute time of `op` of one layer on one device of a tensor-parallel group of tp
         (seconds; no tensor-parallel communication)."""
+        key = ("layer", layer, device_type, micro_batch, op, tp, sequence_parallel)
+        if key not in self._cache:
+            self._cache[key] = self._layer_time_s(layer, device_type, micro_batch, op, tp,
+                                                  sequence_parallel)
+        return self._cache[key]
+
+    def _layer_time_s(self, layer: int, device_type: str, micro_batch: int, op: str,
+                      tp: int, sequence_parallel: bool) -> float:
         kind = self.model.layers[layer].kind
         flops = self.op_flops(layer, micro_batch, op) / tp
         if self.profile is not None:
@@ -191,10 +199,13 @@ class CostModel:
         the input gradient twice in backward (Shoeybi et al. 2019, fig. 3); W needs none."""
         if len(devices) == 1 or op == "W":
             return 0.0
-        blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind == "block")
-        nbytes = self.model.layer_cost(layers[0], micro_batch).send_bytes or \
-            self.model.layer_cost(max(layers[0], 1), micro_batch).send_bytes
-        return 2 * blocks * self.allreduce_time_s(devices, nbytes)
+        key = ("tp_comm", layers, devices, micro_batch)
+        if key not in self._cache:
+            blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind == "block")
+            nbytes = self.model.layer_cost(layers[0], micro_batch).send_bytes or \
+                self.model.layer_cost(max(layers[0], 1), micro_batch).send_bytes
+            self._cache[key] = 2 * blocks * self.allreduce_time_s(devices, nbytes)
+        return self._cache[key]
 
     # ---------------------------------------------------------------- communication
     def route(self, src: str, dst: str) -> tuple[Route, Link]:
