@@ -309,6 +309,11 @@ def test_workers_give_the_same_result():
     assert [x.plan for x in one.ranked] == [x.plan for x in two.ranked]
     assert [x.metrics.iteration_time_s for x in one.ranked] == \
         [x.metrics.iteration_time_s for x in two.ranked]
+    # schedule synthesis runs over the workers too, with the same outcome
+    synth = [[(x.plan, x.metrics.iteration_time_s) for x in r.simulated
+              if x.plan.schedule == "synth"] for r in (one, two)]
+    assert synth[0] and synth[0] == synth[1]
+    assert one.phases[3]["seen"] == two.phases[3]["seen"]
 
 
 @pytest.mark.parametrize("flags,word", [(["--tp", "16"], "--tp"),

@@ -395,7 +395,7 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
             baselines[k] = cand
     ranked.sort(key=lambda cand: rank_key(ctx.c, cand.metrics))
     ranked = polish(ctx, phase, ranked, budget, pool)
-    ranked = synthesise_top(ctx, phase, ranked)
+    ranked = synthesise_top(ctx, phase, ranked, pool=pool)
     # the search's own pick stays first even where a baseline beats it: the report
     # compares the two honestly
     return ranked, baselines

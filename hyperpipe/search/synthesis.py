@@ -21,19 +21,34 @@ SYNTH_TOP = 3         # plans of the short list a schedule is synthesised for
 
 
 def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate],
-                   top: int = SYNTH_TOP) -> list[Candidate]:
-    """`ranked` with the synthesised plans that beat their source, re-ranked."""
+                   top: int = SYNTH_TOP, pool=None) -> list[Candidate]:
+    """`ranked` with the synthesised plans that beat their source, re-ranked; the plans
+    synthesised over the worker `pool` when there is one (the same results)."""
     if ctx.c.schedule not in (None, "synth"):
         return ranked
     from hyperpipe.sim.synth import synthesise
+    cands = [c for c in ranked if c.metrics.feasible][:top]
+    if pool is None or len(cands) <= 1:
+        results = [synthesise(cand.plan, ctx.cost) for cand in cands]
+    else:
+        cost = ctx.cost
+        results = list(pool.map(synthesise_task, [(cand.plan, cost.model, cost.cluster,
+                                                   cost.profile) for cand in cands]))
     added = []
-    for cand in [c for c in ranked if c.metrics.feasible][:top]:
-        result = synthesise(cand.plan, ctx.cost)
+    for cand, result in zip(cands, results, strict=True):
         phase.seen += result.candidates
         if result.plan.schedule == "synth" and \
                 rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics):
             added.append(Candidate(result.plan, result.metrics))
     return sorted(ranked + added, key=lambda cand: rank_key(ctx.c, cand.metrics))
+
+
+def synthesise_task(args):
+    """`synthesise` in a worker process (its own cost model)."""
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.synth import synthesise
+    plan, model, cluster, profile = args
+    return synthesise(plan, CostModel(model, cluster, profile))
 
 
 def busiest_device_bound_s(ctx: SearchContext, plan: Plan) -> float:
