@@ -152,10 +152,18 @@ def partition(mats: list[np.ndarray], *, bottleneck_slack: float = 0.0) -> tuple
     """
     p = len(mats)
     n = mats[0].shape[0] - 1
+    if p > n:
+        return None
+    # Stage s (every stage at least one layer) starts in [s, n - p + s] and ends one to
+    # n - p + 1 layers later: both passes work on that window only (the rest is
+    # unreachable), which matters for deep pipelines (p near n).
+    span = n - p + 1
     f = np.full(n + 1, _INF)
     f[0] = 0.0
-    for c in mats:
-        f = np.min(np.maximum(f[:, None], c), axis=0)
+    for s, c in enumerate(mats):
+        win = np.maximum(f[s:s + span, None], c[s:s + span, s + 1:s + 1 + span])
+        f = np.full(n + 1, _INF)
+        f[s + 1:s + 1 + span] = np.min(win, axis=0)
     best = f[n]
     if not np.isfinite(best):
         return None
@@ -163,11 +171,14 @@ def partition(mats: list[np.ndarray], *, bottleneck_slack: float = 0.0) -> tuple
     g = np.full(n + 1, _INF)
     g[0] = 0.0
     choice = np.zeros((p, n + 1), dtype=np.int64)
+    cols = np.arange(span)
     for s, c in enumerate(mats):
-        capped = np.where(c <= limit, c, _INF)
-        tot = g[:, None] + capped
-        choice[s] = np.argmin(tot, axis=0)
-        g = tot[choice[s], np.arange(n + 1)]
+        block = c[s:s + span, s + 1:s + 1 + span]
+        tot = g[s:s + span, None] + np.where(block <= limit, block, _INF)
+        arg = np.argmin(tot, axis=0)
+        choice[s, s + 1:s + 1 + span] = s + arg
+        g = np.full(n + 1, _INF)
+        g[s + 1:s + 1 + span] = tot[arg, cols]
     if not np.isfinite(g[n]):
         return None
     bounds = [n]
