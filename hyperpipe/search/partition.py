@@ -131,27 +131,44 @@ def time_matrix(tables: LayerTables, link: np.ndarray | None) -> np.ndarray:
     return c
 
 
-def stage_matrix(tables: LayerTables, slot: Slot, times: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class StageCost:
+    """C[i, j] of one stage, kept lazy: `times[i, j]` (layers [i, j), the link after it
+    included) where the layers fit in the slot's memory (j <= last[i]), inf elsewhere;
+    `last` None when everything fits. `partition` reads only the blocks it can reach."""
+
+    times: np.ndarray
+    last: np.ndarray | None = None
+
+    def block(self, i0: int, j0: int, size: int) -> np.ndarray:
+        """C[i0:i0+size, j0:j0+size]."""
+        t = self.times[i0:i0 + size, j0:j0 + size]
+        if self.last is None:
+            return t
+        cols = np.arange(j0, j0 + size)
+        return np.where(cols[None, :] > self.last[i0:i0 + size, None], _INF, t)
+
+
+def stage_matrix(tables: LayerTables, slot: Slot, times: np.ndarray) -> StageCost:
     """C[i, j]: `times` where layers [i, j) fit in the slot's memory (weights, optimizer
     state and `inflight` stashes), inf elsewhere. Memory grows with j, so the last layer
     that fits after i is a binary search on the prefix sums (no n x n memory table)."""
     use = tables.state_bytes + slot.inflight * tables.stash_bytes
     if use[-1] - use[0] <= slot.capacity_bytes:
-        return times                              # the whole model fits: no limit
-    last = np.searchsorted(use, use + slot.capacity_bytes, side="right") - 1
-    over = np.arange(len(use))[None, :] > last[:, None]
-    return np.where(over, _INF, times)
+        return StageCost(times)                   # the whole model fits: no limit
+    return StageCost(times, np.searchsorted(use, use + slot.capacity_bytes, side="right") - 1)
 
 
-def partition(mats: list[np.ndarray], *, bottleneck_slack: float = 0.0) -> tuple[int, ...] | None:
-    """Optimal cut points for stages with cost matrices `mats` (one per stage, in order).
+def partition(mats: list[StageCost], *, bottleneck_slack: float = 0.0
+              ) -> tuple[int, ...] | None:
+    """Optimal cut points for stages with costs `mats` (one per stage, in order).
 
     First pass: least bottleneck B*. Second pass: least total time among cuts whose every
     stage costs at most B* x (1 + bottleneck_slack) (slack > 0 trades a slightly worse
     bottleneck for a shorter fill and drain). None when no cut fits in memory.
     """
     p = len(mats)
-    n = mats[0].shape[0] - 1
+    n = mats[0].times.shape[0] - 1
     if p > n:
         return None
     # Stage s (every stage at least one layer) starts in [s, n - p + s] and ends one to
@@ -160,8 +177,9 @@ def partition(mats: list[np.ndarray], *, bottleneck_slack: float = 0.0) -> tuple
     span = n - p + 1
     f = np.full(n + 1, _INF)
     f[0] = 0.0
-    for s, c in enumerate(mats):
-        win = np.maximum(f[s:s + span, None], c[s:s + span, s + 1:s + 1 + span])
+    blocks = [c.block(s, s + 1, span) for s, c in enumerate(mats)]
+    for s, block in enumerate(blocks):
+        win = np.maximum(f[s:s + span, None], block)
         f = np.full(n + 1, _INF)
         f[s + 1:s + 1 + span] = np.min(win, axis=0)
     best = f[n]
@@ -172,8 +190,7 @@ def partition(mats: list[np.ndarray], *, bottleneck_slack: float = 0.0) -> tuple
     g[0] = 0.0
     choice = np.zeros((p, n + 1), dtype=np.int64)
     cols = np.arange(span)
-    for s, c in enumerate(mats):
-        block = c[s:s + span, s + 1:s + 1 + span]
+    for s, block in enumerate(blocks):
         tot = g[s:s + span, None] + np.where(block <= limit, block, _INF)
         arg = np.argmin(tot, axis=0)
         choice[s, s + 1:s + 1 + span] = s + arg
