@@ -314,6 +314,12 @@ def test_workers_give_the_same_result():
               if x.plan.schedule == "synth"] for r in (one, two)]
     assert synth[0] and synth[0] == synth[1]
     assert one.phases[3]["seen"] == two.phases[3]["seen"]
+    # baselines and peers, one task each over the workers: the same picks and counts
+    assert {k: c.plan for k, c in one.baselines.items()} == \
+        {k: c.plan for k, c in two.baselines.items()}
+    assert set(one.baselines) == {"uniform", "proportional", "metis", "amp"}
+    assert [one.phases[4][k] for k in ("seen", "pruned", "infeasible")] == \
+        [two.phases[4][k] for k in ("seen", "pruned", "infeasible")]
 
 
 @pytest.mark.parametrize("flags,word", [(["--tp", "16"], "--tp"),

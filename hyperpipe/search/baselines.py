@@ -261,7 +261,11 @@ def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
     return fits, worst
 
 
-def tuned_baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Plan]]:
+BASELINES = {"uniform": uniform_plan, "proportional": proportional_plan}
+
+
+def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
+                    names: tuple[str, ...] = tuple(BASELINES)) -> dict[str, list[Plan]]:
     """Per baseline, its short list: the BASELINE_SHORT_LIST plans of the grid that the
     analytic tier likes best (memory-feasible first), for the simulator to rank.
     Branch and bound: the grid's points are estimated in order of `compute_bound_s`
@@ -269,7 +273,8 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Pla
     estimate; only those are built as plans."""
     c = ctx.c
     out: dict[str, list[Plan]] = {}
-    for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
+    for name in names:
+        make = BASELINES[name]
         built = []
         for subset, dims in baseline_grid(ctx):
             phase.seen += 1

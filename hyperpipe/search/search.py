@@ -237,7 +237,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     with backend_or_workers(backend, workers) as pool:
         types = _timed(phases[0], templates_phase, ctx, show, pool)
         estimated = _timed(phases[1], _assemble_phase, ctx, types)
-        base_plans = _timed(phases[4], _baselines_phase, ctx)
+        base_plans = _timed(phases[4], _baselines_phase, ctx, pool)
         if not estimated:
             raise InfeasiblePlan(_shortfall(ctx))
         estimated.sort(key=lambda cand: rank_key(c, cand.metrics))
@@ -283,18 +283,50 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
                        "heads", c.tp)
 
 
-def _baselines_phase(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Plan]]:
-    """Phase 5: the tuned baselines' short lists and each peer planner's own pick."""
+def _baselines_phase(ctx: SearchContext, phase: PhaseStats, pool=None
+                     ) -> dict[str, list[Plan]]:
+    """Phase 5: the tuned baselines' short lists and each peer planner's own pick, one
+    task per baseline or peer, spread over the worker `pool` when there is one."""
+    from hyperpipe.search.baselines import BASELINES
     from hyperpipe.search.peers import PEERS
-    out = tuned_baselines(ctx, phase)
-    for name, planner in PEERS.items():
-        phase.seen += 1
-        found = planner(ctx)
-        if found is None:
-            phase.infeasible += 1
-        else:
-            out[name] = [found[0]]
+    names = [*BASELINES, *PEERS]
+    if pool is None:
+        results = [_baseline_work(ctx, name) for name in names]
+    else:
+        cost = ctx.cost
+        results = pool.map(_baseline_task, [(cost.model, cost.cluster, cost.profile, ctx.c,
+                                             name) for name in names])
+    out: dict[str, list[Plan]] = {}
+    for name, (plans, counts) in zip(names, results, strict=True):
+        phase.seen += counts[0]
+        phase.pruned += counts[1]
+        phase.infeasible += counts[2]
+        if plans:
+            out[name] = plans
     return out
+
+
+def _baseline_work(ctx: SearchContext, name: str) -> tuple[list[Plan], tuple[int, int, int]]:
+    """One baseline's short list (tuned over the grid) or one peer's pick, with the
+    phase counters it adds (seen, pruned, infeasible)."""
+    from hyperpipe.search.baselines import BASELINES
+    from hyperpipe.search.peers import PEERS
+    phase = PhaseStats("baselines")
+    if name in BASELINES:
+        plans = tuned_baselines(ctx, phase, (name,)).get(name, [])
+    else:
+        phase.seen += 1
+        found = PEERS[name](ctx)
+        phase.infeasible += found is None
+        plans = [] if found is None else [found[0]]
+    return plans, (phase.seen, phase.pruned, phase.infeasible)
+
+
+def _baseline_task(args) -> tuple[list[Plan], tuple[int, int, int]]:
+    """`_baseline_work` in a worker process (its own caches)."""
+    model, cluster, profile, constraints, name = args
+    return _baseline_work(SearchContext(CostModel(model, cluster, profile), constraints),
+                          name)
 
 
 def _refine_budget(ctx: SearchContext) -> int:
