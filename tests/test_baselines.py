@@ -12,10 +12,8 @@ from hyperpipe.models import load_model
 from hyperpipe.search.baselines import (
     BASELINE_SHORT_LIST,
     baseline_grid,
-    compute_bound_s,
     proportional_plan,
     sketch,
-    state_fits,
     tuned_baselines,
     uniform_plan,
 )
@@ -25,6 +23,31 @@ from hyperpipe.search.templates import PhaseStats, SearchContext
 from hyperpipe.sim.costmodel import CostModel
 
 FREE = {"bandwidth": "1e15 B/s", "latency": 0}
+
+
+def compute_bound_s(ctx, plan) -> float:
+    """Oracle: the busiest device's F + B compute over all its micro-batches, read off
+    the built plan (every replica, no cache)."""
+    worst = 0.0
+    for pipe in plan.pipelines:
+        load: dict[str, float] = {}
+        for st in pipe.stages:
+            load[st.devices[0]] = load.get(st.devices[0], 0.0) + sum(
+                ctx.cost.stage_time_s(st.layers, st.devices, pipe.micro_batch, op)
+                for op in ("F", "B"))
+        worst = max(worst, pipe.num_microbatches * max(load.values()))
+    return worst
+
+
+def state_fits(ctx, plan) -> bool:
+    """Oracle: every device's weights, gradients and optimizer state fit it."""
+    held: dict[str, float] = {}
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            held[st.devices[0]] = held.get(st.devices[0], 0.0) + \
+                ctx.cost.state_bytes(st.layers, st.tp)
+    return all(b + ctx.cluster.device(d).type.runtime_reserve_bytes
+               <= ctx.cluster.device(d).type.memory_bytes for d, b in held.items())
 
 
 def test_pruned_short_list_is_the_exhaustive_one():

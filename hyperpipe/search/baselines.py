@@ -179,23 +179,6 @@ def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
                                                chunks=chunks, devices=list(devices))
 
 
-def compute_bound_s(ctx: SearchContext, plan: Plan) -> float:
-    """A lower bound on the iteration time: the busiest device's forward and backward
-    compute over all its micro-batches (no bubble, no link, no all-reduce)."""
-    cost, cache = ctx.cost, ctx.memo.setdefault("baseline_stage_s", {})
-    worst = 0.0
-    for pipe in plan.pipelines:
-        load: dict[str, float] = {}
-        for st in pipe.stages:
-            key = (st.layers, st.devices, pipe.micro_batch)
-            if key not in cache:
-                cache[key] = sum(cost.stage_time_s(st.layers, st.devices, pipe.micro_batch,
-                                                   op) for op in ("F", "B"))
-            load[st.devices[0]] = load.get(st.devices[0], 0.0) + cache[key]
-        worst = max(worst, pipe.num_microbatches * max(load.values()))
-    return worst
-
-
 def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, ...],
               pp: int, dp: int, tp: int) -> dict[tuple, tuple] | None:
     """The distinct replicas of `_device_grid`'s layout: per stage, (device type,
@@ -215,7 +198,7 @@ def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, .
                     out = None
                     break
                 link = None if tp == 1 else (first.node if profiled else
-                                             ctx.memo["baseline_nodes"][first.node])
+                                             cluster.node(first.node).intra_link)
                 kinds.append((first.type.name, cluster.slowdown(g), link))
             if out is None:
                 break
@@ -226,14 +209,14 @@ def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, .
 
 def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
            ) -> tuple[bool, float] | None:
-    """(`state_fits`, `compute_bound_s`) of the plan `name` ("uniform" or
-    "proportional") would build from `dims`, without building it: per distinct replica
-    only (at 1024 devices the grid holds thousands of plans of up to 1024 pipelines).
-    None where building would fail (InfeasiblePlan)."""
+    """For the plan `name` ("uniform" or "proportional") would build from `dims`:
+    whether every device's weights, gradients and optimizer state fit it, and a lower
+    bound on its iteration time (the busiest device's forward and backward compute over
+    all its micro-batches: no bubble, link or all-reduce). Without building the plan:
+    per distinct replica only (at 1024 devices the grid holds thousands of plans of up
+    to 1024 pipelines). None where building would fail (InfeasiblePlan)."""
     pp, dp, tp, mb = dims["pp"], dims["dp"], dims["tp"], dims["micro_batch"]
     kind, chunks = dims["schedule"], dims["chunks"]
-    if "baseline_nodes" not in ctx.memo:
-        ctx.memo["baseline_nodes"] = {n.name: n.intra_link for n in ctx.cluster.nodes}
     replicas = _replicas(ctx, subset, tuple(dims["devices"]), pp, dp, tp)
     if replicas is None or ctx.model.num_layers < pp * chunks:
         return None
@@ -241,8 +224,8 @@ def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
     times = ctx.memo.setdefault("baseline_stage_s", {})
     fits, worst = True, 0.0
     m = dims["global_batch"] // (dp * mb)
+    homes = [stage_rank(k, pp, placement_of(kind)) for k in range(pp * chunks)]
     for row in replicas.values():
-        homes = [stage_rank(k, pp, placement_of(kind)) for k in range(pp * chunks)]
         weights = [1.0 if name == "uniform" else
                    sum(cluster.device(d).type.peak_flops for d in row[h]) for h in homes]
         held, load, start = [0.0] * pp, [0.0] * pp, 0
@@ -268,9 +251,9 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
                     names: tuple[str, ...] = tuple(BASELINES)) -> dict[str, list[Plan]]:
     """Per baseline, its short list: the BASELINE_SHORT_LIST plans of the grid that the
     analytic tier likes best (memory-feasible first), for the simulator to rank.
-    Branch and bound: the grid's points are estimated in order of `compute_bound_s`
-    (taken from their `sketch`), until the bound exceeds the short list's worst
-    estimate; only those are built as plans."""
+    Branch and bound: the grid's points are estimated in order of their `sketch`'s
+    bound, until the bound exceeds the short list's worst estimate; only those are
+    built as plans."""
     c = ctx.c
     out: dict[str, list[Plan]] = {}
     for name in names:
@@ -302,14 +285,3 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
         if short:
             out[name] = [plan for _, _, plan in short]
     return out
-
-
-def state_fits(ctx: SearchContext, plan: Plan) -> bool:
-    """Whether every stage's weights, gradients and optimizer state fit its devices."""
-    held: dict[str, float] = {}
-    for pipe in plan.pipelines:
-        for st in pipe.stages:
-            held[st.devices[0]] = held.get(st.devices[0], 0.0) + \
-                ctx.cost.state_bytes(st.layers, st.tp)
-    return all(b + ctx.cluster.device(d).type.runtime_reserve_bytes
-               <= ctx.cluster.device(d).type.memory_bytes for d, b in held.items())

@@ -12,20 +12,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hyperpipe.plan.generators import placement_of
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
 from hyperpipe.search.space import MemoryMode, SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
 
 CLOSED_FORM_KINDS = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"})
-V_KINDS = frozenset({"zb-v", "dualpipe-v"})
 
 
 def v_peak_inflight(p: int, m: int) -> tuple[int, ...]:
     """Per stage of a V kind (zb-v, dualpipe-v: 2p stages, stage k on rank k for k < p
     and on rank 2p - 1 - k after), the most stashes it holds: min(2p - k, m). Stage k
     starts 2p - k forwards before its first backward; counted off the generators' IR
-    for p <= 16 and every m <= 4p + 2 (tests/test_search.py). A closed form because
+    for p <= 8 and every m <= 4p + 2 (tests/test_search.py). A closed form because
     reading it off the IR costs O(p^2) actions per (p, m): most of the search's time
     at 1024 devices."""
     return tuple(min(2 * p - k, m) for k in range(2 * p))
@@ -117,7 +117,7 @@ class SearchContext:
         from hyperpipe.sim.memory import peak_in_flight
         key = (kind, p, m if m <= 3 * p else 2 * p + m % p, v)
         if key not in self.inflight:
-            if kind in V_KINDS and v == 2:
+            if placement_of(kind) == "v":
                 self.inflight[key] = v_peak_inflight(p, m)
             elif kind in CLOSED_FORM_KINDS:
                 per_rank = [peak_in_flight(kind, p, m, v, r) for r in range(p)]
