@@ -26,66 +26,92 @@ EPS_S = 1e-12          # why: float sums of the same times in another order diff
 Timing = dict[Action, tuple[float, float, float]]      # action -> (ready, start, end)
 
 
-def _duration(c: PipeCosts, a: Action) -> float:
-    return {"F": c.f_s, "I": c.i_s, "W": c.w_s}[a.op][a.stage] if a.op != "B" \
-        else c.i_s[a.stage] + c.w_s[a.stage]
+_CODE = {"F": 0, "I": 1, "W": 2, "B": 3}
+RowTimes = list[list[tuple[float, float, float]]]   # [rank][position] -> (ready, start, end)
 
 
 def replay(c: PipeCosts, rows: tuple[tuple[Action, ...], ...],
            placement: str) -> Timing | None:
     """Each action's (ready, start, end) in seconds, or None (deadlock, over budget)."""
+    times = _replay_rows(c, _encode(rows), placement)
+    if times is None:
+        return None
+    return {a: t for row, row_t in zip(rows, times, strict=True)
+            for a, t in zip(row, row_t, strict=True)}
+
+
+def _encode(rows) -> list[tuple[tuple[int, int, int], ...]]:
+    """Each action as (op code, stage, micro-batch): what `_replay_rows` reads."""
+    return [tuple((_CODE[a.op], a.stage, a.microbatch) for a in row) for row in rows]
+
+
+def _replay_rows(c: PipeCosts, rows, placement: str) -> RowTimes | None:
+    """`replay` on encoded rows, each action's times at its position in its row (the
+    inner loop of `improve`: plain lists, no hashing)."""
     p, n_st = len(rows), len(c.f_s)
     rank_of = [stage_rank(k, p, placement) for k in range(n_st)]
-    done_f: dict[tuple[int, int], float] = {}           # (stage, mb) -> F's end
-    done_b: dict[tuple[int, int], float] = {}           # (stage, mb) -> I's or B's end
-    out: Timing = {}
+    # what an input takes to arrive from the neighbouring stage (0 on the same rank)
+    in_f = [0.0] + [0.0 if rank_of[k - 1] == rank_of[k] else c.fwd_link_s[k - 1]
+                    for k in range(1, n_st)]
+    in_b = [0.0 if rank_of[k + 1] == rank_of[k] else c.bwd_link_s[k]
+            for k in range(n_st - 1)] + [0.0]
+    dur = (c.f_s, c.i_s, c.w_s, [i + w for i, w in zip(c.i_s, c.w_s, strict=True)])
+    stash, budget = c.stash_bytes, [b * (1 + 1e-9) for b in c.budget_bytes]
+    mbs = 1 + max((a[2] for row in rows for a in row), default=0)
+    done_f: list[float | None] = [None] * (n_st * mbs)    # F's end per (stage, mb)
+    done_b: list[float | None] = [None] * (n_st * mbs)    # I's or B's end
+    last = n_st - 1
+    out: RowTimes = [[] for _ in range(p)]
     ptr, free, live = [0] * p, [0.0] * p, [0.0] * p
-
-    def ready(a: Action) -> float | None:
-        k, j = a.stage, a.microbatch
-        if a.op == "F":
-            if k == 0:
-                return 0.0
-            t = done_f.get((k - 1, j))
-            return None if t is None else t + (
-                0.0 if rank_of[k - 1] == rank_of[k] else c.fwd_link_s[k - 1])
-        if a.op == "W":
-            return done_b.get((k, j))
-        if k == n_st - 1:
-            return done_f.get((k, j))
-        t = done_b.get((k + 1, j))
-        return None if t is None else t + (
-            0.0 if rank_of[k + 1] == rank_of[k] else c.bwd_link_s[k])
-
     moved = True
     while moved:
         moved = False
         for d in range(p):
-            while ptr[d] < len(rows[d]):
-                a = rows[d][ptr[d]]
-                r = ready(a)
-                if r is None:
-                    break
-                start = max(free[d], r)
-                free[d] = end = start + _duration(c, a)
-                out[a] = (r, start, end)
-                if a.op == "F":
-                    done_f[(a.stage, a.microbatch)] = end
-                    live[d] += c.stash_bytes[a.stage]
-                    if live[d] > c.budget_bytes[d] * (1 + 1e-9):
+            row, got, at = rows[d], out[d], ptr[d]
+            while at < len(row):
+                code, k, j = row[at]
+                if code == 0:
+                    if k == 0:
+                        r = 0.0
+                    else:
+                        t = done_f[(k - 1) * mbs + j]
+                        if t is None:
+                            break
+                        r = t + in_f[k]
+                elif code == 2:
+                    r = done_b[k * mbs + j]
+                    if r is None:
+                        break
+                elif k == last:
+                    r = done_f[k * mbs + j]
+                    if r is None:
+                        break
+                else:
+                    t = done_b[(k + 1) * mbs + j]
+                    if t is None:
+                        break
+                    r = t + in_b[k]
+                start = free[d] if free[d] > r else r
+                free[d] = end = start + dur[code][k]
+                got.append((r, start, end))
+                if code == 0:
+                    done_f[k * mbs + j] = end
+                    live[d] += stash[k]
+                    if live[d] > budget[d]:
                         return None
                 else:
-                    if a.op in "IB":
-                        done_b[(a.stage, a.microbatch)] = end
-                    if a.op in "WB":
-                        live[d] -= c.stash_bytes[a.stage]
-                ptr[d] += 1
+                    if code != 2:
+                        done_b[k * mbs + j] = end
+                    if code != 1:
+                        live[d] -= stash[k]
+                at += 1
                 moved = True
+            ptr[d] = at
     return out if all(ptr[d] == len(rows[d]) for d in range(p)) else None
 
 
-def _score(rows, timing: Timing) -> tuple[float, float]:
-    ends = [timing[row[-1]][2] for row in rows if row]
+def _score(times: RowTimes) -> tuple[float, float]:
+    ends = [row_t[-1][2] for row_t in times if row_t]
     return max(ends), sum(ends)
 
 
@@ -98,35 +124,40 @@ def _conflict(a: Action, b: Action) -> bool:
 def improve(c: PipeCosts, rows: tuple[tuple[Action, ...], ...], placement: str,
             budget: int = 300) -> tuple[tuple[tuple[Action, ...], ...], int]:
     """Better orders (or `rows` itself) and the replays spent (see the module doc)."""
-    timing = replay(c, rows, placement)
+    codes = _encode(rows)
+    timing = _replay_rows(c, codes, placement)
     if timing is None:
         return rows, 1
     best = tuple(tuple(r) for r in rows)
-    score, spent = _score(best, timing), 1
+    score, spent = _score(timing), 1
     improved = True
     while improved and spent < budget:
         improved = False
-        for d in sorted(range(len(best)), key=lambda d: -timing[best[d][-1]][2]
+        for d in sorted(range(len(best)), key=lambda d: -timing[d][-1][2]
                         if best[d] else 0.0):
             i = 1
             while i < len(best[d]) and spent < budget:
-                row, b = best[d], best[d][i]
+                row, b, times = best[d], best[d][i], timing[d]
                 i += 1
                 # how far back b can go: over actions that started after it was ready
                 j = i - 1
                 while j > 0 and not _conflict(row[j - 1], b) and \
-                        timing[row[j - 1]][1] > timing[b][0] + EPS_S:
+                        times[j - 1][1] > times[i - 1][0] + EPS_S:
                     j -= 1
                 for to in dict.fromkeys((j, i - 2)):      # farthest, then one step
                     if to >= i - 1:
                         continue
                     new_row = row[:to] + (b,) + row[to:i - 1] + row[i:]
+                    code = codes[d]
+                    new_code = code[:to] + (code[i - 1],) + code[to:i - 1] + code[i:]
                     trial = best[:d] + (new_row,) + best[d + 1:]
-                    t = replay(c, trial, placement)
+                    trial_codes = codes[:d] + [new_code] + codes[d + 1:]
+                    t = _replay_rows(c, trial_codes, placement)
                     spent += 1
-                    new = _score(trial, t) if t is not None else None
+                    new = _score(t) if t is not None else None
                     if new is not None and (new[0] < score[0] - EPS_S or (
                             new[0] <= score[0] + EPS_S and new[1] < score[1] - EPS_S)):
-                        best, score, timing, improved = trial, new, t, True
+                        best, codes, score, timing, improved = \
+                            trial, trial_codes, new, t, True
                         break
     return best, spent
