@@ -365,23 +365,25 @@ def test_plans_over_the_action_limit_are_infeasible_not_a_crash(monkeypatch):
 
 def test_partition_matches_brute_force_at_every_depth():
     """The windowed DP against every cut, p from 1 to n (deep pipelines included), with
-    memory limits that leave some cuts (or none) feasible."""
+    memory limits, each stage its own, that leave some cuts (or none) feasible: the
+    memory-only reach check that skips the DP must never skip a feasible case."""
     rng = np.random.default_rng(11)
-    for trial in range(60):
+    outcomes = {"fits": 0, "none": 0}
+    for trial in range(200):
         n = int(rng.integers(2, 9))
         p = int(rng.integers(1, n + 1))
         speeds = rng.uniform(1, 3, p)
         work, state = rng.uniform(1, 4, n), rng.uniform(1, 3, n)
-        cap = float(rng.uniform(2, 3 * n / p + 3))
+        caps = rng.uniform(2, 3 * n / p + 3, p)
         tables = [P.LayerTables(np.concatenate([[0], np.cumsum(work / sp)]), np.zeros(n + 1),
                                 np.concatenate([[0], np.cumsum(state)]), np.zeros(n + 1))
                   for sp in speeds]
-        mats = [P.stage_matrix(t, P.Slot(("x",), 1, cap), P.time_matrix(t, None))
-                for t in tables]
+        mats = [P.stage_matrix(t, P.Slot(("x",), 1, float(cap)), P.time_matrix(t, None))
+                for t, cap in zip(tables, caps, strict=True)]
         best = None
         for cuts in itertools.combinations(range(1, n), p - 1):
             b = (0, *cuts, n)
-            if any(state[b[s]:b[s + 1]].sum() > cap for s in range(p)):
+            if any(state[b[s]:b[s + 1]].sum() > caps[s] for s in range(p)):
                 continue
             cost = [work[b[s]:b[s + 1]].sum() / speeds[s] for s in range(p)]
             key = (max(cost), sum(cost))
@@ -389,7 +391,10 @@ def test_partition_matches_brute_force_at_every_depth():
         bounds = P.partition(mats)
         if best is None:
             assert bounds is None, trial
+            outcomes["none"] += 1
             continue
+        outcomes["fits"] += 1
         got = P.describe(bounds, tables, [None] * p)
         assert (got.bottleneck_s, got.total_s) == pytest.approx(best, rel=1e-12), trial
+    assert min(outcomes.values()) >= 20, outcomes       # both kinds of case were tried
     assert P.partition([mats[0]] * (n + 1)) is None     # more stages than layers

@@ -175,6 +175,16 @@ def partition(mats: list[StageCost], *, bottleneck_slack: float = 0.0
     # n - p + 1 layers later: both passes work on that window only (the rest is
     # unreachable), which matters for deep pipelines (p near n).
     span = n - p + 1
+    # Memory alone first: the last layer that fits grows with the first, so taking all
+    # that fits at every stage reaches furthest; if that falls short of n, no cut fits
+    # (half of the search's calls end here, without the DP).
+    reach = 0
+    for s, c in enumerate(mats):
+        reach = n if c.last is None else int(c.last[reach])
+        if reach <= s:
+            return None
+    if reach < n:
+        return None
     f = np.full(n + 1, _INF)
     f[0] = 0.0
     blocks = [c.block(s, s + 1, span) for s, c in enumerate(mats)]

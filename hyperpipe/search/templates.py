@@ -117,16 +117,28 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
         # The cut depends only on each stage's (table, in-flight stashes, room, link), all
         # cached objects: templates that differ elsewhere (replica count, price, m past
         # the fill) share it, so it is computed once (issue 9: search_scale).
-        key = ("cut", *((id(t), sl.inflight, sl.capacity_bytes, id(ln))
-                        for t, sl, ln in zip(tables, slots_k, links, strict=True)))
+        stage_keys = [(id(t), sl.inflight, sl.capacity_bytes, id(ln))
+                      for t, sl, ln in zip(tables, slots_k, links, strict=True)]
+        key = ("cut", *stage_keys)
         if key not in ctx.memo:
-            ctx.memo[key] = P.partition([P.stage_matrix(t, sl, ctx.times(t, ln)) for t, sl, ln
-                                         in zip(tables, slots_k, links, strict=True)])
+            ctx.memo[key] = P.partition([_stage_cost(ctx, k, t, sl, ln) for k, t, sl, ln
+                                         in zip(stage_keys, tables, slots_k, links,
+                                                strict=True)])
         bounds = ctx.memo[key]
         if bounds is not None:
             return _finish(ctx, kind, v, mb, tp, types, slots, price, mode,
                            P.describe(bounds, tables, links))
     return None
+
+
+def _stage_cost(ctx: SearchContext, key: tuple, table: P.LayerTables, slot: P.Slot,
+                link) -> P.StageCost:
+    """`partition.stage_matrix` of one stage, cached: the same (table, in-flight stashes,
+    room, link) recurs across templates of other replica counts and stage orders."""
+    memo = ctx.memo.setdefault("stage_cost", {})
+    if key not in memo:
+        memo[key] = P.stage_matrix(table, slot, ctx.times(table, link))
+    return memo[key]
 
 
 def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
@@ -363,12 +375,12 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: 
     and return their objective values."""
     kind, v, mb, tp, dp, types, m, price, recipe, pools, start = key
     values = []
-    done = set()
+    # the two layouts give the same slots when every type has one unit per replica
+    one_layout = all(k == 1 for k in recipe.values())
     for order, layout in tries:
-        slots = _assign(pools, recipe, dp, order, layout)
-        if (order, str(slots)) in done:        # both layouts agree (one unit per type)
+        if one_layout and layout != "pipeline":
             continue
-        done.add((order, str(slots)))
+        slots = _assign(pools, recipe, dp, order, layout)
         phase.seen += 1
         tpl = _template(ctx, kind, v, mb, tp, types, slots, m, price, start)
         if tpl is None:
