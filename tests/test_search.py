@@ -17,6 +17,7 @@ from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, load_plan
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
 from hyperpipe.search.baselines import layer_counts, proportional_plan, uniform_plan
+from hyperpipe.search.context import PhaseStats, SearchContext
 from hyperpipe.search.search import SearchConstraints, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
@@ -320,6 +321,31 @@ def test_workers_give_the_same_result():
     assert set(one.baselines) == {"uniform", "proportional", "metis", "amp"}
     assert [one.phases[4][k] for k in ("seen", "pruned", "infeasible")] == \
         [two.phases[4][k] for k in ("seen", "pruned", "infeasible")]
+    # templates: groups batched per worker, the same counts as one by one
+    assert [one.phases[0][k] for k in ("seen", "pruned", "infeasible")] == \
+        [two.phases[0][k] for k in ("seen", "pruned", "infeasible")]
+
+
+def test_templates_batched_over_a_pool_are_those_made_one_by_one():
+    from hyperpipe.search.backends import LocalBackend
+    from hyperpipe.search.templates import _batches, templates_phase
+    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    c = SearchConstraints(global_batch=32, micro_batch=2)
+    books = []
+    for width in (1, 3):
+        ctx = SearchContext(CostModel(model, cluster), c)
+        phase = PhaseStats("templates")
+        with LocalBackend(width) as pool:
+            templates_phase(ctx, phase, False, pool if width > 1 else None, width)
+        books.append((ctx.book, (phase.seen, phase.pruned, phase.infeasible)))
+    assert books[0][0] and books[0] == books[1]
+    groups = [("a", "b", "c"), ("a", "b"), ("a", "c"), ("b", "c"), ("a",), ("b",), ("c",)]
+    for n in (1, 2, 3, 10):
+        batches = _batches(groups, n)
+        assert len(batches) == min(n, len(groups))
+        assert sorted(g for b in batches for g in b) == sorted(groups)
+    loads = [sum(2 ** len(g) for g in b) for b in _batches(groups, 2)]
+    assert max(loads) - min(loads) <= 2         # within the smallest group's work
 
 
 @pytest.mark.parametrize("flags,word", [(["--tp", "16"], "--tp"),
@@ -398,3 +424,17 @@ def test_partition_matches_brute_force_at_every_depth():
         assert (got.bottleneck_s, got.total_s) == pytest.approx(best, rel=1e-12), trial
     assert min(outcomes.values()) >= 20, outcomes       # both kinds of case were tried
     assert P.partition([mats[0]] * (n + 1)) is None     # more stages than layers
+
+
+def test_link_cache_keeps_a_device_to_itself_apart_from_its_node():
+    # a V kind puts two adjacent chunks on one device (no transfer); that zero must not
+    # be cached as the cost of the node's links (it made templates depend on the order
+    # the type groups were cut in)
+    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=32))
+    assert not ctx.link("a100/0", "a100/0", 2).any()
+    link = ctx.link("a100/0", "a100/1", 2)
+    assert link[5] == pytest.approx(
+        2 * CostModel(model, cluster).transfer_time_s("a100/0", "a100/1",
+                                                      model.layer_cost(4, 2).send_bytes))
+    assert link[5] > 0

@@ -49,6 +49,11 @@ class LocalBackend:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
 
+    @property
+    def width(self) -> int:
+        """Tasks run at once."""
+        return self.workers
+
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         if self._pool is None:
             return [fn(x) for x in items]
@@ -88,6 +93,11 @@ class RayBackend:
         if self._started:
             self._ray.shutdown()
             self._started = False
+
+    @property
+    def width(self) -> int:
+        """Tasks run at once: the Ray cluster's CPUs."""
+        return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         ray = self._ray

@@ -94,7 +94,9 @@ class SearchContext:
         # routes cost only by their link class: one entry per (intra link) or (two NICs);
         # a calibration profile measures intra-node links per node, so then per node
         same = a.node == b.node
-        if self.cost.profile is not None:
+        if src == dst:          # two chunks on one device (V kinds): no transfer at all
+            key = (None, mb)
+        elif self.cost.profile is not None:
             key = ((a.node,) if same else ("inter", na.nic, nb.nic), mb)
         else:
             key = ((na.intra_link,) if same else (na.nic, nb.nic), mb)

@@ -235,7 +235,8 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
               PhaseStats("simulate"), PhaseStats("baselines")]
 
     with backend_or_workers(backend, workers) as pool:
-        types = _timed(phases[0], templates_phase, ctx, show, pool)
+        width = backend.width if backend is not None else workers
+        types = _timed(phases[0], templates_phase, ctx, show, pool, width)
         estimated = _timed(phases[1], _assemble_phase, ctx, types)
         base_plans = _timed(phases[4], _baselines_phase, ctx, pool)
         if not estimated:
