@@ -24,8 +24,10 @@ see the answers: an in-sample upper bar the simulator is not given), and the las
 (X, Y as fractions). Before it, out of sample: the eight end-to-end runs of Korthikanti et
 al. 2022 (table 5: 22B to 1T, full recompute and selective recompute + sequence
 parallelism, data parallel size one), with their own null model (Table 1's mean TFLOP/s
-per GPU) and a line `korthikanti_mape=X korthikanti_max_ape=Y n_rows=8`. Megatron's
-point-to-point sends block their sender (`SimOptions.blocking_p2p`).
+per GPU) and a line `korthikanti_mape=X korthikanti_max_ape=Y n_rows=8`; then BLOOM-176B
+(another stack, tensor parallelism 4, like the layouts the search picks at this scale)
+and a line `bloom_error=E` (signed). Megatron's point-to-point sends block their sender
+(`SimOptions.blocking_p2p`).
 
 Run: python experiments/published.py
 """
@@ -196,6 +198,58 @@ def later_runs(mean_x: float) -> tuple[list[float], list[float]]:
     return errors, nulls
 
 
+# Out of sample, another stack and a tensor-parallel degree of 4: BLOOM-176B (BigScience,
+# Le Scao et al. 2022, arXiv 2211.05100, sec. 3.4; the BigScience 176B model card): 70
+# layers, hidden 14,336, 112 heads, vocabulary 250,880, sequence 2048, bf16, ALiBi
+# (eager fused softmax, no FlashAttention in 2022), no dropout; 384 A100-80GB in 48
+# nodes of 8, 4 x 100 Gbit/s Omni-Path per node (NVLink inside a node: taken as the
+# catalog's A100 link); Megatron-DeepSpeed with tp 4, pp 12, dp 8, micro-batch 2,
+# global batch 2048, full activation checkpointing, ZeRO stage 1 (the distributed
+# optimizer); "about 150 TFLOP per GPU per second" by Megatron's eq. (3) (checkpointing
+# factor 4: hardware FLOPs). DeepSpeed's pipeline engine sends blocking and reduces
+# gradients after the last micro-batch. Blocks split 6 x 10 + 5 x 2 over the 12 stages
+# (70 does not divide), the embedding on the first, the head on the last.
+BLOOM = {"layers": 70, "hidden": 14336, "heads": 112, "vocab": 250880, "tp": 4, "pp": 12,
+         "dp": 8, "micro_batch": 2, "global_batch": 2048, "tflops_per_gpu": 150.0}
+
+
+def bloom_run() -> tuple[float, float, object]:
+    """(published s, predicted s, metrics) of BLOOM-176B's training iteration."""
+    b = BLOOM
+    model = load_model({"kind": "gpt", "name": "bloom-176b", "vocab_size": b["vocab"],
+                        "n_layer": b["layers"], "n_head": b["heads"], "d_model": b["hidden"],
+                        "seq_len": SEQ, "dtype": "bf16", "attention": "eager",
+                        "dropout": 0.0})
+    nodes = b["tp"] * b["pp"] * b["dp"] // 8
+    cluster = load_cluster({
+        "name": f"jean-zay-{nodes}",
+        "nodes": [{"name": "jz", "device": "A100-80GB", "count": 8, "repeat": nodes,
+                   "nics": {"count": 4, "bandwidth": "100 Gbit/s"}}],
+        "inter_node": {"bandwidth": "100 Gbit/s", "latency": "5 us"}})
+    tp, pp, dp = b["tp"], b["pp"], b["dp"]
+    devices = [d.name for d in cluster.devices]
+    blocks = [6] * 10 + [5] * 2
+    pipelines = []
+    for r in range(dp):
+        stages, start = [], 0
+        for k in range(pp):
+            end = start + blocks[k] + (k == 0) + (k == pp - 1)
+            stages.append({"layers": [start, end], "tp": tp, "recompute": "full",
+                           "devices": devices[(k * dp + r) * tp:(k * dp + r + 1) * tp]})
+            start = end
+        pipelines.append({"micro_batch": b["micro_batch"], "stages": stages,
+                          "num_microbatches": b["global_batch"] // dp // b["micro_batch"]})
+    plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": model.to_dict(),
+                           "cluster": cluster_ref(cluster), "global_batch": b["global_batch"],
+                           "schedule": {"kind": "1f1b"}, "distributed_optimizer": True,
+                           "pipelines": pipelines})
+    m = simulate(plan, CostModel(model, cluster),
+                 SimOptions(trace=False, overlap_dp_allreduce=False, blocking_p2p=True)).metrics
+    h, s, v, layers = b["hidden"], SEQ, b["vocab"], b["layers"]
+    flops = 96 * b["global_batch"] * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    return flops / (b["tflops_per_gpu"] * 1e12 * tp * pp * dp), m.iteration_time_s, m
+
+
 def main() -> int:
     mean_x = sum(r.tflops_per_gpu for r in RUNS) / len(RUNS)
     print(f"{'run':>8} {'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'v':>2} {'mb':>3} "
@@ -235,6 +289,12 @@ def main() -> int:
           f"mape={sum(later_null) / len(later_null):.3f} max_ape={max(later_null):.3f}")
     print(f"korthikanti_mape={sum(later) / len(later):.4f} "
           f"korthikanti_max_ape={max(later):.4f} n_rows={len(later)}")
+    pub, pred, m = bloom_run()
+    print(f"out of sample, BLOOM-176B (Megatron-DeepSpeed, tp 4, 384 GPUs): published "
+          f"{pub:.1f} s, predicted {pred:.1f} s, MFU {m.mfu:.1%}, peak "
+          f"{max(m.peak_memory_bytes.values()) / 1e9:.1f} GB (reported ~60), "
+          f"{'fits' if not m.oom else 'OUT OF MEMORY'}")
+    print(f"bloom_error={pred / pub - 1:+.4f}")
     print(f"published_mape={sum(errors) / len(errors):.4f} "
           f"published_max_ape={max(errors):.4f} n_rows={len(RUNS)} n_oom={n_oom}")
     return 0

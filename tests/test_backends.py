@@ -39,6 +39,13 @@ def test_local_backend_keeps_order_with_and_without_a_pool():
             assert backend.map(_square, range(7)) == [x * x for x in range(7)]
     with pytest.raises(BadInput, match="--workers"):
         LocalBackend(0)
+    # started now, collected later (the search runs its baselines so), in order
+    from hyperpipe.search.backends import process_pool, start_map
+    with process_pool(2) as pool, LocalBackend(2) as backend, LocalBackend(1) as here:
+        for where in (pool, backend, here):
+            wait = start_map(where, _square, range(7))
+            assert wait() == [x * x for x in range(7)]
+        assert backend.width == 2 and here.width == 1
     with pytest.raises(BadInput, match="--backend"):
         make_backend("spark")
 

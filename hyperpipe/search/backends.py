@@ -59,6 +59,14 @@ class LocalBackend:
             return [fn(x) for x in items]
         return list(self._pool.map(fn, items))
 
+    def start(self, fn: Callable[[Any], Any], items: Iterable[Any]
+              ) -> Callable[[], list[Any]]:
+        """`map`, started now; the returned function waits for the results."""
+        if self._pool is None:
+            items = list(items)
+            return lambda: [fn(x) for x in items]
+        return start_map(self._pool, fn, items)
+
 
 class RayBackend:
     """Tasks as Ray remote functions: on a local Ray started here (`num_cpus`, None:
@@ -100,9 +108,15 @@ class RayBackend:
         return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        return self.start(fn, items)()
+
+    def start(self, fn: Callable[[Any], Any], items: Iterable[Any]
+              ) -> Callable[[], list[Any]]:
+        """`map`, started now; the returned function waits for the results."""
         ray = self._ray
         remote = ray.remote(fn)
-        return ray.get([remote.remote(x) for x in items])
+        refs = [remote.remote(x) for x in items]
+        return lambda: ray.get(refs)
 
 
 def import_ray():
@@ -134,6 +148,17 @@ def backend_or_workers(backend: Any, workers: int):
     if backend is not None:
         return contextlib.nullcontext(backend)
     return process_pool(workers) if workers > 1 else contextlib.nullcontext()
+
+
+def start_map(pool: Any, fn: Callable[[Any], Any], items: Iterable[Any]
+              ) -> Callable[[], list[Any]]:
+    """`fn` over `items` started now on `pool` (a backend or a process pool), so that
+    the caller can do other work meanwhile; the returned function waits for the
+    results, in the order of `items`."""
+    if isinstance(pool, LocalBackend | RayBackend):
+        return pool.start(fn, items)
+    futures = [pool.submit(fn, x) for x in items]
+    return lambda: [f.result() for f in futures]
 
 
 def process_pool(workers: int) -> ProcessPoolExecutor:

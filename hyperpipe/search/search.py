@@ -44,7 +44,7 @@ from hyperpipe.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.generators import placement_of
 from hyperpipe.plan.plan import PipelinePlan, Plan
 from hyperpipe.search import space
-from hyperpipe.search.backends import backend_or_workers
+from hyperpipe.search.backends import backend_or_workers, start_map
 from hyperpipe.search.baselines import tuned_baselines
 from hyperpipe.search.evaluate import (
     Candidate,
@@ -237,12 +237,15 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     with backend_or_workers(backend, workers) as pool:
         width = backend.width if backend is not None else workers
         types = _timed(phases[0], templates_phase, ctx, show, pool, width)
+        # the baselines need nothing of the templates: over the pool they run while
+        # this process assembles and refines (their phase time is then the wait)
+        baselines_done = _timed(phases[4], _baselines_phase, ctx, pool)
         estimated = _timed(phases[1], _assemble_phase, ctx, types)
-        base_plans = _timed(phases[4], _baselines_phase, ctx, pool)
         if not estimated:
             raise InfeasiblePlan(_shortfall(ctx))
         estimated.sort(key=lambda cand: rank_key(c, cand.metrics))
         refined = _timed(phases[2], refine, ctx, dedupe(estimated), _refine_budget(ctx))
+        base_plans = _timed(phases[4], _collect, baselines_done)
         short = sorted(dedupe(refined + estimated),
                        key=lambda cand: rank_key(c, cand.metrics))
         ranked, baselines = _timed(phases[3], _simulate_phase, ctx, short, base_plans,
@@ -284,27 +287,36 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
                        "heads", c.tp)
 
 
-def _baselines_phase(ctx: SearchContext, phase: PhaseStats, pool=None
-                     ) -> dict[str, list[Plan]]:
+def _baselines_phase(ctx: SearchContext, phase: PhaseStats, pool=None):
     """Phase 5: the tuned baselines' short lists (one task: they share the grid's
     sketches, 23 s together against 31 s apart at 1024 GPUs) and each peer planner's own
-    pick (a task each), spread over the worker `pool` when there is one."""
+    pick (a task each), started over the worker `pool` when there is one (else computed
+    here). Returns a function that waits for them: name -> plans."""
     from hyperpipe.search.baselines import BASELINES
     from hyperpipe.search.peers import PEERS
     groups = [tuple(BASELINES), *((name,) for name in PEERS)]
     if pool is None:
         results = [_baseline_work(ctx, names) for names in groups]
+        collect = lambda: results            # noqa: E731
     else:
         cost = ctx.cost
-        results = pool.map(_baseline_task, [(cost.model, cost.cluster, cost.profile, ctx.c,
-                                             names) for names in groups])
-    out: dict[str, list[Plan]] = {}
-    for found, counts in results:
-        phase.seen += counts[0]
-        phase.pruned += counts[1]
-        phase.infeasible += counts[2]
-        out.update(found)
-    return out
+        collect = start_map(pool, _baseline_task, [(cost.model, cost.cluster, cost.profile,
+                                                    ctx.c, names) for names in groups])
+
+    def done() -> dict[str, list[Plan]]:
+        out: dict[str, list[Plan]] = {}
+        for found, counts in collect():
+            phase.seen += counts[0]
+            phase.pruned += counts[1]
+            phase.infeasible += counts[2]
+            out.update(found)
+        return out
+    return done
+
+
+def _collect(done, phase: PhaseStats) -> dict[str, list[Plan]]:
+    """The baselines' short lists, once `_baselines_phase`'s tasks are done."""
+    return done()
 
 
 def _baseline_work(ctx: SearchContext, names: tuple[str, ...]
@@ -342,7 +354,7 @@ def _timed(phase: PhaseStats, fn, *args):
     try:
         return fn(*args[:1], phase, *args[1:])
     finally:
-        phase.seconds = time.perf_counter() - t0
+        phase.seconds += time.perf_counter() - t0     # a phase may be timed in parts
 
 
 def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str]
