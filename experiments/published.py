@@ -293,7 +293,8 @@ def main() -> int:
     print(f"out of sample, BLOOM-176B (Megatron-DeepSpeed, tp 4, 384 GPUs): published "
           f"{pub:.1f} s, predicted {pred:.1f} s, MFU {m.mfu:.1%}, peak "
           f"{max(m.peak_memory_bytes.values()) / 1e9:.1f} GB (reported ~60), "
-          f"{'fits' if not m.oom else 'OUT OF MEMORY'}")
+          f"{'fits' if not m.oom else 'OUT OF MEMORY'}; null model (Table 1's mean "
+          f"TFLOP/s per GPU) {BLOOM['tflops_per_gpu'] / mean_x - 1:+.1%}")
     print(f"bloom_error={pred / pub - 1:+.4f}")
     print(f"published_mape={sum(errors) / len(errors):.4f} "
           f"published_max_ape={max(errors):.4f} n_rows={len(RUNS)} n_oom={n_oom}")
