@@ -297,15 +297,14 @@ def _baselines_phase(ctx: SearchContext, phase: PhaseStats, pool=None):
     groups = [tuple(BASELINES), *((name,) for name in PEERS)]
     if pool is None:
         results = [_baseline_work(ctx, names) for names in groups]
-        collect = lambda: results            # noqa: E731
     else:
         cost = ctx.cost
-        collect = start_map(pool, _baseline_task, [(cost.model, cost.cluster, cost.profile,
-                                                    ctx.c, names) for names in groups])
+        wait = start_map(pool, _baseline_task, [(cost.model, cost.cluster, cost.profile,
+                                                 ctx.c, names) for names in groups])
 
     def done() -> dict[str, list[Plan]]:
         out: dict[str, list[Plan]] = {}
-        for found, counts in collect():
+        for found, counts in (results if pool is None else wait()):
             phase.seen += counts[0]
             phase.pruned += counts[1]
             phase.infeasible += counts[2]
