@@ -201,16 +201,27 @@ def list_schedule(c: PipeCosts, p: int, m: int, placement: str,
         if op == "I" and policy.w_mode == "eager":
             run(d, end, "W", k, j)
 
+    # A rank's decision reads only its own state and its stages' arrivals, so after an
+    # action only its rank and the rank it sends to decide again (the same choices as
+    # asking every rank every time, in p times fewer calls).
+    decided: list[tuple[float, str, int, int] | None] = [None] * p
     while left > 0:
         best = None
         for d in range(p):
             if len(rows[d]) == 3 * v * m:
                 continue
-            choice = decide(d)
+            if decided[d] is None:
+                decided[d] = decide(d)
+            choice = decided[d]
             if choice[0] < INF and (best is None or choice[0] < best[1][0]):
                 best = (d, choice)
         if best is None:
             return None
         d, (start, op, k, j) = best
         run(d, start, op, k, j)
+        decided[d] = None
+        if op == "F" and k < last:
+            decided[rank_of[k + 1]] = None
+        elif op == "I" and k > 0:
+            decided[rank_of[k - 1]] = None
     return tuple(tuple(r) for r in rows)
