@@ -86,6 +86,10 @@ def test_price_and_cache():
     cache: dict = {}
     first = estimate(plan, cost, cache=cache)
     assert estimate(plan, cost, cache=cache) == first == estimate(plan, cost)
+    # without one, the look-ups stay with the cost model (the search relies on it)
+    kept = cost.memo("analytic")
+    assert kept.get("cost") is cost and ("flops", 1) in kept
+    assert estimate(plan, cost) == first and CostModel(model, cluster).memo("analytic") == {}
     tokens = 8 * model.seq_len
     assert first.cost_per_million_tokens == pytest.approx(
         4 * 0.001 * first.iteration_time_s / tokens * 1e6)

@@ -55,9 +55,7 @@ class LocalBackend:
         return self.workers
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-        if self._pool is None:
-            return [fn(x) for x in items]
-        return list(self._pool.map(fn, items))
+        return self.start(fn, items)()
 
     def start(self, fn: Callable[[Any], Any], items: Iterable[Any]
               ) -> Callable[[], list[Any]]:

@@ -275,7 +275,7 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
                 continue
             try:
                 plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs)
-                key = rank_key(c, estimate(plan, ctx.cost, ctx.memo.setdefault("analytic", {})))
+                key = rank_key(c, estimate(plan, ctx.cost))
             except (InfeasiblePlan, BadInput):   # e.g. a schedule over the action limit
                 phase.infeasible += 1
                 continue

@@ -111,6 +111,15 @@ class SearchContext:
             self.matrices[key] = P.time_matrix(table, link)
         return self.matrices[key]
 
+    def stage_cost(self, key: tuple, table: P.LayerTables, slot: P.Slot,
+                   link: np.ndarray | None) -> P.StageCost:
+        """`partition.stage_matrix` of one stage, cached under `key` (its table, stashes,
+        room and link): the same stage recurs across replica counts and stage orders."""
+        memo = self.memo.setdefault("stage_cost", {})
+        if key not in memo:
+            memo[key] = P.stage_matrix(table, slot, self.times(table, link))
+        return memo[key]
+
     def peak_inflight(self, kind: str, p: int, m: int, v: int) -> tuple[int, ...]:
         """Per stage, the micro-batches it stashes at the peak: the closed forms the
         simulator's memory model uses (`memory.peak_in_flight`, per rank, spread over

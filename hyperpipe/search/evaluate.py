@@ -23,11 +23,9 @@ class Candidate:
         return {"plan": self.plan.to_dict(), "metrics": self.metrics.to_dict()}
 
 
-def estimate(plan: Plan, cost: CostModel, cache: dict | None = None) -> Metrics:
-    """The analytic tier's metrics; `cache`: the same dict for every plan of one cost
-    model (`SearchContext.memo["analytic"]`) keeps its look-ups between plans."""
+def estimate(plan: Plan, cost: CostModel) -> Metrics:
     from hyperpipe.sim.analytic import estimate
-    return estimate(plan, cost, cache=cache)
+    return estimate(plan, cost)
 
 
 def simulate_one(plan: Plan, cost: CostModel) -> Metrics:

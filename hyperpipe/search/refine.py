@@ -62,7 +62,7 @@ def refine(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate], budget
                     break
                 budget -= 1
                 phase.seen += 1
-                metrics = estimate(plan, ctx.cost, ctx.memo.setdefault("analytic", {}))
+                metrics = estimate(plan, ctx.cost)
                 if metrics.oom:
                     phase.infeasible += 1
                     continue

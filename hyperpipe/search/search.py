@@ -380,7 +380,7 @@ def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str]
         except InfeasiblePlan:
             phase.infeasible += 1
             continue
-        metrics = estimate(plan, ctx.cost, ctx.memo.setdefault("analytic", {}))
+        metrics = estimate(plan, ctx.cost)
         if metrics.oom:
             phase.infeasible += 1
             continue

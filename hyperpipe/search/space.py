@@ -257,7 +257,9 @@ def _multiset_permutations(items: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
             yield (head, *tail)
 
 
-def layouts(dp: int) -> tuple[str, ...]:
+def layouts(dp: int, recipe: dict[str, int]) -> tuple[str, ...]:
     """How replicas take units: "pipeline" (each replica's units together) and, with
-    several replicas, "stage" (the replicas of each stage together)."""
-    return ("pipeline", "stage") if dp > 1 else ("pipeline",)
+    several replicas taking several units of some type, "stage" (the replicas of each
+    stage together; with one unit per type per replica both give the same units)."""
+    distinct = dp > 1 and any(k > 1 for k in recipe.values())
+    return ("pipeline", "stage") if distinct else ("pipeline",)

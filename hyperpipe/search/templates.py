@@ -121,7 +121,7 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
                       for t, sl, ln in zip(tables, slots_k, links, strict=True)]
         key = ("cut", *stage_keys)
         if key not in ctx.memo:
-            ctx.memo[key] = P.partition([_stage_cost(ctx, k, t, sl, ln) for k, t, sl, ln
+            ctx.memo[key] = P.partition([ctx.stage_cost(k, t, sl, ln) for k, t, sl, ln
                                          in zip(stage_keys, tables, slots_k, links,
                                                 strict=True)])
         bounds = ctx.memo[key]
@@ -129,16 +129,6 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
             return _finish(ctx, kind, v, mb, tp, types, slots, price, mode,
                            P.describe(bounds, tables, links))
     return None
-
-
-def _stage_cost(ctx: SearchContext, key: tuple, table: P.LayerTables, slot: P.Slot,
-                link) -> P.StageCost:
-    """`partition.stage_matrix` of one stage, cached: the same (table, in-flight stashes,
-    room, link) recurs across templates of other replica counts and stage orders."""
-    memo = ctx.memo.setdefault("stage_cost", {})
-    if key not in memo:
-        memo[key] = P.stage_matrix(table, slot, ctx.times(table, link))
-    return memo[key]
 
 
 def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
@@ -349,7 +339,7 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             phase.infeasible += 1
             continue
         first = canonical_order(ctx, recipe)
-        tries = [(first, lay) for lay in space.layouts(dp)]
+        tries = [(first, lay) for lay in space.layouts(dp, recipe)]
         key = (kind, v, mb, tp, dp, types, m, price, recipe, pools, start)
         values = _cut_all(ctx, phase, race, serial, tries, key)
         if not values:                     # out of memory in the most memory-rich order
@@ -359,7 +349,7 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
         if min(values) > race.band():
             continue                       # the other orders only move links and memory
         more = [(o, lay) for o in space.stage_orders(recipe) if o != first
-                for lay in space.layouts(dp)]
+                for lay in space.layouts(dp, recipe)]
         _cut_all(ctx, phase, race, serial, more, key)
     kept: list[Template] = []
     for race in races.values():
@@ -375,11 +365,7 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: 
     and return their objective values."""
     kind, v, mb, tp, dp, types, m, price, recipe, pools, start = key
     values = []
-    # the two layouts give the same slots when every type has one unit per replica
-    one_layout = all(k == 1 for k in recipe.values())
     for order, layout in tries:
-        if one_layout and layout != "pipeline":
-            continue
         slots = _assign(pools, recipe, dp, order, layout)
         phase.seen += 1
         tpl = _template(ctx, kind, v, mb, tp, types, slots, m, price, start)

@@ -115,9 +115,9 @@ def _stage_s(cost: CostModel, stage, micro_batch: int, op: str) -> float:
 
 def _cache_for(cost: CostModel, cache: dict | None) -> dict:
     """`cache` emptied unless it was filled for this very cost model (look-ups that
-    depend only on the cost model, kept between plans by a caller that passes it)."""
+    depend only on the cost model, kept between plans); None: the cost model's own."""
     if cache is None:
-        return {"cost": cost}
+        cache = cost.memo("analytic")
     if cache.get("cost") is not cost:
         cache.clear()
         cache["cost"] = cost
@@ -157,9 +157,9 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
              include_optimizer: bool = True) -> Metrics:
     """Closed-form metrics of one iteration of `plan` (see the module doc).
 
-    Fast: no events, one pass over each distinct pipeline's stages. A caller that
-    estimates many plans of one cost model (the search) passes the same `cache` dict
-    each time, to keep per-device and per-ring look-ups between plans.
+    Fast: no events, one pass over each distinct pipeline's stages. Per-device and
+    per-ring look-ups are kept between plans in the cost model's own cache
+    (`CostModel.memo`), or in `cache` when a caller passes one.
     """
     cache = _cache_for(cost, cache)
     cluster = cost.cluster

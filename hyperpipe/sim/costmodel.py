@@ -59,6 +59,11 @@ class CostModel:
     profile: Profile | None = None
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
+    def memo(self, name: str) -> dict:
+        """A cache named `name` that lives as long as this cost model, for look-ups
+        other modules derive from it (the analytic tier keeps its own here)."""
+        return self._cache.setdefault(("memo", name), {})
+
     # ---------------------------------------------------------------- compute
     def op_flops(self, layer: int, micro_batch: int, op: str) -> float:
         return op_flops(self.model, layer, micro_batch, op)
