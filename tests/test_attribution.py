@@ -50,3 +50,24 @@ def test_a_synthesised_pick_gets_every_factor_priced():
     kind_only = replace(best, schedule="1f1b", actions=None)
     assert gains["schedule kind"].time_s == pytest.approx(
         simulate_one(kind_only, cost).iteration_time_s)
+
+
+def test_a_synthesised_pick_is_not_resynthesised_for_factors_both_agree_on(monkeypatch):
+    """Synthesis is the slow part of the report (minutes at 1024 GPUs): a factor B and O
+    share is reported "same in both" without one."""
+    from hyperpipe.search import attribution
+    from hyperpipe.sim.synth import POLICIES, synth_plan
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    fixed = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
+    best = synth_plan(fixed, cost, POLICIES[0])
+    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=1, global_batch=8)
+    calls = []
+    real = attribution._resynthesised
+    monkeypatch.setattr(attribution, "_resynthesised",
+                        lambda plan, c: calls.append(plan) or real(plan, c))
+    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
+    assert gains["micro-batching"].same and gains["recompute"].same
+    assert not gains["device choice"].same and not gains["layer partition"].same
+    assert len(calls) == 2          # device choice and layer partition only

@@ -15,7 +15,8 @@ simulated; the factor's share is how much slower B gets without it:
 * recompute       - B with O's recompute mode on every stage
 
 When B's schedule is synthesised (kind synth), every variant but the schedule kind's
-gets a schedule synthesised for it: B's action lists fit B's stages only.
+gets a schedule synthesised for it (B's action lists fit B's stages only), unless B and O
+already agree on that factor: then the variant is B itself and is not simulated.
 
 Factors interact, so their ratios need not multiply to the total speed-up.
 """
@@ -121,7 +122,7 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
         out["schedule kind"] = replace(out["schedule kind"], actions=None)
     if best.schedule == SYNTH:
         for factor in ("device choice", "layer partition", "micro-batching", "recompute"):
-            if isinstance(out[factor], Plan):
+            if isinstance(out[factor], Plan) and not _same(best, other, factor):
                 out[factor] = _resynthesised(out[factor], cost)
     return out
 
