@@ -24,7 +24,10 @@ see the answers: an in-sample upper bar the simulator is not given), and the las
 (X, Y as fractions). Before it, out of sample: the eight end-to-end runs of Korthikanti et
 al. 2022 (table 5: 22B to 1T, full recompute and selective recompute + sequence
 parallelism, data parallel size one), with their own null model (Table 1's mean TFLOP/s
-per GPU) and a line `korthikanti_mape=X korthikanti_max_ape=Y n_rows=8`; then BLOOM-176B
+per GPU) and a line `korthikanti_mape=X korthikanti_max_ape=Y n_rows=8`; then NVIDIA's
+NeMo GPT-3 175B benchmark on 128 to 2048 H100s (the layout the search picks for that
+model: tensor parallelism 4, pipeline 8, interleaved, distributed optimizer) and a line
+`nemo_mape=X nemo_max_ape=Y n_rows=5`; then BLOOM-176B
 (another stack, tensor parallelism 4, like the layouts the search picks at this scale)
 and a line `bloom_error=E` (signed). Megatron's point-to-point sends block their sender
 (`SimOptions.blocking_p2p`).
@@ -107,13 +110,14 @@ RUNS = (
 )
 
 
-def dgx_cluster(nodes: int):
-    """`nodes` DGX A100 80GB: NVSwitch (the catalog's A100 link), 8 HDR NICs each."""
+def dgx_cluster(nodes: int, device: str = "A100-80GB", nic: str = "200 Gbit/s"):
+    """`nodes` DGX nodes of 8 `device`s on NVSwitch (the catalog's link), one `nic` per
+    GPU (DGX A100: 8 x 200 Gbit/s HDR; DGX H100: 8 x 400 Gbit/s ConnectX-7)."""
     return load_cluster({
-        "name": f"dgx-a100-{nodes}",
-        "nodes": [{"name": "dgx", "device": "A100-80GB", "count": 8, "repeat": nodes,
-                   "nics": {"count": 8, "bandwidth": "200 Gbit/s"}}],
-        "inter_node": {"bandwidth": "200 Gbit/s", "latency": "5 us"}})
+        "name": f"dgx-{device.lower()}-{nodes}",
+        "nodes": [{"name": "dgx", "device": device, "count": 8, "repeat": nodes,
+                   "nics": {"count": 8, "bandwidth": nic}}],
+        "inter_node": {"bandwidth": nic, "latency": "5 us"}})
 
 
 def model_of(run: Run):
@@ -124,7 +128,7 @@ def model_of(run: Run):
 
 
 def plan_of(run: Run, model, cluster, recompute: str = "full",
-            sequence_parallel: bool = False):
+            sequence_parallel: bool = False, distributed_optimizer: bool = False):
     """Megatron's layout: tensor-parallel ranks innermost (one node for tp=8), then data
     parallel, then pipeline; blocks split evenly over the p·v stages, the embedding on
     the first, the head on the last."""
@@ -148,6 +152,7 @@ def plan_of(run: Run, model, cluster, recompute: str = "full",
                            "cluster": cluster_ref(cluster),
                            "global_batch": run.global_batch,
                            "schedule": {"kind": kind, "chunks": v},
+                           "distributed_optimizer": distributed_optimizer,
                            "pipelines": pipelines})
 
 
@@ -250,6 +255,48 @@ def bloom_run() -> tuple[float, float, object]:
     return flops / (b["tflops_per_gpu"] * 1e12 * tp * pp * dp), m.iteration_time_s, m
 
 
+# Out of sample, the layout the search picks for GPT-3 175B (tensor parallelism 4,
+# pipeline 8, interleaved, distributed optimizer): NVIDIA's NeMo Megatron GPT-3 175B
+# benchmark on DGX H100 (NVIDIA DGX Cloud Benchmarking recipe "NeMo Megatron GPT3 175B",
+# GSW 24.11, NeMo 24.05; the BF16 table of its README): TP 4, PP 8, VP 12, micro-batch 1,
+# sequence 2048, global batch 16 per node; its config (NeMo-Framework-Launcher
+# conf/training/gpt3/175b_performance.yaml): bf16, selective recompute, sequence
+# parallelism, hidden dropout 0.1, FlashAttention (NVTE_FUSED_ATTN=0), distributed
+# optimizer with overlapped gradient and parameter sync in bf16 (grad_sync_dtype),
+# non-blocking overlapped p2p; vocabulary 50,257 padded to 50,688. Published seconds per
+# step at 128, 256, 512, 1024 and 2048 GPUs.
+NEMO_H100 = ((16, 8.309), (32, 8.408), (64, 8.42), (128, 8.453), (256, 8.49))
+
+
+def nemo_runs(mean_x: float) -> tuple[list[float], list[float]]:
+    """|error| of each NeMo H100 run, printed as it goes, and of a null model: the run's
+    hardware FLOPs (selective recompute, as in `later_runs`) at Table 1's mean TFLOP/s per
+    GPU scaled from A100 to H100 peak (`mean_x` x 989/312)."""
+    model = load_model({"kind": "gpt", "name": "gpt3-175b-nemo", "vocab_size": 50688,
+                        "n_layer": 96, "n_head": 96, "d_model": 12288, "seq_len": SEQ,
+                        "dtype": "bf16", "attention": "flash", "dropout": 0.1})
+    errors, nulls = [], []
+    for nodes, pub in NEMO_H100:
+        gpus = 8 * nodes
+        run = Run("175B", 96, 12288, 96, 4, 8, gpus, 16 * nodes, 1, 1, "torch", 0.0)
+        cluster = dgx_cluster(nodes, "H100-SXM", "400 Gbit/s")
+        plan = plan_of(run, model, cluster, "selective", True, distributed_optimizer=True)
+        m = simulate(plan, CostModel(model, cluster),
+                     SimOptions(trace=False, grad_bytes_per_param=2.0)).metrics
+        err = m.iteration_time_s / pub - 1
+        b, h, v, layers = run.global_batch, run.hidden, 50688, run.layers
+        flops = 72 * b * SEQ * layers * h * h * (1 + SEQ / (6 * h) + v / (12 * layers * h)) \
+            + 4 * b * SEQ * SEQ * h * layers
+        null = flops / (mean_x * 989 / 312 * 1e12 * gpus) / pub - 1
+        errors.append(abs(err))
+        nulls.append(abs(null))
+        print(f"{'175B':>8} {gpus:5d} {'selective + SP':>14} {pub:12.3f} "
+              f"{m.iteration_time_s:12.3f} {err:+7.1%} {null:+8.1%} MFU {m.mfu:6.1%} "
+              f"{max(m.peak_memory_bytes.values()) / 1e9:8.1f} GB "
+              f"{'yes' if not m.oom else 'NO':>4}")
+    return errors, nulls
+
+
 def main() -> int:
     mean_x = sum(r.tflops_per_gpu for r in RUNS) / len(RUNS)
     print(f"{'run':>8} {'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'v':>2} {'mb':>3} "
@@ -289,6 +336,14 @@ def main() -> int:
           f"mape={sum(later_null) / len(later_null):.3f} max_ape={max(later_null):.3f}")
     print(f"korthikanti_mape={sum(later) / len(later):.4f} "
           f"korthikanti_max_ape={max(later):.4f} n_rows={len(later)}")
+    print("out of sample, NeMo Megatron GPT-3 175B on DGX H100 (tp 4, pp 8, v 12):")
+    print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
+          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
+    nemo, nemo_null = nemo_runs(mean_x)
+    print(f"null model (Table 1's mean TFLOP/s per GPU x H100/A100 peak): "
+          f"mape={sum(nemo_null) / len(nemo_null):.3f} max_ape={max(nemo_null):.3f}")
+    print(f"nemo_mape={sum(nemo) / len(nemo):.4f} nemo_max_ape={max(nemo):.4f} "
+          f"n_rows={len(nemo)}")
     pub, pred, m = bloom_run()
     print(f"out of sample, BLOOM-176B (Megatron-DeepSpeed, tp 4, 384 GPUs): published "
           f"{pub:.1f} s, predicted {pred:.1f} s, MFU {m.mfu:.1%}, peak "

@@ -102,3 +102,11 @@ def test_a100_1024_cluster():
     assert {d.type.name for d in c.devices} == {"A100-80GB"}
     assert all(n.nics == Nics(8, 25e9) for n in c.nodes)
     assert c.node("dgx-0").intra_link.bandwidth_bytes_per_s == 300e9
+
+
+def test_h100_1024_cluster():
+    c = load_cluster("h100-1024")
+    assert len(c.devices) == 1024 and len(c.nodes) == 128
+    assert {d.type.name for d in c.devices} == {"H100-SXM"}
+    assert all(n.nics == Nics(8, 50e9) for n in c.nodes)
+    assert c.node("dgx-0").intra_link.bandwidth_bytes_per_s == 450e9
