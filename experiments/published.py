@@ -173,11 +173,30 @@ LATER = (
 )
 
 
+def selective_flops(run: Run, vocab: int = VOCAB) -> float:
+    """Hardware FLOPs per iteration with selective recompute: model FLOPs (eq. (3)'s
+    terms without the recomputed forward) plus the recomputed attention core, 4bs²h per
+    layer."""
+    b, h, layers = run.global_batch, run.hidden, run.layers
+    return 72 * b * SEQ * layers * h * h * (1 + SEQ / (6 * h) + vocab / (12 * layers * h)) \
+        + 4 * b * SEQ * SEQ * h * layers
+
+
+def print_row(run: Run, mode: str, pub: float, m, null: float) -> float:
+    """One out-of-sample row; returns the signed error."""
+    err = m.iteration_time_s / pub - 1
+    print(f"{run.name:>8} {run.gpus:5d} {mode:>14} {pub:12.3f} "
+          f"{m.iteration_time_s:12.3f} {err:+7.1%} {null:+8.1%} MFU {m.mfu:6.1%} "
+          f"{max(m.peak_memory_bytes.values()) / 1e9:8.1f} GB "
+          f"{'yes' if not m.oom else 'NO':>4}")
+    return err
+
+
 def later_runs(mean_x: float) -> tuple[list[float], list[float]]:
     """|error| of each Korthikanti run (full, then selective + SP), printed as it goes,
-    and of the null model: the run's hardware FLOPs (eq. (3) with full recompute; model
-    FLOPs plus the recomputed attention core, 4bs²h per layer, with selective) at Table
-    1's mean published TFLOP/s per GPU (`mean_x`)."""
+    and of the null model: the run's hardware FLOPs (eq. (3) with full recompute,
+    `selective_flops` with selective) at Table 1's mean published TFLOP/s per GPU
+    (`mean_x`)."""
     errors, nulls = [], []
     for name, heads, hidden, layers, pp, gpus, batch, mb, lpvs, full_s, sel_s in LATER:
         run = Run(name, heads, hidden, layers, 8, pp, gpus, batch, mb, lpvs, "local", 0.0)
@@ -188,18 +207,10 @@ def later_runs(mean_x: float) -> tuple[list[float], list[float]]:
             m = simulate(plan, CostModel(model, cluster),
                          SimOptions(trace=False, overlap_dp_allreduce=False,
                                     blocking_p2p=True)).metrics
-            err = m.iteration_time_s / pub - 1
-            errors.append(abs(err))
-            b, h, v = batch, hidden, VOCAB
-            flops = run.hardware_flops() if mode == "full" else \
-                72 * b * SEQ * layers * h * h * (1 + SEQ / (6 * h) + v / (12 * layers * h)) \
-                + 4 * b * SEQ * SEQ * h * layers
+            flops = run.hardware_flops() if mode == "full" else selective_flops(run)
             null = flops / (mean_x * 1e12 * gpus) / pub - 1
+            errors.append(abs(print_row(run, mode + (" + SP" if sp else ""), pub, m, null)))
             nulls.append(abs(null))
-            print(f"{name:>8} {gpus:5d} {mode + (' + SP' if sp else ''):>14} {pub:12.3f} "
-                  f"{m.iteration_time_s:12.3f} {err:+7.1%} {null:+8.1%} MFU {m.mfu:6.1%} "
-                  f"{max(m.peak_memory_bytes.values()) / 1e9:8.1f} GB "
-                  f"{'yes' if not m.oom else 'NO':>4}")
     return errors, nulls
 
 
@@ -283,17 +294,9 @@ def nemo_runs(mean_x: float) -> tuple[list[float], list[float]]:
         plan = plan_of(run, model, cluster, "selective", True, distributed_optimizer=True)
         m = simulate(plan, CostModel(model, cluster),
                      SimOptions(trace=False, grad_bytes_per_param=2.0)).metrics
-        err = m.iteration_time_s / pub - 1
-        b, h, v, layers = run.global_batch, run.hidden, 50688, run.layers
-        flops = 72 * b * SEQ * layers * h * h * (1 + SEQ / (6 * h) + v / (12 * layers * h)) \
-            + 4 * b * SEQ * SEQ * h * layers
-        null = flops / (mean_x * 989 / 312 * 1e12 * gpus) / pub - 1
-        errors.append(abs(err))
+        null = selective_flops(run, 50688) / (mean_x * 989 / 312 * 1e12 * gpus) / pub - 1
+        errors.append(abs(print_row(run, "selective + SP", pub, m, null)))
         nulls.append(abs(null))
-        print(f"{'175B':>8} {gpus:5d} {'selective + SP':>14} {pub:12.3f} "
-              f"{m.iteration_time_s:12.3f} {err:+7.1%} {null:+8.1%} MFU {m.mfu:6.1%} "
-              f"{max(m.peak_memory_bytes.values()) / 1e9:8.1f} GB "
-              f"{'yes' if not m.oom else 'NO':>4}")
     return errors, nulls
 
 

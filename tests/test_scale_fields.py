@@ -96,17 +96,11 @@ def test_nics_field_and_default():
                               where="c.yaml", name="c")
 
 
-def test_a100_1024_cluster():
-    c = load_cluster("a100-1024")
+@pytest.mark.parametrize("name, device, nic_bytes_per_s, nvlink_bytes_per_s", [
+    ("a100-1024", "A100-80GB", 25e9, 300e9), ("h100-1024", "H100-SXM", 50e9, 450e9)])
+def test_dgx_1024_clusters(name, device, nic_bytes_per_s, nvlink_bytes_per_s):
+    c = load_cluster(name)
     assert len(c.devices) == 1024 and len(c.nodes) == 128
-    assert {d.type.name for d in c.devices} == {"A100-80GB"}
-    assert all(n.nics == Nics(8, 25e9) for n in c.nodes)
-    assert c.node("dgx-0").intra_link.bandwidth_bytes_per_s == 300e9
-
-
-def test_h100_1024_cluster():
-    c = load_cluster("h100-1024")
-    assert len(c.devices) == 1024 and len(c.nodes) == 128
-    assert {d.type.name for d in c.devices} == {"H100-SXM"}
-    assert all(n.nics == Nics(8, 50e9) for n in c.nodes)
-    assert c.node("dgx-0").intra_link.bandwidth_bytes_per_s == 450e9
+    assert {d.type.name for d in c.devices} == {device}
+    assert all(n.nics == Nics(8, nic_bytes_per_s) for n in c.nodes)
+    assert c.node("dgx-0").intra_link.bandwidth_bytes_per_s == nvlink_bytes_per_s
