@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.cluster.cluster import cluster_ref, load_cluster
 from hyperpipe.models import load_model
+from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.network import Network, p2p_edges, p2p_spec, ring_spec
@@ -216,3 +217,27 @@ def test_a_reader_waiting_on_a_delayed_message_starts_at_its_real_arrival():
     assert end[("a/1", "send")] == pytest.approx(5.1e-3)
     assert start[("b/0", "F")] == pytest.approx(4.1e-3)
     assert start[("b/1", "F")] == pytest.approx(5.1e-3)
+
+
+def test_mixed_tp_replicas_sync_each_gradient_once():
+    """Replica A holds the layers on one device (tp 1), replica B on two (tp 2). Two
+    rings, one per half of the parameters: A's device is in both and carries each half
+    once (all its gradients), B's devices one half each. Both rings cross A's and B's
+    NICs, so they share them: together 2(n-1)/n x (all gradients) / BW, n = 2."""
+    params = 1_500_000
+    model = synthetic(2, params=params)
+    cluster = load_cluster(cluster_dict([("a", 1), ("b", 2)], bandwidth=BW, latency=LAT))
+    cost = CostModel(model, cluster)
+    grad = 2 * params * cost.grad_bytes_per_param
+    plan = plan_from_dict({
+        "format": "hyperpipe.plan/1", "model": model.to_dict(), "cluster": cluster_ref(cluster),
+        "global_batch": 2, "schedule": {"kind": "1f1b"},
+        "pipelines": [{"micro_batch": 1, "num_microbatches": 1,
+                       "stages": [{"layers": [0, 2], "devices": devices, "tp": len(devices)}]}
+                      for devices in (["a/0"], ["b/0", "b/1"])]})
+    result = simulate(plan, cost, SimOptions(bucket_bytes=1e12, overlap_dp_allreduce=False))
+    reduce = [e for e in result.trace.events if e.op == "allreduce"]
+    compute_end = max(e.end_s for e in result.trace.events if e.op in "FB")
+    sync = max(e.end_s for e in reduce) - compute_end
+    # each ring: 2 latencies; their byte streams share the NICs, their latencies overlap
+    assert sync == pytest.approx(grad / BW + 2 * LAT, rel=1e-6)

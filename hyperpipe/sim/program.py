@@ -174,11 +174,13 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, pipes: lis
         holders = [stage_holding(plan.pipelines[q].stages, layers[0])
                    for q in range(len(plan.pipelines))]
         groups = [plan.pipelines[q].stages[k].devices for q, k in enumerate(holders)]
-        nbytes = max(cost.stage_params(layers) * grad_bytes / len(g) for g in groups)
+        tp = max(len(g) for g in groups)
+        # Ring i syncs the i-th of tp slices of the gradients and joins the device of
+        # every replica that holds it: tensor-parallel rank i modulo the group's size (a
+        # device of a smaller group is in tp / its size rings, one slice each).
+        nbytes = cost.stage_params(layers) * grad_bytes / tp
         if len(groups) <= 1 or nbytes <= 0:
             continue
-        tp = max(len(g) for g in groups)
-        # Ring i joins tensor-parallel rank i of every replica (modulo its group size).
         rings = [[g[i % len(g)] for g in groups] for i in range(tp)]
         k = bucket_count(nbytes, opt.bucket_bytes)
         bucket = nbytes / k if k == 1 else opt.bucket_bytes
