@@ -17,14 +17,18 @@ T = max(max_r t_r, c) the steady-state period, one pipeline takes
   split backwards, else as 1f1b, over its own placement.
 
 Stage s (on rank r) ends its last backward about sum_{r' < r} (backward of r') before
-the pipeline ends; its data-parallel all-reduce (the cost model's ring time, in
-buckets, overlapped with that last backward as the simulator does) and its optimizer
-step follow. Replicas with the same stages, device types and micro-batches are
-computed once. Peak memory is static state plus the closed-form in-flight count
-(`memory.peak_in_flight`) times the stash of one micro-batch.
+the pipeline ends; its data-parallel all-reduce (the simulator's ring flow,
+`network.ring_spec`, in buckets, overlapped with that last backward as the simulator
+does) and its optimizer step follow. Every hop (a NIC, a port) serves the rings of all
+layer ranges that cross it at best one after another, so none ends before the hop has
+moved them all since they started (nodes with fewer NICs than devices). Replicas with
+the same stages, device types and micro-batches are computed once. Peak memory is
+static state plus the closed-form in-flight count (`memory.peak_in_flight`) times the
+stash of one micro-batch.
 
-What it leaves out, and the simulator has: link sharing (between replicas and between
-concurrent all-reduces), and the exact interleaving of heterogeneous stages. The tests
+What it leaves out, and the simulator has: link sharing between replicas' point-to-point
+traffic and with the all-reduces (which it bounds only among themselves), and the exact
+interleaving of heterogeneous stages. The tests
 check it equals the simulation on equal stages with free links and bound the gap on
 heterogeneous ones.
 """
@@ -36,6 +40,8 @@ from dataclasses import dataclass
 from itertools import chain, pairwise, repeat
 from operator import attrgetter, eq, itemgetter
 
+import numpy as np
+
 from hyperpipe.cluster.catalog import DeviceType
 from hyperpipe.plan.generators import SYNTH, generate
 from hyperpipe.plan.plan import Plan
@@ -44,7 +50,7 @@ from hyperpipe.plan.schedule import rank_stages
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import oom_detail, peak_in_flight
 from hyperpipe.sim.metrics import Metrics
-from hyperpipe.sim.network import p2p_edges, p2p_spec
+from hyperpipe.sim.network import p2p_edges, p2p_spec, ring_spec
 
 _SPLIT = frozenset({"zb-h1", "zb-v", "dualpipe-v"})       # kinds that run I and W apart
 _READ_OFF = frozenset({"zb-v", "dualpipe-v", SYNTH})      # in-flight counts off the IR
@@ -354,8 +360,9 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
                     rank_devices: dict[tuple[int, int], tuple[str, ...]], cache: dict,
                     bucket_bytes: float, overlap: bool) -> dict[tuple[int, int], float]:
     """When each (class, stage)'s gradient all-reduce ends: per layer range held by one
-    stage in every replica, ring time of the cost model in buckets; with `overlap` the
-    buckets stream during the last backward (bucket j ready after (j+1)/k of it)."""
+    stage in every replica, the ring flow's time (`_ring`) in buckets, and not before
+    its busiest hop has served every ring that crosses it (`_served`); with `overlap`
+    the buckets stream during the last backward (bucket j ready after (j+1)/k of it)."""
     grad_bytes = cost.dp_sync_bytes_per_param(plan.distributed_optimizer)
     pipes = plan.pipelines
     done: dict[tuple[int, int], float] = {}
@@ -365,6 +372,7 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
     # Members of a class share their cuts: the stage holding each layer, once per class.
     firsts = [{s.layers[0]: k for k, s in enumerate(pipes[members[0]].stages)}
               for members in classes]
+    rings = []              # (parts, own finish, latency, start, hops, their busy seconds)
     start = 0
     for end in cuts:
         layers = (start, end)
@@ -376,37 +384,89 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
             cache[("params", layers)] = cost.stage_params(layers)
         params = cache[("params", layers)]
         tps = [pipes[classes[c][0]].stages[k].tp for c, k in parts]
-        nbytes = params * grad_bytes / min(tps)
+        # Ring i syncs the i-th of tp slices (a device of a smaller group is in several
+        # rings, one slice each), as the simulator's `program.prepare_collectives`.
+        tp = max(tps)
+        nbytes = params * grad_bytes / tp
         if nbytes <= 0:
             continue
         k = bucket_count(nbytes, bucket_bytes)
-        tp = max(tps)
         if tp == min(tps):
             # Every member's group, class by class: the devices its ranks stand for.
             flat = rank_devices[parts[0]] if len(parts) == 1 else \
                 tuple([d for part in parts for d in rank_devices[part]])
             key = ("ring", flat, tp, nbytes / k)
             if key not in cache:
-                cache[key] = max(cost.allreduce_time_s(flat[i::tp], nbytes / k)
-                                 for i in range(tp))
+                cache[key] = _ring(cost, [list(flat[i::tp]) for i in range(tp)], nbytes / k,
+                                   cache)
         else:
             groups = tuple([pipes[q].stages[k].devices for (_, k), members
                             in zip(parts, classes, strict=True) for q in members])
             key = ("ring", groups, nbytes / k)
             if key not in cache:
-                cache[key] = max(cost.allreduce_time_s([g[i % len(g)] for g in groups],
-                                                       nbytes / k) for i in range(tp))
-        a = cache[key]
+                cache[key] = _ring(cost, [[g[i % len(g)] for g in groups] for i in range(tp)],
+                                   nbytes / k, cache)
+        a, lat, hops, busy = cache[key]
         ends = [ready[part] for part in parts]
         if overlap:
             s0 = max(e - length for e, length in ends)
             d = max(length for _, length in ends) / k
             finish = s0 + max(d + k * a, k * d + a)   # the buckets' queue, see the doc
+            s0 += d
         else:
-            finish = max(e for e, _ in ends) + k * a
+            s0 = max(e for e, _ in ends)
+            finish = s0 + k * a
+        rings.append((parts, finish, lat, s0, hops, k * busy))
+    # A hop serves the rings of every layer range that cross it one after another at best
+    # (equal time-sharing, as the simulator's network): none ends before its busy time.
+    served = _served([r[3] for r in rings], [r[4] for r in rings], [r[5] for r in rings])
+    for (parts, finish, lat, *_), end in zip(rings, served, strict=True):
+        finish = max(finish, end + lat)
         for part in parts:
             done[part] = max(done.get(part, 0.0), finish)
     return done
+
+
+def _ring(cost: CostModel, rings: list[list[str]], nbytes: float, cache: dict
+          ) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """A bucket's all-reduce on `rings` at once, as the simulator runs it
+    (`network.ring_spec`): its time on otherwise idle hops (rings that cross one hop
+    share it), its latency (paid after the bytes), the hops it crosses (numbered in
+    `cache`) and the seconds each is busy with it."""
+    spec = ring_spec(cost, rings, nbytes)
+    if spec is None:
+        return 0.0, 0.0, np.zeros(0, dtype=np.int64), np.zeros(0)
+    number = cache.setdefault("hop numbers", {})
+    busy = spec.busy_s()
+    hops = np.array([number.setdefault(hop, len(number)) for hop, _ in busy], dtype=np.int64)
+    return spec.time_s, spec.latency_s, hops, np.array([s for _, s in busy])
+
+
+def _served(starts: list[float], hops: list[np.ndarray], busy: list[np.ndarray]
+            ) -> np.ndarray:
+    """Per job (a ring that starts at starts[j] and keeps hops[j] busy for busy[j]
+    seconds each): when the last of its hops is done, at the earliest. A hop serving
+    jobs one at a time ends no earlier than, over release times t, t + the work released
+    at or after t (the single-machine bound, tight when the hop never idles)."""
+    sizes = np.array([len(h) for h in hops], dtype=np.int64)
+    if not sizes.sum():
+        return np.zeros(len(starts))
+    hop = np.concatenate(hops)
+    work = np.concatenate(busy)
+    start = np.repeat(np.asarray(starts), sizes)
+    order = np.lexsort((-start, hop))            # by hop, latest release first
+    hop_o, run = hop[order], np.cumsum(work[order])
+    first = np.flatnonzero(np.r_[True, hop_o[1:] != hop_o[:-1]])
+    counts = np.diff(np.r_[first, len(hop_o)])
+    before = np.repeat(run[first] - work[order][first], counts)
+    ends = np.maximum.reduceat(start[order] + run - before, first)   # per hop
+    at = np.empty(len(hop), dtype=float)
+    at[order] = np.repeat(ends, counts)
+    edges = np.r_[0, np.cumsum(sizes)[:-1]]
+    out = np.zeros(len(starts))
+    some = sizes > 0
+    out[some] = np.maximum.reduceat(at, edges[some])
+    return out
 
 
 def _holding(stages, layer: int) -> int:

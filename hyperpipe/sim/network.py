@@ -236,9 +236,14 @@ class FlowSpec:
 
     @property
     def time_s(self) -> float:
-        """Time on idle hops."""
-        return self.work_s + self.latency_s if self.hops and self.work_s > 0 \
+        """Time on otherwise idle hops (its own streams that cross one hop share it)."""
+        return self.work_s / self.speed + self.latency_s if self.hops and self.work_s > 0 \
             else self.latency_s
+
+    def busy_s(self) -> tuple[tuple[str, float], ...]:
+        """(hop, seconds it is busy with this flow): its streams' work there. A hop that
+        several flows cross serves them, at best, one after another."""
+        return tuple((hop, w * self.work_s) for hop, w in self.hops)
 
 
 def count_hops(cost, edges, keep=None) -> dict[str, int]:

@@ -82,10 +82,10 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
                                 st.sequence_parallel)
         # Tensor-parallel collectives run as a flow over the group's links after the
         # compute (`tp`); the action's own duration is the compute alone.
-        tp = tp_spec(cost, st.devices, *cost.stage_tp_comm_s(st.layers, st.devices, mb, op,
-                                                             st.recompute))
+        comm_s = cost.stage_tp_comm_s(st.layers, st.devices, mb, op, st.recompute)
+        tp = tp_spec(cost, st.devices, *comm_s)
         if tp is not None:
-            dur = max(dur - tp.time_s, 0.0)
+            dur = max(dur - comm_s[0], 0.0)
         if op == "F":
             return (dur, (s - 1) * m if s > 0 else -1,
                     s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
