@@ -110,3 +110,18 @@ def test_cli_flags_fix_the_memory_options(tmp_path, capsys):
         assert main(bad) == 2
         err = capsys.readouterr().err.strip()
         assert err and "\n" not in err
+
+
+def test_chunks_of_a_device_share_its_memory():
+    """zb-v on 2 devices, one layer a chunk: device 0 holds stage 0 (4 micro-batches in
+    flight at the peak) and stage 3 (1), 5 GB of 1 GB stashes together. In 6 GB they fit
+    without recompute, but not if each chunk gets half the device (stage 0 alone needs
+    4 GB of the 3): the search must not fall back to full recompute."""
+    model, cluster = load_model(_model()), load_cluster(_cluster(6.0))
+    fixed = {"global_batch": 8, "schedule": "zb-v", "chunks": 2, "pp": 2, "dp": 1,
+             "micro_batch": 1}
+    best = search(model, cluster, SearchConstraints(**fixed)).best
+    assert {s.recompute for p in best.plan.pipelines for s in p.stages} == {"none"}
+    assert not best.metrics.oom
+    full = search(model, cluster, SearchConstraints(**fixed, recompute="full")).best
+    assert best.metrics.iteration_time_s < full.metrics.iteration_time_s

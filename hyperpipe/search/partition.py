@@ -21,7 +21,8 @@ sec. 3.1; HetPipe and AMP use the same shape of recurrence on heterogeneous devi
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -153,10 +154,39 @@ def stage_matrix(tables: LayerTables, slot: Slot, times: np.ndarray) -> StageCos
     """C[i, j]: `times` where layers [i, j) fit in the slot's memory (weights, optimizer
     state and `inflight` stashes), inf elsewhere. Memory grows with j, so the last layer
     that fits after i is a binary search on the prefix sums (no n x n memory table)."""
-    use = tables.state_bytes + slot.inflight * tables.stash_bytes
+    use = _use(tables, slot)
     if use[-1] - use[0] <= slot.capacity_bytes:
         return StageCost(times)                   # the whole model fits: no limit
     return StageCost(times, np.searchsorted(use, use + slot.capacity_bytes, side="right") - 1)
+
+
+def _use(table: LayerTables, slot: Slot) -> np.ndarray:
+    """Prefix sums of what a stage's layers keep on each device (state and stashes)."""
+    return table.state_bytes + slot.inflight * table.stash_bytes
+
+
+def shared_slots(tables: list[LayerTables], rooms: list[Slot], homes: list[int]
+                 ) -> list[Slot]:
+    """Stage k on device homes[k], `rooms[k]` with the device's whole room as capacity:
+    the slots with the room split among the device's stages in proportion to what each
+    keeps under the even cut (as many layers per stage as can be), so that a stage that
+    holds more micro-batches, or the embedding, gets more. The capacities of a device
+    add up to its room, so any cut the DP finds fits; if the even cut fits, one is found.
+    """
+    n = len(tables[0].state_bytes) - 1
+    stages = len(tables)
+    keep = []
+    for k, (t, s) in enumerate(zip(tables, rooms, strict=True)):
+        u = _use(t, s)
+        keep.append(float(u[(k + 1) * n // stages] - u[k * n // stages]))
+    total: dict[int, float] = defaultdict(float)
+    count: dict[int, int] = defaultdict(int)
+    for k, h in enumerate(homes):
+        total[h] += keep[k]
+        count[h] += 1
+    return [replace(s, capacity_bytes=s.capacity_bytes * (
+                keep[k] / total[h] if total[h] > 0 else 1 / count[h]))
+            for k, (s, h) in enumerate(zip(rooms, homes, strict=True))]
 
 
 def partition(mats: list[StageCost], *, bottleneck_slack: float = 0.0

@@ -17,7 +17,9 @@ tried at larger ones.
 Memory modes (`space.memory_modes`: recompute, sequence parallelism, the distributed
 optimizer) are a dimension of a key: a key starts at the first mode whose memory bound
 passes, with that mode's work in its bound (recompute costs time), and its cuts take the
-first mode from there whose DP finds a cut that fits.
+first mode from there whose DP finds a cut that fits. The chunks of one device share its
+memory: the DP gives each a v-th of it, or, if no cut fits so, shares in proportion to
+what each keeps under the even cut (`partition.shared_slots`).
 
 A template's own time model is the 1F1B-style closed form (m - 1) x busiest device's
 load per micro-batch + fill (at least one micro-batch's whole trip) + gradient sync,
@@ -104,7 +106,7 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     inflight = ctx.peak_inflight(kind, p, m, v)
     homes = [stage_rank(k, p, placement_of(kind)) for k in range(stages)]
     for mode in ctx.modes(tp, len(slots))[start:]:
-        tables, links, slots_k = [], [], []
+        tables, links, rooms, split = [], [], [], []
         for k in range(stages):
             group = row[homes[k]]
             dev = ctx.cluster.device(group[0]).type
@@ -113,22 +115,32 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
             link = None if k == stages - 1 else ctx.link(group[-1], row[homes[k + 1]][0], mb)
             tables.append(t)
             links.append(link)
-            slots_k.append(P.Slot(group, inflight[k], room / v))
-        # The cut depends only on each stage's (table, in-flight stashes, room, link), all
-        # cached objects: templates that differ elsewhere (replica count, price, m past
-        # the fill) share it, so it is computed once (issue 9: search_scale).
-        stage_keys = [(id(t), sl.inflight, sl.capacity_bytes, id(ln))
-                      for t, sl, ln in zip(tables, slots_k, links, strict=True)]
-        key = ("cut", *stage_keys)
-        if key not in ctx.memo:
-            ctx.memo[key] = P.partition([ctx.stage_cost(k, t, sl, ln) for k, t, sl, ln
-                                         in zip(stage_keys, tables, slots_k, links,
-                                                strict=True)])
-        bounds = ctx.memo[key]
+            rooms.append(P.Slot(group, inflight[k], room))
+            split.append(P.Slot(group, inflight[k], room / v))
+        # A device's v chunks get a v-th of its room each; if no cut fits so, shares
+        # in proportion to what they keep under the even cut (`partition.shared_slots`).
+        bounds = _cut(ctx, tables, split, links)
+        if bounds is None and v > 1:
+            bounds = _cut(ctx, tables, P.shared_slots(tables, rooms, homes), links)
         if bounds is not None:
             return _finish(ctx, kind, v, mb, tp, types, slots, price, mode,
                            P.describe(bounds, tables, links))
     return None
+
+
+def _cut(ctx: SearchContext, tables: list[P.LayerTables], slots: list[P.Slot],
+         links: list) -> tuple[int, ...] | None:
+    """`partition.partition` of these stages. The cut depends only on each stage's
+    (table, in-flight stashes, room, link), all cached objects: templates that differ
+    elsewhere (replica count, price, m past the fill) share it, so it is computed once
+    (issue 9: search_scale)."""
+    stage_keys = [(id(t), sl.inflight, sl.capacity_bytes, id(ln))
+                  for t, sl, ln in zip(tables, slots, links, strict=True)]
+    key = ("cut", *stage_keys)
+    if key not in ctx.memo:
+        ctx.memo[key] = P.partition([ctx.stage_cost(k, t, sl, ln) for k, t, sl, ln
+                                     in zip(stage_keys, tables, slots, links, strict=True)])
+    return ctx.memo[key]
 
 
 def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
