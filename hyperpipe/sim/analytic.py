@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import chain, pairwise, repeat
+from itertools import accumulate, chain, pairwise, repeat
 from operator import attrgetter, eq, itemgetter
 
 import numpy as np
@@ -227,17 +227,17 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
             fill = (sum(work) - work[top] + link_sum) / v
         span = m * period + fill
         spans.append(span)
-        # The backward wave leaves rank r after the ranks below it have run theirs.
-        below = 0.0
+        # The last backward wave leaves stage s after the stages below it have run
+        # theirs: a rank's chunks end their backwards (and start their rings) apart.
+        below = [0.0, *accumulate(t_b)]
         columns = list(zip(*[plan.pipelines[q].stages for q in members], strict=True))
         held = [peak_in_flight(kind, p, m, v, r) for r in range(p)] if sched is None \
             else rank_peaks(sched)
         for r in range(p):
             mine = homes[r]
             for s in mine:
-                ready[(c, s)] = (span - below, last[s])
-            rank_info.append((c, span - below, mine))
-            below += sum(t_b[s] for s in mine)
+                ready[(c, s)] = (span - below[s], last[s])
+            rank_info.append((c, span - min(below[s] for s in mine), mine))
             stash = sum(sizes[s][0] for s in mine) / len(mine)
             peak = _static_bytes(cost, [st[s] for s in mine], types[st[r].devices[0]].name,
                                  b, shards, cache) + stash * held[r]
