@@ -15,7 +15,7 @@ from hyperpipe.models import load_model
 from hyperpipe.plan.generators import generate
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, load_plan
 from hyperpipe.search import partition as P
-from hyperpipe.search import space
+from hyperpipe.search import space, templates
 from hyperpipe.search.baselines import layer_counts, proportional_plan, uniform_plan
 from hyperpipe.search.context import PhaseStats, SearchContext
 from hyperpipe.search.search import SearchConstraints, search, split_batch
@@ -489,3 +489,24 @@ def test_link_cache_keeps_a_device_to_itself_apart_from_its_node():
         2 * CostModel(model, cluster).transfer_time_s("a100/0", "a100/1",
                                                       model.layer_cost(4, 2).send_bytes))
     assert link[5] > 0
+
+
+def test_template_sync_shares_the_nic_among_tp_ranks():
+    """A template's gradient sync of a tp 2 stage replicated on two nodes of one NIC
+    each: the two tp ranks' rings both cross both NICs, so they share them:
+    2 x (bytes / BW) + 2 latencies (n = 2), twice one ring's bytes time; tp 1: once."""
+    bw, lat = 1e9, 1e-4
+    link = {"bandwidth": bw, "latency": lat}
+    cluster = load_cluster({
+        "name": "two", "device_types": {"x": {"peak_flops": 1e12, "memory": "80 GB",
+                                              "mem_bandwidth": 1e12}},
+        "nodes": [{"name": n, "device": "x", "count": 2, "intra_link": link}
+                  for n in ("a", "b")], "inter_node": link})
+    ctx = SearchContext(CostModel(load_model("gpt2-small"), cluster),
+                        SearchConstraints(global_batch=4))
+    for nbytes in (5e7, 3e8):
+        assert templates._ring_s(ctx, (("a/0", "a/1"), ("b/0", "b/1")), nbytes) == \
+            pytest.approx(2 * nbytes / bw + 2 * lat, rel=1e-9)
+        assert templates._ring_s(ctx, (("a/0",), ("b/0",)), nbytes) == \
+            pytest.approx(nbytes / bw + 2 * lat, rel=1e-9)
+    assert templates._ring_s(ctx, (("a/0",), ("b/0",)), 0.0) == 0.0

@@ -47,6 +47,7 @@ from hyperpipe.search.context import (  # noqa: F401  (re-exported for the other
 )
 from hyperpipe.search.space import MemoryMode
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.network import ring_spec
 
 KEEP_PER_GROUP = 3        # templates kept per (schedule, micro-batch, type group) ...
 KEEP_MAX = 32             # ... or up to this many when within TOLERANCE of the best
@@ -171,8 +172,9 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
             slots_kind: str = "") -> float:
     """Per iteration: ring all-reduce of each device's gradients over the replicas
     (`CostModel.dp_sync_bytes_per_param`: fp32 main grads for bf16; reduce-scatter and
-    all-gather with the distributed optimizer) plus its optimizer step (sharded with
-    it); the busiest device counts."""
+    all-gather with the distributed optimizer), the rings of a tp group's ranks at once
+    (`network.ring_spec`: rings that cross one NIC share it), plus its optimizer step
+    (sharded with it); the busiest device counts."""
     cost = ctx.cost
     p = len(slots[0])
     shards = len(slots) if mode.distributed_optimizer else 1
@@ -183,10 +185,25 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
         d = stage_rank(k, p, place)
         group = slots[0][d]
         nbytes = cost.stage_params((a, b)) * per_param / tp
-        ring = [r[d][0] for r in slots]
-        per_device[d] += cost.allreduce_time_s(ring, nbytes) + cost.optimizer_time_s(
-            (a, b), ctx.cluster.device(group[0]).type.name, tp, shards)
+        per_device[d] += _ring_s(ctx, tuple(r[d] for r in slots), nbytes) + \
+            cost.optimizer_time_s((a, b), ctx.cluster.device(group[0]).type.name, tp, shards)
     return max(per_device)
+
+
+def _ring_s(ctx: SearchContext, groups: tuple[tuple[str, ...], ...], nbytes: float) -> float:
+    """All-reduce of `nbytes` per device over the same tp rank of every group, all tp
+    ranks at once, on otherwise idle links. Affine in the bytes (alpha-beta links, or a
+    profile's fitted line), so each set of groups is costed once, at 1 and 2 GB."""
+    if nbytes <= 0:
+        return 0.0
+    memo = ctx.memo.setdefault("ring", {})
+    if groups not in memo:
+        rings = [[g[i] for g in groups] for i in range(len(groups[0]))]
+        t1, t2 = (0.0 if spec is None else spec.time_s
+                  for spec in (ring_spec(ctx.cost, rings, x) for x in (1e9, 2e9)))
+        memo[groups] = (t1, t2 - t1)
+    t1, per_gb = memo[groups]
+    return t1 + per_gb * (nbytes - 1e9) / 1e9
 
 
 def _assign(pools: dict[str, space.UnitPool], recipe: dict[str, int], dp: int,
