@@ -426,57 +426,6 @@ def test_partition_matches_brute_force_at_every_depth():
     assert P.partition([mats[0]] * (n + 1)) is None     # more stages than layers
 
 
-def test_chunks_share_their_device_room():
-    """A device's v chunks: `shared_slots` splits its room among them, so every cut the
-    DP finds fits each device with all its chunks, and one is found whenever the even
-    cut fits. Against brute force over every cut: it finds a cut in cases where a v-th
-    of the room per chunk finds none (the embedding-heavy first chunk)."""
-    rng = np.random.default_rng(5)
-    outcomes = {"rescued": 0, "fits": 0, "none": 0}
-    for trial in range(300):
-        d, v = int(rng.integers(1, 4)), int(rng.integers(2, 4))
-        stages = d * v
-        n = int(rng.integers(stages, stages + 5))
-        homes = [k % d if (k // d) % 2 == 0 else d - 1 - k % d for k in range(stages)]
-        state = rng.uniform(1, 3, n)
-        state[0] += rng.uniform(0, 6)                      # an embedding
-        stash = rng.uniform(0, 1, n)
-        inflight = rng.integers(1, 4, stages)
-        room = rng.uniform(0.5, 1.5, d) * (state.sum() + 2 * stash.sum()) / d
-        table = P.LayerTables(np.concatenate([[0], np.cumsum(rng.uniform(1, 2, n))]),
-                              np.zeros(n + 1), np.concatenate([[0], np.cumsum(state)]),
-                              np.concatenate([[0], np.cumsum(stash)]))
-        tables = [table] * stages
-        rooms = [P.Slot(("x",), int(inflight[k]), float(room[homes[k]]))
-                 for k in range(stages)]
-
-        def fits(b, rooms=rooms, homes=homes, inflight=inflight, state=state,
-                 stash=stash, room=room):
-            use = np.zeros(len(room))
-            for k, (a, e) in enumerate(itertools.pairwise(b)):
-                use[homes[k]] += state[a:e].sum() + inflight[k] * stash[a:e].sum()
-            return bool(np.all(use <= room * (1 + 1e-12)))
-
-        def cut(slots, tables=tables):
-            times = P.time_matrix(tables[0], None)
-            return P.partition([P.stage_matrix(t, s, times) for t, s in
-                                zip(tables, slots, strict=True)])
-
-        feasible = any(fits((0, *c, n))
-                       for c in itertools.combinations(range(1, n), stages - 1))
-        even = tuple(k * n // stages for k in range(stages + 1))
-        got = cut(P.shared_slots(tables, rooms, homes))
-        split = cut([P.Slot(s.devices, s.inflight, s.capacity_bytes / v) for s in rooms])
-        if got is None:
-            assert not fits(even), trial
-            outcomes["none"] += 1
-            continue
-        assert feasible and fits(got), trial
-        outcomes["fits"] += 1
-        outcomes["rescued"] += split is None
-    assert min(outcomes.values()) >= 10, outcomes
-
-
 def test_link_cache_keeps_a_device_to_itself_apart_from_its_node():
     # a V kind puts two adjacent chunks on one device (no transfer); that zero must not
     # be cached as the cost of the node's links (it made templates depend on the order

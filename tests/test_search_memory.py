@@ -1,17 +1,20 @@
 """The search's memory dimensions (issue 9): recompute, sequence parallelism and the
 distributed optimizer are used where memory needs them, never otherwise, and the CLI
-flags fix them."""
+flags fix them; the chunks of one device share its memory."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
+import numpy as np
 import pytest
 
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.errors import InfeasiblePlan
 from hyperpipe.models import load_model
+from hyperpipe.search import partition as P
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.search.space import MemoryMode, memory_modes
 from hyperpipe.sim.costmodel import CostModel
@@ -125,3 +128,54 @@ def test_chunks_of_a_device_share_its_memory():
     assert not best.metrics.oom
     full = search(model, cluster, SearchConstraints(**fixed, recompute="full")).best
     assert best.metrics.iteration_time_s < full.metrics.iteration_time_s
+
+
+def test_chunks_share_their_device_room():
+    """A device's v chunks: `shared_slots` splits its room among them, so every cut the
+    DP finds fits each device with all its chunks, and one is found whenever the even
+    cut fits. Against brute force over every cut: it finds a cut in cases where a v-th
+    of the room per chunk finds none (the embedding-heavy first chunk)."""
+    rng = np.random.default_rng(5)
+    outcomes = {"rescued": 0, "fits": 0, "none": 0}
+    for trial in range(300):
+        d, v = int(rng.integers(1, 4)), int(rng.integers(2, 4))
+        stages = d * v
+        n = int(rng.integers(stages, stages + 5))
+        homes = [k % d if (k // d) % 2 == 0 else d - 1 - k % d for k in range(stages)]
+        state = rng.uniform(1, 3, n)
+        state[0] += rng.uniform(0, 6)                      # an embedding
+        stash = rng.uniform(0, 1, n)
+        inflight = rng.integers(1, 4, stages)
+        room = rng.uniform(0.5, 1.5, d) * (state.sum() + 2 * stash.sum()) / d
+        table = P.LayerTables(np.concatenate([[0], np.cumsum(rng.uniform(1, 2, n))]),
+                              np.zeros(n + 1), np.concatenate([[0], np.cumsum(state)]),
+                              np.concatenate([[0], np.cumsum(stash)]))
+        tables = [table] * stages
+        rooms = [P.Slot(("x",), int(inflight[k]), float(room[homes[k]]))
+                 for k in range(stages)]
+
+        def fits(b, rooms=rooms, homes=homes, inflight=inflight, state=state,
+                 stash=stash, room=room):
+            use = np.zeros(len(room))
+            for k, (a, e) in enumerate(itertools.pairwise(b)):
+                use[homes[k]] += state[a:e].sum() + inflight[k] * stash[a:e].sum()
+            return bool(np.all(use <= room * (1 + 1e-12)))
+
+        def cut(slots, tables=tables):
+            times = P.time_matrix(tables[0], None)
+            return P.partition([P.stage_matrix(t, s, times) for t, s in
+                                zip(tables, slots, strict=True)])
+
+        feasible = any(fits((0, *c, n))
+                       for c in itertools.combinations(range(1, n), stages - 1))
+        even = tuple(k * n // stages for k in range(stages + 1))
+        got = cut(P.shared_slots(tables, rooms, homes))
+        split = cut([P.Slot(s.devices, s.inflight, s.capacity_bytes / v) for s in rooms])
+        if got is None:
+            assert not fits(even), trial
+            outcomes["none"] += 1
+            continue
+        assert feasible and fits(got), trial
+        outcomes["fits"] += 1
+        outcomes["rescued"] += split is None
+    assert min(outcomes.values()) >= 10, outcomes

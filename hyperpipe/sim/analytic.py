@@ -16,21 +16,20 @@ T = max(max_r t_r, c) the steady-state period, one pipeline takes
   m >= 2p: 6 m t + (p - 1) t, the generators' orders); synth: as zb-h1 when its lists
   split backwards, else as 1f1b, over its own placement.
 
-Stage s (on rank r) ends its last backward about sum_{r' < r} (backward of r') before
-the pipeline ends; its data-parallel all-reduce (the simulator's ring flow,
-`network.ring_spec`, in buckets, overlapped with that last backward as the simulator
-does) and its optimizer step follow. Every hop (a NIC, a port) serves the rings of all
-layer ranges that cross it at best one after another, so none ends before the hop has
-moved them all since they started (nodes with fewer NICs than devices). Replicas with
-the same stages, device types and micro-batches are computed once. Peak memory is
-static state plus the closed-form in-flight count (`memory.peak_in_flight`) times the
-stash of one micro-batch.
+Stage s ends its last backward about sum_{s' < s} (backward of s') before the pipeline
+ends (the last micro-batch's backward wave, so a rank's chunks end theirs apart); its
+data-parallel all-reduce (the simulator's ring flow, `network.ring_spec`, in buckets,
+overlapped with that last backward as the simulator does) and its optimizer step follow.
+Every hop (a NIC, a port) serves the rings of all layer ranges that cross it at best one
+after another, so none ends before the hop has moved them all since they started (nodes
+with fewer NICs than devices). Replicas with the same stages, device types and
+micro-batches are computed once. Peak memory is static state plus the closed-form
+in-flight count (`memory.peak_in_flight`) times the stash of one micro-batch.
 
 What it leaves out, and the simulator has: link sharing between replicas' point-to-point
 traffic and with the all-reduces (which it bounds only among themselves), and the exact
-interleaving of heterogeneous stages. The tests
-check it equals the simulation on equal stages with free links and bound the gap on
-heterogeneous ones.
+interleaving of heterogeneous stages. The tests check it equals the simulation on equal
+stages with free links and bound the gap on heterogeneous ones.
 """
 
 from __future__ import annotations
@@ -372,7 +371,8 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
     # Members of a class share their cuts: the stage holding each layer, once per class.
     firsts = [{s.layers[0]: k for k, s in enumerate(pipes[members[0]].stages)}
               for members in classes]
-    rings = []              # (parts, own finish, latency, start, hops, their busy seconds)
+    owners = []                          # per layer range: (parts, own finish, latency)
+    starts, crossed, busy_s = [], [], []   # ... when its rings start, hops, busy seconds
     start = 0
     for end in cuts:
         layers = (start, end)
@@ -416,11 +416,14 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
         else:
             s0 = max(e for e, _ in ends)
             finish = s0 + k * a
-        rings.append((parts, finish, lat, s0, hops, k * busy))
+        owners.append((parts, finish, lat))
+        starts.append(s0)
+        crossed.append(hops)
+        busy_s.append(k * busy)
     # A hop serves the rings of every layer range that cross it one after another at best
     # (equal time-sharing, as the simulator's network): none ends before its busy time.
-    served = _served([r[3] for r in rings], [r[4] for r in rings], [r[5] for r in rings])
-    for (parts, finish, lat, *_), end in zip(rings, served, strict=True):
+    served = _served(starts, crossed, busy_s)
+    for (parts, finish, lat), end in zip(owners, served, strict=True):
         finish = max(finish, end + lat)
         for part in parts:
             done[part] = max(done.get(part, 0.0), finish)
