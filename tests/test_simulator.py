@@ -184,12 +184,11 @@ def test_blocking_sends_match_recurrence(kind, chunks, counts, ranks):
     _check_against_recurrence(kind, chunks, counts, ranks, blocking=True)
 
 
-def _check_against_recurrence(kind, chunks, counts, ranks, *, blocking):
+def _check_against_recurrence(kind, chunks, counts, ranks, *, blocking, m=5):
     latency = 2e-4
     cluster = load_cluster(cluster_dict([("f", "unit", 2), ("s", "half", 2)],
                                         latency=latency))
     model = synthetic(sum(counts))
-    m = 5
     p = len(ranks)
     stages, start = [], 0
     place = placement_of(kind)
@@ -211,10 +210,23 @@ def _check_against_recurrence(kind, chunks, counts, ranks, *, blocking):
         assert got[key] == pytest.approx((s0, s1), rel=1e-9, abs=1e-12), key
     makespan = max(e for _, e in expected.values())
     assert result.metrics.iteration_time_s == pytest.approx(makespan, rel=1e-9)
-    if not blocking:
-        # The analytic tier estimates, not replays, here: within 10% (measured: 0-4.3%).
-        assert estimate(plan, CostModel(model, cluster)).iteration_time_s == \
-            pytest.approx(makespan, rel=0.10)
+    if blocking:
+        return makespan
+    est = estimate(plan, CostModel(model, cluster)).iteration_time_s
+    if place == "v" and m <= 2 * p:
+        # the V kinds' orders are replayed for min(m, 2p) micro-batches: exact here
+        assert est == pytest.approx(makespan, rel=1e-9)
+    else:
+        # closed forms (measured: 0-4.3% over), or for the V kinds the replay extended at
+        # the busiest rank's period (measured: exact at m = 24)
+        assert est == pytest.approx(makespan, rel=0.01 if place == "v" else 0.10)
+    return makespan
+
+
+@pytest.mark.parametrize("kind,chunks,counts,ranks", [h for h in HETERO if h[0] in
+                                                      ("zb-v", "dualpipe-v")])
+def test_v_kinds_past_2p_microbatches_against_recurrence(kind, chunks, counts, ranks):
+    _check_against_recurrence(kind, chunks, counts, ranks, blocking=False, m=24)
 
 
 # ---------------------------------------------------------------- memory and errors

@@ -11,10 +11,12 @@ T = max(max_r t_r, c) the steady-state period, one pipeline takes
   (equal chunks: 3 m v t + 3 (p - 1) t, Megatron's (p - 1) / v bubble);
 * zb-h1:                  m T + sum over non-bottleneck ranks of (F + I - W) + links
   (equal F = I = W = t: 3 m t + (p - 1) t, Qi et al. 2023);
-* zb-v, dualpipe-v (V placement, rank r holds stages r and 2p-1-r): as zb-h1 with the
-  fill taken from chunk 0 and the links halved (equal chunks of F = I = W = t and
-  m >= 2p: 6 m t + (p - 1) t, the generators' orders); synth: as zb-h1 when its lists
-  split backwards, else as 1f1b, over its own placement.
+* zb-v, dualpipe-v (V placement, rank r holds stages r and 2p-1-r): the generator's
+  orders for min(m, 2p) micro-batches replayed with the stage and link times
+  (`improve.schedule_makespan_s`), then T per further micro-batch (equal chunks of F = I = W = t
+  and m >= 2p: 6 m t + (p - 1) t); exact on free links for m <= 2p, where the zb-h1
+  fill was 20-25% over on F > W stages;
+* synth: its own orders replayed (exact on free links).
 
 Stage s ends its last backward about sum_{s' < s} (backward of s') before the pipeline
 ends (the last micro-batch's backward wave, so a rank's chunks end theirs apart); its
@@ -47,6 +49,7 @@ from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.plan_schedule import pipeline_placement, rank_peaks, schedule_for
 from hyperpipe.plan.schedule import rank_stages
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.improve import schedule_makespan_s
 from hyperpipe.sim.memory import oom_detail, peak_in_flight
 from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.network import p2p_edges, p2p_spec, ring_spec
@@ -204,9 +207,10 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
             a.op == "W" for row in sched.actions for a in row))
         placement = pipeline_placement(plan, pipe)
         homes = [rank_stages(r, p, v, placement) for r in range(p)]
-        if split:
+        if split or sched is not None:
             t_i = [_stage_s(cost, s, b, "I") for s in st]
             t_w = [_stage_s(cost, s, b, "W") for s in st]
+        if split:
             t_b = [i + w for i, w in zip(t_i, t_w, strict=True)]
             last = t_w
         else:
@@ -218,13 +222,18 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         work = [sum(t_f[s] + t_b[s] for s in homes[r]) for r in range(p)]
         top = max(range(p), key=work.__getitem__)
         period = max([work[top]] + [max(fwd, bwd) for fwd, bwd in links])
-        link_sum = sum(fwd + bwd for fwd, bwd in links)
-        if split:
-            fill = sum(t_f[r] + t_i[r] - t_w[r] for r in range(p) if r != top) + \
-                link_sum / v
+        if sched is not None:
+            # the order itself, replayed on free links; the rest at the period
+            span = schedule_makespan_s(sched, t_f, t_i, t_w, links) + \
+                (m - sched.num_microbatches) * period
         else:
-            fill = (sum(work) - work[top] + link_sum) / v
-        span = m * period + fill
+            link_sum = sum(fwd + bwd for fwd, bwd in links)
+            if split:
+                fill = sum(t_f[r] + t_i[r] - t_w[r] for r in range(p) if r != top) + \
+                    link_sum / v
+            else:
+                fill = (sum(work) - work[top] + link_sum) / v
+            span = m * period + fill
         spans.append(span)
         # The last backward wave leaves stage s after the stages below it have run
         # theirs: a rank's chunks end their backwards (and start their rings) apart.

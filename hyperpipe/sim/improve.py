@@ -5,6 +5,8 @@
 B counts as I then W): each action starts when its rank is free and its input is
 there. It returns each action's start, end and ready time, or None when the orders
 deadlock or a rank's stashes (held from F to W, or to B) exceed its budget.
+`schedule_makespan_s` is that replay's end for a `Schedule`'s own orders, uncapped:
+the analytic tier (`hyperpipe.sim.analytic`) prices the V kinds and synth with it.
 
 `improve(c, rows, placement, budget)` hill-climbs on that replay, in the spirit of
 list-schedule justification (Valls et al., EJOR 2005): an action that was ready before
@@ -19,7 +21,7 @@ mutates its input.
 
 from __future__ import annotations
 
-from hyperpipe.plan.schedule import Action, stage_rank
+from hyperpipe.plan.schedule import Action, Schedule, stage_rank
 from hyperpipe.sim.listsched import PipeCosts
 
 EPS_S = 1e-12          # why: float sums of the same times in another order differ by ulps
@@ -38,6 +40,20 @@ def replay(c: PipeCosts, rows: tuple[tuple[Action, ...], ...],
         return None
     return {a: t for row, row_t in zip(rows, times, strict=True)
             for a, t in zip(row, row_t, strict=True)}
+
+
+def schedule_makespan_s(sched: Schedule, f_s: list[float], i_s: list[float],
+                        w_s: list[float], links: list[tuple[float, float]]) -> float:
+    """When the last action of `sched`'s orders ends (seconds), in `replay`'s model with
+    these per-stage times, per-boundary (forward, backward) link delays and no memory
+    cap. ValueError when the orders deadlock (a validated schedule does not)."""
+    costs = PipeCosts(tuple(f_s), tuple(i_s), tuple(w_s), (0.0,) * len(f_s),
+                      tuple(f for f, _ in links), tuple(b for _, b in links),
+                      (float("inf"),) * sched.num_devices)
+    times = _replay_rows(costs, _encode(sched.actions), sched.placement)
+    if times is None:
+        raise ValueError(f"schedule {sched.kind} deadlocks on replay")
+    return _score(times)[0]
 
 
 def _encode(rows) -> list[tuple[tuple[int, int, int], ...]]:
