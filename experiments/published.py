@@ -27,7 +27,9 @@ parallelism, data parallel size one), with their own null model (Table 1's mean 
 per GPU) and a line `korthikanti_mape=X korthikanti_max_ape=Y n_rows=8`; then NVIDIA's
 NeMo GPT-3 175B benchmark on 128 to 2048 H100s (the layout the search picks for that
 model: tensor parallelism 4, pipeline 8, interleaved, distributed optimizer) and a line
-`nemo_mape=X nemo_max_ape=Y n_rows=5`; then BLOOM-176B
+`nemo_mape=X nemo_max_ape=Y n_rows=5`; then Megatron-Turing NLG 530B on 2240 to 3360
+A100s (Megatron-DeepSpeed, tp 8, pp 35) and a line `mtnlg_mape=X mtnlg_max_ape=Y
+n_rows=3`; then BLOOM-176B
 (another stack, tensor parallelism 4, like the layouts the search picks at this scale)
 and a line `bloom_error=E` (signed). Megatron's point-to-point sends block their sender
 (`SimOptions.blocking_p2p`).
@@ -266,6 +268,39 @@ def bloom_run() -> tuple[float, float, object]:
     return flops / (b["tflops_per_gpu"] * 1e12 * tp * pp * dp), m.iteration_time_s, m
 
 
+# Out of sample, the same stack as BLOOM's at tensor parallelism 8: Megatron-Turing NLG
+# 530B (Smith et al. 2022, arXiv 2201.11990, sec. 2.2 and 2.4, as quoted in
+# cli99/llm-analysis examples/megatron-turing-nlg/README.md): 105 layers, hidden 20,480,
+# 128 heads, sequence 2048, bf16, global batch 1920; tp 8, pp 35 on Selene's DGX A100
+# 80GB nodes (8 x 200 Gbit/s HDR per node); 280, 350 and 420 nodes took 60.1, 50.2 and
+# 44.4 s per iteration (126, 121, 113 TFLOP/s per GPU). The first agrees with PaLM's
+# 65.43K tokens/s for MT-NLG (Chowdhery et al. 2022, appendix B): 1920 x 2048 / 60.1 s.
+# Not published, taken as Megatron-DeepSpeed's defaults of the time: micro-batch 1,
+# full recompute, no interleaving (DeepSpeed's pipeline engine), the GPT-2 vocabulary
+# padded to 51,200, eager attention, dropout 0.1, gradients reduced after the last
+# micro-batch, blocking sends.
+MTNLG = ((280, 60.1), (350, 50.2), (420, 44.4))
+
+
+def mtnlg_runs(mean_x: float) -> tuple[list[float], list[float]]:
+    """|error| of each MT-NLG run, printed as it goes, and of the null model (eq. (3)
+    hardware FLOPs at Table 1's mean TFLOP/s per GPU, `mean_x`)."""
+    model = load_model({"kind": "gpt", "name": "mt-nlg-530b", "vocab_size": VOCAB,
+                        "n_layer": 105, "n_head": 128, "d_model": 20480, "seq_len": SEQ,
+                        "dtype": "bf16", "attention": "eager", "dropout": 0.1})
+    errors, nulls = [], []
+    for nodes, pub in MTNLG:
+        run = Run("530B", 128, 20480, 105, 8, 35, 8 * nodes, 1920, 1, None, "local", 0.0)
+        cluster = dgx_cluster(nodes)
+        m = simulate(plan_of(run, model, cluster), CostModel(model, cluster),
+                     SimOptions(trace=False, overlap_dp_allreduce=False,
+                                blocking_p2p=True)).metrics
+        null = run.hardware_flops() / (mean_x * 1e12 * run.gpus) / pub - 1
+        errors.append(abs(print_row(run, "full", pub, m, null)))
+        nulls.append(abs(null))
+    return errors, nulls
+
+
 # Out of sample, the layout the search picks for GPT-3 175B (tensor parallelism 4,
 # pipeline 8, interleaved, distributed optimizer): NVIDIA's NeMo Megatron GPT-3 175B
 # benchmark on DGX H100 (NVIDIA DGX Cloud Benchmarking recipe "NeMo Megatron GPT3 175B",
@@ -347,6 +382,14 @@ def main() -> int:
           f"mape={sum(nemo_null) / len(nemo_null):.3f} max_ape={max(nemo_null):.3f}")
     print(f"nemo_mape={sum(nemo) / len(nemo):.4f} nemo_max_ape={max(nemo):.4f} "
           f"n_rows={len(nemo)}")
+    print("out of sample, Megatron-Turing NLG 530B (Megatron-DeepSpeed, tp 8, pp 35):")
+    print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
+          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
+    mtnlg, mtnlg_null = mtnlg_runs(mean_x)
+    print(f"null model (Table 1's mean TFLOP/s per GPU): "
+          f"mape={sum(mtnlg_null) / len(mtnlg_null):.3f} max_ape={max(mtnlg_null):.3f}")
+    print(f"mtnlg_mape={sum(mtnlg) / len(mtnlg):.4f} mtnlg_max_ape={max(mtnlg):.4f} "
+          f"n_rows={len(mtnlg)}")
     pub, pred, m = bloom_run()
     print(f"out of sample, BLOOM-176B (Megatron-DeepSpeed, tp 4, 384 GPUs): published "
           f"{pub:.1f} s, predicted {pred:.1f} s, MFU {m.mfu:.1%}, peak "
