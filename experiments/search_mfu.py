@@ -113,7 +113,7 @@ def main() -> int:
                         top=1, workers=args.workers, progress=sys.stderr.isatty())
         best = result.best
         m = best.metrics
-        line = (f"{name:24s} {describe(best.plan)}: {m.iteration_time_s:.2f} s, "
+        line = (f"{name:39s} {describe(best.plan)}: {m.iteration_time_s:.2f} s, "
                 f"MFU {m.mfu:.1%}, fits {not m.oom}, search {time.perf_counter() - t0:.0f} s")
         if published is not None:
             ok = published[0] <= m.mfu <= published[1] and not m.oom

@@ -9,6 +9,7 @@ model's code.
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -22,6 +23,7 @@ from hyperpipe.plan.trace import COMPUTE_OPS
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.improve import schedule_makespan_s
 from hyperpipe.sim.simulator import SimOptions, simulate
 
 FLOPS = 1e12            # "unit" device: 1 TFLOP/s at efficiency 1
@@ -218,7 +220,7 @@ def _check_against_recurrence(kind, chunks, counts, ranks, *, blocking, m=5):
         assert est == pytest.approx(makespan, rel=1e-9)
     else:
         # closed forms (measured: 0-4.3% over), or for the V kinds the replay extended at
-        # the busiest rank's period (measured: exact at m = 24)
+        # the busiest rank's period (measured here: exact at m = 24)
         assert est == pytest.approx(makespan, rel=0.01 if place == "v" else 0.10)
     return makespan
 
@@ -227,6 +229,27 @@ def _check_against_recurrence(kind, chunks, counts, ranks, *, blocking, m=5):
                                                       ("zb-v", "dualpipe-v")])
 def test_v_kinds_past_2p_microbatches_against_recurrence(kind, chunks, counts, ranks):
     _check_against_recurrence(kind, chunks, counts, ranks, blocking=False, m=24)
+
+
+@pytest.mark.parametrize("kind,chunks,p,m", [("1f1b", 1, 4, 7), ("zb-h1", 1, 3, 5),
+                                             ("interleaved-1f1b", 2, 3, 6),
+                                             ("zb-v", 2, 3, 6), ("dualpipe-v", 2, 4, 8)])
+def test_replayed_makespan_with_unequal_times_against_recurrence(kind, chunks, p, m):
+    """`improve.schedule_makespan_s`, which the analytic tier prices the V kinds and synth
+    with, on per-stage F, I, W and B all different (B not I + W): the recurrence's
+    makespan. Links take 0.1 ms, far below every action, so none queues."""
+    rng = random.Random(f"{kind}{p}{m}")
+    n = p * chunks
+    f, i, w, b = ([rng.uniform(1e-3, 3e-3) for _ in range(n)] for _ in range(4))
+    dur = {}
+    for k in range(n):
+        dur.update({(k, "F"): f[k], (k, "I"): i[k], (k, "W"): w[k], (k, "B"): b[k]})
+    sched = generate(kind, p, m, chunks)
+    lat = 1e-4
+    links = [(0.0, 0.0) if sched.device_of(k) == sched.device_of(k + 1) else (lat, lat)
+             for k in range(n - 1)]
+    expected = max(e for _, e in brute_force(sched, dur, lat).values())
+    assert schedule_makespan_s(sched, f, i, w, b, links) == pytest.approx(expected, rel=1e-12)
 
 
 # ---------------------------------------------------------------- memory and errors

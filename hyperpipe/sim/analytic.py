@@ -13,10 +13,9 @@ T = max(max_r t_r, c) the steady-state period, one pipeline takes
   (equal F = I = W = t: 3 m t + (p - 1) t, Qi et al. 2023);
 * zb-v, dualpipe-v (V placement, rank r holds stages r and 2p-1-r): the generator's
   orders for min(m, 2p) micro-batches replayed with the stage and link times
-  (`improve.schedule_makespan_s`), then T per further micro-batch (equal chunks of F = I = W = t
-  and m >= 2p: 6 m t + (p - 1) t); exact on free links for m <= 2p, where the zb-h1
-  fill was 20-25% over on F > W stages;
-* synth: its own orders replayed (exact on free links).
+  (`improve.schedule_makespan_s`, exact on free links), then T per further micro-batch
+  (equal chunks of F = I = W = t and m >= 2p: 6 m t + (p - 1) t);
+* synth: each pipeline's own orders replayed (exact on free links).
 
 Stage s ends its last backward about sum_{s' < s} (backward of s') before the pipeline
 ends (the last micro-batch's backward wave, so a rank's chunks end theirs apart); its
@@ -29,9 +28,10 @@ micro-batches are computed once. Peak memory is static state plus the closed-for
 in-flight count (`memory.peak_in_flight`) times the stash of one micro-batch.
 
 What it leaves out, and the simulator has: link sharing between replicas' point-to-point
-traffic and with the all-reduces (which it bounds only among themselves), and the exact
-interleaving of heterogeneous stages. The tests check it equals the simulation on equal
-stages with free links and bound the gap on heterogeneous ones.
+traffic and with the all-reduces (which it bounds only among themselves), and, for the
+closed-form kinds, the exact interleaving of heterogeneous stages. The tests check it
+equals the simulation on equal stages with free links (and on heterogeneous ones for the
+replayed kinds) and bound the gap elsewhere.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.network import p2p_edges, p2p_spec, ring_spec
 
 _SPLIT = frozenset({"zb-h1", "zb-v", "dualpipe-v"})       # kinds that run I and W apart
-_READ_OFF = frozenset({"zb-v", "dualpipe-v", SYNTH})      # in-flight counts off the IR
+_REPLAYED = frozenset({"zb-v", "dualpipe-v", SYNTH})      # time and in-flight off the IR
 DDP_BUCKET_BYTES = 25e6      # PyTorch DDP's default bucket_cap_mb=25, as SimOptions
 
 
@@ -183,6 +183,8 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
             slow = cluster.device(dev).slowdown     # a straggler is a class of its own
             names[dev] = types[dev].name if slow == 1.0 else f"{types[dev].name}@x{slow:g}"
         classes = _classes(plan, names)
+    if kind == SYNTH:
+        classes = _split_by_orders(plan, classes)
 
     ranks: list[RankUse] = []
     ready: dict[tuple[int, int], tuple[float, float]] = {}  # (class, stage) -> (end, last)
@@ -199,9 +201,9 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         sched = None
         if kind == SYNTH:
             sched = schedule_for(plan, members[0])
-        elif kind in _READ_OFF:
-            # a V kind's per-rank peaks stop growing at m = 2p (tests/test_schedule_v.py):
-            # read them off that short schedule
+        elif kind in _REPLAYED:
+            # a V kind's per-rank peaks stop growing at m = 2p (tests/test_schedule_v.py)
+            # and its fill is steady from there: time and peaks come off that schedule
             sched = generate(kind, p, min(m, 2 * p), v)
         split = kind in _SPLIT or (sched is not None and sched.kind == SYNTH and any(
             a.op == "W" for row in sched.actions for a in row))
@@ -224,7 +226,8 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         period = max([work[top]] + [max(fwd, bwd) for fwd, bwd in links])
         if sched is not None:
             # the order itself, replayed on free links; the rest at the period
-            span = schedule_makespan_s(sched, t_f, t_i, t_w, links) + \
+            b_s = t_b if not split else [_stage_s(cost, s, b, "B") for s in st]
+            span = schedule_makespan_s(sched, t_f, t_i, t_w, b_s, links) + \
                 (m - sched.num_microbatches) * period
         else:
             link_sum = sum(fwd + bwd for fwd, bwd in links)
@@ -287,6 +290,28 @@ def _classes(plan: Plan, names: dict) -> dict[tuple, list[int]]:
                tuple(map(_MEMORY_MODE, st)))
         classes.setdefault(key, []).append(q)
     return classes
+
+
+def _split_by_orders(plan: Plan, classes: dict[tuple, list[int]]) -> dict[tuple, list[int]]:
+    """`classes` split where a synthesised plan gives its pipelines different orders (the
+    search gives pipelines with the same costs one order; a user's plan need not)."""
+    lists = dict(plan.actions or ())
+    seen: dict[int, int] = {}          # id of a list -> its number (shared lists: once)
+    numbers: dict[tuple, int] = {}     # a list's content -> its number
+
+    def number(row) -> int:
+        if id(row) not in seen:
+            seen[id(row)] = numbers.setdefault(row, len(numbers))
+        return seen[id(row)]
+
+    out: dict[tuple, list[int]] = {}
+    for key, members in classes.items():
+        for q in members:
+            stages = plan.pipelines[q].stages
+            p = len(stages) // plan.chunks
+            orders = tuple(number(lists.get(stages[d].devices[0])) for d in range(p))
+            out.setdefault((key, orders), []).append(q)
+    return out
 
 
 def _all_alike(pipes, names: dict, p: int) -> bool:

@@ -43,13 +43,14 @@ def replay(c: PipeCosts, rows: tuple[tuple[Action, ...], ...],
 
 
 def schedule_makespan_s(sched: Schedule, f_s: list[float], i_s: list[float],
-                        w_s: list[float], links: list[tuple[float, float]]) -> float:
+                        w_s: list[float], b_s: list[float],
+                        links: list[tuple[float, float]]) -> float:
     """When the last action of `sched`'s orders ends (seconds), in `replay`'s model with
-    these per-stage times, per-boundary (forward, backward) link delays and no memory
-    cap. ValueError when the orders deadlock (a validated schedule does not)."""
+    these per-stage F, I, W and B times, per-boundary (forward, backward) link delays and
+    no memory cap. ValueError when the orders deadlock (a validated schedule does not)."""
     costs = PipeCosts(tuple(f_s), tuple(i_s), tuple(w_s), (0.0,) * len(f_s),
                       tuple(f for f, _ in links), tuple(b for _, b in links),
-                      (float("inf"),) * sched.num_devices)
+                      (float("inf"),) * sched.num_devices, tuple(b_s))
     times = _replay_rows(costs, _encode(sched.actions), sched.placement)
     if times is None:
         raise ValueError(f"schedule {sched.kind} deadlocks on replay")
@@ -71,7 +72,8 @@ def _replay_rows(c: PipeCosts, rows, placement: str) -> RowTimes | None:
                     for k in range(1, n_st)]
     in_b = [0.0 if rank_of[k + 1] == rank_of[k] else c.bwd_link_s[k]
             for k in range(n_st - 1)] + [0.0]
-    dur = (c.f_s, c.i_s, c.w_s, [i + w for i, w in zip(c.i_s, c.w_s, strict=True)])
+    dur = (c.f_s, c.i_s, c.w_s,
+           c.b_s or [i + w for i, w in zip(c.i_s, c.w_s, strict=True)])
     stash, budget = c.stash_bytes, [b * (1 + 1e-9) for b in c.budget_bytes]
     mbs = 1 + max((a[2] for row in rows for a in row), default=0)
     done_f: list[float | None] = [None] * (n_st * mbs)    # F's end per (stage, mb)

@@ -58,7 +58,8 @@ class Policy:
 @dataclass(frozen=True)
 class PipeCosts:
     """Per stage k: f_s, i_s, w_s (seconds), stash_bytes; per boundary k (stage k to k+1):
-    fwd_link_s and bwd_link_s (0 on one device); per rank: budget_bytes for stashes."""
+    fwd_link_s and bwd_link_s (0 on one device); per rank: budget_bytes for stashes; per
+    stage b_s, a whole backward's time (seconds; None: i_s + w_s), for orders with B's."""
 
     f_s: tuple[float, ...]
     i_s: tuple[float, ...]
@@ -67,6 +68,7 @@ class PipeCosts:
     fwd_link_s: tuple[float, ...]
     bwd_link_s: tuple[float, ...]
     budget_bytes: tuple[float, ...]
+    b_s: tuple[float, ...] | None = None
 
 
 def base_depth(p: int, v: int, d: int) -> int:

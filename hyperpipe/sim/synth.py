@@ -108,7 +108,7 @@ def pipe_costs(plan: Plan, cost: CostModel, q: int) -> PipeCosts:
         budget.append(cost.cluster.device(st[d].devices[0]).type.memory_bytes - static)
     return PipeCosts(times("F"), times("I"), times("W"),
                      tuple(cost.stage_stash_bytes(s, mb) for s in st),
-                     tuple(links_f), tuple(links_b), tuple(budget))
+                     tuple(links_f), tuple(links_b), tuple(budget), times("B"))
 
 
 def synth_plan(plan: Plan, cost: CostModel, policy: Policy,
