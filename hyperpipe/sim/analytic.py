@@ -23,15 +23,14 @@ data-parallel all-reduce (the simulator's ring flow, `network.ring_spec`, in buc
 overlapped with that last backward as the simulator does) and its optimizer step follow.
 Every hop (a NIC, a port) serves the rings of all layer ranges that cross it at best one
 after another, so none ends before the hop has moved them all since they started (nodes
-with fewer NICs than devices). Replicas with the same stages, device types and
-micro-batches are computed once. Peak memory is static state plus the closed-form
-in-flight count (`memory.peak_in_flight`) times the stash of one micro-batch.
+with fewer NICs than devices). Like replicas are computed once. Peak memory is static
+state plus the in-flight count (closed form, or read off the replayed orders) times the
+stash of one micro-batch.
 
-What it leaves out, and the simulator has: link sharing between replicas' point-to-point
-traffic and with the all-reduces (which it bounds only among themselves), and, for the
-closed-form kinds, the exact interleaving of heterogeneous stages. The tests check it
-equals the simulation on equal stages with free links (and on heterogeneous ones for the
-replayed kinds) and bound the gap elsewhere.
+Left out (the simulator has them): link sharing between replicas' point-to-point traffic
+and with the all-reduces (bounded only among the all-reduces), and for the closed-form
+kinds the exact interleaving of unequal stages. Tested: equal to the simulation on free
+links (equal stages; unequal too for the replayed kinds), the gap bounded elsewhere.
 """
 
 from __future__ import annotations
@@ -202,8 +201,7 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         if kind == SYNTH:
             sched = schedule_for(plan, members[0])
         elif kind in _REPLAYED:
-            # a V kind's per-rank peaks stop growing at m = 2p (tests/test_schedule_v.py)
-            # and its fill is steady from there: time and peaks come off that schedule
+            # peaks stop growing at m = 2p (tests/test_schedule_v.py), the fill nearly so
             sched = generate(kind, p, min(m, 2 * p), v)
         split = kind in _SPLIT or (sched is not None and sched.kind == SYNTH and any(
             a.op == "W" for row in sched.actions for a in row))
@@ -293,24 +291,12 @@ def _classes(plan: Plan, names: dict) -> dict[tuple, list[int]]:
 
 
 def _split_by_orders(plan: Plan, classes: dict[tuple, list[int]]) -> dict[tuple, list[int]]:
-    """`classes` split where a synthesised plan gives its pipelines different orders (the
-    search gives pipelines with the same costs one order; a user's plan need not)."""
-    lists = dict(plan.actions or ())
-    seen: dict[int, int] = {}          # id of a list -> its number (shared lists: once)
-    numbers: dict[tuple, int] = {}     # a list's content -> its number
-
-    def number(row) -> int:
-        if id(row) not in seen:
-            seen[id(row)] = numbers.setdefault(row, len(numbers))
-        return seen[id(row)]
-
+    """`classes` split by each pipeline's own action lists (kind synth), as the
+    simulator's `program.replica_classes` keys them."""
     out: dict[tuple, list[int]] = {}
     for key, members in classes.items():
         for q in members:
-            stages = plan.pipelines[q].stages
-            p = len(stages) // plan.chunks
-            orders = tuple(number(lists.get(stages[d].devices[0])) for d in range(p))
-            out.setdefault((key, orders), []).append(q)
+            out.setdefault((key, schedule_for(plan, q).actions), []).append(q)
     return out
 
 
