@@ -2,8 +2,8 @@
 
 `estimate(plan, cost)` returns the same `Metrics` as `simulate`, from per-stage times
 of the cost model and no events. With t_r the work of rank r per micro-batch (F + B of
-its stages; F + I + W for zb-h1), c the slowest link direction per micro-batch and
-T = max(max_r t_r, c) the steady-state period, one pipeline takes
+its stages; F + I + W for zb-h1), c the busiest way of a device pair's link per
+micro-batch (every boundary between the pair) and T = max(max_r t_r, c) the period:
 
 * gpipe, 1f1b:            m T + (sum_r t_r - max_r t_r) + sum of link times
   (for equal stages and free links: (m + p - 1)(t_F + t_B), the GPipe/1F1B closed form);
@@ -36,6 +36,7 @@ links (equal stages; unequal too for the replayed kinds), the gap bounded elsewh
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from itertools import accumulate, chain, pairwise, repeat
 from operator import attrgetter, eq, itemgetter
@@ -182,8 +183,12 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
             slow = cluster.device(dev).slowdown     # a straggler is a class of its own
             names[dev] = types[dev].name if slow == 1.0 else f"{types[dev].name}@x{slow:g}"
         classes = _classes(plan, names)
-    if kind == SYNTH:
-        classes = _split_by_orders(plan, classes)
+    if kind == SYNTH:        # a pipeline's own lists join its key (as `replica_classes`)
+        split: dict[tuple, list[int]] = {}
+        for key, members in classes.items():
+            for q in members:
+                split.setdefault((key, schedule_for(plan, q).actions), []).append(q)
+        classes = split
 
     ranks: list[RankUse] = []
     ready: dict[tuple[int, int], tuple[float, float]] = {}  # (class, stage) -> (end, last)
@@ -221,7 +226,11 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
                  for k, (x, y) in enumerate(pairwise(st))]
         work = [sum(t_f[s] + t_b[s] for s in homes[r]) for r in range(p)]
         top = max(range(p), key=work.__getitem__)
-        period = max([work[top]] + [max(fwd, bwd) for fwd, bwd in links])
+        per_way: dict[tuple, float] = defaultdict(float)   # (from, to): its transfers
+        for (fwd, bwd), (x, y) in zip(links, pairwise(st), strict=True):
+            per_way[(x.devices[0], y.devices[0])] += fwd
+            per_way[(y.devices[0], x.devices[0])] += bwd
+        period = max([work[top], *per_way.values()])
         if sched is not None:
             # the order itself, replayed on free links; the rest at the period
             b_s = t_b if not split else [_stage_s(cost, s, b, "B") for s in st]
@@ -288,16 +297,6 @@ def _classes(plan: Plan, names: dict) -> dict[tuple, list[int]]:
                tuple(map(_MEMORY_MODE, st)))
         classes.setdefault(key, []).append(q)
     return classes
-
-
-def _split_by_orders(plan: Plan, classes: dict[tuple, list[int]]) -> dict[tuple, list[int]]:
-    """`classes` split by each pipeline's own action lists (kind synth), as the
-    simulator's `program.replica_classes` keys them."""
-    out: dict[tuple, list[int]] = {}
-    for key, members in classes.items():
-        for q in members:
-            out.setdefault((key, schedule_for(plan, q).actions), []).append(q)
-    return out
 
 
 def _all_alike(pipes, names: dict, p: int) -> bool:
