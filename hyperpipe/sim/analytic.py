@@ -2,8 +2,8 @@
 
 `estimate(plan, cost)` returns the same `Metrics` as `simulate`, from per-stage times
 of the cost model and no events. With t_r the work of rank r per micro-batch (F + B of
-its stages; F + I + W for zb-h1), c the busiest way of a device pair's link per
-micro-batch (every boundary between the pair) and T = max(max_r t_r, c) the period:
+its stages; F + I + W for zb-h1), c the busiest hop's (a NIC's, one way) share of the
+pipeline's transfers per micro-batch and T = max(max_r t_r, c) the period:
 
 * gpipe, 1f1b:            m T + (sum_r t_r - max_r t_r) + sum of link times
   (for equal stages and free links: (m + p - 1)(t_F + t_B), the GPipe/1F1B closed form);
@@ -222,15 +222,14 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
             t_b = last = [_stage_s(cost, s, b, "B")
                           for s in st]
         sizes = [_stage_bytes(cost, s, b, cache) for s in st]
-        links = [_link_times(cost, x, y, sizes[k][1], cache)
-                 for k, (x, y) in enumerate(pairwise(st))]
+        crossed = [_link(cost, x, y, sizes[k][1], cache) for k, (x, y) in enumerate(pairwise(st))]
+        links = [times for times, _ in crossed]
         work = [sum(t_f[s] + t_b[s] for s in homes[r]) for r in range(p)]
         top = max(range(p), key=work.__getitem__)
-        per_way: dict[tuple, float] = defaultdict(float)   # (from, to): its transfers
-        for (fwd, bwd), (x, y) in zip(links, pairwise(st), strict=True):
-            per_way[(x.devices[0], y.devices[0])] += fwd
-            per_way[(y.devices[0], x.devices[0])] += bwd
-        period = max([work[top], *per_way.values()])
+        per_hop: dict[str, float] = defaultdict(float)   # a NIC's way: its transfers
+        for hop, busy_s in chain.from_iterable(busy for _, busy in crossed):
+            per_hop[hop] += busy_s
+        period = max([work[top], *per_hop.values()])
         if sched is not None:
             # the order itself, replayed on free links; the rest at the period
             b_s = t_b if not split else [_stage_s(cost, s, b, "B") for s in st]
@@ -355,13 +354,15 @@ def _static_bytes(cost: CostModel, stages: list, type_name: str, micro_batch: in
     return cache[key]
 
 
-def _link_times(cost: CostModel, x, y, nbytes: float, cache: dict) -> tuple[float, float]:
-    """Idle-link times of the activations x -> y and the gradients y -> x."""
+def _link(cost: CostModel, x, y, nbytes: float, cache: dict):
+    """The activations x -> y and the gradients y -> x: their idle-link times (seconds),
+    and (hop, seconds busy) of every hop they cross."""
     key = ("link", x.devices, y.devices, nbytes)
     if key not in cache:
         fwd = p2p_spec(cost, p2p_edges(x.devices, y.devices), nbytes)
         bwd = p2p_spec(cost, p2p_edges(y.devices, x.devices), nbytes)
-        cache[key] = (fwd.time_s if fwd else 0.0, bwd.time_s if bwd else 0.0)
+        cache[key] = ((fwd.time_s if fwd else 0.0, bwd.time_s if bwd else 0.0),
+                      (fwd.busy_s() if fwd else ()) + (bwd.busy_s() if bwd else ()))
     return cache[key]
 
 
