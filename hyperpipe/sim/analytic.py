@@ -183,11 +183,13 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
             slow = cluster.device(dev).slowdown     # a straggler is a class of its own
             names[dev] = types[dev].name if slow == 1.0 else f"{types[dev].name}@x{slow:g}"
         classes = _classes(plan, names)
-    if kind == SYNTH:        # a pipeline's own lists join its key (as `replica_classes`)
+    own = {}                 # kind synth: each pipeline's own schedule, in its class key
+    if kind == SYNTH:        # (as `replica_classes`)
         split: dict[tuple, list[int]] = {}
         for key, members in classes.items():
             for q in members:
-                split.setdefault((key, schedule_for(plan, q).actions), []).append(q)
+                own[q] = schedule_for(plan, q)
+                split.setdefault((key, own[q].actions), []).append(q)
         classes = split
 
     ranks: list[RankUse] = []
@@ -202,10 +204,8 @@ def estimate(plan: Plan, cost: CostModel, *, cache: dict | None = None,
         n_st = len(st)
         p = n_st // v
         t_f = [_stage_s(cost, s, b, "F") for s in st]
-        sched = None
-        if kind == SYNTH:
-            sched = schedule_for(plan, members[0])
-        elif kind in _REPLAYED:
+        sched = own.get(members[0])         # synth: the class's own; else none yet
+        if kind in _REPLAYED and sched is None:
             # peaks stop growing at m = 2p (tests/test_schedule_v.py), the fill nearly so
             sched = generate(kind, p, min(m, 2 * p), v)
         split = kind in _SPLIT or (sched is not None and sched.kind == SYNTH and any(
