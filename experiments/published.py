@@ -29,9 +29,11 @@ NeMo GPT-3 175B benchmark on 128 to 2048 H100s (the layout the search picks for 
 model: tensor parallelism 4, pipeline 8, interleaved, distributed optimizer) and a line
 `nemo_mape=X nemo_max_ape=Y n_rows=5`; then Megatron-Turing NLG 530B on 2240 to 3360
 A100s (Megatron-DeepSpeed, tp 8, pp 35) and a line `mtnlg_mape=X mtnlg_max_ape=Y
-n_rows=3`; then BLOOM-176B
-(another stack, tensor parallelism 4, like the layouts the search picks at this scale)
-and a line `bloom_error=E` (signed). Megatron's point-to-point sends block their sender
+n_rows=3`; then MosaicML's MPT 1B to 30B on one DGX A100 (a current stack: FlashAttention,
+bf16, FSDP), with a second, in-sample null model (their own mean MFU) and a line
+`mosaic_mape=X mosaic_max_ape=Y n_rows=5`; then BLOOM-176B (another stack, tensor
+parallelism 4, like the layouts the search picks at this scale) and a line
+`bloom_error=E` (signed). Megatron's point-to-point sends block their sender
 (`SimOptions.blocking_p2p`).
 
 Run: python experiments/published.py
@@ -337,6 +339,63 @@ def nemo_runs(mean_x: float) -> tuple[list[float], list[float]]:
     return errors, nulls
 
 
+# Out of sample, a current stack on one DGX A100-80GB node: MosaicML's llm-foundry
+# benchmark table (scripts/train/benchmarking/README.md, "A100 80GB with 1600 Gbps
+# node-node interconnect (RoCE)"), its 8-GPU rows at sequence 2048 for models of 1B and
+# up: MPT (scripts/train/yamls/pretrain/mpt-*.yaml: vocabulary 50,368, GeLU MLP of 4h,
+# LayerNorm, no biases, ALiBi, no dropout; FlashAttention or its Triton kernel), bf16,
+# torch FSDP FULL_SHARD, activation checkpointing as the row says (full recompute here).
+# Published seconds per step = global batch tokens / tokens per second. FSDP shards the
+# weights too and gathers them per micro-batch; the simulator has no FSDP, so the runs
+# are data parallel 8 with the distributed optimizer (bf16 gradients), the nearest it
+# prices: its peak memory is not FSDP's, and FSDP's extra gathers are not counted.
+# (name, layers, hidden, heads, micro-batch, accumulation steps, checkpointing, tokens/s)
+MOSAIC_A100 = (("1B", 24, 2048, 16, 14, 4, False, 164109),
+               ("3B", 32, 2560, 20, 10, 2, False, 86491),
+               ("7B", 32, 4096, 32, 6, 2, False, 37130),
+               ("13B", 40, 5120, 40, 2, 3, False, 18097),
+               ("30B", 48, 7168, 56, 3, 21, True, 7330))
+MPT_VOCAB = 50368
+
+
+def mpt_flops(run: Run, recomputed_forward: bool) -> float:
+    """Eq. (3)'s FLOPs per step for an MPT run: model FLOPs (72, vocabulary term /12),
+    or with the recomputed forward (96, /16)."""
+    k, v = (96, 16) if recomputed_forward else (72, 12)
+    b, h, layers = run.global_batch, run.hidden, run.layers
+    return k * b * SEQ * layers * h * h * (1 + SEQ / (6 * h) + MPT_VOCAB / (v * layers * h))
+
+
+def mosaic_runs(mean_x: float) -> tuple[list[float], list[float], list[float]]:
+    """|error| of each MosaicML run, printed as it goes, and of two null models: eq. (3)
+    hardware FLOPs at Table 1's mean TFLOP/s per GPU (`mean_x`), and model FLOPs at
+    these runs' own mean MFU (in-sample: it knows their average)."""
+    errors, nulls, own = [], [], []
+    cluster = dgx_cluster(1)
+    peak = cluster.devices[0].type.peak_flops
+    runs = [(Run(name, heads, hidden, layers, 1, 1, 8, 8 * mb * steps, mb, None, "torch",
+                 0.0), ckpt, tokens_per_s)
+            for name, layers, hidden, heads, mb, steps, ckpt, tokens_per_s in MOSAIC_A100]
+    mfus = [mpt_flops(r, False) / (r.global_batch * SEQ / tps) / (peak * r.gpus)
+            for r, _, tps in runs]
+    mean_mfu = sum(mfus) / len(mfus)
+    for (run, ckpt, tokens_per_s), mfu in zip(runs, mfus, strict=True):
+        model = load_model({"kind": "gpt", "name": f"mpt-{run.name}", "vocab_size": MPT_VOCAB,
+                            "n_layer": run.layers, "n_head": run.heads, "d_model": run.hidden,
+                            "seq_len": SEQ, "dtype": "bf16", "attention": "flash",
+                            "dropout": 0.0, "bias": False})
+        mode = "full" if ckpt else "none"
+        plan = plan_of(run, model, cluster, mode, distributed_optimizer=True)
+        m = simulate(plan, CostModel(model, cluster),
+                     SimOptions(trace=False, grad_bytes_per_param=2.0)).metrics
+        pub = run.global_batch * SEQ / tokens_per_s
+        null = mpt_flops(run, ckpt) / (mean_x * 1e12 * run.gpus) / pub - 1
+        errors.append(abs(print_row(run, mode, pub, m, null)))
+        nulls.append(abs(null))
+        own.append(abs(mfu / mean_mfu - 1))
+    return errors, nulls, own
+
+
 def main() -> int:
     mean_x = sum(r.tflops_per_gpu for r in RUNS) / len(RUNS)
     print(f"{'run':>8} {'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'v':>2} {'mb':>3} "
@@ -392,6 +451,17 @@ def main() -> int:
           f"mape={sum(mtnlg_null) / len(mtnlg_null):.3f} max_ape={max(mtnlg_null):.3f}")
     print(f"mtnlg_mape={sum(mtnlg) / len(mtnlg):.4f} mtnlg_max_ape={max(mtnlg):.4f} "
           f"n_rows={len(mtnlg)}")
+    print("out of sample, MosaicML MPT 1B-30B on one DGX A100-80GB (FSDP, simulated as "
+          "data parallel 8 with the distributed optimizer: peak and fits are not FSDP's):")
+    print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
+          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
+    mosaic, mosaic_null, mosaic_own = mosaic_runs(mean_x)
+    print(f"null model (Table 1's mean TFLOP/s per GPU): "
+          f"mape={sum(mosaic_null) / len(mosaic_null):.3f} max_ape={max(mosaic_null):.3f}")
+    print(f"null model (these runs' own mean MFU, in-sample): "
+          f"mape={sum(mosaic_own) / len(mosaic_own):.3f} max_ape={max(mosaic_own):.3f}")
+    print(f"mosaic_mape={sum(mosaic) / len(mosaic):.4f} mosaic_max_ape={max(mosaic):.4f} "
+          f"n_rows={len(mosaic)}")
     pub, pred, m = bloom_run()
     print(f"out of sample, BLOOM-176B (Megatron-DeepSpeed, tp 4, 384 GPUs): published "
           f"{pub:.1f} s, predicted {pred:.1f} s, MFU {m.mfu:.1%}, peak "

@@ -23,7 +23,9 @@ per GPU), global batch 1536 (GPT-3's 3.2M tokens), once per case:
   runs that did: MosaicML's llm-foundry benchmark table (FlashAttention, bf16, FSDP,
   sequence 2048; other models and another kind of parallelism, so a plausibility range,
   not a reproduction): 59.6-64.2% MFU without activation checkpointing (its 1B to 13B
-  rows) and 48.6-55.3% with full checkpointing (its 30B and 70B rows).
+  rows) and 48.6-55.3% with full checkpointing (its 30B and 70B rows). On those same
+  single-node runs the simulator is 8-15% fast without recompute and within 1% with it
+  (`published.py`), so a pick in range may still be overstated by that much.
 
 One line per case (the pick's layout, time, MFU and the published range when the case
 has one), then ``as_run_in_range=K of 2``, ``current_in_range=K of 2`` and
