@@ -55,7 +55,8 @@ SEQ, VOCAB = 2048, 51200
 
 @dataclass(frozen=True)
 class Run:
-    """One row of Table 1 with its run_table_1.sh settings."""
+    """A GPT run's layout; Table 1's rows add their DDP kind (run_table_1.sh) and
+    published TFLOP/s per GPU, which the other blocks leave at their defaults."""
 
     name: str
     heads: int
@@ -67,8 +68,8 @@ class Run:
     global_batch: int
     micro_batch: int
     layers_per_virtual_stage: int | None      # None: no interleaving
-    ddp: str                                  # "torch" (overlapped) or "local" (after)
-    tflops_per_gpu: float                     # published, Table 1
+    ddp: str = "local"                        # "torch" (overlapped) or "local" (after)
+    tflops_per_gpu: float = 0.0               # published (Table 1, MT-NLG); 0: none
 
     @property
     def dp(self) -> int:
@@ -203,7 +204,7 @@ def later_runs(mean_x: float) -> tuple[list[float], list[float]]:
     (`mean_x`)."""
     errors, nulls = [], []
     for name, heads, hidden, layers, pp, gpus, batch, mb, lpvs, full_s, sel_s in LATER:
-        run = Run(name, heads, hidden, layers, 8, pp, gpus, batch, mb, lpvs, "local", 0.0)
+        run = Run(name, heads, hidden, layers, 8, pp, gpus, batch, mb, lpvs)
         model = model_of(run)
         cluster = dgx_cluster(-(-gpus // 8))
         for mode, pub, sp in (("full", full_s, False), ("selective", sel_s, True)):
@@ -328,7 +329,7 @@ def nemo_runs(mean_x: float) -> tuple[list[float], list[float]]:
     errors, nulls = [], []
     for nodes, pub in NEMO_H100:
         gpus = 8 * nodes
-        run = Run("175B", 96, 12288, 96, 4, 8, gpus, 16 * nodes, 1, 1, "torch", 0.0)
+        run = Run("175B", 96, 12288, 96, 4, 8, gpus, 16 * nodes, 1, 1)
         cluster = dgx_cluster(nodes, "H100-SXM", "400 Gbit/s")
         plan = plan_of(run, model, cluster, "selective", True, distributed_optimizer=True)
         m = simulate(plan, CostModel(model, cluster),
@@ -373,8 +374,8 @@ def mosaic_runs(mean_x: float) -> tuple[list[float], list[float], list[float]]:
     errors, nulls, own = [], [], []
     cluster = dgx_cluster(1)
     peak = cluster.devices[0].type.peak_flops
-    runs = [(Run(name, heads, hidden, layers, 1, 1, 8, 8 * mb * steps, mb, None, "torch",
-                 0.0), ckpt, tokens_per_s)
+    runs = [(Run(name, heads, hidden, layers, 1, 1, 8, 8 * mb * steps, mb, None), ckpt,
+             tokens_per_s)
             for name, layers, hidden, heads, mb, steps, ckpt, tokens_per_s in MOSAIC_A100]
     mfus = [mpt_flops(r, False) / (r.global_batch * SEQ / tps) / (peak * r.gpus)
             for r, _, tps in runs]
