@@ -42,7 +42,9 @@ Run: python experiments/published.py
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from hyperpipe.cluster.cluster import cluster_ref, load_cluster
 from hyperpipe.models import load_model
@@ -51,6 +53,16 @@ from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 
 SEQ, VOCAB = 2048, 51200
+
+
+def eq3_flops(batch: int, layers: int, hidden: int, vocab: int,
+              recomputed_forward: bool = True) -> float:
+    """Eq. (3) of Narayanan et al.: FLOPs per iteration of a GPT at sequence SEQ, with the
+    recomputed forward (96 B s l h² (1 + s/(6h) + V/(16 l h))) or without it (model
+    FLOPs: 72 ... V/(12 l h))."""
+    k, v = (96, 16) if recomputed_forward else (72, 12)
+    h = hidden
+    return k * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + vocab / (v * layers * h))
 
 
 @dataclass(frozen=True)
@@ -83,8 +95,7 @@ class Run:
 
     def hardware_flops(self) -> float:
         """Eq. (3) of the paper: FLOPs per iteration with full recompute."""
-        b, s, l, h, v = self.global_batch, SEQ, self.layers, self.hidden, VOCAB
-        return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        return eq3_flops(self.global_batch, self.layers, self.hidden, VOCAB)
 
     def published_s(self) -> float:
         return self.hardware_flops() / (self.tflops_per_gpu * 1e12 * self.gpus)
@@ -183,8 +194,7 @@ def selective_flops(run: Run, vocab: int = VOCAB) -> float:
     terms without the recomputed forward) plus the recomputed attention core, 4bs²h per
     layer."""
     b, h, layers = run.global_batch, run.hidden, run.layers
-    return 72 * b * SEQ * layers * h * h * (1 + SEQ / (6 * h) + vocab / (12 * layers * h)) \
-        + 4 * b * SEQ * SEQ * h * layers
+    return eq3_flops(b, layers, h, vocab, False) + 4 * b * SEQ * SEQ * h * layers
 
 
 def print_row(run: Run, mode: str, pub: float, m, null: float) -> float:
@@ -266,8 +276,7 @@ def bloom_run() -> tuple[float, float, object]:
                            "pipelines": pipelines})
     m = simulate(plan, CostModel(model, cluster),
                  SimOptions(trace=False, overlap_dp_allreduce=False, blocking_p2p=True)).metrics
-    h, s, v, layers = b["hidden"], SEQ, b["vocab"], b["layers"]
-    flops = 96 * b["global_batch"] * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    flops = eq3_flops(b["global_batch"], b["layers"], b["hidden"], b["vocab"])
     return flops / (b["tflops_per_gpu"] * 1e12 * tp * pp * dp), m.iteration_time_s, m
 
 
@@ -359,25 +368,19 @@ MOSAIC_A100 = (("1B", 24, 2048, 16, 14, 4, False, 164109),
 MPT_VOCAB = 50368
 
 
-def mpt_flops(run: Run, recomputed_forward: bool) -> float:
-    """Eq. (3)'s FLOPs per step for an MPT run: model FLOPs (72, vocabulary term /12),
-    or with the recomputed forward (96, /16)."""
-    k, v = (96, 16) if recomputed_forward else (72, 12)
-    b, h, layers = run.global_batch, run.hidden, run.layers
-    return k * b * SEQ * layers * h * h * (1 + SEQ / (6 * h) + MPT_VOCAB / (v * layers * h))
-
-
-def mosaic_runs(mean_x: float) -> tuple[list[float], list[float], list[float]]:
-    """|error| of each MosaicML run, printed as it goes, and of two null models: eq. (3)
-    hardware FLOPs at Table 1's mean TFLOP/s per GPU (`mean_x`), and model FLOPs at
-    these runs' own mean MFU (in-sample: it knows their average)."""
+def mosaic_runs(mean_x: float) -> tuple[list[float], list[float]]:
+    """|error| of each MosaicML run, printed as it goes, and of the null model (eq. (3)
+    hardware FLOPs at Table 1's mean TFLOP/s per GPU, `mean_x`); then a second null
+    model's line: model FLOPs at these runs' own mean MFU (in-sample: it knows their
+    average)."""
     errors, nulls, own = [], [], []
     cluster = dgx_cluster(1)
     peak = cluster.devices[0].type.peak_flops
     runs = [(Run(name, heads, hidden, layers, 1, 1, 8, 8 * mb * steps, mb, None), ckpt,
              tokens_per_s)
             for name, layers, hidden, heads, mb, steps, ckpt, tokens_per_s in MOSAIC_A100]
-    mfus = [mpt_flops(r, False) / (r.global_batch * SEQ / tps) / (peak * r.gpus)
+    mfus = [eq3_flops(r.global_batch, r.layers, r.hidden, MPT_VOCAB, False)
+            / (r.global_batch * SEQ / tps) / (peak * r.gpus)
             for r, _, tps in runs]
     mean_mfu = sum(mfus) / len(mfus)
     for (run, ckpt, tokens_per_s), mfu in zip(runs, mfus, strict=True):
@@ -390,11 +393,30 @@ def mosaic_runs(mean_x: float) -> tuple[list[float], list[float], list[float]]:
         m = simulate(plan, CostModel(model, cluster),
                      SimOptions(trace=False, grad_bytes_per_param=2.0)).metrics
         pub = run.global_batch * SEQ / tokens_per_s
-        null = mpt_flops(run, ckpt) / (mean_x * 1e12 * run.gpus) / pub - 1
+        flops = eq3_flops(run.global_batch, run.layers, run.hidden, MPT_VOCAB, ckpt)
+        null = flops / (mean_x * 1e12 * run.gpus) / pub - 1
         errors.append(abs(print_row(run, mode, pub, m, null)))
         nulls.append(abs(null))
         own.append(abs(mfu / mean_mfu - 1))
-    return errors, nulls, own
+    print(f"null model (these runs' own mean MFU, in-sample): "
+          f"mape={sum(own) / len(own):.3f} max_ape={max(own):.3f}")
+    return errors, nulls
+
+
+def block(title: str, key: str, rows: Callable[[], tuple[list[float], list[float]]],
+          null: str = "Table 1's mean TFLOP/s per GPU"
+          ) -> None:
+    """An out-of-sample block: title and header, then `rows()` (a `*_runs` function,
+    which prints its rows and returns their |errors| and its null model's), then the
+    null model's line and `<key>_mape=X <key>_max_ape=Y n_rows=N`."""
+    print(f"out of sample, {title}:")
+    print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
+          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
+    errors, nulls = rows()
+    print(f"null model ({null}): mape={sum(nulls) / len(nulls):.3f} "
+          f"max_ape={max(nulls):.3f}")
+    print(f"{key}_mape={sum(errors) / len(errors):.4f} {key}_max_ape={max(errors):.4f} "
+          f"n_rows={len(errors)}")
 
 
 def main() -> int:
@@ -428,41 +450,14 @@ def main() -> int:
               f"{wall:6.2f}")
     print(f"null model (mean published TFLOP/s per GPU, in-sample): "
           f"mape={sum(null_errors) / len(null_errors):.3f} max_ape={max(null_errors):.3f}")
-    print("out of sample, Korthikanti et al. 2022 table 5 (dp 1):")
-    print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
-          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
-    later, later_null = later_runs(mean_x)
-    print(f"null model (Table 1's mean TFLOP/s per GPU): "
-          f"mape={sum(later_null) / len(later_null):.3f} max_ape={max(later_null):.3f}")
-    print(f"korthikanti_mape={sum(later) / len(later):.4f} "
-          f"korthikanti_max_ape={max(later):.4f} n_rows={len(later)}")
-    print("out of sample, NeMo Megatron GPT-3 175B on DGX H100 (tp 4, pp 8, v 12):")
-    print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
-          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
-    nemo, nemo_null = nemo_runs(mean_x)
-    print(f"null model (Table 1's mean TFLOP/s per GPU x H100/A100 peak): "
-          f"mape={sum(nemo_null) / len(nemo_null):.3f} max_ape={max(nemo_null):.3f}")
-    print(f"nemo_mape={sum(nemo) / len(nemo):.4f} nemo_max_ape={max(nemo):.4f} "
-          f"n_rows={len(nemo)}")
-    print("out of sample, Megatron-Turing NLG 530B (Megatron-DeepSpeed, tp 8, pp 35):")
-    print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
-          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
-    mtnlg, mtnlg_null = mtnlg_runs(mean_x)
-    print(f"null model (Table 1's mean TFLOP/s per GPU): "
-          f"mape={sum(mtnlg_null) / len(mtnlg_null):.3f} max_ape={max(mtnlg_null):.3f}")
-    print(f"mtnlg_mape={sum(mtnlg) / len(mtnlg):.4f} mtnlg_max_ape={max(mtnlg):.4f} "
-          f"n_rows={len(mtnlg)}")
-    print("out of sample, MosaicML MPT 1B-30B on one DGX A100-80GB (FSDP, simulated as "
-          "data parallel 8 with the distributed optimizer: peak and fits are not FSDP's):")
-    print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
-          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
-    mosaic, mosaic_null, mosaic_own = mosaic_runs(mean_x)
-    print(f"null model (Table 1's mean TFLOP/s per GPU): "
-          f"mape={sum(mosaic_null) / len(mosaic_null):.3f} max_ape={max(mosaic_null):.3f}")
-    print(f"null model (these runs' own mean MFU, in-sample): "
-          f"mape={sum(mosaic_own) / len(mosaic_own):.3f} max_ape={max(mosaic_own):.3f}")
-    print(f"mosaic_mape={sum(mosaic) / len(mosaic):.4f} mosaic_max_ape={max(mosaic):.4f} "
-          f"n_rows={len(mosaic)}")
+    block("Korthikanti et al. 2022 table 5 (dp 1)", "korthikanti", partial(later_runs, mean_x))
+    block("NeMo Megatron GPT-3 175B on DGX H100 (tp 4, pp 8, v 12)", "nemo",
+          partial(nemo_runs, mean_x), "Table 1's mean TFLOP/s per GPU x H100/A100 peak")
+    block("Megatron-Turing NLG 530B (Megatron-DeepSpeed, tp 8, pp 35)", "mtnlg",
+          partial(mtnlg_runs, mean_x))
+    block("MosaicML MPT 1B-30B on one DGX A100-80GB (FSDP, simulated as data parallel 8 "
+          "with the distributed optimizer: peak and fits are not FSDP's)", "mosaic",
+          partial(mosaic_runs, mean_x))
     pub, pred, m = bloom_run()
     print(f"out of sample, BLOOM-176B (Megatron-DeepSpeed, tp 4, 384 GPUs): published "
           f"{pub:.1f} s, predicted {pred:.1f} s, MFU {m.mfu:.1%}, peak "
