@@ -24,7 +24,7 @@ import math
 import sys
 from pathlib import Path
 
-from hyperpipe.errors import InfeasiblePlan
+from hyperpipe.core.errors import InfeasiblePlan
 from hyperpipe.models import load_model
 from hyperpipe.search.search import SearchConstraints, search
 

@@ -4,7 +4,7 @@ Every case keeps one plan's stages, devices and micro-batches fixed. The compara
 (the "null model") is the best fixed kind that places chunks as the plan does (gpipe,
 1f1b, zb-h1 for one chunk; interleaved-1f1b; zb-v, dualpipe-v), each simulated by the
 same SimPy simulator; kinds over a device's memory do not count. Synthesis
-(`hyperpipe.sim.synth`) keeps the fixed kind when it finds nothing faster, so
+(`hyperpipe.synth.synthesise`) keeps the fixed kind when it finds nothing faster, so
 gain = fixed / synthesised >= 1 by construction; the figure is how much above 1.
 
 Cases:
@@ -43,7 +43,7 @@ from hyperpipe.models import load_model
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.synth import pipe_costs, synthesise
+from hyperpipe.synth.synthesise import pipe_costs, synthesise
 
 SEARCH_CASES = [  # (cluster, model, global batch)
     ("demo-hetero", "gpt3-1.3b", 64),

@@ -32,7 +32,7 @@ import sys
 import time
 
 from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
-from hyperpipe.errors import InfeasiblePlan
+from hyperpipe.core.errors import InfeasiblePlan
 from hyperpipe.models import load_model
 from hyperpipe.search.report import best_other, describe_plan
 from hyperpipe.search.search import SearchConstraints, search

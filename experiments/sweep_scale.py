@@ -3,7 +3,7 @@
 The sweep: a synthetic 8-layer model (1e10 FLOPs per layer and sample, 1 MB of
 activations per sample) on a two-node cluster (2 "fast" + 2 "slow" devices), 20
 inter-node bandwidths x 10 peak speeds of the slow type = 200 cluster variants, each
-searched in full (`hyperpipe.search.whatif.whatif`). The local backend maps the
+searched in full (`hyperpipe.whatif.sweep.whatif`). The local backend maps the
 variants over a pool of `--workers` processes; the Ray backend over a Ray started here
 with as many CPUs (its start-up included in `ray_s`, and printed apart). Both must
 give the same rows (every variant's best plan and metrics), which is checked.
@@ -20,7 +20,7 @@ import argparse
 import time
 
 from hyperpipe.search.backends import LocalBackend, RayBackend, import_ray
-from hyperpipe.search.whatif import format_whatif, whatif
+from hyperpipe.whatif.sweep import format_whatif, whatif
 
 CLUSTER = {"name": "sweep-two-nodes",
            "device_types": {

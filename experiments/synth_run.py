@@ -33,7 +33,7 @@ from hyperpipe.sim.accuracy import compare, relative_error
 from hyperpipe.sim.calibrate import calibrate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
-from hyperpipe.sim.synth import synthesise
+from hyperpipe.synth.synthesise import synthesise
 
 # emulation scale for its two ranks, as the demo chooses (2 on 2 cores)
 SCALE = auto_emulation_scale(2, os.cpu_count() or 1)

@@ -24,10 +24,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hyperpipe import limits
 from hyperpipe.cluster.catalog import DeviceType, builtin_device_types
-from hyperpipe.errors import BadInput
-from hyperpipe.files import Fields, load_document, path_exists, resolve_ref
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
 
 
 @dataclass(frozen=True)
@@ -341,7 +341,7 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
         total_devices += count * repeat
         if total_devices > limits.MAX_CLUSTER_DEVICES:
             raise BadInput(nf.at("count"), f"at most {limits.MAX_CLUSTER_DEVICES} devices in "
-                           "the whole cluster (hyperpipe.limits)", f"{total_devices} so far")
+                           "the whole cluster (hyperpipe.core.limits)", f"{total_devices} so far")
         slowdown = _slowdown(nf, count)
         mtbf = nf.quantity("mtbf", "time") if nf.has("mtbf") else None
         base_name = nf.string("name", f"n{len(nodes)}")

@@ -28,8 +28,8 @@ from typing import IO, Any
 
 import torch
 
-from hyperpipe.errors import BadInput
-from hyperpipe.files import atomic_output, write_atomic
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import atomic_output, write_atomic
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan
 

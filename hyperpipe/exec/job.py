@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from hyperpipe.cluster.cluster import Cluster
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.exec import checkpoint, preflight
 from hyperpipe.exec.comm import probe_links
 from hyperpipe.exec.emulation import device_factors

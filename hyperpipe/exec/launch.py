@@ -44,13 +44,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hyperpipe.errors import BadInput, HyperPipeError
+from hyperpipe.core.errors import BadInput, HyperPipeError
+from hyperpipe.core.files import atomic_output, write_atomic
 from hyperpipe.exec import checkpoint, watchdog
 from hyperpipe.exec.comm import PeerFailure
 from hyperpipe.exec.job import Prepared, prepare, rank_main
 from hyperpipe.exec.monitor import Collector, FileReporter, Monitor
 from hyperpipe.exec.options import RunOptions, RunResult
-from hyperpipe.files import atomic_output, write_atomic
 from hyperpipe.plan.plan import Plan
 
 FAILURE_GRACE_S = 1.0     # after the first failed exit, time for the root cause to land

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hyperpipe import limits
-from hyperpipe.errors import BadInput
-from hyperpipe.files import check_int
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import check_int
 from hyperpipe.plan.trace import Trace
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.plan_schedule import pipeline_placement

@@ -20,10 +20,10 @@ import math
 import os
 from pathlib import Path
 
-from hyperpipe.errors import BadInput, HyperPipeError
+from hyperpipe.core.errors import BadInput, HyperPipeError
+from hyperpipe.core.files import check_writable, probe_folder, show_path
 from hyperpipe.exec import checkpoint
 from hyperpipe.exec.options import RunOptions
-from hyperpipe.files import check_writable, probe_folder, show_path
 
 
 def check_outputs(options: RunOptions) -> None:

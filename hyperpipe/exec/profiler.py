@@ -20,11 +20,11 @@ import time
 
 import torch
 
+from hyperpipe.core.progress import Progress
 from hyperpipe.exec import compute
 from hyperpipe.exec.emulation import compute_clock, compute_s
 from hyperpipe.models import ModelSpec, build_layer, example_batch
 from hyperpipe.plan.profile import Fit, Profile, model_fingerprint
-from hyperpipe.progress import Progress
 from hyperpipe.sim.calibrate import fit_line
 from hyperpipe.sim.costmodel import op_flops
 

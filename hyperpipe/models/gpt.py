@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.models.spec import GPTConfig, ModelSpec, SyntheticLayer
 
 INIT_STD = 0.02          # GPT-2's initialiser (Radford et al. 2019; nanoGPT)

@@ -13,9 +13,9 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
-from hyperpipe import limits
-from hyperpipe.errors import BadInput, one_line
-from hyperpipe.files import Fields, load_document, path_exists, resolve_ref
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput, one_line
+from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
 from hyperpipe.models.presets import PRESETS
 from hyperpipe.models.spec import (
     DTYPE_BYTES,
@@ -143,7 +143,8 @@ def _load_synthetic(data: dict, where: str) -> ModelSpec:
     raw = f.raw("layers")
     if isinstance(raw, list) and len(raw) > limits.MAX_LAYERS or \
             isinstance(raw, int) and not isinstance(raw, bool) and raw > limits.MAX_LAYERS:
-        raise BadInput(f.at("layers"), f"at most {limits.MAX_LAYERS} layers (hyperpipe.limits)",
+        raise BadInput(f.at("layers"), f"at most {limits.MAX_LAYERS} layers"
+                       " (hyperpipe.core.limits)",
                        len(raw) if isinstance(raw, list) else raw)
     if isinstance(raw, list) and raw:
         rows = [_Fields(item, where, f"layers[{i}].", SYNTHETIC_LAYER_KEYS)

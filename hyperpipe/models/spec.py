@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from hyperpipe import limits
-from hyperpipe.errors import BadInput
-from hyperpipe.files import check_int
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import check_int
 
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from types import MappingProxyType
 
-from hyperpipe import limits
-from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.generators_v import dualpipe_v, zb_v
 from hyperpipe.plan.schedule import Action, Schedule
 
@@ -170,7 +170,7 @@ def over_action_limit(kind: str, num_devices: int, num_microbatches: int,
         return None
     return (f"a {kind} schedule of {num_devices} devices x {chunks} chunks x "
             f"{num_microbatches} micro-batches (up to {actions} actions) is over the limit "
-            f"of {limits.MAX_SCHEDULE_ACTIONS} actions (hyperpipe.limits)")
+            f"of {limits.MAX_SCHEDULE_ACTIONS} actions (hyperpipe.core.limits)")
 
 
 @lru_cache(maxsize=256)

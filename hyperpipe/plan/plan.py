@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hyperpipe import limits
-from hyperpipe.errors import BadInput
-from hyperpipe.files import Fields, load_document, write_atomic
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import Fields, load_document, write_atomic
 
 PLAN_FORMAT = "hyperpipe.plan/1"
 

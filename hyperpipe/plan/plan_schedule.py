@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.generators import SYNTH, generate, over_action_limit, placement_of
 from hyperpipe.plan.schedule import Action, Schedule, ScheduleError, stage_rank, validate
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperpipe import limits
 from hyperpipe.cluster.cluster import Link
-from hyperpipe.errors import BadInput
-from hyperpipe.files import Fields, load_document, write_atomic
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import Fields, load_document, write_atomic
 
 PROFILE_FORMAT = "hyperpipe.profile/1"
 

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 
 OPS = ("F", "B", "I", "W")
 PLACEMENTS = ("loop", "v")

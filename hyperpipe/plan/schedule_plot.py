@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from hyperpipe.files import save_figure
+from hyperpipe.core.files import save_figure
 from hyperpipe.plan.schedule import (
     Action,
     Schedule,

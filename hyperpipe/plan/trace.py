@@ -25,8 +25,8 @@ from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hyperpipe.errors import BadInput
-from hyperpipe.files import Fields, load_document, write_atomic
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import Fields, load_document, write_atomic
 
 TRACE_FORMAT = "hyperpipe.trace/1"
 COMPUTE_OPS = ("F", "B", "I", "W")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.generators import SYNTH
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.search.baselines import layer_counts
@@ -131,7 +131,7 @@ def _resynthesised(plan: Plan, cost) -> Plan | str:
     """A variant of a synthesised pick: its action lists belong to the pick's devices,
     stages and micro-batches, so the variant gets its own schedule, synthesised as the
     search would (the best of it and the fixed kinds of its placement)."""
-    from hyperpipe.sim.synth import fixed_kinds, synthesise
+    from hyperpipe.synth.synthesise import fixed_kinds, synthesise
     bare = replace(plan, actions=None)
     try:
         return synthesise(replace(bare, schedule=fixed_kinds(bare)[0]), cost).plan

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from hyperpipe.children import die_with_parent
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
+from hyperpipe.search.children import die_with_parent
 
 BACKENDS = ("local", "ray")
 RAY_INSTALL = "pip install -e '.[ray]'"
@@ -160,5 +160,5 @@ def start_map(pool: Any, fn: Callable[[Any], Any], items: Iterable[Any]
 
 
 def process_pool(workers: int) -> ProcessPoolExecutor:
-    """A pool whose workers end with us, even when we are killed (`hyperpipe.children`)."""
+    """A pool whose workers end with us, even when we are killed (`hyperpipe.search.children`)."""
     return ProcessPoolExecutor(workers, initializer=die_with_parent, initargs=(os.getpid(),))

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hyperpipe.cluster.cluster import cluster_ref
-from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import model_ref
 from hyperpipe.plan.generators import default_chunks, placement_of
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from hyperpipe.core.units import format_seconds
 from hyperpipe.plan.plan import Plan
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.units import format_seconds
 
 RUN = 3                   # longer runs of one stage kind print as one item
 LIST_GROUPS = 6           # memory headroom lines (devices grouped by type and headroom)

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.generators import placement_of
 from hyperpipe.plan.plan import PipelinePlan, Plan
 from hyperpipe.search import space
@@ -395,8 +395,8 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     budget (in schedule actions) allows: the analytic tier ties plans that differ only
     in which stage sits where, the simulator does not. Then single-layer moves on the
     best simulated plans, judged by the simulator, while budget is left."""
+    from hyperpipe.core.progress import Progress
     from hyperpipe.plan.plan_schedule import plan_over_action_limit
-    from hyperpipe.progress import Progress
     # plans whose schedule could not be built (the analytic tier's closed forms do not
     # build it) are infeasible: the simulator and the executor would refuse them
     runnable = [cand for cand in cands if not plan_over_action_limit(cand.plan)]

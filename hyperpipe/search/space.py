@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.generators import allowed_chunks, default_chunks, takes_chunks
 from hyperpipe.plan.plan import RECOMPUTE_KINDS
 

@@ -3,7 +3,7 @@ and the cheap bound that keeps the V kinds' candidates (zb-v, dualpipe-v) out of
 simulator when it rules them out.
 
 For each of the top `SYNTH_TOP` plans of the simulated short list (their stages,
-devices and micro-batches kept), `hyperpipe.sim.synth.synthesise` builds per-device
+devices and micro-batches kept), `hyperpipe.synth.synthesise.synthesise` builds per-device
 action orders and prices them and every fixed kind with the simulator. A synthesised
 plan (its `schedule.actions` recorded, so that `run` and `simulate` replay exactly what
 was searched) joins the ranking when it beats the plan it came from. Skipped when the
@@ -26,7 +26,7 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
     synthesised over the worker `pool` when there is one (the same results)."""
     if ctx.c.schedule not in (None, "synth"):
         return ranked
-    from hyperpipe.sim.synth import synthesise
+    from hyperpipe.synth.synthesise import synthesise
     cands = [c for c in ranked if c.metrics.feasible][:top]
     if pool is None or len(cands) <= 1:
         results = [synthesise(cand.plan, ctx.cost) for cand in cands]
@@ -46,7 +46,7 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
 def synthesise_task(args):
     """`synthesise` in a worker process (its own cost model)."""
     from hyperpipe.sim.costmodel import CostModel
-    from hyperpipe.sim.synth import synthesise
+    from hyperpipe.synth.synthesise import synthesise
     plan, model, cluster, profile = args
     return synthesise(plan, CostModel(model, cluster, profile))
 

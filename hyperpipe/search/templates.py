@@ -433,7 +433,7 @@ def templates_phase(ctx: SearchContext, phase: PhaseStats, show, pool=None, widt
     run at once), each a batch of groups of about equal work, so that a worker's caches
     (layer tables, stage matrices) serve all its groups (a task per group rebuilt them
     each time: 1.5x the CPU time at 1024 GPUs)."""
-    from hyperpipe.progress import Progress
+    from hyperpipe.core.progress import Progress
     types = list(dict.fromkeys(n.device_type for n in ctx.cluster.nodes))
     subsets = [s for r in range(len(types), 0, -1)
                for s in itertools.combinations(types, r)]

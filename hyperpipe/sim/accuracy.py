@@ -12,7 +12,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 
 

@@ -49,10 +49,10 @@ from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.plan_schedule import pipeline_placement, rank_peaks, schedule_for
 from hyperpipe.plan.schedule import rank_stages
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.improve import schedule_makespan_s
 from hyperpipe.sim.memory import oom_detail, peak_in_flight
 from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.network import p2p_edges, p2p_spec, ring_spec
+from hyperpipe.sim.replay import schedule_makespan_s
 
 _SPLIT = frozenset({"zb-h1", "zb-v", "dualpipe-v"})       # kinds that run I and W apart
 _REPLAYED = frozenset({"zb-v", "dualpipe-v", SYNTH})      # time and in-flight off the IR

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hyperpipe.cluster.cluster import Cluster, Link
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.models import ModelSpec
 from hyperpipe.plan.plan import Plan, plan_from_dict
 from hyperpipe.plan.profile import Fit, Profile

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.plan_schedule import schedule_for
 from hyperpipe.plan.schedule import Schedule, rank_stages

@@ -78,7 +78,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from hyperpipe.errors import BadInput
+from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.plan_schedule import schedule_for
 from hyperpipe.plan.schedule import Schedule, ScheduleError, validate

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from hyperpipe.core.units import format_quantity, format_seconds
 from hyperpipe.plan.plan import Plan
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimResult
-from hyperpipe.units import format_quantity, format_seconds
 
 
 def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from hyperpipe.errors import BadInput
-from hyperpipe.files import save_figure
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import save_figure
 from hyperpipe.plan.trace import COMPUTE_OPS, OP_COLORS, Trace
 
 _COMM_LANE = ("send", "recv", "allreduce")
@@ -87,7 +87,7 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from hyperpipe.files import figure_format
+    from hyperpipe.core.files import figure_format
     figure_format(path)
     if not traces or len(traces) != len(titles):
         raise BadInput("plot_timelines", "one title per trace and at least one trace",

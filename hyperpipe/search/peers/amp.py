@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search import space
 from hyperpipe.search.peers.common import (

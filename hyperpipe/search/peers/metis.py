@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from hyperpipe.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search import space
 from hyperpipe.search.peers.common import (

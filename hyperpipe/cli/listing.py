@@ -1,0 +1,82 @@
+"""`hyperpipe list clusters|models|devices|schedules`: the built-in names with their key
+figures, one table each, one unit per column (in its header)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hyperpipe.core.errors import BadInput
+
+KINDS = ("clusters", "models", "devices", "schedules")
+
+# What each schedule kind does, for the listing (the generators' docstrings say more).
+SCHEDULE_NOTES = {
+    "gpipe": "all forwards, then all backwards (GPipe); stashes every micro-batch",
+    "1f1b": "one forward, one backward in steady state (PipeDream-Flush / Megatron)",
+    "interleaved-1f1b": "1f1b over v chunks per device (Megatron interleaved; --chunks v)",
+    "zb-h1": "zero-bubble H1: backward split into I (input grad) and W (weight grad)",
+    "zb-v": "zero-bubble V: 2 chunks per device placed in a V",
+    "dualpipe-v": "DualPipe's V-shaped variant: 2 chunks per device",
+    "synth": "synthesised for one plan by the simulator (plan schedule.actions)",
+}
+
+
+def listing(kind: str) -> str:
+    """The table for `kind` (one of KINDS)."""
+    if kind not in KINDS:
+        raise BadInput("list", f"one of {', '.join(KINDS)}", kind)
+    return {"clusters": _clusters, "models": _models, "devices": _devices,
+            "schedules": _schedules}[kind]()
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in [header, *rows]]
+    return "\n".join(lines) + "\n"
+
+
+def _clusters() -> str:
+    from hyperpipe.cluster.cluster import builtin_cluster_names, load_cluster
+    rows = []
+    for name in builtin_cluster_names():
+        c = load_cluster(name)
+        types = Counter(d.type.name for d in c.devices)
+        peak = sum(d.type.peak_flops for d in c.devices)
+        rows.append([name, str(len(c.devices)),
+                     ", ".join(f"{n}x {t}" for t, n in sorted(types.items())),
+                     f"{peak / 1e15:.1f}", f"{c.inter_node.bandwidth_bytes_per_s * 8 / 1e9:g}"])
+    return _table(["cluster", "devices", "device types", "peak (PFLOP/s)",
+                   "inter-node (Gbit/s)"], rows)
+
+
+def _models() -> str:
+    from hyperpipe.models import load_model
+    from hyperpipe.models.presets import PRESETS
+    rows = []
+    for name in PRESETS:
+        m = load_model(name)
+        c = m.config
+        rows.append([name, str(len(m.layers)), str(c.n_layer), f"{m.params / 1e9:.3f}",
+                     str(c.d_model), str(c.seq_len), PRESETS[name].dtype])
+    return _table(["model", "layers (cut units)", "blocks", "params (billions)", "d_model",
+                   "seq_len (tokens)", "dtype"], rows)
+
+
+def _devices() -> str:
+    from hyperpipe.cluster.catalog import builtin_device_types
+    rows = [[d.name, f"{d.peak_flops / 1e12:g}", f"{d.efficiency:g}",
+             f"{d.memory_bytes / 1e9:g}", f"{d.mem_bandwidth_bytes_per_s / 1e9:g}",
+             f"{d.link_bandwidth_bytes_per_s / 1e9:g}"]
+            for d in builtin_device_types().values()]
+    return _table(["device", "peak dense bf16 (TFLOP/s)", "efficiency", "memory (GB)",
+                   "memory bandwidth (GB/s)", "intra-node link (GB/s)"], rows)
+
+
+def _schedules() -> str:
+    from hyperpipe.plan.generators import SCHEDULE_KINDS, takes_chunks
+    kinds = list(SCHEDULE_KINDS)
+    rows = [[k, "v >= 1" if takes_chunks(k) else "1", SCHEDULE_NOTES.get(k, "")]
+            for k in kinds]
+    return _table(["schedule", "chunks per device", "what it does"], rows)

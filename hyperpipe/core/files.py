@@ -1,0 +1,468 @@
+"""Reading user files safely, writing outputs safely, and checking fields with clear errors.
+
+Reading. Every loader reads through `load_document`: a regular file only (a FIFO, device
+or directory is refused before it is opened for reading), at most
+`limits.MAX_JSON_BYTES` / `limits.MAX_YAML_BYTES`, YAML through the safe loader after a
+pass over its events that refuses documents deeper than `limits.MAX_DOCUMENT_DEPTH`,
+recursive aliases, and more than `limits.MAX_DOCUMENT_NODES` values with aliases
+expanded (so an alias bomb is refused before any object is built); JSON without
+NaN/Infinity; then every value is checked (integers within 64 bits, floats finite).
+Errors name the file and the field and show at most a short escaped value (never a line
+of the file). Fields are then checked through a `Fields` view, which names the file and
+the field path in each error and rejects unknown keys.
+
+Writing. Every output (plans, traces, profiles, reports, figures, checkpoints) goes
+through `atomic_output` / `write_atomic`: the data goes to a temporary file in the
+target's folder, created with O_EXCL | O_NOFOLLOW under an unpredictable name, is
+fsynced, then renamed over the target; on any exit before that (an error,
+KeyboardInterrupt, SIGTERM turned into SystemExit by the command line) the temporary
+file is removed. A target that exists and is not a regular file (a symlink, FIFO,
+device such as /dev/null, directory) is refused with BadInput: it is neither replaced
+nor written through. Writing through /dev/null would be harmless, but a FIFO blocks,
+/dev/full fails half-way and a symlink may point anywhere; one rule for all of them is
+easier to trust than a list of exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import secrets
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput, one_line
+from hyperpipe.core.units import parse_quantity
+
+MAX_INPUT_BYTES = limits.MAX_JSON_BYTES     # kept for callers of the old name
+
+
+# --------------------------------------------------------------------------- reading
+def show_path(path: str | os.PathLike) -> str:
+    """A path as an error shows it: escaped, and shortened in the middle if long."""
+    return one_line(os.fspath(path), 160)
+
+
+def _read_capped(path: Path, cap: int) -> bytes:
+    """The bytes of regular file `path`, refusing more than `cap` of them. Opened
+    non-blocking and checked with fstat, so a FIFO or device is refused, not read."""
+    where = show_path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise BadInput(where, f"an existing, readable file ({exc.strerror or exc})",
+                       has_got=False) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(where, f"a regular file (it is {_kind(st.st_mode)})",
+                           has_got=False)
+        if st.st_size > cap:
+            raise BadInput(where, f"a file of at most {cap} bytes", f"{st.st_size} bytes")
+        chunks, total = [], 0
+        while True:         # /proc files say size 0: read, but never more than the cap
+            chunk = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap:
+                raise BadInput(where, f"a file of at most {cap} bytes", "more",)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise BadInput(where, f"a readable file ({exc.strerror or exc})",
+                       has_got=False) from None
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def load_document(path: str | os.PathLike) -> Any:
+    """Parse a YAML or JSON file (by extension; YAML otherwise) into plain data, within
+    the limits of `hyperpipe.core.limits` (see the module docstring)."""
+    p = Path(path)
+    where = show_path(p)
+    is_json = p.suffix.lower() == ".json"
+    raw = _read_capped(p, limits.MAX_JSON_BYTES if is_json else limits.MAX_YAML_BYTES)
+    text = raw.decode("utf-8", errors="replace")
+    if is_json:
+        data = _parse_json(text, where)
+    else:
+        _check_yaml_events(text, where)
+        try:
+            data = yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 (a safe loader)
+        except yaml.YAMLError as exc:
+            raise BadInput(where, f"valid YAML ({_yaml_problem(exc)})", has_got=False
+                           ) from None
+    check_values(data, where)
+    return data
+
+
+def _parse_json(text: str, where: str) -> Any:
+    def constant(name: str) -> Any:
+        raise BadInput(where, "finite numbers (JSON has no NaN or Infinity)", name)
+
+    def integer(digits: str) -> int:
+        if len(digits.lstrip("-")) > 19:
+            raise BadInput(where, f"integers of at most 19 digits (within +-{limits.MAX_INT})",
+                           f"an integer of {len(digits.lstrip('-'))} digits")
+        return int(digits)
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_int=integer)
+    except json.JSONDecodeError as exc:
+        raise BadInput(where, f"valid JSON ({exc.msg} at line {exc.lineno})",
+                       has_got=False) from None
+    except RecursionError:
+        raise BadInput(where, f"JSON nested at most {limits.MAX_DOCUMENT_DEPTH} levels deep",
+                       has_got=False) from None
+
+
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What a YAML error says, without the snippet of the file that str(exc) quotes."""
+    mark = getattr(exc, "problem_mark", None)
+    line = f" at line {mark.line + 1}" if mark is not None else ""
+    return one_line(str(getattr(exc, "problem", None) or "parse error"), 80) + line
+
+
+def _check_yaml_events(text: str, where: str) -> None:
+    """Walk the YAML event stream (no objects built yet) and refuse a document nested
+    deeper than MAX_DOCUMENT_DEPTH, with more than MAX_DOCUMENT_NODES values once its
+    aliases are expanded, or with an alias to a collection that contains it."""
+    total = 0                                  # values so far, aliases expanded
+    open_: list[tuple[str | None, int]] = []   # (anchor, total at its start) per level
+    sizes: dict[str, int] = {}                 # anchor -> expanded size, once closed
+    try:
+        for event in yaml.parse(text, Loader=_SAFE_LOADER):
+            if isinstance(event, yaml.AliasEvent):
+                if event.anchor not in sizes:
+                    if any(a == event.anchor for a, _ in open_):
+                        raise BadInput(where, "no recursive YAML aliases (an alias inside "
+                                       "the collection it names)", event.anchor)
+                    continue                   # undefined: the loader says so below
+                total += sizes[event.anchor]
+            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                total += 1
+                open_.append((event.anchor, total - 1))
+                if len(open_) > limits.MAX_DOCUMENT_DEPTH:
+                    raise BadInput(where, f"YAML nested at most {limits.MAX_DOCUMENT_DEPTH} "
+                                   "levels deep", has_got=False)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                anchor, start = open_.pop()
+                if anchor is not None:
+                    sizes[anchor] = total - start
+            elif isinstance(event, yaml.ScalarEvent):
+                total += 1
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+            if total > limits.MAX_DOCUMENT_NODES:
+                raise BadInput(where, f"at most {limits.MAX_DOCUMENT_NODES} values with YAML "
+                               "aliases expanded", has_got=False)
+    except yaml.YAMLError as exc:
+        raise BadInput(where, f"valid YAML ({_yaml_problem(exc)})", has_got=False) from None
+
+
+def check_values(data: Any, where: str) -> None:
+    """Refuse non-finite floats, integers beyond 64 bits, too many values or too deep
+    nesting anywhere in a parsed document; the error names the field path."""
+    count = 0
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        count += 1
+        if count > limits.MAX_DOCUMENT_NODES:
+            raise BadInput(where, f"at most {limits.MAX_DOCUMENT_NODES} values",
+                           has_got=False)
+        if depth > limits.MAX_DOCUMENT_DEPTH:
+            raise BadInput(where, f"nesting at most {limits.MAX_DOCUMENT_DEPTH} levels deep",
+                           has_got=False)
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        if isinstance(value, int):
+            if abs(value) > limits.MAX_INT:
+                raise BadInput(f"{where}: {path or '(top)'}",
+                               f"an integer within +-{limits.MAX_INT}", value)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise BadInput(f"{where}: {path or '(top)'}", "a finite number", value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                key = one_line(str(k), 40)
+                if not isinstance(k, (str, int, float, bool)) and k is not None:
+                    raise BadInput(f"{where}: {path or '(top)'}", "keys that are strings "
+                                   "or numbers", type(k).__name__)
+                stack.append((k, f"{path}.{key}" if path else key, depth + 1))
+                stack.append((v, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                stack.append((v, f"{path}[{i}]", depth + 1))
+        else:
+            raise BadInput(f"{where}: {path or '(top)'}", "a string, number, true/false, list "
+                           "or mapping (YAML dates, binary and sets have no meaning here)",
+                           type(value).__name__)
+
+
+# --------------------------------------------------------------------------- writing
+def _check_target(p: Path) -> None:
+    """Refuse a target that exists and is not a regular file (or is a symlink)."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BadInput(show_path(p), f"a writable file path ({exc.strerror or exc})",
+                       has_got=False) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(show_path(p), f"a writable file path: a regular file or a new name (it is "
+                       f"{_kind(st.st_mode)}; HyperPipe never replaces or writes through "
+                       "special files)", has_got=False)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise BadInput now unless `path` could be written by `atomic_output`: its folder
+    exists or can be made, is writable, and the target is new or a regular file. For
+    checking output paths before long work starts (a run's --trace)."""
+    p = Path(path)
+    if len(os.fspath(p)) > limits.MAX_PATH_CHARS:
+        raise BadInput(show_path(p), f"a path of at most {limits.MAX_PATH_CHARS} characters",
+                       has_got=False)
+    _check_target(p)
+    probe_folder(p.parent)
+
+
+def probe_folder(folder: Path) -> None:
+    """Raise BadInput unless a file can be created in `folder`, or, if it does not exist
+    yet, in its nearest existing ancestor (where it would be made). Creates and removes
+    one temporary file: a true test even for root and read-only file systems."""
+    folder = Path(folder)
+    where = show_path(folder)
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise BadInput(where, f"a folder that can be written ({show_path(folder)} is not a "
+                       "folder)", has_got=False)
+    try:
+        fd, tmp = _create_temp(folder / "probe")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise BadInput(where, f"a folder that can be written ({exc.strerror or exc})",
+                       has_got=False) from None
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """Yield a binary file whose content replaces `path` when the block ends normally,
+    and leaves no trace otherwise. See the module docstring for the rules. A path that
+    cannot be written is bad input (one line, exit 2)."""
+    p = Path(path)
+    where = show_path(p)
+    tmp: Path | None = None
+    try:
+        if len(os.fspath(p)) > limits.MAX_PATH_CHARS:
+            raise BadInput(where, f"a path of at most {limits.MAX_PATH_CHARS} characters",
+                           has_got=False)
+        _check_target(p)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temp(p)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        _check_target(p)                      # a special file planted meanwhile
+        os.rename(tmp, p)       # replaces a symlink planted now, never follows it
+        tmp = None
+        _fsync_dir(p.parent)
+    except OSError as exc:
+        raise BadInput(where, f"a writable file path ({exc.strerror or exc})",
+                       has_got=False) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _create_temp(p: Path) -> tuple[int, Path]:
+    """A new file beside `p` under an unpredictable name, created exclusively (never
+    through a planted file or symlink), mode 0666 less the umask like any new file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = p.with_name(f".{p.name[:180]}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {p}")
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename durable; some file systems cannot open a folder for this."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
+    """Write `text` (str as UTF-8, or bytes) to `path` through `atomic_output`."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    with atomic_output(path) as f:
+        f.write(data)
+
+
+FIGURE_FORMATS = ("png", "svg", "pdf")
+
+
+def figure_format(path: str | os.PathLike) -> str:
+    """The image format a figure path asks for by its suffix (png, svg or pdf); anything
+    else is bad input, so that a file's name never lies about its bytes."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in FIGURE_FORMATS:
+        raise BadInput(show_path(Path(path)), "a figure file ending in .png, .svg or .pdf",
+                       Path(path).suffix or "no suffix")
+    return suffix
+
+
+def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110) -> None:
+    """Save a matplotlib figure through `atomic_output`, in the format its suffix names
+    (PNG, SVG or PDF; figure_format)."""
+    with atomic_output(path) as f:     # its refusals (special files...) come first
+        fig.savefig(f, dpi=dpi, format=figure_format(path))
+
+
+class Fields:
+    """A checked view of one mapping in a user file.
+
+    >>> f = Fields({"count": 2}, "c.yaml: nodes[0]")
+    >>> f.positive_int("count")
+    2
+    """
+
+    def __init__(self, data: Any, where: str, allowed: Iterable[str] | None = None):
+        if not isinstance(data, dict):
+            raise BadInput(where, "a mapping", type(data).__name__)
+        self.data = data
+        self.where = where
+        if allowed is not None:
+            unknown = sorted(set(map(str, data)) - set(allowed))
+            if unknown:
+                raise BadInput(f"{where}.{one_line(unknown[0], 40)}",
+                               f"one of the known keys {sorted(allowed)}", "an unknown key",
+                               has_got=False)
+
+    def at(self, key: str) -> str:
+        return f"{self.where}.{key}"
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: Any = ...) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if default is ...:
+                raise BadInput(self.at(key), "a value (the field is required)", has_got=False)
+            return default
+        return self.data[key]
+
+    def sub(self, key: str, allowed: Iterable[str] | None = None) -> Fields:
+        return Fields(self.raw(key), self.at(key), allowed)
+
+    def string(self, key: str, default: Any = ...) -> str:
+        value = self.raw(key, default)
+        if not isinstance(value, str) or not value:
+            raise BadInput(self.at(key), "a non-empty string", value)
+        return value
+
+    def positive_int(self, key: str, default: Any = ..., *, allow_zero: bool = False,
+                     at_most: int = limits.MAX_INT) -> int:
+        value = self.raw(key, default)
+        return check_int(value, self.at(key), allow_zero=allow_zero, at_most=at_most)
+
+    def number(self, key: str, default: Any = ..., *, positive: bool = False,
+               at_most: float | None = None, at_least: float = 0.0) -> float:
+        """A finite number >= 0 (> 0 if `positive`); with `at_least` > 0, no positive
+        value below it (a subnormal efficiency would divide times into infinity)."""
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0 or (positive and value == 0) \
+                or (at_most is not None and value > at_most) or (0 < value < at_least):
+            want = "a positive number" if positive else "a non-negative number"
+            if at_least:
+                want += f" of at least {at_least:g}"
+            if at_most is not None:
+                want += f" of at most {at_most}"
+            raise BadInput(self.at(key), want, value)
+        return float(value)
+
+    def quantity(self, key: str, dimension: str, default: Any = ..., *,
+                 positive: bool = True) -> float:
+        value = self.raw(key, default)
+        return parse_quantity(value, dimension, where=self.at(key), allow_zero=not positive)
+
+    def choice(self, key: str, options: Iterable[str], default: Any = ...) -> str:
+        value = self.raw(key, default)
+        options = list(options)
+        if value not in options:
+            raise BadInput(self.at(key), f"one of {options}", value)
+        return value
+
+    def items(self, key: str, default: Any = ...) -> list:
+        value = self.raw(key, default)
+        if not isinstance(value, list):
+            raise BadInput(self.at(key), "a list", type(value).__name__)
+        return value
+
+
+def check_int(value: Any, where: str, *, allow_zero: bool = False,
+              at_most: int = limits.MAX_INT) -> int:
+    """Return `value` if it is a positive (or non-negative) integer of at most `at_most`
+    (a documented limit of `hyperpipe.core.limits`), else raise BadInput."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 \
+            or (value == 0 and not allow_zero) or value > at_most:
+        want = "a non-negative integer" if allow_zero else "a positive integer"
+        if isinstance(value, int) and value > at_most:
+            want += f" of at most {at_most} (hyperpipe.core.limits)"
+        raise BadInput(where, want, value)
+    return value
+
+
+def path_exists(p: Path, *, regular: bool = False) -> bool:
+    """Whether `p` exists (and is a regular file, with `regular`); False for a path the
+    OS refuses to look up (too long, a loop of links, no permission)."""
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(st.st_mode) or not regular
+
+
+def resolve_ref(ref: str, base_dir: Path | None) -> Path | None:
+    """A file path inside a document is relative to that document's folder."""
+    p = Path(ref)
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p
+    return p

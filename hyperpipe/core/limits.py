@@ -1,0 +1,63 @@
+"""The documented limits on everything a user can hand HyperPipe.
+
+Every count, size and number that comes from a file or a flag is checked against one of
+these bounds at the boundary (file loaders, the command line), so that a hostile or
+careless input ends as one line on stderr and exit status 2, not a hang, a swap storm
+or a traceback. The bounds are far above any real job (a 1024-GPU cluster, GPT-3 175B's
+96 layers, a 4M-token global batch) and low enough that the work they allow finishes
+in seconds to minutes and fits in a few GB.
+
+Input files
+  * JSON files at most ``MAX_JSON_BYTES``, YAML files at most ``MAX_YAML_BYTES`` (YAML
+    parses ~50x slower than JSON);
+  * at most ``MAX_DOCUMENT_NODES`` values in a document, counted with YAML aliases
+    expanded (an alias bomb is refused before any object is built); recursive aliases
+    are refused; nesting at most ``MAX_DOCUMENT_DEPTH`` levels;
+  * integers within +-``MAX_INT`` (64-bit), floats finite (no NaN/Infinity).
+
+Counts (files and flags)
+  * devices per node ``MAX_NODE_DEVICES``, node repeats ``MAX_NODE_REPEAT``, devices in a
+    cluster ``MAX_CLUSTER_DEVICES``;
+  * model layers ``MAX_LAYERS``; layer widths, heads, vocabulary, sequence length
+    ``MAX_MODEL_DIM``;
+  * global batch ``MAX_GLOBAL_BATCH`` samples; micro-batches per pipeline
+    ``MAX_MICROBATCHES``; pipeline devices ``MAX_PIPELINE_DEVICES``; chunks per device
+    ``MAX_CHUNKS``; actions in one schedule ``MAX_SCHEDULE_ACTIONS`` (a larger schedule
+    is `InfeasiblePlan`: the search skips it, `hyperpipe schedule` exits 2);
+  * search/what-if worker processes ``MAX_WORKERS``; plans listed ``MAX_TOP``;
+    what-if variants ``MAX_VARIANTS``; training steps ``MAX_STEPS``; CPU threads per
+    rank ``MAX_THREADS``; seeds ``0 .. MAX_SEED``.
+
+Quantities (see `hyperpipe.core.units.QUANTITY_RANGE`): each dimension has a finite range
+(for example a bandwidth of at least 1 B/s, a latency of at most 1e9 s), so
+that no time, rate or ratio computed from them overflows or divides by zero.
+"""
+
+from __future__ import annotations
+
+MAX_JSON_BYTES = 16 * 2**20          # a plan of a 1024-GPU cluster is well under 1 MiB
+MAX_YAML_BYTES = 2 * 2**20           # ~2 s to parse; clusters and models are a few kB
+MAX_DOCUMENT_NODES = 2_000_000       # values in one document, aliases expanded
+MAX_DOCUMENT_DEPTH = 64              # nesting levels of mappings and lists
+MAX_INT = 2**63 - 1                  # integers in files: 64-bit signed
+MAX_PATH_CHARS = 4096                # PATH_MAX on Linux
+
+MAX_NODE_DEVICES = 1024              # devices of one node entry
+MAX_NODE_REPEAT = 4096               # `repeat` of one node entry
+MAX_CLUSTER_DEVICES = 65_536         # devices of a whole cluster
+MAX_LAYERS = 10_000                  # layers of a model (GPT-3 175B has 96 blocks)
+MAX_MODEL_DIM = 2**24                # d_model, ffn_hidden, heads, vocab_size, seq_len
+MAX_PARAMS_PER_LAYER = 10**13        # parameters of one synthetic layer
+MAX_GLOBAL_BATCH = 65_536           # samples per iteration (GPT-3: 1536, Llama 3: 2048)
+MAX_MICROBATCHES = 65_536            # micro-batches of one pipeline
+MAX_PIPELINE_DEVICES = 4096          # devices (ranks) of one pipeline
+MAX_CHUNKS = 64                      # stages per device (interleaved schedules)
+MAX_SCHEDULE_ACTIONS = 200_000       # devices x chunks x micro-batches x 3 of a schedule
+MAX_WORKERS = 64                     # search / what-if worker processes
+MAX_TOP = 1000                       # plans listed by search --top
+MAX_VARIANTS = 4096                  # variants of one what-if sweep
+MAX_STEPS = 1_000_000                # training steps of one run
+MAX_THREADS = 256                    # CPU threads per rank
+MAX_SEED = 2**63 - 1                 # torch.manual_seed takes a signed 64-bit value
+MAX_TIMEOUT_S = 86_400.0             # any wait of a run: one day
+MAX_EMULATION_SCALE = 1000.0         # compute stretch of an emulated run

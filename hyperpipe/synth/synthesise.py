@@ -1,0 +1,212 @@
+"""Schedules synthesised for one plan (kind ``synth``), priced by the simulator.
+
+`synthesise(plan, cost)` keeps the plan's stages, devices and micro-batches and builds
+per-device action orders for them:
+
+1. from the cost model (or calibration profile): per stage F, I and W times, link times
+   between adjacent stages, stash bytes per micro-batch, and each rank's memory left for
+   stashes (device memory minus the static state of its stages);
+2. one candidate order per `Policy` by list scheduling (`hyperpipe.synth.listsched`):
+   per-rank warm-up depth from 1F1B's up to what memory allows, W's into bubbles or
+   right after their I, lookahead for arriving backwards;
+3. every candidate, and every fixed kind that places chunks as the plan does (gpipe,
+   1f1b, zb-h1 for one chunk; interleaved-1f1b looped; zb-v, dualpipe-v in a V), is
+   simulated with the SimPy simulator;
+4. the best synthesised order and the best fixed kind's order are each improved by
+   local moves judged on the same costs (`hyperpipe.synth.improve`) and simulated again;
+   the fastest of all that fits in memory wins.
+
+So the result is never slower than the best fixed kind (that kind is kept when no
+candidate beats it) and never over a device's memory when any schedule fits. The
+result is an ordinary plan: kind ``synth`` with ``schedule.actions`` (validated,
+simulated, drawn, exported, replayed by the executor), or the winning fixed kind.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from hyperpipe.plan.generators import SCHEDULE_KINDS, SYNTH, default_chunks, placement_of
+from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.plan_schedule import pipeline_placement, schedule_for
+from hyperpipe.plan.schedule import rank_stages, validate
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.replay import PipeCosts
+from hyperpipe.sim.simulator import SimOptions, simulate
+from hyperpipe.synth.improve import improve
+from hyperpipe.synth.listsched import Policy, list_schedule
+
+# Candidate policies: warm-up depth (1F1B's, a little deeper, memory only), bounded W
+# debt, lookahead in the drain, critical-path order. Small on purpose: each costs one
+# list-scheduling pass and one simulation. (W right after its I, and oldest forward
+# first, were dropped: they never won on experiments/schedule_synthesis.py's cases, so
+# that experiment's figures are in-sample for this choice.)
+POLICIES: tuple[Policy, ...] = (
+    Policy(0, "fill", "deep"), Policy(1, "fill", "deep"), Policy(2, "fill", "deep"),
+    Policy(None, "fill", "deep"), Policy(None, "fill", "deep", 0.0, 1),
+    # drain: once a rank has no forward left, it waits for an I that lands before the W
+    # it would start ends (the I's chain back to stage 0 is the tail; W's wait)
+    Policy(0, "fill", "deep", 1.0, None, True), Policy(None, "fill", "deep", 1.0, 1, True),
+    # critical path: the ready action with the longest chain behind it first
+    Policy(1, "fill", "tail"), Policy(None, "fill", "tail"),
+)
+
+
+IMPROVE_BUDGET = 150      # replays of the local improvement per distinct pipeline
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    """The winner and what it was compared with (times: simulated iteration seconds)."""
+
+    plan: Plan                       # kind synth with actions, or the best fixed kind
+    metrics: Metrics                 # the winner's simulated metrics
+    fixed_kind: str                  # the best fixed kind for these stages
+    fixed_time_s: float              # its time (inf when no fixed kind fits in memory)
+    synth_time_s: float              # the best synthesised order's time (inf: none fits)
+    policy: Policy | None            # the policy that built it
+    candidates: int                  # schedules simulated
+    elapsed_s: float                 # wall time of the whole synthesis
+    synth_plan: Plan | None = None   # the best synthesised plan, even when it lost
+
+    @property
+    def gain(self) -> float:
+        """Best fixed kind's time over the winner's (>= 1)."""
+        return self.fixed_time_s / self.metrics.iteration_time_s
+
+
+def fixed_kinds(plan: Plan) -> list[str]:
+    """The fixed kinds that place the plan's chunks as it does."""
+    placement = pipeline_placement(plan, plan.pipelines[0])
+    return [k for k in SCHEDULE_KINDS if placement_of(k) == placement
+            and (k == "interleaved-1f1b" if plan.chunks > 1 and placement == "loop"
+                 else default_chunks(k) == plan.chunks)]
+
+
+def pipe_costs(plan: Plan, cost: CostModel, q: int) -> PipeCosts:
+    """The list scheduler's inputs for pipeline q, from the cost model."""
+    pipe = plan.pipelines[q]
+    st, mb = pipe.stages, pipe.micro_batch
+    p = len(st) // plan.chunks
+    placement = pipeline_placement(plan, pipe)
+
+    def times(op: str) -> tuple[float, ...]:
+        return tuple(cost.stage_time_s(s.layers, s.devices, mb, op, s.recompute,
+                                       s.sequence_parallel) for s in st)
+
+    links_f, links_b = [], []
+    for a, b in zip(st, st[1:], strict=False):
+        nbytes = cost.send_bytes(a.layers, mb)
+        links_f.append(cost.transfer_time_s(a.devices[-1], b.devices[0], nbytes))
+        links_b.append(cost.transfer_time_s(b.devices[0], a.devices[-1], nbytes))
+    shards = len(plan.pipelines) if plan.distributed_optimizer else 1
+    budget = []
+    for d in range(p):
+        mine = [st[s] for s in rank_stages(d, p, plan.chunks, placement)]
+        static = cost.device_static_bytes(mine, mb, shards)    # as the simulator counts it
+        budget.append(cost.cluster.device(st[d].devices[0]).type.memory_bytes - static)
+    return PipeCosts(times("F"), times("I"), times("W"),
+                     tuple(cost.stage_stash_bytes(s, mb) for s in st),
+                     tuple(links_f), tuple(links_b), tuple(budget), times("B"))
+
+
+def synth_plan(plan: Plan, cost: CostModel, policy: Policy,
+               costs: list[PipeCosts] | None = None) -> Plan | None:
+    """`plan` with kind synth and the orders `policy` builds for each pipeline (None when
+    it gets stuck). Pipelines with the same costs share one order. `costs`: each
+    pipeline's `pipe_costs`, when the caller has them."""
+    actions: dict[str, tuple] = {}
+    built: dict[tuple, tuple | None] = {}
+    for q, pipe in enumerate(plan.pipelines):
+        c = costs[q] if costs is not None else pipe_costs(plan, cost, q)
+        p = len(pipe.stages) // plan.chunks
+        key = (c, pipe.num_microbatches)
+        if key not in built:
+            built[key] = list_schedule(c, p, pipe.num_microbatches,
+                                       pipeline_placement(plan, pipe), policy)
+        rows = built[key]
+        if rows is None:
+            return None
+        for d in range(p):
+            actions[pipe.stages[d].devices[0]] = rows[d]
+    return replace(plan, schedule=SYNTH, actions=tuple(sorted(actions.items())))
+
+
+def improved_plan(plan: Plan, costs: list[PipeCosts], budget: int = IMPROVE_BUDGET
+                  ) -> Plan | None:
+    """`plan` (any kind) as kind synth with each pipeline's order improved by
+    `hyperpipe.synth.improve` (pipelines with the same costs share one), or None when no
+    swap helped."""
+    actions: dict[str, tuple] = {}
+    built: dict[tuple, tuple] = {}
+    changed = False
+    for q, pipe in enumerate(plan.pipelines):
+        sched = schedule_for(plan, q)
+        key = (costs[q], sched.actions)
+        if key not in built:
+            built[key] = improve(costs[q], sched.actions, sched.placement, budget)[0]
+            changed |= built[key] != sched.actions
+        for d, row in enumerate(built[key]):
+            actions[pipe.stages[d].devices[0]] = row
+    if not changed:
+        return None
+    return replace(plan, schedule=SYNTH, actions=tuple(sorted(actions.items())))
+
+
+def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
+               policies: tuple[Policy, ...] = POLICIES) -> SynthResult:
+    """Build, simulate and pick (see the module doc). `plan` may be of any kind; its
+    stages, devices and micro-batches are kept. `options`: the simulator's (default: no
+    trace)."""
+    t0 = time.perf_counter()
+    options = SimOptions(trace=False) if options is None else options
+    base = replace(plan, actions=None) if plan.schedule == SYNTH else plan
+    opts = replace(options, check_plan=False)
+    plan.check(cost.model, cost.cluster)
+    fixed_best = (float("inf"), "", None, None)
+    n = 0
+    for kind in fixed_kinds(base):
+        candidate = replace(base, schedule=kind, actions=None)
+        metrics = simulate(candidate, cost, opts).metrics
+        n += 1
+        t = metrics.iteration_time_s if metrics.feasible else float("inf")
+        if t < fixed_best[0] or fixed_best[2] is None:
+            fixed_best = (t, kind, candidate, metrics)
+    synth_best: tuple | None = None
+    seen: set = set()
+    costs = [pipe_costs(base, cost, q) for q in range(len(base.pipelines))]
+    for policy in policies:
+        candidate = synth_plan(base, cost, policy, costs)
+        if candidate is None or candidate.actions in seen:
+            continue
+        seen.add(candidate.actions)
+        metrics = simulate(candidate, cost, opts).metrics
+        n += 1
+        t = metrics.iteration_time_s if metrics.feasible else float("inf")
+        if synth_best is None or t < synth_best[0]:
+            synth_best = (t, candidate, metrics, policy)
+    # 4. local improvement of the best synthesised and the best fixed order, re-priced
+    starts = [(synth_best[1], synth_best[3])] if synth_best else []
+    starts += [(fixed_best[2], None)] if fixed_best[2] is not None else []
+    for start, policy in starts:
+        better = improved_plan(start, costs)
+        if better is None or better.actions in seen:
+            continue
+        seen.add(better.actions)
+        metrics = simulate(better, cost, opts).metrics
+        n += 1
+        t = metrics.iteration_time_s if metrics.feasible else float("inf")
+        if synth_best is None or t < synth_best[0]:
+            synth_best = (t, better, metrics, policy)
+    fixed_t, kind, fixed_plan, fixed_metrics = fixed_best
+    synth_t = synth_best[0] if synth_best else float("inf")
+    if synth_best is not None and synth_t < fixed_t:
+        winner, metrics, policy = synth_best[1], synth_best[2], synth_best[3]
+        for q in range(len(winner.pipelines)):      # the winner is ordinary, valid IR
+            validate(schedule_for(winner, q))
+    else:
+        winner, metrics, policy = fixed_plan, fixed_metrics, None
+    return SynthResult(winner, metrics, kind, fixed_t, synth_t, policy, n,
+                       time.perf_counter() - t0, synth_best[1] if synth_best else None)

@@ -1,0 +1,266 @@
+"""Failures in what-if studies: goodput against the checkpoint interval, and the plan
+to fall back to when a node is gone (`hyperpipe whatif --failures`).
+
+Today's plan (the user's `--plan`, or the best plan for the cluster) runs on some
+nodes; each node with an `mtbf` fails as a Poisson process, and the job stops when any
+of its nodes does (`hyperpipe.whatif.goodput`). The checkpoint write time is the
+checkpoint's size (by default the model's parameters x
+`CHECKPOINT_BYTES_PER_PARAM`) over the storage bandwidth. The study tabulates the
+expected goodput (Daly 2006's model) and a Monte-Carlo run of failures against the
+interval, with Young's and Daly's first-order optima and the model's exact one, and
+re-plans on the cluster without the node most likely to fail (the lowest MTBF).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, load_cluster
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.units import format_quantity, format_seconds
+from hyperpipe.models import load_model
+from hyperpipe.plan.plan import Plan
+from hyperpipe.search.evaluate import Candidate
+from hyperpipe.search.report import describe_plan
+from hyperpipe.search.search import SearchConstraints, search
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import SimOptions, simulate
+from hyperpipe.whatif.goodput import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    Checkpointing,
+    best_interval_s,
+    combined_mtbf_s,
+    daly_interval_s,
+    expected_goodput,
+    monte_carlo_goodput,
+    young_interval_s,
+)
+from hyperpipe.whatif.stragglers import search_view
+
+MC_FAILURES = 50_000         # failures in the Monte-Carlo run behind each table row
+TABLE_FACTORS = (0.25, 0.5, 2.0, 4.0)   # intervals tabulated around the optimum
+
+
+@dataclass(frozen=True)
+class IntervalRow:
+    label: str                   # "Daly", "Young", "optimum", "0.5x", "given"
+    interval_s: float
+    goodput: float               # expected (Daly's model)
+    goodput_mc: float            # Monte-Carlo run of failures
+
+
+@dataclass(frozen=True)
+class FailureStudy:
+    model: str
+    cluster: str
+    plan: Candidate                       # today's plan on the whole cluster
+    nodes: tuple[str, ...]                # the nodes it uses
+    mtbf_s: float                         # of those nodes together
+    checkpoint_bytes: float
+    ckpt: Checkpointing
+    rows: tuple[IntervalRow, ...]
+    failed_node: str
+    replan: Candidate | None              # the best plan without `failed_node`
+    replan_error: str | None = None
+    plan_text: str = ""                   # describe_plan of today's plan and the re-plan
+    replan_text: str = ""
+
+    def row(self, label: str) -> IntervalRow:
+        return next(r for r in self.rows if r.label == label)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model, "cluster": self.cluster, "plan": self.plan.to_dict(),
+            "nodes": len(self.nodes), "mtbf_s": self.mtbf_s,
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "checkpoint_write_s": self.ckpt.write_s, "restart_s": self.ckpt.restart_s,
+            "optimum_interval_s": self.row("optimum").interval_s,
+            "daly_interval_s": self.row("Daly").interval_s,
+            "young_interval_s": self.row("Young").interval_s,
+            "intervals": [{"label": r.label, "interval_s": r.interval_s,
+                           "goodput": r.goodput, "goodput_monte_carlo": r.goodput_mc}
+                          for r in self.rows],
+            "failed_node": self.failed_node}
+        if self.replan is not None:
+            out["replan"] = self.replan.to_dict()
+        if self.replan_error is not None:
+            out["replan_error"] = self.replan_error
+        return out
+
+
+def failure_whatif(model: Any, cluster: Any, *, global_batch: int, restart_s: float,
+                   storage_bandwidth_bytes_per_s: float | None = None,
+                   checkpoint_bytes: float | None = None, write_s: float | None = None,
+                   mtbf_s: float | None = None, intervals_s: tuple[float, ...] = (),
+                   micro_batch: int | None = None, schedule: str | None = None,
+                   objective: str = "throughput", profile=None, workers: int = 1,
+                   backend=None, plan: Plan | None = None) -> FailureStudy:
+    """The failure study of one plan (see the module doc). `mtbf_s` applies to every
+    node that has no `mtbf` of its own; `write_s` overrides size / bandwidth."""
+    base = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    if mtbf_s is not None:
+        base = replace(base, nodes=tuple(n if n.mtbf_s is not None else
+                                         replace(n, mtbf_s=mtbf_s) for n in base.nodes))
+    if all(n.mtbf_s is None for n in base.nodes):
+        raise BadInput("--failures", "an mtbf on the nodes (node field mtbf in the cluster "
+                       "file, or --mtbf for every node)", has_got=False)
+    spec = load_model(model, where="--model")
+    size = checkpoint_bytes if checkpoint_bytes is not None else \
+        CHECKPOINT_BYTES_PER_PARAM * sum(layer.params for layer in spec.layers)
+    if write_s is None:
+        if storage_bandwidth_bytes_per_s is None:
+            raise BadInput("--storage-bandwidth", "the bandwidth checkpoints are written at "
+                           "(e.g. '20 GB/s'), or --checkpoint-write-time", has_got=False)
+        write_s = size / storage_bandwidth_bytes_per_s
+    c = SearchConstraints(global_batch=global_batch, micro_batch=micro_batch,
+                          schedule=schedule, objective=objective)
+    workers = workers if backend is None else 1
+    if plan is None:
+        plan = search(spec, search_view(base), c, profile=profile, top=1, workers=workers,
+                      backend=backend).best.plan
+    cost = CostModel(spec, base, profile)
+    today = Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)
+    nodes = tuple(dict.fromkeys(base.device(d).node for d in plan.devices))
+    failing = [base.node(n) for n in nodes if base.node(n).mtbf_s is not None]
+    if not failing:
+        raise BadInput("--failures", "an mtbf on a node the plan uses", has_got=False)
+    mtbf = combined_mtbf_s([n.mtbf_s for n in failing])
+    ckpt = Checkpointing(write_s, restart_s)
+    rows = _interval_rows(ckpt, mtbf, intervals_s)
+    failed = min(failing, key=lambda n: n.mtbf_s).name       # ties: the first in the plan
+    replan, error, text = _replan(spec, base, failed, c, profile, workers, backend)
+    return FailureStudy(spec.name, base.name, today, nodes, mtbf, size, ckpt, rows, failed,
+                        replan, error, describe_plan(plan, base), text)
+
+
+def _interval_rows(ckpt: Checkpointing, mtbf_s: float, given: tuple[float, ...]
+                   ) -> tuple[IntervalRow, ...]:
+    best = best_interval_s(ckpt, mtbf_s)
+    named = [("optimum", best), ("Daly", daly_interval_s(ckpt.write_s, mtbf_s)),
+             ("Young", young_interval_s(ckpt.write_s, mtbf_s))]
+    named += [(f"{f:g}x optimum", f * best) for f in TABLE_FACTORS]
+    named += [("given", t) for t in given]
+    named.sort(key=lambda item: item[1])
+    mc = monte_carlo_goodput([t for _, t in named], ckpt, mtbf_s, failures=MC_FAILURES)
+    return tuple(IntervalRow(label, t, expected_goodput(t, ckpt, mtbf_s), g)
+                 for (label, t), g in zip(named, mc, strict=True))
+
+
+def without_node(cluster: Cluster, name: str) -> Cluster:
+    """`cluster` less node `name` (a node of a `repeat` group is taken out of it)."""
+    doc = copy.deepcopy(cluster.source)
+    doc.setdefault("name", cluster.name)
+    entries, i = [], 0
+    for entry in doc["nodes"]:
+        made = cluster.nodes[i:i + int(entry.get("repeat", 1))]
+        i += len(made)
+        if all(n.name != name for n in made) and "name" in entry:
+            entries.append(entry)
+            continue
+        # one entry per node, each named as it was (default names count positions)
+        entries += [{**{k: v for k, v in entry.items() if k != "repeat"}, "name": node.name}
+                    for node in made if node.name != name]
+    if not entries:
+        raise InfeasiblePlan(f"cluster {cluster.name} has no node left without {name}")
+    doc["nodes"] = entries
+    out = cluster_from_dict(doc, where=f"cluster {cluster.name} without {name}",
+                            name=cluster.name)
+    # nodes keep their MTBFs (set here or by --mtbf)
+    mtbf = {n.name: n.mtbf_s for n in cluster.nodes}
+    return replace(out, nodes=tuple(replace(n, mtbf_s=mtbf[n.name]) for n in out.nodes))
+
+
+def _replan(spec, cluster: Cluster, failed: str, c: SearchConstraints, profile,
+            workers: int, backend) -> tuple[Candidate | None, str | None, str]:
+    try:
+        smaller = without_node(cluster, failed)
+        res = search(spec, search_view(smaller), c, profile=profile, top=1, workers=workers,
+                     backend=backend)
+    except InfeasiblePlan as exc:
+        return None, str(exc), ""
+    cost = CostModel(spec, smaller, profile)
+    plan = res.best.plan
+    return (Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics), None,
+            describe_plan(plan, smaller))
+
+
+def duration(value_s: float) -> str:
+    """A duration for people: '4.2 ms', '12.5 s', '56.3 min', '2.1 h', '5 days'."""
+    for unit, factor in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if value_s >= 2 * factor:
+            return f"{value_s / factor:.3g} {unit}"
+    return format_seconds(value_s)
+
+
+def format_failures(study: FailureStudy) -> str:
+    m = study.plan.metrics
+    out = [f"failures: model {study.model} on cluster {study.cluster}",
+           f"today's plan: {study.plan_text}",
+           f"  {m.throughput_samples_per_s:.2f} samples/s, iteration "
+           f"{duration(m.iteration_time_s)}, on {len(study.nodes)} nodes",
+           f"MTBF of those nodes together {duration(study.mtbf_s)}; checkpoint "
+           f"{format_quantity(study.checkpoint_bytes, 'B')} written in "
+           f"{duration(study.ckpt.write_s)}; restart {duration(study.ckpt.restart_s)}",
+           "", f"{'checkpoint every':>18}  {'iterations':>10}  {'goodput':>8}  "
+           f"{'Monte-Carlo':>11}  {'samples/s':>9}"]
+    for r in study.rows:
+        out.append(f"{duration(r.interval_s):>18}  "
+                   f"{r.interval_s / m.iteration_time_s:10.0f}  {r.goodput:8.1%}  "
+                   f"{r.goodput_mc:11.1%}  {r.goodput * m.throughput_samples_per_s:9.2f}  "
+                   f"{r.label}")
+    best = study.row("optimum")
+    out += ["", f"optimum: checkpoint every {duration(best.interval_s)} "
+            f"({best.interval_s / m.iteration_time_s:.0f} iterations), goodput "
+            f"{best.goodput:.1%}; Daly's first-order sqrt(2 delta M) - delta = "
+            f"{duration(study.row('Daly').interval_s)} (Daly 2006), Young's "
+            f"sqrt(2 delta M) = {duration(study.row('Young').interval_s)} (Young 1974)",
+            "goodput: expected useful time / wall time (Daly 2006's model); Monte-Carlo: "
+            f"one simulated run of {MC_FAILURES} failures", ""]
+    if study.replan is None:
+        out.append(f"without node {study.failed_node}: nothing fits ({study.replan_error})")
+    else:
+        r = study.replan.metrics
+        out.append(f"without node {study.failed_node} (lowest MTBF): re-planned "
+                   f"{r.throughput_samples_per_s:.2f} samples/s "
+                   f"({r.throughput_samples_per_s / m.throughput_samples_per_s - 1:+.1%}): "
+                   f"{study.replan_text}")
+    return "\n".join(out) + "\n"
+
+
+def plot_failures(study: FailureStudy, path: str) -> None:
+    """Goodput against the checkpoint interval: the model's curve, the Monte-Carlo
+    points and the optima marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from hyperpipe.core.files import save_figure
+
+    best = study.row("optimum").interval_s
+    grid = np.geomspace(best / 8, best * 8, 200)
+    curve = [expected_goodput(t, study.ckpt, study.mtbf_s) for t in grid]
+    unit, scale = ("h", 3600.0) if best > 3600 else ("min", 60.0)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(grid / scale, [100 * g for g in curve], color="#2b7bba",
+            label="expected goodput (Daly 2006 model)")
+    ax.plot([r.interval_s / scale for r in study.rows],
+            [100 * r.goodput_mc for r in study.rows], "o", color="#d95f02",
+            label=f"Monte-Carlo run ({MC_FAILURES} failures)")
+    for label, style in (("optimum", "-"), ("Daly", "--"), ("Young", ":")):
+        r = study.row(label)
+        ax.axvline(r.interval_s / scale, color="#555555", linestyle=style, linewidth=1,
+                   label=f"{label}: {duration(r.interval_s)}")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"checkpoint interval ({unit} of training between checkpoints)")
+    ax.set_ylabel("goodput (% of wall time training)")
+    ax.set_title(f"failures: {study.model} on {study.cluster}, MTBF "
+                 f"{duration(study.mtbf_s)}, checkpoint "
+                 f"{duration(study.ckpt.write_s)}, restart "
+                 f"{duration(study.ckpt.restart_s)}", fontsize=9)
+    ax.legend(fontsize=8, loc="lower center")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,401 @@
+"""What-if studies: sweep a cluster or model parameter, search the best plan per variant.
+
+A variation is ``KEY=V1,V2,...`` (several give their grid):
+
+* a dotted path into the cluster document: ``inter_node.bandwidth``,
+  ``nodes.NAME.count`` / ``.device`` / ``.intra_link.bandwidth`` (NAME as written in
+  the file, or the node's position), ``device_types.TYPE.peak_flops``, ...;
+* ``model`` (a preset name or file per value, e.g. model sizes), ``model.FIELD``
+  (an override, e.g. ``model.seq_len=1024,2048``);
+* ``global_batch``.
+
+A sweep that sets a ``slowdown`` (``nodes.NAME.slowdown=1.0,1.3,2.0``), or any sweep
+given today's plan, also keeps that plan on every variant against re-planning
+(`hyperpipe.whatif.stragglers`).
+
+`pool=True` asks "which of these device types should I use": every non-empty subset of
+the cluster's device types is a variant (the nodes of the other types removed), and with
+prices the table has the cost per million tokens and the (time, cost) Pareto front.
+
+>>> r = whatif("tiny-gpt", "demo-hetero", global_batch=8,
+...            vary=["inter_node.bandwidth=1 Gbit/s,100 Gbit/s"])   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, load_cluster
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.progress import Progress
+from hyperpipe.models import ModelSpec, load_model
+from hyperpipe.plan.plan import Plan
+from hyperpipe.search.evaluate import Candidate, pareto_front, rank_key
+from hyperpipe.search.report import describe_plan
+from hyperpipe.search.search import SearchConstraints, search
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.whatif.added_devices import keep_unused, needs_base, simulate_on
+from hyperpipe.whatif.stragglers import is_straggler_key, search_view
+from hyperpipe.whatif.vary_paths import check_vary
+
+
+@dataclass(frozen=True)
+class Row:
+    """The outcome of one variant."""
+
+    settings: tuple[tuple[str, str], ...]     # (key, value) per varied parameter
+    devices: int
+    best: Candidate | None
+    uniform: Candidate | None
+    error: str | None = None                  # what is short, when nothing fits
+    description: str = ""
+    kept: Candidate | None = None             # today's plan simulated on this variant
+    kept_is_answer: bool = False              # the search's pick was slower: best = kept
+    unused_from: str | None = None            # best is this smaller variant's plan, the
+                                              # added devices unused (added_devices)
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"settings": dict(self.settings), "devices": self.devices}
+        if self.best is not None:
+            out["best"] = self.best.to_dict()
+        if self.uniform is not None:
+            out["uniform"] = self.uniform.to_dict()
+        if self.error is not None:
+            out["error"] = self.error
+        if self.unused_from is not None:
+            out["unused_from"] = self.unused_from
+        if self.kept is not None:
+            out["kept"] = self.kept.to_dict()
+            out["kept_is_answer"] = self.kept_is_answer
+            if self.best is not None and self.kept.metrics.feasible:
+                out["replan_gain"] = self.kept.metrics.iteration_time_s / \
+                    self.best.metrics.iteration_time_s - 1
+        return out
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    model: str
+    cluster: str
+    rows: list[Row]
+    pareto: list[int] = field(default_factory=list)    # rows on the (time, cost) front
+    kind: str = "sweep"          # "stragglers": rows carry today's plan kept as well
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "cluster": self.cluster, "kind": self.kind,
+                "rows": [r.to_dict() for r in self.rows], "pareto_rows": self.pareto}
+
+
+def parse_vary(text: str) -> tuple[str, list[str]]:
+    """'KEY=V1,V2' -> (KEY, [V1, V2]); BadInput naming --vary otherwise."""
+    key, sep, values = text.partition("=")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not key.strip() or not items:
+        raise BadInput("--vary", "KEY=V1,V2,... e.g. 'inter_node.bandwidth=10 Gbit/s,"
+                       "100 Gbit/s'", text)
+    return key.strip(), items
+
+
+def _scalar(text: str) -> Any:
+    """Numbers stay numbers (counts, efficiencies); everything else is a string."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def set_path(doc: dict, key: str, value: str) -> None:
+    """Set a dotted `key` of a cluster document; list items by `name` or position."""
+    parts = key.split(".")
+    node: Any = doc
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            match = [x for x in node if isinstance(x, dict) and x.get("name") == part]
+            if not match and part.isdigit() and int(part) < len(node):
+                match = [node[int(part)]]
+            if not match:
+                names = [x.get("name") for x in node if isinstance(x, dict)]
+                raise BadInput(f"--vary {key}", f"a name among {names} or a position",
+                               part)
+            if last:
+                raise BadInput(f"--vary {key}", "a field of the item, e.g. "
+                               f"{key}.count", has_got=False)
+            node = match[0]
+        elif isinstance(node, dict):
+            if last:
+                held = node.get(part)
+                if isinstance(held, (dict, list)):
+                    inner = "0.count" if isinstance(held, list) else next(iter(held), "FIELD")
+                    raise BadInput(f"--vary {key}", f"a path to one value ({part} holds a "
+                                   f"{type(held).__name__}; e.g. {key}.{inner})",
+                                   has_got=False)
+                node[part] = _scalar(value)
+            else:
+                node = node.setdefault(part, {})
+        else:
+            raise BadInput(f"--vary {key}", "a path into the cluster document", part)
+
+
+def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool: bool):
+    """(settings, model ref, cluster, global batch) per variant."""
+    axes = [parse_vary(v) for v in vary]
+    for key, values in axes:
+        if key not in ("model", "global_batch") and not key.startswith("model."):
+            check_vary(key, values, cluster.source)
+    if pool:
+        types = list(dict.fromkeys(n.device_type for n in cluster.nodes))
+        subsets = [s for r in range(len(types), 0, -1)
+                   for s in itertools.combinations(types, r)]
+        axes.append(("use", ["+".join(s) for s in subsets]))
+    if not axes:
+        raise BadInput("whatif", "at least one --vary KEY=V1,V2,... or --pool", has_got=False)
+    for combo in itertools.product(*[[(k, v) for v in values] for k, values in axes]):
+        doc = copy.deepcopy(cluster.source)
+        doc.setdefault("name", cluster.name)
+        model, batch = model_ref, global_batch
+        overrides: dict[str, Any] = {}
+        for key, value in combo:
+            if key == "model":
+                model = value
+            elif key.startswith("model."):
+                overrides[key[len("model."):]] = _scalar(value)
+            elif key == "global_batch":
+                batch = _scalar(value)
+            elif key == "use":
+                keep = set(value.split("+"))
+                doc["nodes"] = [n for n in doc["nodes"] if n.get("device") in keep]
+            else:
+                set_path(doc, key, value)
+        # count 0 means "without this node" (a what-if, not a file error)
+        doc["nodes"] = [n for n in doc.get("nodes", []) if n.get("count") != 0]
+        where = f"--vary {', '.join(f'{k}={v}' for k, v in combo)}"
+        try:
+            variant_cluster = cluster_from_dict(doc, where="cluster", name=cluster.name) \
+                if doc["nodes"] else None     # every node removed: a row, not an error
+        except BadInput as exc:              # name the settings as typed, then the field
+            raise BadInput(f"{where} ({exc.where})", exc.expected, exc.got,
+                           has_got=exc.got is not None) from None
+        spec = load_model(model, where="--model" if model is model_ref else where,
+                          overrides=overrides or None)
+        yield combo, spec, variant_cluster, batch
+
+
+def whatif(model: Any, cluster: Any, *, global_batch: int, vary: list[str] | None = None,
+           pool: bool = False, micro_batch: int | None = None, schedule: str | None = None,
+           objective: str = "throughput", profile=None, workers: int = 1, backend=None,
+           plan: Plan | None = None, progress: bool | None = None) -> WhatIfResult:
+    """Search every variant; a variant where nothing fits gets a row with its error.
+
+    With `backend` (`hyperpipe.search.backends`, entered) the variants run as its tasks,
+    each search in one process; otherwise one after another, each search over `workers`
+    processes. A sweep over slowdowns (or any sweep given today's `plan`) also reports,
+    per variant, that plan kept on the variant against re-planning
+    (`hyperpipe.whatif.stragglers`). A variant that adds devices to another (or to the
+    cluster as given) keeps the smaller one's plan when that is faster
+    (`hyperpipe.whatif.added_devices`). `progress`: a bar over the variants on stderr
+    (True), on a terminal only (None) or never (False); the searches' own bars are
+    silenced under it.
+    """
+    base = cluster if not isinstance(cluster, (str, dict)) else load_cluster(cluster)
+    base_model = load_model(model, where="--model")
+    c = SearchConstraints(global_batch=global_batch, micro_batch=micro_batch,
+                          schedule=schedule, objective=objective)
+    one = workers if backend is None else 1          # processes per search
+    stragglers = plan is not None or any(is_straggler_key(parse_vary(v)[0])
+                                         for v in vary or [])
+    tasks = []
+    for combo, spec, variant, batch in _variants(model, base, global_batch, vary or [], pool):
+        if not isinstance(batch, int) or not 1 <= batch <= limits.MAX_GLOBAL_BATCH:
+            raise BadInput("--vary global_batch", "positive integers of at most "
+                           f"{limits.MAX_GLOBAL_BATCH} (hyperpipe.core.limits)", batch)
+        tasks.append(VariantTask(tuple((k, str(v)) for k, v in combo), spec, variant,
+                                 replace(c, global_batch=batch), profile, one, plan))
+    given = VariantTask((), base_model, base, c, profile, one, None)
+    base_needed = needs_base(tasks, given)
+    steps = len(tasks) + (stragglers and plan is None) + base_needed
+    with Progress(steps, "what-if: variants", enabled=progress) as bar:
+        quiet = bar.enabled          # one bar: the searches inside stay silent under it
+        if stragglers and plan is None:     # today's plan: the best on the cluster as given
+            plan = search(base_model, search_view(base), c, profile=profile, top=1,
+                          workers=one, backend=backend, quiet=quiet).best.plan
+            tasks = [replace(t, keep=plan) for t in tasks]
+            bar.advance(note="the cluster as given")
+        tasks = [replace(t, quiet=quiet) for t in tasks]
+        if backend is not None:
+            rows = backend.map(evaluate_variant, tasks)
+            bar.advance(len(tasks))
+        else:
+            rows = []
+            for t in tasks:
+                rows.append(evaluate_variant(t))
+                bar.advance(note=rows[-1].label)
+        extra = []
+        if base_needed:       # the devices as given, with those a variant adds unused
+            extra.append(("the cluster as given", given,
+                          evaluate_variant(replace(given, quiet=quiet))))
+            bar.advance(note="the cluster as given")
+    rows = keep_unused(rows, tasks, extra)
+    return WhatIfResult(base_model.name, base.name, rows, _pareto_rows(rows),
+                        "stragglers" if stragglers else "sweep")
+
+
+@dataclass(frozen=True)
+class VariantTask:
+    """One variant to search (a backend task: plain, picklable data)."""
+
+    settings: tuple[tuple[str, str], ...]
+    model: ModelSpec
+    cluster: Cluster | None             # None: every node removed
+    constraints: SearchConstraints
+    profile: Any
+    workers: int
+    keep: Plan | None                   # today's plan, to simulate on the variant too
+    quiet: bool = False                 # no progress bars of the search's own
+
+
+def evaluate_variant(task: VariantTask) -> Row:
+    """The best plan of one variant (and today's plan kept on it, when given)."""
+    variant, settings = task.cluster, task.settings
+    if variant is None:
+        return Row(settings, 0, None, None, error="no devices left")
+    n = len(variant.devices)
+    cost = CostModel(task.model, variant, task.profile)
+    kept = _kept(task.keep, cost) if task.keep is not None else None
+    view = search_view(variant)
+    try:
+        res = search(task.model, view, task.constraints, profile=task.profile,
+                     top=1, workers=task.workers, quiet=task.quiet)
+    except InfeasiblePlan as exc:
+        if kept is not None and kept.metrics.feasible:
+            return Row(settings, n, kept, None, kept=kept, kept_is_answer=True,
+                       description=describe_plan(kept.plan, variant))
+        return Row(settings, n, None, None, error=str(exc), kept=kept)
+    best = res.best
+    if view is not variant:
+        # the search ranked on the derived view: the real cluster's simulation decides
+        best = simulate_on(best.plan, cost)
+    if task.keep is not None:
+        if kept is not None and kept.metrics.feasible and (
+                not best.metrics.feasible or rank_key(task.constraints, kept.metrics)
+                < rank_key(task.constraints, best.metrics)):
+            return Row(settings, n, kept, res.baselines.get("uniform"), kept=kept,
+                       kept_is_answer=True, description=describe_plan(kept.plan, variant))
+    return Row(settings, n, best, res.baselines.get("uniform"), kept=kept,
+               description=describe_plan(best.plan, variant))
+
+
+def _kept(plan: Plan, cost: CostModel) -> Candidate | None:
+    """Today's plan on a variant; None when the variant lacks its devices."""
+    try:
+        return simulate_on(plan, cost)
+    except (BadInput, InfeasiblePlan):
+        return None
+
+
+def _pareto_rows(rows: list[Row]) -> list[int]:
+    """Indices of the rows whose best plan is on the (time, cost) front."""
+    bests = [r.best for r in rows if r.best is not None]
+    on_front = {id(c) for c in pareto_front(bests)}
+    return [i for i, r in enumerate(rows) if r.best is not None and id(r.best) in on_front]
+
+
+def format_whatif(result: WhatIfResult) -> str:
+    varied = {k for r in result.rows for k, _ in r.settings}
+    model = "models as varied" if "model" in varied else f"model {result.model}"
+    out = [f"what-if: {model} on variants of cluster {result.cluster}", ""]
+    width = max(len(r.label) for r in result.rows)
+    out.append(f"{'variant':<{width}}  devices  iter (ms)  samples/s  vs uniform  "
+               f"$/Mtok   plan (layer ranges half-open)")
+    for i, r in enumerate(result.rows):
+        if r.best is None:
+            out.append(f"{r.label:<{width}}  {r.devices:>7}  infeasible: {r.error}")
+            continue
+        m = r.best.metrics
+        speed = f"{r.uniform.metrics.iteration_time_s / m.iteration_time_s:9.2f}x" \
+            if r.uniform is not None and r.uniform.metrics.feasible else "        --"
+        cost = f"{m.cost_per_million_tokens:7.3f}" \
+            if m.cost_per_million_tokens is not None else "      --"
+        star = " *" if i in result.pareto and len(result.pareto) > 1 else ""
+        out.append(f"{r.label:<{width}}  {r.devices:>7}  {m.iteration_time_s * 1e3:9.3f}"
+                   f"  {m.throughput_samples_per_s:9.2f}  {speed}  {cost}  "
+                   f"{r.description}{star}")
+    if len(result.pareto) > 1:
+        out += ["", "* on the Pareto front of iteration time and cost per million tokens"]
+    ok = [r for r in result.rows if r.best is not None]
+    if ok:
+        fastest = min(ok, key=lambda r: r.best.metrics.iteration_time_s)
+        out += ["", f"fastest: {fastest.label} ({fastest.best.metrics.throughput_samples_per_s:.2f}"
+                f" samples/s)"]
+        priced = [r for r in ok if r.best.metrics.cost_per_million_tokens is not None]
+        if priced:
+            cheapest = min(priced, key=lambda r: r.best.metrics.cost_per_million_tokens)
+            out.append(f"cheapest: {cheapest.label} "
+                       f"(${cheapest.best.metrics.cost_per_million_tokens:.3f} per million "
+                       "tokens)")
+    return "\n".join(out) + "\n"
+
+
+def plot_whatif(result: WhatIfResult, path: str) -> None:
+    """Throughput of the best plan and of the uniform baseline per variant (bars), and
+    the cost per million tokens (line, right axis) when the cluster has prices."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(dict.fromkeys(k for r in result.rows for k, _ in r.settings))
+    if len(keys) == 1:                 # one parameter: its values on the axis, it below
+        labels = [r.settings[0][1] for r in result.rows]
+    else:                              # the last two parts of each key keep labels short
+        labels = ["\n".join(f"{'.'.join(k.split('.')[-2:])}={v}" for k, v in r.settings)
+                  for r in result.rows]
+    best = [r.best.metrics.throughput_samples_per_s if r.best else 0.0 for r in result.rows]
+    uni = [r.uniform.metrics.throughput_samples_per_s
+           if r.uniform is not None and r.uniform.metrics.feasible else 0.0
+           for r in result.rows]
+    x = range(len(labels))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.3 * len(labels) + 2), 4.5))
+    ax.bar([i - 0.2 for i in x], best, width=0.4, label="best plan (search)",
+           color="#2b7bba")
+    ax.bar([i + 0.2 for i in x], uni, width=0.4, label="uniform baseline", color="#bbbbbb")
+    for i, r in enumerate(result.rows):
+        if r.best is None:
+            ax.text(i, 0, "does not fit", ha="center", va="bottom", rotation=90, fontsize=8)
+    ax.set_xticks(list(x))
+    wide = max(len(line) for label in labels for line in label.split("\n")) > 14
+    ax.set_xticklabels(labels, fontsize=8, rotation=25 if wide else 0,
+                       ha="right" if wide else "center")
+    if len(keys) == 1:
+        ax.set_xlabel(keys[0] if keys[0] != "use" else "device types used")
+    ax.set_ylim(0, 1.3 * max(best + uni + [1e-12]))     # room for the legend on top
+    ax.set_ylabel("throughput (samples/s, simulated)")
+    varied = "models as varied" if "model" in keys else result.model
+    ax.set_title(f"what-if: {varied} on {result.cluster}")
+    costs = [r.best.metrics.cost_per_million_tokens if r.best else None for r in result.rows]
+    handles, names = ax.get_legend_handles_labels()
+    if any(c is not None for c in costs):
+        ax2 = ax.twinx()
+        pts = [(i, c) for i, c in enumerate(costs) if c is not None]
+        (line,) = ax2.plot([i for i, _ in pts], [c for _, c in pts], "o-", color="#d95f02",
+                           label="USD per million tokens (best)")
+        ax2.set_ylabel("USD per million tokens")
+        ax2.set_ylim(0, 1.3 * max(c for _, c in pts))     # below the legend too
+        handles.append(line)
+        names.append(line.get_label())
+    ax.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8)
+    fig.tight_layout()
+    from hyperpipe.core.files import save_figure
+    try:
+        save_figure(fig, path, dpi=120)     # the one safe writer: never half-written
+    finally:
+        plt.close(fig)

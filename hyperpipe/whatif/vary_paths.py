@@ -1,0 +1,75 @@
+"""Checking a `whatif --vary` path and its values before they touch the cluster document.
+
+A path is dotted keys into the cluster document (``inter_node.bandwidth``,
+``nodes.v100.count``, ``device_types.A100-80GB.memory``). A key that the cluster format
+does not have is refused with the path as typed and the valid keys at that point,
+closest first; a dimensioned field given a bare number is refused with an example unit
+(a bare number would silently be read in SI base units: 10 "bandwidth" = 10 bytes/s).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from hyperpipe.cluster import cluster as cluster_format
+from hyperpipe.core.errors import BadInput
+
+# A leaf that carries a unit, and an example of one (units.py parses these).
+UNIT_EXAMPLES = {
+    "bandwidth": "100 Gbit/s", "latency": "5 us", "memory": "80 GB",
+    "peak_flops": "312 TFLOP/s", "mem_bandwidth": "2 TB/s", "link_bandwidth": "600 GB/s",
+    "link_latency": "2 us", "mtbf": "120 h",
+}
+TOP_KEYS = ("name", "device_types", "nodes", "inter_node")
+
+
+def _keys(level: str) -> tuple[str, ...]:
+    return {"top": TOP_KEYS, "node": tuple(cluster_format._NODE_KEYS),
+            "device": tuple(cluster_format._DEVICE_KEYS),
+            "link": tuple(cluster_format._LINK_KEYS), "nics": ("count", "bandwidth")}[level]
+
+
+def _nearest(word: str, options: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=len(options), cutoff=0.0)
+    return ", ".join(close[:6])
+
+
+def check_vary(key: str, values: list[str], doc: dict) -> None:
+    """Raise BadInput naming `key` as typed when it is no path of the cluster format,
+    or when a dimensioned field gets a bare non-zero number. `doc` is the cluster
+    document (its node and device-type names are valid path items too)."""
+    parts = key.split(".")
+    level = "top"
+    for i, part in enumerate(parts):
+        typed = ".".join(parts[:i]) or "the cluster"
+        if level == "leaf":
+            raise BadInput(f"--vary {key}", f"a path that ends at {typed} (it holds one "
+                           "value)", part)
+        if level in ("nodes", "device_types"):
+            items = doc.get("nodes", []) if level == "nodes" else doc.get("device_types", {})
+            names = [str(n.get("name")) for n in items if isinstance(n, dict)] \
+                if level == "nodes" else list(items)
+            if part not in names and not (level == "nodes" and part.isdigit()):
+                if level == "device_types":
+                    level = "device"     # a new device type: allowed, fields follow
+                    continue
+                raise BadInput(f"--vary {key}", f"a node of {typed} ({_nearest(part, names)} "
+                               "or a position)", part)
+            level = "node" if level == "nodes" else "device"
+            continue
+        options = _keys(level)
+        if part not in options:
+            raise BadInput(f"--vary {key}", f"a key of {typed}: one of "
+                           f"{_nearest(part, options)}", part)
+        level = {"nodes": "nodes", "device_types": "device_types", "inter_node": "link",
+                 "intra_link": "link", "nic": "link", "nics": "nics"}.get(part, "leaf")
+    field = parts[-1]
+    if field in UNIT_EXAMPLES:
+        for v in values:
+            try:
+                bare = float(v) != 0.0
+            except ValueError:
+                continue
+            if bare:
+                raise BadInput(f"--vary {key}", f"a value with a unit, e.g. "
+                               f"'{key}={UNIT_EXAMPLES[field]}'", v)

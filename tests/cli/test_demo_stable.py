@@ -1,0 +1,53 @@
+"""The demo's pick cannot be flipped by noise inside the tie margin, and a calibration
+that makes a prediction worse says why."""
+
+from __future__ import annotations
+
+from hyperpipe.cli.demo import TIE_MARGIN, calibration_notes, pick_stable
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.exec.emulation import auto_emulation_scale
+from hyperpipe.models import load_model
+from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.search.evaluate import Candidate
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.simulator import simulate
+
+
+def test_pick_is_the_same_whichever_way_noise_orders_near_ties():
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    plans = [uniform_plan(model, cluster, pp=pp, dp=dp, tp=1, micro_batch=2, global_batch=16,
+                          schedule="1f1b", chunks=1) for pp, dp in ((2, 2), (4, 1), (2, 1))]
+    analytic = CostModel(model, cluster)
+    oracle = min(plans[:2], key=lambda p: simulate(p, analytic).metrics.iteration_time_s)
+
+    def cands(times):
+        return [Candidate(p, Metrics(t, 1.0, 1.0, 0.0, 0.0)) for p, t in zip(plans, times,
+                                                                             strict=True)]
+    near = 1 + TIE_MARGIN / 2
+    for times in ((1.0, near, 2.0), (near, 1.0, 2.0)):
+        assert pick_stable(cands(times), analytic) == oracle
+    # outside the margin the faster prediction wins, whatever the analytic model says
+    other = plans[1] if oracle == plans[0] else plans[0]
+    t = [2.0, 2.0, 5.0]
+    t[plans.index(other)] = 1.0
+    assert pick_stable(cands(tuple(t)), analytic) == other
+
+
+def test_calibration_that_makes_a_prediction_worse_says_why():
+    rows = {"uniform": {"error_before": 0.05, "error_after": 0.03, "spread": 0.02},
+            "best": {"error_before": 0.044, "error_after": 0.134, "spread": 0.02},
+            "other": {"error_before": 0.04, "error_after": 0.05, "spread": 0.02}}
+    notes = calibration_notes(rows)
+    assert len(notes) == 2
+    assert "best plan's prediction worse (4.4% -> 13.4%)" in notes[0]
+    assert "beyond the measured steps' spread" in notes[0]
+    assert "within the measured steps' spread" in notes[1]
+
+
+def test_emulation_scale_outruns_the_contention_of_ranks_sharing_cores():
+    # a rank can be slowed up to ranks/cores by its neighbours; the stretch must exceed it
+    for ranks, cores in [(4, 2), (4, 1), (8, 2), (4, 16), (2, 2)]:
+        scale = auto_emulation_scale(ranks, cores)
+        assert scale >= 2.0 and scale > ranks / cores
+    assert auto_emulation_scale(4, 2) == 3.0

@@ -1,0 +1,129 @@
+"""`hyperpipe export` and `hyperpipe list`.
+
+Export is checked against each framework's documented format (none of torchtitan,
+Megatron-LM or DeepSpeed is installed here): torchtitan's job config is TOML
+(`tomllib` parses it) whose split points name the module that begins each stage;
+Megatron-LM's flags parse with an argparse parser declaring them as Megatron documents
+them (integers), and its uneven first/last layer counts leave the middle stages an even
+share; DeepSpeed's "uniform" method gives numpy.array_split's boundaries (the remainder
+one each to the first stages, deepspeed.runtime.utils.partition_uniform).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+import numpy as np
+import pytest
+import tomllib
+
+from hyperpipe.cli import main as cli_main
+from hyperpipe.frameworks.export import export
+from hyperpipe.plan.plan import plan_from_dict
+
+CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 8}]}
+
+
+def plan_of(pipelines, kind="1f1b", model="gpt2-small"):
+    dev = iter(range(64))
+    pipes = [{"micro_batch": 2, "num_microbatches": 4, "stages": [
+        {"layers": list(r), "devices": [f"n/{next(dev)}"]} for r in ranges]}
+        for ranges in pipelines]
+    return plan_from_dict({"format": "hyperpipe.plan/1", "model": model, "cluster": CLUSTER,
+                           "global_batch": 8 * len(pipes), "schedule": {"kind": kind,
+                                                                        "chunks": 1},
+                           "pipelines": pipes})
+
+
+# gpt2-small: 14 cut units = embedding, 12 blocks, head; 4 stages as DeepSpeed's uniform
+UNIFORM = [[(int(a[0]), int(a[-1]) + 1) for a in np.array_split(np.arange(14), 4)]] * 2
+
+
+def body(text: str) -> list[str]:
+    return [x for x in text.splitlines() if x and not x.startswith("#")]
+
+
+def test_torchtitan_export_is_toml_with_split_points_beginning_each_stage():
+    text = export(plan_of(UNIFORM), "torchtitan")
+    par = tomllib.loads(text)["parallelism"]
+    assert par["pipeline_parallel_degree"] == 4
+    assert par["pipeline_parallel_schedule"] == "1F1B"
+    assert par["data_parallel_replicate_degree"] == 2
+    # stage s begins at our layer a (a >= 1): torchtitan block a - 1
+    assert par["pipeline_parallel_split_points"] == [f"layers.{a - 1}" for a, _ in UNIFORM[0][1:]]
+    flat = [m for part in par["module_fqns_per_model_part"] for m in part]
+    assert flat == ["tok_embeddings", *[f"layers.{i}" for i in range(12)], "norm", "output"]
+    assert "cannot express" not in text
+
+
+def test_megatron_export_parses_with_megatron_flags_and_states_uneven_ends():
+    plan = plan_of([[(0, 4), (4, 8), (8, 12), (12, 14)]])      # blocks 3, 4, 4, 1
+    text = export(plan, "megatron")
+    parser = argparse.ArgumentParser()
+    for flag in ("pipeline-model-parallel-size", "tensor-model-parallel-size", "num-layers",
+                 "micro-batch-size", "global-batch-size", "seq-length",
+                 "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"):
+        parser.add_argument(f"--{flag}", type=int)
+    args = parser.parse_args(shlex.split(" ".join(body(text)).replace("\\", " ")))
+    assert (args.pipeline_model_parallel_size, args.num_layers) == (4, 12)
+    first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
+    assert (first, last) == (3, 1) and (12 - first - last) % (4 - 2) == 0
+    assert '"Ettt|tttt|tttt|tL"' in text
+
+
+def test_deepspeed_export_uses_uniform_when_it_matches_else_explicit_parts():
+    text = export(plan_of(UNIFORM), "deepspeed")
+    assert 'partition_method = "uniform"' in text
+    assert "parts = [0, 4, 8, 11, 14]" in text          # np.array_split of 14 into 4
+    uneven = export(plan_of([[(0, 2), (2, 14)]]), "deepspeed")
+    assert "parts = [0, 2, 14]" in uneven and "_partition_layers" in uneven
+    compile("\n".join(body(uneven)), "<deepspeed export>", "exec")   # valid Python
+
+
+def test_heterogeneous_plan_says_what_the_framework_cannot_express(tmp_path, capsys):
+    plan = plan_of([[(0, 7), (7, 14)], [(0, 5), (5, 14)]])
+    for fw in ("torchtitan", "megatron", "deepspeed"):
+        assert "cannot express: replica 1 has its own stage layout [0, 5) [5, 14)" in \
+            export(plan, fw)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    assert cli_main(["export", "--plan", str(path), "--to", "megatron"]) == 0
+    assert "--pipeline-model-parallel-size 2" in capsys.readouterr().out
+    assert cli_main(["export", "--plan", str(path), "--to", "jax"]) == 2
+
+
+@pytest.mark.parametrize("what,needle", [("clusters", "demo-hetero"), ("models", "gpt3-6.7b"),
+                                         ("devices", "H100-SXM"), ("schedules", "zb-h1")])
+def test_list_prints_builtins_with_units_in_headers(what, needle, capsys):
+    assert cli_main(["list", what]) == 0
+    out = capsys.readouterr().out
+    assert needle in out
+    if what != "schedules":                          # every figure has a unit in its header
+        assert "(" in out.splitlines()[0]
+    if what == "devices":
+        row = next(x.split() for x in out.splitlines() if x.startswith("A100-80GB"))
+        assert row[1] == "312" and row[3] == "80"    # TFLOP/s and GB from the catalog
+
+
+def test_readme_links_stay_in_the_repo_and_the_format_examples_load():
+    import re
+    from pathlib import Path
+
+    from hyperpipe.models import load_model
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    assert "../" not in readme and "DESIGN.md" not in readme
+    for target in re.findall(r"\]\(([^)#]+)\)", readme):
+        if "://" not in target:
+            assert (root / target).is_file(), target
+    doc = (root / "docs" / "formats.md").read_text()
+    for word in ("recompute", "sequence_parallel", "distributed_optimizer", "attention",
+                 "nics", "slowdown", "mtbf", "schedule.actions", "half-open"):
+        assert word in doc, word
+    plan_json = re.search(r"## Plan.*?```json\n(.*?)```", doc, re.S).group(1)
+    plan = plan_from_dict(json.loads(plan_json))
+    plan.check(plan.load_model(), plan.load_cluster())
+    assert plan.pipelines[0].stages[0].layers == (0, 5)
+    assert load_model({"preset": "gpt2-medium", "seq_len": 1024, "attention": "eager"})

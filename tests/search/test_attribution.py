@@ -1,0 +1,73 @@
+"""Gain attribution: switching the one factor two plans differ in gives the other plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.search.attribution import attribute
+from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.search.evaluate import Candidate, simulate_one
+from hyperpipe.sim.costmodel import CostModel
+
+
+@pytest.mark.parametrize("field", ["schedule", "micro_batch"])
+def test_one_factor_apart_gives_the_other_plans_time(field):
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    best = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
+    if field == "schedule":
+        other = replace(best, schedule="gpipe")
+    else:
+        other = uniform_plan(model, cluster, pp=4, micro_batch=2, global_batch=8)
+    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
+    moved = "schedule kind" if field == "schedule" else "micro-batching"
+    assert gains[moved].time_s == pytest.approx(o.metrics.iteration_time_s)
+    assert gains[moved].ratio == pytest.approx(o.metrics.iteration_time_s /
+                                               b.metrics.iteration_time_s)
+    for name, g in gains.items():
+        if name != moved:
+            assert g.same, name
+
+
+def test_a_synthesised_pick_gets_every_factor_priced():
+    """A synth pick's action lists fit its own stages only: the schedule kind's variant
+    drops them (and is then exactly O), the others get a schedule synthesised."""
+    from hyperpipe.synth.synthesise import POLICIES, synth_plan
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    fixed = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
+    best = synth_plan(fixed, cost, POLICIES[0])
+    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=2, global_batch=8)
+    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
+    for name in ("device choice", "layer partition", "schedule kind", "micro-batching"):
+        assert gains[name].time_s is not None, (name, gains[name].note)
+    kind_only = replace(best, schedule="1f1b", actions=None)
+    assert gains["schedule kind"].time_s == pytest.approx(
+        simulate_one(kind_only, cost).iteration_time_s)
+
+
+def test_a_synthesised_pick_is_not_resynthesised_for_factors_both_agree_on(monkeypatch):
+    """Synthesis is the slow part of the report (minutes at 1024 GPUs): a factor B and O
+    share is reported "same in both" without one."""
+    from hyperpipe.search import attribution
+    from hyperpipe.synth.synthesise import POLICIES, synth_plan
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    fixed = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
+    best = synth_plan(fixed, cost, POLICIES[0])
+    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=1, global_batch=8)
+    calls = []
+    real = attribution._resynthesised
+    monkeypatch.setattr(attribution, "_resynthesised",
+                        lambda plan, c: calls.append(plan) or real(plan, c))
+    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
+    assert gains["micro-batching"].same and gains["recompute"].same
+    assert not gains["device choice"].same and not gains["layer partition"].same
+    assert len(calls) == 2          # device choice and layer partition only

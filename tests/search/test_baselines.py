@@ -1,0 +1,135 @@
+"""Tuned baselines: the pruned grid walk against an exhaustive one, device subsets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
+from hyperpipe.core.errors import InfeasiblePlan
+from hyperpipe.models import load_model
+from hyperpipe.search.baselines import (
+    BASELINE_SHORT_LIST,
+    baseline_grid,
+    proportional_plan,
+    sketch,
+    tuned_baselines,
+    uniform_plan,
+)
+from hyperpipe.search.evaluate import estimate, rank_key
+from hyperpipe.search.search import SearchConstraints, search
+from hyperpipe.search.templates import PhaseStats, SearchContext
+from hyperpipe.sim.costmodel import CostModel
+
+FREE = {"bandwidth": "1e15 B/s", "latency": 0}
+
+
+def compute_bound_s(ctx, plan) -> float:
+    """Oracle: the busiest device's F + B compute over all its micro-batches, read off
+    the built plan (every replica, no cache)."""
+    worst = 0.0
+    for pipe in plan.pipelines:
+        load: dict[str, float] = {}
+        for st in pipe.stages:
+            load[st.devices[0]] = load.get(st.devices[0], 0.0) + sum(
+                ctx.cost.stage_time_s(st.layers, st.devices, pipe.micro_batch, op)
+                for op in ("F", "B"))
+        worst = max(worst, pipe.num_microbatches * max(load.values()))
+    return worst
+
+
+def state_fits(ctx, plan) -> bool:
+    """Oracle: every device's weights, gradients and optimizer state fit it."""
+    held: dict[str, float] = {}
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            held[st.devices[0]] = held.get(st.devices[0], 0.0) + \
+                ctx.cost.state_bytes(st.layers, st.tp)
+    return all(b + ctx.cluster.device(d).type.runtime_reserve_bytes
+               <= ctx.cluster.device(d).type.memory_bytes for d, b in held.items())
+
+
+def test_pruned_short_list_is_the_exhaustive_one():
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=16))
+    phase = PhaseStats("baselines")
+    got = tuned_baselines(ctx, phase)["uniform"]
+    assert phase.pruned > 0                      # the bound did cut something
+    # oracle: every plan of the grid estimated, no bound
+    scored = []
+    for _, dims in baseline_grid(ctx):
+        try:
+            plan = uniform_plan(model, cluster, **dims)
+        except Exception:
+            continue
+        if state_fits(ctx, plan):
+            m = estimate(plan, ctx.cost)
+            assert compute_bound_s(ctx, plan) <= m.iteration_time_s * (1 + 1e-9)
+            scored.append((rank_key(ctx.c, m), plan))
+    scored.sort(key=lambda x: x[0])
+    best_keys = [k for k, _ in scored[:BASELINE_SHORT_LIST]]
+    got_keys = sorted(rank_key(ctx.c, estimate(p, ctx.cost)) for p in got)
+    assert [k[1] for k in got_keys] == [k[1] for k in best_keys]
+
+
+@pytest.mark.parametrize("cluster_name", ["demo-hetero", "straggler", "small-memory"])
+def test_sketch_is_what_the_built_plan_gives(cluster_name):
+    """Oracle: every grid point built as a plan, its state check and bound computed on
+    the plan (every replica), against the sketch (distinct replicas only)."""
+    model = load_model("tiny-gpt")
+    cluster = load_cluster("demo-hetero")
+    if cluster_name == "straggler":       # one slow device: replicas no longer alike
+        cluster = _with_straggler(cluster)
+    if cluster_name == "small-memory":    # room for the state of about a third of it
+        room = CostModel(model, cluster).state_bytes((0, model.num_layers)) / 3
+        cluster = dataclasses.replace(cluster, device_types={
+            k: dataclasses.replace(t, memory_bytes=t.runtime_reserve_bytes + room)
+            for k, t in cluster.device_types.items()})
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=16))
+    n, tps, fits = 0, set(), set()
+    for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
+        for subset, dims in baseline_grid(ctx):
+            got = sketch(ctx, name, subset, dims)
+            try:
+                plan = make(model, cluster, **dims)
+            except InfeasiblePlan:
+                assert got is None, dims
+                continue
+            assert got is not None, dims
+            n += 1
+            tps.add(dims["tp"])
+            fits.add(got[0])
+            assert got[0] == state_fits(ctx, plan), dims
+            assert got[1] == pytest.approx(compute_bound_s(ctx, plan), rel=1e-12), dims
+    assert n > 20 and tps == {1, 2}    # tensor-parallel groups compared too
+    if cluster_name == "small-memory":
+        assert fits == {True, False}
+
+
+def _with_straggler(cluster):
+    first = cluster.nodes[0]
+    slow = dataclasses.replace(first, slowdown=(1.0,) * (first.count - 1) + (1.7,))
+    return dataclasses.replace(cluster, nodes=(slow, *cluster.nodes[1:]))
+
+
+def test_tuned_uniform_leaves_a_hopeless_device_type_out():
+    # one type 100x slower than the other, free links: any uniform split that uses it
+    # is bound by it, so the tuned baseline runs on the fast type alone
+    cluster = cluster_from_dict({
+        "device_types": {t: {"peak_flops": f"{tf} TFLOP/s", "efficiency": 1.0,
+                             "memory": "1000 GB", "mem_bandwidth": "1e15 B/s"}
+                         for t, tf in (("fast", 100), ("slow", 1))},
+        "nodes": [{"name": "f", "device": "fast", "count": 2, "intra_link": FREE},
+                  {"name": "s", "device": "slow", "count": 2, "intra_link": FREE}],
+        "inter_node": FREE}, where="test", name="two-speed")
+    model = load_model({"kind": "synthetic", "layers": 8,
+                             "fwd_flops_per_sample": 1e12, "activation_bytes_per_sample": 0,
+                             "params_per_layer": 0, "name": "syn"})
+    res = search(model, cluster, SearchConstraints(global_batch=8))
+    for name in ("uniform", "proportional"):
+        devices = res.baselines[name].plan.devices
+        assert devices and all(d.startswith("f/") for d in devices), (name, devices)
+    # the search's pick is its own, judged by the same simulator as the baselines
+    assert res.best.metrics.iteration_time_s <= \
+        min(c.metrics.iteration_time_s for c in res.baselines.values()) * 1.001

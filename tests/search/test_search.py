@@ -1,0 +1,461 @@
+"""The plan search: optimality against brute force, fixed dimensions, infeasible input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from hyperpipe.cli import main
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.core.errors import InfeasiblePlan
+from hyperpipe.models import load_model
+from hyperpipe.plan.generators import generate
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, load_plan
+from hyperpipe.search import partition as P
+from hyperpipe.search import space, templates
+from hyperpipe.search.baselines import layer_counts, proportional_plan, uniform_plan
+from hyperpipe.search.context import PhaseStats, SearchContext
+from hyperpipe.search.search import SearchConstraints, search, split_batch
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import simulate
+
+FREE = {"bandwidth": "1e15 B/s", "latency": 0}
+
+
+def _cluster(types: dict[str, float], counts: list[tuple[str, int]]) -> dict:
+    """Free links, memory that never runs out, device speed in TFLOP/s (efficiency 1)."""
+    return {
+        "name": "small",
+        "device_types": {t: {"peak_flops": f"{tf} TFLOP/s", "efficiency": 1.0,
+                             "memory": "1000 GB", "mem_bandwidth": "1e15 B/s"}
+                         for t, tf in types.items()},
+        "nodes": [{"name": f"n{i}", "device": t, "count": n, "intra_link": FREE}
+                  for i, (t, n) in enumerate(counts)],
+        "inter_node": FREE,
+    }
+
+
+def _model(flops: list[float]) -> dict:
+    """A synthetic model whose layer i does flops[i] x 1e12 forward FLOPs per sample and
+    sends nothing (so links are free whatever their speed)."""
+    return {"kind": "synthetic", "name": "bf",
+            "layers": [{"fwd_flops_per_sample": f * 1e12} for f in flops],
+            "activation_bytes_per_sample": 0, "params_per_layer": 0}
+
+
+# ------------------------------------------------------------------ brute-force oracle
+
+def _one_f_one_b_time(stage_times: list[tuple[float, float]], m: int) -> float:
+    """Makespan of 1F1B with stage s taking (F, B) seconds per micro-batch and free links,
+    by list scheduling the per-device order of `generate` (F after the previous stage's
+    F; B after this stage's F and the next stage's B). Written here, apart from the
+    simulator and the cost model."""
+    p = len(stage_times)
+    order = generate("1f1b", p, m).actions
+    end: dict[tuple[int, str, int], float] = {}
+    clock = [0.0] * p
+    pos = [0] * p
+    left = sum(len(r) for r in order)
+    while left:
+        for d in range(p):
+            if pos[d] == len(order[d]):
+                continue
+            a = order[d][pos[d]]
+            if a.op == "F":
+                deps = [(d - 1, "F", a.microbatch)] if d else []
+            else:
+                deps = [(d, "F", a.microbatch)] + ([(d + 1, "B", a.microbatch)]
+                                                   if d < p - 1 else [])
+            if any(k not in end for k in deps):
+                continue
+            start = max([clock[d]] + [end[k] for k in deps])
+            clock[d] = start + stage_times[d][0 if a.op == "F" else 1]
+            end[(d, a.op, a.microbatch)] = clock[d]
+            pos[d] += 1
+            left -= 1
+    return max(clock)
+
+
+def _brute_force(model_flops: list[float], cluster: dict, mb: int, m: int):
+    """Least 1F1B makespan over every device order and every cut into len(devices) stages
+    (B = I + W = 2 x forward FLOPs; time = FLOPs / device FLOP/s)."""
+    speed = {t: float(v["peak_flops"].split()[0]) * 1e12
+             for t, v in cluster["device_types"].items()}
+    devices = [(f"{n['name']}/{i}", n["device"]) for n in cluster["nodes"]
+               for i in range(n["count"])]
+    n_layers, p = len(model_flops), len(devices)
+    best = (float("inf"), None)
+    seen_orders = set()
+    for perm in itertools.permutations(devices):
+        types = tuple(t for _, t in perm)
+        if types in seen_orders:          # identical devices: same makespan
+            continue
+        seen_orders.add(types)
+        for cuts in itertools.combinations(range(1, n_layers), p - 1):
+            bounds = (0, *cuts, n_layers)
+            times = []
+            for s in range(p):
+                f = sum(model_flops[bounds[s]:bounds[s + 1]]) * 1e12 * mb / speed[types[s]]
+                times.append((f, 2 * f))
+            t = _one_f_one_b_time(times, m)
+            if t < best[0]:
+                best = (t, [d for d, _ in perm], bounds)
+    return best
+
+
+def _plan_of(model_name, cluster_doc, devices, bounds, mb, m) -> Plan:
+    stages = tuple(StagePlan((bounds[s], bounds[s + 1]), (devices[s],), 1)
+                   for s in range(len(devices)))
+    return Plan(model=model_name, cluster=cluster_doc, global_batch=mb * m,
+                schedule="1f1b", chunks=1, pipelines=(PipelinePlan(mb, m, stages),))
+
+
+CASES = [
+    # (device types TFLOP/s, nodes, per-layer forward TFLOP per sample, micro-batches)
+    ({"fast": 2.5, "slow": 1.0}, [("fast", 2), ("slow", 2)], [1.0] * 10, 8),
+    ({"a": 3.0, "b": 1.5, "c": 1.0}, [("a", 1), ("b", 2), ("c", 2)],
+     [1, 2, 1, 3, 1, 1, 2, 1, 2], 6),
+    ({"fast": 3.0, "slow": 1.0}, [("slow", 3), ("fast", 3)],
+     [1, 1, 2, 1, 1, 3, 1, 1, 2, 1, 1, 1], 6),
+    ({"a": 2.0, "b": 1.0, "c": 0.5}, [("c", 2), ("a", 2), ("b", 2)],
+     [2, 1, 1, 3, 1, 2, 1, 1], 4),
+]
+
+
+@pytest.mark.parametrize("types,nodes,flops,m", CASES)
+def test_search_matches_brute_force(types, nodes, flops, m):
+    cluster_doc = _cluster(types, nodes)
+    model_doc = _model(flops)
+    model, cluster = load_model(model_doc), load_cluster(cluster_doc)
+    n_dev = sum(n for _, n in nodes)
+    mb = 2
+    bf_time, bf_devices, bf_bounds = _brute_force(flops, cluster_doc, mb, m)
+    res = search(model, cluster, SearchConstraints(global_batch=mb * m, micro_batch=mb,
+                                                   schedule="1f1b", pp=n_dev, dp=1, tp=1))
+    cost = CostModel(model, cluster)
+    best = res.best
+    # the search's pick, timed by the independent oracle and by the simulator
+    pipe = best.plan.pipelines[0]
+    speed = {t: tf * 1e12 for t, tf in types.items()}
+    oracle = _one_f_one_b_time(
+        [(f, 2 * f) for f in (sum(flops[a:b]) * 1e12 * mb /
+                              speed[cluster.device(st.devices[0]).type.name]
+                              for st in pipe.stages for a, b in [st.layers])], m)
+    assert oracle <= bf_time * 1.01
+    bf_plan = _plan_of(model.to_dict(), cluster_doc, bf_devices, bf_bounds, mb, m)
+    bf_sim = simulate(bf_plan, cost).metrics.iteration_time_s
+    assert best.metrics.iteration_time_s <= bf_sim * 1.01
+    # the simulator and the oracle agree on free links (so the comparison means something)
+    assert bf_sim == pytest.approx(bf_time, rel=1e-6)
+    # and the heterogeneity-aware plan beats the uniform split it is compared with
+    assert best.metrics.iteration_time_s < res.baselines["uniform"].metrics.iteration_time_s
+
+
+def test_fixed_dimensions_are_respected():
+    model = load_model("gpt2-medium")
+    cluster = load_cluster("h100-a100-l4")
+    c = SearchConstraints(global_batch=64, micro_batch=4, schedule="interleaved-1f1b",
+                          pp=3, tp=2, chunks=2)
+    res = search(model, cluster, c, top=3)
+    assert res.ranked
+    for cand in res.ranked:
+        plan = cand.plan
+        assert plan.schedule == "interleaved-1f1b" and plan.chunks == 2
+        for pipe in plan.pipelines:
+            assert pipe.micro_batch == 4
+            assert len(pipe.stages) == 3 * 2
+            assert all(st.tp == 2 and len(st.devices) == 2 for st in pipe.stages)
+        plan.check(model, cluster)
+    res = search(model, cluster, SearchConstraints(global_batch=64, dp=3, schedule="zb-h1"))
+    assert all(len(c.plan.pipelines) == 3 and c.plan.schedule == "zb-h1" for c in res.ranked)
+
+
+def test_heterogeneous_dp_split_is_proportional_to_speed():
+    # two identical-shape pipelines, one on devices 3x faster: the batch follows speed
+    counts = split_batch([lambda m: m * 1.0, lambda m: m * 3.0], 16)
+    assert counts == [12, 4]
+    # and the optimum is what brute force over all splits gives
+    times = [lambda m: 0.5 + m * 1.0, lambda m: 2.0 + m * 2.5, lambda m: m * 1.7]
+    best = min((max(f(k) for f, k in zip(times, ks, strict=True)), ks)
+               for ks in itertools.product(range(1, 20), repeat=3) if sum(ks) == 20)
+    got = split_batch(times, 20)
+    assert max(f(k) for f, k in zip(times, got, strict=True)) == pytest.approx(best[0])
+
+
+def test_baselines_follow_megatron_rank_order():
+    cluster = load_cluster("h100-a100-l4")
+    model = load_model("gpt2-small")            # 14 layers
+    plan = uniform_plan(model, cluster, pp=4, dp=2, tp=2, micro_batch=2, global_batch=32)
+    names = [d.name for d in cluster.devices]
+    for r, pipe in enumerate(plan.pipelines):
+        assert pipe.num_microbatches == 8
+        for s, st in enumerate(pipe.stages):
+            first = (s * 2 + r) * 2
+            assert st.devices == tuple(names[first:first + 2])
+        assert [st.num_layers for st in pipe.stages] == [4, 4, 3, 3]
+    prop = proportional_plan(model, cluster, pp=3, micro_batch=2, global_batch=8, tp=8)
+    sizes = [st.num_layers for st in prop.pipelines[0].stages]
+    assert sum(sizes) == 14 and sizes[0] > sizes[1] > sizes[2]      # H100 > A100 > L4
+    assert layer_counts(10, [1.0, 1.0, 1.0]) == [4, 3, 3]
+    # the plan names the built-ins, and round-trips through JSON
+    assert plan.model == "gpt2-small" and plan.cluster == "h100-a100-l4"
+
+
+def test_search_cli_out_plan_and_json(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc = main(["search", "--cluster", "demo-hetero", "--model", "tiny-gpt",
+               "--global-batch", "16", "--out", str(out), "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"best", "ranked", "baselines", "candidates_evaluated",
+                        "search_time_s"}
+    assert set(doc["baselines"]) == {"uniform", "proportional", "metis", "amp"}
+    assert doc["best"]["metrics"]["iteration_time_s"] <= \
+        doc["baselines"]["uniform"]["metrics"]["iteration_time_s"]
+    plan = load_plan(out)
+    assert plan.to_dict() == doc["best"]["plan"]
+    assert main(["simulate", "--plan", str(out), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["iteration_time_s"] == pytest.approx(
+        doc["best"]["metrics"]["iteration_time_s"], rel=1e-9)
+
+
+def test_infeasible_request_exits_2_and_says_what_is_short(capsys, tmp_path):
+    model = load_model("gpt3-175b")
+    with pytest.raises(InfeasiblePlan, match="GB"):
+        search(model, load_cluster("demo-hetero"), SearchConstraints(global_batch=8))
+    rc = main(["search", "--cluster", "demo-hetero", "--model", "gpt3-175b",
+               "--global-batch", "8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "GB" in err[0] and "needs" in err[0]
+    rc = main(["search", "--cluster", "demo-hetero", "--model", "tiny-gpt",
+               "--global-batch", "10", "--micro-batch", "3"])
+    assert rc == 2 and "--micro-batch" in capsys.readouterr().err
+
+
+def test_partition_dp_is_the_min_max_cut():
+    # the DP against every cut of 9 layers into 4 stages of different speeds, with a
+    # link after each stage and a memory limit that rules some cuts out
+    rng = np.random.default_rng(7)
+    n, speeds = 9, [1.0, 2.5, 1.5, 3.0]
+    work = rng.uniform(1, 4, n)
+    state = rng.uniform(1, 3, n)
+    link = np.concatenate([[0.0], rng.uniform(0, 1, n)])
+    cap = 8.0
+    tables = [P.LayerTables(np.concatenate([[0], np.cumsum(work / s / 3)]),
+                            np.concatenate([[0], np.cumsum(2 * work / s / 3)]),
+                            np.concatenate([[0], np.cumsum(state)]), np.zeros(n + 1))
+              for s in speeds]
+    links = [link, link, link, None]
+    mats = [P.stage_matrix(t, P.Slot(("x",), 1, cap), P.time_matrix(t, lk))
+            for t, lk in zip(tables, links, strict=True)]
+    bounds = P.partition(mats)
+    best = None
+    for cuts in itertools.combinations(range(1, n), 3):
+        b = (0, *cuts, n)
+        if any(state[b[s]:b[s + 1]].sum() > cap for s in range(4)):
+            continue
+        cost = [work[b[s]:b[s + 1]].sum() / speeds[s] + (link[b[s + 1]] if s < 3 else 0)
+                for s in range(4)]
+        key = (max(cost), sum(cost))
+        best = key if best is None or key < best else best
+    got = P.describe(bounds, tables, links)
+    assert (got.bottleneck_s, got.total_s) == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind,v", [("1f1b", 1), ("gpipe", 1), ("zb-h1", 1),
+                                    ("interleaved-1f1b", 2)])
+def test_in_flight_counts_from_the_schedule_ir(kind, v):
+    from hyperpipe.sim.memory import peak_in_flight
+    p, m = 4, 8
+    got = P.peak_inflight(kind, p, m, v)
+    per_rank = [sum(got[k] for k in range(r, p * v, p)) for r in range(p)]
+    if v == 1:
+        assert list(got) == [peak_in_flight(kind, p, m, v, r) for r in range(p)]
+    else:                       # per-stage peaks may not coincide: an upper bound
+        assert all(a >= peak_in_flight(kind, p, m, v, r) for r, a in enumerate(per_rank))
+
+
+@pytest.mark.parametrize("kind", ["zb-v", "dualpipe-v"])
+def test_v_kinds_in_flight_closed_form_matches_the_ir(kind):
+    from hyperpipe.search.context import v_peak_inflight
+    for p in range(1, 9):
+        for m in range(1, 4 * p + 3):
+            assert v_peak_inflight(p, m) == P.peak_inflight(kind, p, m, 2), (p, m)
+
+
+def test_space_generators():
+    assert sum(1 for _ in space.set_partitions(list("abcd"))) == 15       # Bell(4)
+    assert sum(1 for _ in space.type_groups(list("abc"))) == 3 + 3 * 2 + 5
+    orders = list(space.stage_orders({"a": 2, "b": 2}))
+    assert len(orders) == len(set(orders)) == 6                          # 4!/(2!2!)
+    many = list(space.stage_orders({"a": 30, "b": 30, "c": 30}))
+    assert len(many) == 6 and all(len(o) == 90 for o in many)            # blocks
+    recipes = list(space.dp_recipes({"a": 4, "b": 2}, num_layers=10, chunks=1,
+                                    pp=3, dp=None))
+    assert all(sum(r.values()) == 3 and r["a"] * d <= 4 and r["b"] * d <= 2
+               for d, r in recipes)
+    assert (1, {"a": 2, "b": 1}) in recipes and (1, {"a": 1, "b": 2}) in recipes
+
+
+@pytest.mark.slow
+def test_workers_give_the_same_result():
+    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    c = SearchConstraints(global_batch=32, micro_batch=2)
+    one = search(model, cluster, c, top=3)
+    two = search(model, cluster, c, top=3, workers=2)
+    assert [x.plan for x in one.ranked] == [x.plan for x in two.ranked]
+    assert [x.metrics.iteration_time_s for x in one.ranked] == \
+        [x.metrics.iteration_time_s for x in two.ranked]
+    # schedule synthesis runs over the workers too, with the same outcome
+    synth = [[(x.plan, x.metrics.iteration_time_s) for x in r.simulated
+              if x.plan.schedule == "synth"] for r in (one, two)]
+    assert synth[0] and synth[0] == synth[1]
+    assert one.phases[3]["seen"] == two.phases[3]["seen"]
+    # baselines and peers, one task each over the workers: the same picks and counts
+    assert {k: c.plan for k, c in one.baselines.items()} == \
+        {k: c.plan for k, c in two.baselines.items()}
+    assert set(one.baselines) == {"uniform", "proportional", "metis", "amp"}
+    assert [one.phases[4][k] for k in ("seen", "pruned", "infeasible")] == \
+        [two.phases[4][k] for k in ("seen", "pruned", "infeasible")]
+    # templates: groups batched per worker, the same counts as one by one
+    assert [one.phases[0][k] for k in ("seen", "pruned", "infeasible")] == \
+        [two.phases[0][k] for k in ("seen", "pruned", "infeasible")]
+
+
+def test_templates_batched_over_a_pool_are_those_made_one_by_one():
+    from hyperpipe.search.backends import LocalBackend
+    from hyperpipe.search.templates import _batches, templates_phase
+    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    c = SearchConstraints(global_batch=32, micro_batch=2)
+    books = []
+    for width in (1, 3):
+        ctx = SearchContext(CostModel(model, cluster), c)
+        phase = PhaseStats("templates")
+        with LocalBackend(width) as pool:
+            templates_phase(ctx, phase, False, pool if width > 1 else None, width)
+        books.append((ctx.book, (phase.seen, phase.pruned, phase.infeasible)))
+    assert books[0][0] and books[0] == books[1]
+    groups = [("a", "b", "c"), ("a", "b"), ("a", "c"), ("b", "c"), ("a",), ("b",), ("c",)]
+    for n in (1, 2, 3, 10):
+        batches = _batches(groups, n)
+        assert len(batches) == min(n, len(groups))
+        assert sorted(g for b in batches for g in b) == sorted(groups)
+    loads = [sum(2 ** len(g) for g in b) for b in _batches(groups, 2)]
+    assert max(loads) - min(loads) <= 2         # within the smallest group's work
+
+
+@pytest.mark.parametrize("flags,word", [(["--tp", "16"], "--tp"),
+                                        (["--pp", "8", "--dp", "4"], "24 devices"),
+                                        (["--objective", "cost"], "prices"),
+                                        (["--schedule", "nope"], "--schedule")])
+def test_contradicting_constraints_are_bad_input(flags, word, capsys):
+    cluster = "h100-a100-l4" if word != "prices" else "demo-hetero"
+    rc = main(["search", "--cluster", cluster, "--model", "tiny-gpt", "--global-batch", "16",
+               *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and word in err[0]
+
+
+def test_plans_over_the_action_limit_are_infeasible_not_a_crash(monkeypatch):
+    """The analytic tier never builds a closed-form kind's schedule, so plans over the
+    action limit reach the simulate phase; they are counted infeasible there (before,
+    gpt3-175b on scale-1024 crashed on a baseline's zb-h1 plan of 96 x 1536)."""
+    from hyperpipe.core import limits
+    from hyperpipe.plan import generators
+    from hyperpipe.search.baselines import uniform_plan
+    from hyperpipe.search.evaluate import Candidate, estimate
+    from hyperpipe.search.search import _simulate_phase
+    from hyperpipe.search.templates import PhaseStats, SearchContext
+    from hyperpipe.sim.costmodel import CostModel
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=16))
+    ok = uniform_plan(model, cluster, pp=2, micro_batch=2, global_batch=16)    # 48 actions
+    over = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=16)  # 192
+    monkeypatch.setattr(limits, "MAX_SCHEDULE_ACTIONS", 96)
+    generators._generate.cache_clear()
+    try:
+        phase = PhaseStats("simulate")
+        cands = [Candidate(p, estimate(p, ctx.cost)) for p in (over, ok)]
+        ranked, baselines = _simulate_phase(ctx, phase, cands, {"uniform": [over, ok]},
+                                            None, False, 1)
+    finally:
+        generators._generate.cache_clear()
+    assert [c.plan.schedule for c in ranked] and all(c.plan != over for c in ranked)
+    assert ok in [c.plan for c in ranked] and baselines["uniform"].plan == ok
+    assert phase.infeasible >= 2
+
+
+def test_partition_matches_brute_force_at_every_depth():
+    """The windowed DP against every cut, p from 1 to n (deep pipelines included), with
+    memory limits, each stage its own, that leave some cuts (or none) feasible: the
+    memory-only reach check that skips the DP must never skip a feasible case."""
+    rng = np.random.default_rng(11)
+    outcomes = {"fits": 0, "none": 0}
+    for trial in range(200):
+        n = int(rng.integers(2, 9))
+        p = int(rng.integers(1, n + 1))
+        speeds = rng.uniform(1, 3, p)
+        work, state = rng.uniform(1, 4, n), rng.uniform(1, 3, n)
+        caps = rng.uniform(2, 3 * n / p + 3, p)
+        tables = [P.LayerTables(np.concatenate([[0], np.cumsum(work / sp)]), np.zeros(n + 1),
+                                np.concatenate([[0], np.cumsum(state)]), np.zeros(n + 1))
+                  for sp in speeds]
+        mats = [P.stage_matrix(t, P.Slot(("x",), 1, float(cap)), P.time_matrix(t, None))
+                for t, cap in zip(tables, caps, strict=True)]
+        best = None
+        for cuts in itertools.combinations(range(1, n), p - 1):
+            b = (0, *cuts, n)
+            if any(state[b[s]:b[s + 1]].sum() > caps[s] for s in range(p)):
+                continue
+            cost = [work[b[s]:b[s + 1]].sum() / speeds[s] for s in range(p)]
+            key = (max(cost), sum(cost))
+            best = key if best is None or key < best else best
+        bounds = P.partition(mats)
+        if best is None:
+            assert bounds is None, trial
+            outcomes["none"] += 1
+            continue
+        outcomes["fits"] += 1
+        got = P.describe(bounds, tables, [None] * p)
+        assert (got.bottleneck_s, got.total_s) == pytest.approx(best, rel=1e-12), trial
+    assert min(outcomes.values()) >= 20, outcomes       # both kinds of case were tried
+    assert P.partition([mats[0]] * (n + 1)) is None     # more stages than layers
+
+
+def test_link_cache_keeps_a_device_to_itself_apart_from_its_node():
+    # a V kind puts two adjacent chunks on one device (no transfer); that zero must not
+    # be cached as the cost of the node's links (it made templates depend on the order
+    # the type groups were cut in)
+    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=32))
+    assert not ctx.link("a100/0", "a100/0", 2).any()
+    link = ctx.link("a100/0", "a100/1", 2)
+    assert link[5] == pytest.approx(
+        2 * CostModel(model, cluster).transfer_time_s("a100/0", "a100/1",
+                                                      model.layer_cost(4, 2).send_bytes))
+    assert link[5] > 0
+
+
+def test_template_sync_shares_the_nic_among_tp_ranks():
+    """A template's gradient sync of a tp 2 stage replicated on two nodes of one NIC
+    each: the two tp ranks' rings both cross both NICs, so they share them:
+    2 x (bytes / BW) + 2 latencies (n = 2), twice one ring's bytes time; tp 1: once."""
+    bw, lat = 1e9, 1e-4
+    link = {"bandwidth": bw, "latency": lat}
+    cluster = load_cluster({
+        "name": "two", "device_types": {"x": {"peak_flops": 1e12, "memory": "80 GB",
+                                              "mem_bandwidth": 1e12}},
+        "nodes": [{"name": n, "device": "x", "count": 2, "intra_link": link}
+                  for n in ("a", "b")], "inter_node": link})
+    ctx = SearchContext(CostModel(load_model("gpt2-small"), cluster),
+                        SearchConstraints(global_batch=4))
+    for nbytes in (5e7, 3e8):
+        assert templates._ring_s(ctx, (("a/0", "a/1"), ("b/0", "b/1")), nbytes) == \
+            pytest.approx(2 * nbytes / bw + 2 * lat, rel=1e-9)
+        assert templates._ring_s(ctx, (("a/0",), ("b/0",)), nbytes) == \
+            pytest.approx(nbytes / bw + 2 * lat, rel=1e-9)
+    assert templates._ring_s(ctx, (("a/0",), ("b/0",)), 0.0) == 0.0

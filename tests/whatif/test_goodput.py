@@ -1,0 +1,126 @@
+"""Failures and goodput: Daly's expected goodput and the Young/Daly optima against a
+Monte-Carlo run of failures (an independent walk through drawn failure times), the
+optimum against its stationarity condition, and `whatif --failures` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hyperpipe.cli import main
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.whatif.failures import without_node
+from hyperpipe.whatif.goodput import (
+    Checkpointing,
+    best_interval_s,
+    combined_mtbf_s,
+    daly_interval_s,
+    expected_goodput,
+    monte_carlo_goodput,
+    young_interval_s,
+)
+
+# scale-1024's 128 nodes at 5 days each; a 13B model's 182 GB checkpoint at 10 GB/s
+MTBF_S = 5 * 86400 / 128
+CKPT = Checkpointing(write_s=18.2, restart_s=600.0)
+
+
+def test_closed_forms_by_hand():
+    assert combined_mtbf_s([5 * 86400] * 128) == pytest.approx(MTBF_S)
+    assert young_interval_s(18.2, MTBF_S) == pytest.approx(math.sqrt(2 * 18.2 * 3375))
+    assert daly_interval_s(18.2, MTBF_S) == pytest.approx(math.sqrt(2 * 18.2 * 3375) - 18.2)
+    assert daly_interval_s(10.0, 4.0) == 4.0              # delta >= 2M: M
+    # no failures in sight: goodput tends to tau / (tau + delta) (only checkpoint cost)
+    assert expected_goodput(100.0, Checkpointing(1.0, 0.0), 1e15) == pytest.approx(
+        100 / 101, rel=1e-6)
+
+
+def test_exact_optimum_solves_the_stationarity_condition():
+    # d/dtau [tau / (e^((tau+delta)/M) - 1)] = 0  <=>  e^((tau+delta)/M) (1 - tau/M) = 1
+    tau = best_interval_s(CKPT, MTBF_S)
+    x, d = tau / MTBF_S, CKPT.write_s / MTBF_S
+    assert math.exp(x + d) * (1 - x) == pytest.approx(1.0, abs=1e-9)
+    for other in (0.9 * tau, 1.1 * tau):
+        assert expected_goodput(other, CKPT, MTBF_S) < expected_goodput(tau, CKPT, MTBF_S)
+
+
+def test_goodput_matches_monte_carlo_run():
+    taus = [60.0, 200.0, 350.0, 1000.0, 3000.0]
+    mc = monte_carlo_goodput(taus, CKPT, MTBF_S, failures=200_000, seed=1)
+    for tau, g in zip(taus, mc, strict=True):
+        assert g == pytest.approx(expected_goodput(tau, CKPT, MTBF_S), rel=0.01)
+
+
+@pytest.mark.parametrize("write_s,restart_s", [(18.2, 600.0), (60.0, 300.0), (5.0, 0.0)])
+def test_young_daly_optimum_within_5_percent_of_monte_carlo(write_s, restart_s):
+    ckpt = Checkpointing(write_s, restart_s)
+    daly = daly_interval_s(write_s, MTBF_S)
+    grid = np.geomspace(daly / 3, daly * 3, 121)
+    mc = np.array(monte_carlo_goodput(grid, ckpt, MTBF_S, failures=200_000, seed=2))
+    # the run's optimum: a parabola through the top of its (flat) curve in log tau
+    top = mc >= mc.max() - 0.01 * (mc.max() - mc.min())
+    a, b, _ = np.polyfit(np.log(grid[top]), mc[top], 2)
+    mc_best = math.exp(-b / (2 * a))
+    assert daly == pytest.approx(mc_best, rel=0.05)
+    # Young's lacks Daly's "- delta": as close only while delta is small against tau
+    assert young_interval_s(write_s, MTBF_S) == pytest.approx(mc_best, rel=0.1)
+    # and the goodput there is the run's best, to its noise
+    assert expected_goodput(daly, ckpt, MTBF_S) == pytest.approx(mc.max(), rel=0.01)
+
+
+def test_without_node_takes_one_out_of_a_repeat_group():
+    c = load_cluster("scale-1024")
+    smaller = without_node(c, "a100l-3")
+    names = [n.name for n in smaller.nodes]
+    assert len(names) == 127 and "a100l-3" not in names
+    assert names[:34] == [n.name for n in c.nodes if n.name != "a100l-3"][:34]
+    assert smaller.device("a100l-4/7").type == c.device("a100l-4/7").type
+
+
+def _files(tmp_path, mtbf="2 days"):
+    cluster = {"name": "fail", "device_types": {"fast": {
+        "peak_flops": "2 TFLOP/s", "efficiency": 1.0, "memory": "100 GB",
+        "mem_bandwidth": "1e15 B/s"}},
+        "nodes": [{"name": "a", "device": "fast", "count": 2, "mtbf": mtbf},
+                  {"name": "b", "device": "fast", "count": 2}],
+        "inter_node": {"bandwidth": "100 Gbit/s", "latency": "5 us"}}
+    model = {"kind": "synthetic", "name": "m", "layers": 4, "seq_len": 1,
+             "fwd_flops_per_sample": 1.0e10, "activation_bytes_per_sample": 1.0e6,
+             "params_per_layer": 10**8}
+    (tmp_path / "c.json").write_text(json.dumps(cluster))
+    (tmp_path / "m.json").write_text(json.dumps(model))
+    return ["--cluster", str(tmp_path / "c.json"), "--model", str(tmp_path / "m.json"),
+            "--global-batch", "8", "--micro-batch", "1"]
+
+
+def test_whatif_failures_cli(tmp_path, capsys):
+    png = tmp_path / "goodput.png"
+    rc = main(["whatif", "--failures", *_files(tmp_path), "--mtbf", "5 days",
+               "--storage-bandwidth", "1 GB/s", "--restart-time", "10 min",
+               "--checkpoint-interval", "1 h", "--plot", str(png), "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    # every used node fails: a at 2 days (its own field), b at 5 days (--mtbf)
+    used = {d.split("/")[0] for p in doc["plan"]["plan"]["pipelines"]
+            for s in p["stages"] for d in s["devices"]}
+    rates = {"a": 1 / (2 * 86400), "b": 1 / (5 * 86400)}
+    assert doc["mtbf_s"] == pytest.approx(1 / sum(rates[n] for n in used))
+    assert doc["checkpoint_bytes"] == 14 * 4 * 10**8
+    assert doc["checkpoint_write_s"] == pytest.approx(5.6)
+    assert "given" in [r["label"] for r in doc["intervals"]]
+    best = max(doc["intervals"], key=lambda r: r["goodput"])
+    assert best["label"] == "optimum"
+    assert doc["failed_node"] == "a" and doc["replan"]["plan"]["pipelines"]
+    assert all(not d.startswith("a/") for p in doc["replan"]["plan"]["pipelines"]
+               for s in p["stages"] for d in s["devices"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bw, mtbf, restart = ["--storage-bandwidth", "1 GB/s"], ["--mtbf", "1 day"], \
+        ["--restart-time", "1 h"]
+    for missing, flags in (("mtbf", bw + restart), ("--storage-bandwidth", mtbf + restart),
+                           ("--restart-time", mtbf + bw)):
+        rc = main(["whatif", "--failures", *_files(tmp_path, mtbf=None), *flags])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and missing in err[0], err

@@ -1,0 +1,107 @@
+"""What-if sweeps: variants built right, results that follow from the variation."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from hyperpipe.cli import main
+from hyperpipe.core.errors import BadInput
+from hyperpipe.whatif.sweep import format_whatif, parse_vary, set_path, whatif
+
+FREE = {"bandwidth": "1e15 B/s", "latency": 0}
+
+
+def _cluster(inter: str = "1e15 B/s") -> dict:
+    return {
+        "name": "two-nodes",
+        "device_types": {
+            "fast": {"peak_flops": "2 TFLOP/s", "efficiency": 1.0, "memory": "100 GB",
+                     "mem_bandwidth": "1e15 B/s", "price_per_hour": 4.0},
+            "slow": {"peak_flops": "1 TFLOP/s", "efficiency": 1.0, "memory": "100 GB",
+                     "mem_bandwidth": "1e15 B/s", "price_per_hour": 1.0},
+        },
+        "nodes": [{"name": "a", "device": "fast", "count": 2, "intra_link": FREE},
+                  {"name": "b", "device": "slow", "count": 2, "intra_link": FREE}],
+        "inter_node": {"bandwidth": inter, "latency": 0},
+    }
+
+
+MODEL = {"kind": "synthetic", "name": "sweep", "layers": 8, "seq_len": 1,
+         "fwd_flops_per_sample": 1.0e10, "activation_bytes_per_sample": 1.0e6,
+         "params_per_layer": 0}
+
+
+def test_parse_vary_and_set_path():
+    assert parse_vary("inter_node.bandwidth=10 Gbit/s, 100 Gbit/s") == \
+        ("inter_node.bandwidth", ["10 Gbit/s", "100 Gbit/s"])
+    with pytest.raises(BadInput, match="--vary"):
+        parse_vary("inter_node.bandwidth")
+    doc = _cluster()
+    set_path(doc, "nodes.b.count", "4")
+    set_path(doc, "nodes.0.device", "slow")
+    assert doc["nodes"][1]["count"] == 4 and doc["nodes"][0]["device"] == "slow"
+    with pytest.raises(BadInput, match="'a', 'b'"):
+        set_path(doc, "nodes.c.count", "1")
+
+
+def test_slow_link_keeps_each_pipeline_inside_a_node():
+    # 1 MB per sample over 1 Mbit/s is 8 s a crossing, the whole compute well under a
+    # second: no pipeline of the best plan may cross nodes (replicas on different nodes
+    # are fine: no parameters, so no gradient traffic).
+    res = whatif(MODEL, _cluster(), global_batch=8, micro_batch=1,
+                 vary=["inter_node.bandwidth=1 Mbit/s,1e15 B/s"])
+    slow, fast = res.rows
+    assert [r.settings for r in res.rows] == [(("inter_node.bandwidth", "1 Mbit/s"),),
+                                              (("inter_node.bandwidth", "1e15 B/s"),)]
+    for pipe in slow.best.plan.pipelines:
+        assert len({d.split("/")[0] for d in pipe.devices()}) == 1
+    assert slow.best.metrics.iteration_time_s < 8.0
+    # what the slow link allows, the free one allows too
+    assert fast.best.metrics.throughput_samples_per_s >= \
+        slow.best.metrics.throughput_samples_per_s * (1 - 1e-9)
+    assert "1 Mbit/s" in format_whatif(res)
+
+
+def test_pool_of_device_types_with_prices():
+    res = whatif(MODEL, _cluster(), global_batch=8, micro_batch=1, pool=True)
+    used = [dict(r.settings)["use"] for r in res.rows]
+    assert used == ["fast+slow", "fast", "slow"]
+    for row in res.rows:
+        types = set(dict(row.settings)["use"].split("+"))
+        plan_types = {"fast" if d.startswith("a/") else "slow" for d in row.best.plan.devices}
+        assert plan_types <= types
+        # cost per million tokens: USD/s of the devices used x seconds per token
+        m = row.best.metrics
+        price = sum(4.0 if d.startswith("a/") else 1.0 for d in row.best.plan.devices)
+        tokens = row.best.plan.global_batch * 1
+        assert m.cost_per_million_tokens == pytest.approx(
+            price / 3600 * m.iteration_time_s / tokens * 1e6, rel=1e-9)
+    # the front is sorted by time and strictly cheaper along it
+    front = [res.rows[i].best.metrics for i in res.pareto]
+    assert front and all(a.iteration_time_s <= b.iteration_time_s and
+                         a.cost_per_million_tokens > b.cost_per_million_tokens
+                         for a, b in itertools.pairwise(front))
+
+
+def test_whatif_cli_plot_json_and_bad_input(tmp_path, capsys):
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(_cluster()))
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps(MODEL))
+    png = tmp_path / "sweep.png"
+    rc = main(["whatif", "--cluster", str(cluster), "--model", str(model),
+               "--global-batch", "8", "--micro-batch", "1",
+               "--vary", "global_batch=4,8", "--plot", str(png), "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["settings"] for r in doc["rows"]] == [{"global_batch": "4"},
+                                                   {"global_batch": "8"}]
+    assert [r["best"]["plan"]["global_batch"] for r in doc["rows"]] == [4, 8]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc = main(["whatif", "--cluster", str(cluster), "--model", str(model),
+               "--global-batch", "8", "--vary", "nodes.zzz.count=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "zzz" in err[0]
