@@ -1,4 +1,4 @@
-"""How close are the simulator's predictions to real runs? (issue 6)
+"""How close are the simulator's predictions to real runs?
 
 Calibrates once (per-layer profiling here, scaled to two short runs of calibration
 plans), then predicts and measures thirteen other

@@ -1,4 +1,4 @@
-"""Simulator speed, measured in one process on this machine (issue 3's targets).
+"""Simulator speed, measured in one process on this machine, against its targets.
 
 Prints, side by side:
 
@@ -48,6 +48,7 @@ from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.analytic import estimate
+from hyperpipe.sim.analytic_cache import AnalyticCache
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, _Engine, simulate
 
@@ -179,7 +180,7 @@ def main() -> None:
              for pp in (4, 8, 16) for b in (1, 2)
              for kind in ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")]
     sweep_cost = CostModel(model, cluster)
-    cache: dict = {}
+    cache = AnalyticCache()
     for plan in plans:                  # the search's steady state: cost model and cache warm
         estimate(plan, sweep_cost, cache=cache)
     # Each plan's best of `reps` runs, averaged over the plans (load spikes filtered).

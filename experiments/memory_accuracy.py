@@ -1,4 +1,4 @@
-"""How close is the simulator's memory model to what real runs hold? (issue 10)
+"""How close is the simulator's memory model to what real runs hold?
 
 Runs plans of tiny-gpt on the demo cluster for real on this CPU (gloo, fp32, no
 emulation: memory does not depend on speed) that differ in activation recompute (none,

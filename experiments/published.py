@@ -105,7 +105,7 @@ class Run:
 # run_table_1.sh (micro-batch, layers per virtual stage, DDP implementation: torch's
 # DistributedDataParallel overlaps the gradient all-reduce with the backward, Megatron's
 # "local" one all-reduces after the last micro-batch).
-# Checked (issue 9) against: NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (TP, PP,
+# Checked against: NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (TP, PP,
 # MBS, GBS, NLS, HS, NAH, DDP, NNODES x 8 = GPUs, --num-layers-per-virtual-pipeline-stage
 # 5/5/3/1 for 76B/145B/310B/530B); Table 1 as tabulated in SotaroKaneda/MLCarbon
 # data/megatron_table.csv (all ten rows: heads, hidden, layers, TP, PP, GPUs, batch and

@@ -4,7 +4,7 @@ On the clusters and models of `experiments/search_quality.py`, one search each (
 kinds on, synthesis on for its best plans). From its simulated ranking (the short
 list, every plan priced by the same simulator) three figures per case:
 
-- ``old``: the best plan of the kinds before issue 12 (gpipe, 1f1b, interleaved-1f1b,
+- ``old``: the best plan of the older kinds (gpipe, 1f1b, interleaved-1f1b,
   zb-h1);
 - ``+V``: the best plan of any fixed kind (adds zb-v, dualpipe-v);
 - ``+synth``: the search's pick (adds synthesised schedules).

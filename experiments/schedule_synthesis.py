@@ -23,7 +23,7 @@ how much room the fixed kind left), synthesis wall time (all its candidates simu
 peak memory over capacity, and the plan's stage-time imbalance: its slowest stage's
 F + I + W time over the mean stage's (per pipeline, the largest over its pipelines).
 A case is imbalanced when that ratio exceeds IMBALANCED_ABOVE = 1.0 (to a relative
-1e-6, so that float noise does not count); the issue's target (geomean >= 1.05) is
+1e-6, so that float noise does not count); the target (geomean >= 1.05) is
 about those, so they and the balanced ones are summarised apart. Last lines
 ``imbalanced (> 1.0x): geomean_gain=X min_gain=Y n=N``, ``balanced: ...`` and
 ``geomean_gain=X min_gain=Y n_cases=N synth_ms_per_plan=T`` with X over the imbalanced

@@ -1,6 +1,6 @@
-"""Search MFU: GPT-3 175B on 1024 A100-80GB (issue 9), against the published ranges.
+"""Search MFU: GPT-3 175B on 1024 A100-80GB, against the published ranges.
 
-The issue's ranges come from Megatron-LM's own runs on A100s: about 33-40% MFU with
+The ranges come from Megatron-LM's own runs on A100s: about 33-40% MFU with
 full recompute (Narayanan et al. SC'21, Table 1: 135-163 TFLOP/s of hardware FLOPs per
 GPU, about 33-40% MFU; Korthikanti et al. 2022, table 5: GPT-3 175B at 40.0%) and about 50-55%
 with selective recompute and sequence parallelism (Korthikanti, table 5: 175B at 52.8%;

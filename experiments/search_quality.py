@@ -10,8 +10,8 @@ model; it does not test the cost model: see experiments/accuracy.py and
 speedup_validation.py). The search's pick is never replaced by a baseline.
 
 Per case: simulated iteration times of the pick and of each other plan, and the pick's
-speed-up over the best other (the fastest feasible baseline or peer). What the schedule
-kinds of issue 12 bring: ``old kinds`` is the best plan of the kinds before it (gpipe,
+speed-up over the best other (the fastest feasible baseline or peer). What the newer schedule
+kinds bring: ``old kinds`` is the best plan of the older kinds (gpipe,
 1f1b, interleaved-1f1b, zb-h1) among the search's own simulated plans (the same short
 list: an estimate of the search without zb-v, dualpipe-v and synthesis, which would
 have simulated other plans in their place), and ``new share`` the part of the pick's
@@ -70,7 +70,8 @@ CLUSTERS = ["a100-v100", "h100-a100-l4", *EXTRA_CLUSTERS]
 MODELS = ["gpt2-xl", "gpt3-6.7b", "llama2-13b"]
 GLOBAL_BATCH = 256
 OTHERS = ("uniform", "proportional", "metis", "amp")
-OLD_KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")    # the kinds before issue 12
+# the kinds before zb-v, dualpipe-v and synth
+OLD_KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
 
 def _cluster(name: str):

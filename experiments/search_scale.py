@@ -1,7 +1,7 @@
 """Search scale: GPT-3 175B on the built-in 1024-GPU, four-type cluster.
 
 Prints the search's phases and best plan, then as its last line
-``search_time_s=T candidates=N``. Target (issue 5): T <= 60 s on 2 cores, with a valid,
+``search_time_s=T candidates=N``. Target: T <= 60 s on 2 cores, with a valid,
 memory-feasible plan.
 
     python experiments/search_scale.py [--model llama2-70b] [--workers 2]

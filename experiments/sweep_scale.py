@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.models import load_model
 from hyperpipe.search.backends import LocalBackend, RayBackend, import_ray
-from hyperpipe.whatif.sweep import format_whatif, whatif
+from hyperpipe.whatif.sweep import Planning, SweepOptions, format_whatif, whatif
 
 CLUSTER = {"name": "sweep-two-nodes",
            "device_types": {
@@ -50,17 +52,18 @@ def main() -> None:
     args = ap.parse_args()
     import_ray()
     axes = vary(*args.variants_per_axis)
-    run = dict(global_batch=8, micro_batch=1, vary=axes)
+    model, cluster = load_model(MODEL), load_cluster(CLUSTER)
+    sweep = SweepOptions(Planning(global_batch=8, micro_batch=1), vary=tuple(axes))
 
     t = time.perf_counter()
     with LocalBackend(args.workers) as backend:
-        local = whatif(MODEL, CLUSTER, backend=backend, **run)
+        local = whatif(model, cluster, sweep, backend=backend)
     local_s = time.perf_counter() - t
 
     t = time.perf_counter()
     with RayBackend(num_cpus=args.workers) as backend:
         start_s = time.perf_counter() - t
-        remote = whatif(MODEL, CLUSTER, backend=backend, **run)
+        remote = whatif(model, cluster, sweep, backend=backend)
     ray_s = time.perf_counter() - t
 
     n = len(local.rows)

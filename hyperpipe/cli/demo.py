@@ -1,26 +1,21 @@
 """`hyperpipe demo`: the whole loop on built-in defaults, on this machine.
 
-1. Profile each layer kind of the model here at native speed. Stretched by each device
-   type's emulation factor it is the cost model's starting point; as it is, it is the
-   runs' emulation reference (a shared machine's speed drifts from second to second;
-   one profile holds both runs to the same native speed).
-2. Run the uniform baseline (Megatron's default on every device: equal layers, 1F1B)
-   for real with the executor (real compute and communication, device speeds emulated
-   on the CPU), tracing every action.
-3. Calibrate from that run only and search again: the best plan. Predict its iteration
-   time now, before it has ever run: the out-of-sample prediction.
-4. Run the best plan for real; its measured time is the median of the step periods
-   after warm-up, their spread ((max - min) / 2 / median) says how much of any error
-   is this machine's noise.
-5. Calibrate the cost model from both measured traces and simulate both again: the
-   in-sample figure (the model has seen the run it is judged on); "before calibration"
-   is the layer profile alone.
-6. Report out-of-sample first, then in-sample and before calibration, and the speed-up
-   of best over uniform; write report.json, plans, traces (ours and Chrome's), timelines.
+1. Profile each layer kind here at native speed (the runs' emulation reference; stretched
+   by each device type's emulation factor, the cost model's starting point).
+2. Run the uniform baseline (equal layers, 1F1B, every device) for real, device speeds
+   emulated on the CPU, tracing every action.
+3. Calibrate from that run only and search again; predict the best plan's iteration time
+   before it has ever run (out of sample).
+4. Run the best plan for real: its time is the median step period after warm-up, their
+   spread ((max - min) / 2 / median) this machine's noise.
+5. Calibrate from both traces and simulate both plans again (in sample); "before
+   calibration" is the layer profile alone.
+6. Report, and write report.json, plans, traces (ours and Chrome's) and timelines.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -29,6 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hyperpipe.cli import args as ca
+from hyperpipe.cli.flags import command
+from hyperpipe.cli.output import EXIT_OK
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import write_atomic
 from hyperpipe.exec.emulation import auto_emulation_scale
@@ -47,24 +45,114 @@ class DemoConfig:
     seed: int = 0
     workers: int = 1
 
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> DemoConfig:
+        return cls(out_dir=Path(ns.out), steps=ns.steps, emulation_scale=ns.emulation_scale,
+                   workers=ns.workers)
+
+
+def add_parser(sub) -> None:
+    p = command(sub, "demo", "the main job: search, simulate, run for real, calibrate, "
+                "report (built-in defaults)")
+    p.add_argument("--out", type=ca.path, default="hyperpipe-demo", help="output directory")
+    p.add_argument("--steps", type=ca.STEPS, default=6, help="training steps per real run")
+    p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=None,
+                   help="stretch every emulated device by this factor (>= 1; default: "
+                   "enough that ranks sharing this machine's cores do not slow each "
+                   "other, 3 for 4 ranks on 2 cores)")
+    p.add_argument("--workers", type=ca.WORKERS, default=1, help="search worker processes")
+    p.set_defaults(options=DemoConfig.from_namespace, run=run)
+
+
+def run(cfg: DemoConfig) -> int:
+    """`hyperpipe demo`: the output folder checked before minutes of work, then the demo."""
+    if cfg.steps < 2:
+        raise BadInput("--steps", "at least 2 (the first step is warm-up)", cfg.steps)
+    from hyperpipe.core.files import probe_folder
+    if os.path.lexists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise BadInput(f"--out {cfg.out_dir}", "a folder (or a new path)", has_got=False)
+    try:
+        probe_folder(cfg.out_dir)      # before minutes of work, not after
+    except BadInput as exc:
+        raise BadInput(f"--out {exc.where}", exc.expected, has_got=False) from None
+    run_demo(cfg)
+    return EXIT_OK
+
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def run_demo(cfg: DemoConfig) -> dict[str, Any]:
-    from hyperpipe.cluster.cluster import load_cluster
-    from hyperpipe.exec import RunOptions, run_plan
-    from hyperpipe.exec.emulation import emulation_factors
-    from hyperpipe.exec.profiler import emulated_profile, measure_profile
-    from hyperpipe.models import load_model
-    from hyperpipe.search.search import SearchConstraints, search
-    from hyperpipe.sim.calibrate import calibrate
-    from hyperpipe.sim.costmodel import CostModel
-    from hyperpipe.sim.simulator import simulate
-    from hyperpipe.sim.timeline import plot_timelines
+@dataclass(frozen=True)
+class Setup:
+    """The demo's inputs, loaded: the emulation scale resolved, the output folder made."""
 
+    cfg: DemoConfig
+    out: Path
+    model: Any                  # ModelSpec
+    cluster: Any                # Cluster
+
+
+@dataclass(frozen=True)
+class LayerProfiles:
+    """Step 1: the layer kinds timed here at native speed (the runs' emulation
+    reference) and stretched by each device type's factor (the cost model's start)."""
+
+    native: Any                 # Profile
+    emulated: Any               # Profile
+
+
+@dataclass(frozen=True)
+class Searched:
+    """Step 3: the search calibrated on the uniform run alone, the plan picked from it
+    with its tie margin, and both plans' iteration times predicted before the pick ran."""
+
+    first_fit: Any              # Profile calibrated on the uniform run
+    result: Any                 # SearchResult
+    margin: float
+    best: Any                   # Plan
+    predicted_oos_s: dict[str, float]     # "uniform", "best" -> seconds per iteration
+
+
+@dataclass(frozen=True)
+class Resimulated:
+    """Step 5: both plans simulated with the layer profile alone and with the profile
+    calibrated on both runs."""
+
+    profile: Any                # Profile calibrated on both runs
+    before: dict[str, Any]      # plan name -> SimResult
+    after: dict[str, Any]
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    """The six steps of the module doc; returns report.json's object."""
     t_start = time.perf_counter()
+    setup = _setup(cfg)
+    layers = _profile_layers(setup)
+    uniform = _uniform_baseline(setup, layers)
+    _log(f"[3/5] running the uniform plan for real ({setup.cfg.steps} steps, "
+         f"{len(uniform.devices)} ranks): {_describe(uniform)}")
+    measured_uniform = _run_for_real(setup, "uniform", uniform)
+    searched = _search_again(setup, layers, uniform, measured_uniform)
+    _log(f"[4/5] running the best plan for real: {_describe(searched.best)}")
+    plans = {"uniform": uniform, "best": searched.best}
+    measured = {"uniform": measured_uniform,
+                "best": _run_for_real(setup, "best", searched.best)}
+    sims = _resimulate(setup, layers, plans, measured)
+    rows = _accuracy_rows(setup, plans, sims, measured)
+    notes = calibration_notes(rows)
+    for line in notes:
+        _log(f"note: {line}")
+    report = _report(setup, plans, measured, searched, sims, rows, notes,
+                     wall_time_s=time.perf_counter() - t_start)
+    write_atomic(setup.out / "report.json", json.dumps(report, indent=1) + "\n")
+    _print_report(report, rows, setup.out)
+    return report
+
+
+def _setup(cfg: DemoConfig) -> Setup:
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
     out = Path(cfg.out_dir)
     if out.exists() and not out.is_dir():
         raise BadInput("--out", "a directory", str(out))
@@ -73,107 +161,141 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     if cfg.emulation_scale is None:
         cfg = replace(cfg, emulation_scale=auto_emulation_scale(len(cluster.devices),
                                                                 os.cpu_count() or 1))
+    return Setup(cfg, out, model, cluster)
 
+
+def _profile_layers(setup: Setup) -> LayerProfiles:
+    from hyperpipe.exec.emulation import emulation_factors
+    from hyperpipe.exec.profiler import emulated_profile, measure_profile
+    cfg, out = setup.cfg, setup.out
     _log(f"[1/5] profiling the layers of {cfg.model} on this CPU "
          f"(device speeds of {cfg.cluster} emulated, scale {cfg.emulation_scale})")
     native = measure_profile(cfg.model, cfg.cluster, emulate=False)
     native.save(out / "profile_native.json")   # emulation's compute reference for the runs
-    layer_profile = emulated_profile(native, emulation_factors(cluster, cfg.emulation_scale))
+    layer_profile = emulated_profile(native, emulation_factors(setup.cluster,
+                                                               cfg.emulation_scale))
     layer_profile.save(out / "profile_layers.json")
+    return LayerProfiles(native, layer_profile)
 
+
+def _uniform_baseline(setup: Setup, layers: LayerProfiles):
+    cfg, cluster = setup.cfg, setup.cluster
+    _log(f"[2/5] the uniform baseline on all {len(cluster.devices)} devices of {cfg.cluster} "
+         f"for {cfg.model}, global batch {cfg.global_batch} (layer profile only)")
+    return _uniform_all_devices(setup.model, cluster, cfg, layers.emulated)
+
+
+def _run_for_real(setup: Setup, name: str, plan) -> Any:
+    """`plan` run by the executor, its plan and traces written; the measured Trace."""
+    from hyperpipe.exec import RunOptions, run_plan
+    cfg, out = setup.cfg, setup.out
+    plan.save(out / f"plan_{name}.json")
+    result = run_plan(plan, RunOptions(
+        steps=cfg.steps, seed=cfg.seed, emulation_scale=cfg.emulation_scale,
+        reference_profile=str(out / "profile_native.json"),
+        trace_path=str(out / f"trace_{name}_measured.json"),
+        chrome_path=str(out / f"chrome_{name}_measured.json")))
+    return result.trace
+
+
+def _search_again(setup: Setup, layers: LayerProfiles, uniform, measured_uniform
+                  ) -> Searched:
+    """Calibrate on the uniform run, search with it, pick the plan to run and predict
+    both plans' times before the pick has run (the out-of-sample prediction)."""
+    from hyperpipe.search.search import SearchConstraints, search
+    from hyperpipe.sim.calibrate import calibrate
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import simulate
+    cfg, model, cluster = setup.cfg, setup.model, setup.cluster
     # tp=1: the executor simulates tensor parallelism but does not run it
     constraints = SearchConstraints(global_batch=cfg.global_batch, micro_batch=cfg.micro_batch,
                                     tp=1)
-
-    def run(name: str, plan) -> None:
-        plan.save(out / f"plan_{name}.json")
-        result = run_plan(plan, RunOptions(
-            steps=cfg.steps, seed=cfg.seed, emulation_scale=cfg.emulation_scale,
-            reference_profile=str(out / "profile_native.json"),
-            trace_path=str(out / f"trace_{name}_measured.json"),
-            chrome_path=str(out / f"chrome_{name}_measured.json")))
-        measured[name] = result.trace
-
-    _log(f"[2/5] the uniform baseline on all {len(cluster.devices)} devices of {cfg.cluster} "
-         f"for {cfg.model}, global batch {cfg.global_batch} (layer profile only)")
-    plans = {"uniform": _uniform_all_devices(model, cluster, cfg, layer_profile)}
-    measured: dict = {}
-    _log(f"[3/5] running the uniform plan for real ({cfg.steps} steps, "
-         f"{len(plans['uniform'].devices)} ranks): {_describe(plans['uniform'])}")
-    run("uniform", plans["uniform"])
-
     # Why search again: the layer profile knows compute but not what each action costs
     # around it on this machine (dispatch, messages, wake-ups); one real run tells.
-    first_fit = calibrate([measured["uniform"]], sources=["trace_uniform_measured.json"],
-                          base=layer_profile)
+    first_fit = calibrate([measured_uniform], sources=["trace_uniform_measured.json"],
+                          base=layers.emulated)
     result = search(model, cluster, constraints, profile=first_fit, workers=cfg.workers)
     # the tie margin is at least the uniform run's own step-to-step spread: plans closer
     # than what this machine's noise moves are not told apart by the measurement
-    margin = max(TIE_MARGIN, _spread(step_periods_s(measured["uniform"])))
-    plans["best"] = pick_stable(result.ranked, CostModel(model, cluster), margin)
+    margin = max(TIE_MARGIN, _spread(step_periods_s(measured_uniform)))
+    best = pick_stable(result.ranked, CostModel(model, cluster), margin)
     _log(f"      searched again with the run's costs: {result.candidates_evaluated} "
          f"candidates in {result.search_time_s:.1f} s")
     # out of sample: predicted from the uniform run alone, before the best plan runs
     oos_cost = CostModel(model, cluster, first_fit)
-    predicted_oos = {k: simulate(p, oos_cost).metrics.iteration_time_s
-                     for k, p in plans.items()}
+    predicted = {k: simulate(p, oos_cost).metrics.iteration_time_s
+                 for k, p in (("uniform", uniform), ("best", best))}
     _log(f"      predicted before running it (calibrated on the uniform run only): "
-         f"{predicted_oos['best'] * 1e3:.1f} ms per iteration")
+         f"{predicted['best'] * 1e3:.1f} ms per iteration")
     _log(f"      picked with a tie margin of {margin:.0%} (plans within it of the fastest "
          "prediction are ties; the uncalibrated cost model decides among them)")
-    _log(f"[4/5] running the best plan for real: {_describe(plans['best'])}")
-    run("best", plans["best"])
+    return Searched(first_fit, result, margin, best, predicted)
 
-    before_cost = CostModel(model, cluster, layer_profile)
-    predicted_before = {k: simulate(p, before_cost) for k, p in plans.items()}
 
+def _resimulate(setup: Setup, layers: LayerProfiles, plans: dict, measured: dict
+                ) -> Resimulated:
+    from hyperpipe.sim.calibrate import calibrate
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import simulate
+    model, cluster = setup.model, setup.cluster
+    before_cost = CostModel(model, cluster, layers.emulated)
+    before = {k: simulate(p, before_cost) for k, p in plans.items()}
     _log("[5/5] calibrating from both measured traces and simulating again")
     profile = calibrate([measured[k] for k in plans],
                         sources=[f"trace_{k}_measured.json" for k in plans],
-                        base=layer_profile)
-    profile.save(out / "profile_calibrated.json")
+                        base=layers.emulated)
+    profile.save(setup.out / "profile_calibrated.json")
     after_cost = CostModel(model, cluster, profile)
-    predicted_after = {k: simulate(p, after_cost) for k, p in plans.items()}
+    after = {k: simulate(p, after_cost) for k, p in plans.items()}
+    return Resimulated(profile, before, after)
 
-    rows = {}
+
+def _accuracy_rows(setup: Setup, plans: dict, sims: Resimulated, measured: dict
+                   ) -> dict[str, dict]:
+    """Per plan, predicted against measured (report.json's `baseline` object's form);
+    writes the predicted traces and the timelines."""
+    from hyperpipe.sim.timeline import plot_timelines
+    out, rows = setup.out, {}
     for name in plans:
-        acc = compare(predicted_after[name].metrics.iteration_time_s,
-                      predicted_after[name].trace, measured[name])
-        before_s = predicted_before[name].metrics.iteration_time_s
+        after = sims.after[name]
+        acc = compare(after.metrics.iteration_time_s, after.trace, measured[name])
+        before_s = sims.before[name].metrics.iteration_time_s
+        periods = step_periods_s(measured[name])
         rows[name] = {"measured_s": acc.measured_iteration_s, "before_s": before_s,
                       "after_s": acc.predicted_iteration_s,
                       "error_before": relative_error(before_s, acc.measured_iteration_s),
-                      "error_after": acc.error, "action_mape_after": acc.action_mape}
-        predicted_after[name].trace.save(out / f"trace_{name}_predicted.json")
-        predicted_after[name].trace.save_chrome(out / f"chrome_{name}_predicted.json")
-        plot_timelines([predicted_after[name].trace, measured[name]],
+                      "error_after": acc.error, "action_mape_after": acc.action_mape,
+                      "step_periods_s": periods, "spread": _spread(periods)}
+        after.trace.save(out / f"trace_{name}_predicted.json")
+        after.trace.save_chrome(out / f"chrome_{name}_predicted.json")
+        plot_timelines([after.trace, measured[name]],
                        [f"{name}: predicted (calibrated)", f"{name}: measured (emulated)"],
                        out / f"timeline_{name}.png")
+    return rows
 
-    for name in plans:
-        periods = step_periods_s(measured[name])
-        rows[name]["step_periods_s"] = periods
-        rows[name]["spread"] = _spread(periods)
-    notes = calibration_notes(rows)
-    for line in notes:
-        _log(f"note: {line}")
-    speedup_measured = rows["uniform"]["measured_s"] / rows["best"]["measured_s"]
-    speedup_predicted = rows["uniform"]["after_s"] / rows["best"]["after_s"]
-    speedup_oos = predicted_oos["uniform"] / predicted_oos["best"]
-    measured_best = rows["best"]["measured_s"]
-    report = {
-        "error_out_of_sample": relative_error(predicted_oos["best"], measured_best),
-        "predicted_iteration_time_out_of_sample_s": predicted_oos["best"],
-        "measured_spread": rows["best"]["spread"],
-        "measured_step_periods_s": rows["best"]["step_periods_s"],
+
+def _report(setup: Setup, plans: dict, measured: dict, searched: Searched,
+            sims: Resimulated, rows: dict, notes: list[str], *, wall_time_s: float
+            ) -> dict[str, Any]:
+    """report.json's object."""
+    best, uniform = rows["best"], rows["uniform"]
+    speedup_measured = uniform["measured_s"] / best["measured_s"]
+    speedup_predicted = uniform["after_s"] / best["after_s"]
+    oos = searched.predicted_oos_s
+    speedup_oos = oos["uniform"] / oos["best"]
+    return {
+        "error_out_of_sample": relative_error(oos["best"], best["measured_s"]),
+        "predicted_iteration_time_out_of_sample_s": oos["best"],
+        "measured_spread": best["spread"],
+        "measured_step_periods_s": best["step_periods_s"],
         "plan": plans["best"].to_dict(),
         "baseline_plan": plans["uniform"].to_dict(),
-        "measured_iteration_time_s": rows["best"]["measured_s"],
-        "predicted_iteration_time_s": rows["best"]["after_s"],
-        "predicted_iteration_time_before_calibration_s": rows["best"]["before_s"],
-        "error_before_calibration": rows["best"]["error_before"],
-        "error_after_calibration": rows["best"]["error_after"],
-        "baseline": rows["uniform"],
+        "measured_iteration_time_s": best["measured_s"],
+        "predicted_iteration_time_s": best["after_s"],
+        "predicted_iteration_time_before_calibration_s": best["before_s"],
+        "error_before_calibration": best["error_before"],
+        "error_after_calibration": best["error_after"],
+        "baseline": uniform,
         "speedup_vs_uniform_measured": speedup_measured,
         "speedup_vs_uniform_predicted": speedup_predicted,
         "speedup_prediction_error": relative_error(speedup_predicted, speedup_measured),
@@ -181,17 +303,14 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         "speedup_prediction_error_out_of_sample": relative_error(speedup_oos,
                                                                  speedup_measured),
         "emulated": any(t.emulated for t in measured.values()),
-        "emulation_scale": cfg.emulation_scale,
-        "search": {"candidates_evaluated": result.candidates_evaluated,
-                   "search_time_s": result.search_time_s},
-        "metrics_predicted": predicted_after["best"].metrics.to_dict(),
+        "emulation_scale": setup.cfg.emulation_scale,
+        "search": {"candidates_evaluated": searched.result.candidates_evaluated,
+                   "search_time_s": searched.result.search_time_s},
+        "metrics_predicted": sims.after["best"].metrics.to_dict(),
         "calibration_notes": notes,
-        "tie_margin": margin,
-        "wall_time_s": time.perf_counter() - t_start,
+        "tie_margin": searched.margin,
+        "wall_time_s": wall_time_s,
     }
-    write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
-    _print_report(report, rows, out)
-    return report
 
 
 def _uniform_all_devices(model, cluster, cfg: DemoConfig, profile):

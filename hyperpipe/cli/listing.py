@@ -3,22 +3,36 @@ figures, one table each, one unit per column (in its header)."""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections import Counter
+from dataclasses import dataclass
 
+from hyperpipe.cli.flags import command
+from hyperpipe.cli.output import EXIT_OK
 from hyperpipe.core.errors import BadInput
 
 KINDS = ("clusters", "models", "devices", "schedules")
 
-# What each schedule kind does, for the listing (the generators' docstrings say more).
-SCHEDULE_NOTES = {
-    "gpipe": "all forwards, then all backwards (GPipe); stashes every micro-batch",
-    "1f1b": "one forward, one backward in steady state (PipeDream-Flush / Megatron)",
-    "interleaved-1f1b": "1f1b over v chunks per device (Megatron interleaved; --chunks v)",
-    "zb-h1": "zero-bubble H1: backward split into I (input grad) and W (weight grad)",
-    "zb-v": "zero-bubble V: 2 chunks per device placed in a V",
-    "dualpipe-v": "DualPipe's V-shaped variant: 2 chunks per device",
-    "synth": "synthesised for one plan by the simulator (plan schedule.actions)",
-}
+@dataclass(frozen=True)
+class ListOptions:
+    what: str                     # one of KINDS
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> ListOptions:
+        return cls(what=ns.what)
+
+
+def add_parser(sub) -> None:
+    p = command(sub, "list", "the built-in clusters, models, device types or schedule "
+                "kinds with their key figures")
+    p.add_argument("what", choices=list(KINDS))
+    p.set_defaults(options=ListOptions.from_namespace, run=run)
+
+
+def run(opts: ListOptions) -> int:
+    sys.stdout.write(listing(opts.what))
+    return EXIT_OK
 
 
 def listing(kind: str) -> str:
@@ -75,8 +89,7 @@ def _devices() -> str:
 
 
 def _schedules() -> str:
-    from hyperpipe.plan.generators import SCHEDULE_KINDS, takes_chunks
-    kinds = list(SCHEDULE_KINDS)
-    rows = [[k, "v >= 1" if takes_chunks(k) else "1", SCHEDULE_NOTES.get(k, "")]
-            for k in kinds]
+    from hyperpipe.plan.kinds import GENERATED_KINDS, schedule_kind
+    kinds = [schedule_kind(name) for name in GENERATED_KINDS]
+    rows = [[k.name, "v >= 1" if k.takes_chunks else "1", k.description] for k in kinds]
     return _table(["schedule", "chunks per device", "what it does"], rows)

@@ -1,22 +1,16 @@
-"""What `hyperpipe run` shows and checks around the executor: the prediction of the
-plan, the memory check before launch, and live step lines.
+"""What `hyperpipe run` shows and checks around the executor: the plan's predicted step,
+the memory check before launch, and live step lines.
 
-The simulator predicts a step on the plan's real cluster. On a CPU the executor
-replays that cluster slowed down: each action takes its emulation factor times its
-reference time here (see exec.emulation). The ratio of the two, the *emulation scale*,
-is the ranks' expected compute seconds per step here over the simulator's compute
-seconds per step (both summed over devices); `predicted here = predicted x scale` is
-what the step lines print beside the measured time. The scale is known once the ranks
-have timed their actions, before step 0, so the prediction is not fitted to the steps
-it is compared with.
+On a CPU the executor replays the plan's cluster slowed down (exec.emulation). The
+*emulation scale* is the ranks' expected compute seconds per step here over the
+simulator's (both summed over devices), known once the ranks have timed their actions,
+before step 0; the step lines print `predicted here = predicted x scale` beside the
+measured time, so the prediction is not fitted to the steps it is compared with.
 
-Memory: each rank's predicted peak (simulator: weights, gradients, Adam state and
-stashed activations) must fit before anything starts. With one GPU per rank, in that
-GPU's free memory; on a CPU, all ranks together plus the torch runtime of each process
-(RANK_OVERHEAD_BYTES) in the host's available memory (MemAvailable). The catalog's
-runtime reserve of each GPU (CUDA context, NCCL buffers, allocator fragmentation: a few
-GB) is part of a GPU's peak but not of a CPU rank's, so it is left out on a CPU. A plan
-that does not fit is refused as bad input (exit 2) with the figures.
+Memory: each rank's predicted peak must fit before anything starts: with one GPU per
+rank, in that GPU's free memory; on a CPU, all ranks together plus each process's torch
+runtime (RANK_OVERHEAD_BYTES) in the host's MemAvailable, without the GPU runtime
+reserve of the catalog. A plan that does not fit is bad input (exit 2) with the figures.
 """
 
 from __future__ import annotations

@@ -1,28 +1,92 @@
-"""The options and command of `hyperpipe whatif` beyond a plain sweep: the backend the
-work runs on (shared with `hyperpipe search`), stragglers (today's plan kept against
-re-planning) and failures (`--failures`: goodput against the checkpoint interval).
-The logic lives in `hyperpipe.search` (`whatif`, `stragglers`, `failures`, `backends`).
+"""`hyperpipe whatif`: sweep a cluster or model parameter (`--vary`, `--pool`) and
+tabulate or plot the best plan per variant, stragglers (today's plan kept against
+re-planning) included; or, with `--failures`, goodput against the checkpoint interval
+and the plan without the node most likely to fail. The work runs locally or on Ray; the
+logic lives in `hyperpipe.whatif`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from hyperpipe.cli import args as ca
+from hyperpipe.cli.flags import (
+    BackendOptions,
+    ProfileOptions,
+    Workload,
+    add_backend,
+    add_json,
+    add_profile,
+    add_progress,
+    add_workload,
+    as_flags,
+    command,
+    opened_backend,
+)
+from hyperpipe.cli.inputs import load_checked_profile
+from hyperpipe.cli.output import EXIT_OK, print_json
 from hyperpipe.core.errors import BadInput
 
-
-def add_backend_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["local", "ray"], default="local",
-                   help="where the work runs: local processes (--workers) or Ray "
-                   "(pip install -e '.[ray]')")
-    p.add_argument("--ray-address", metavar="ADDR",
-                   help="with --backend ray: join this Ray cluster (default: start one here)")
+if TYPE_CHECKING:
+    from hyperpipe.whatif.failures import FailureOptions
+    from hyperpipe.whatif.variants import Planning
 
 
-def add_whatif_options(p: argparse.ArgumentParser) -> None:
-    """Every option of `hyperpipe whatif` but the workload (cluster, model, batch)."""
+@dataclass(frozen=True)
+class FailureFlags:
+    """The `--failures` options as typed (quantities with units, parsed in `run`)."""
+
+    failures: bool
+    mtbf: str | None
+    storage_bandwidth: str | None
+    checkpoint_size: str | None
+    checkpoint_write_time: str | None
+    restart_time: str | None
+    checkpoint_interval: tuple[str, ...]
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> FailureFlags:
+        return cls(failures=ns.failures, mtbf=ns.mtbf, storage_bandwidth=ns.storage_bandwidth,
+                   checkpoint_size=ns.checkpoint_size,
+                   checkpoint_write_time=ns.checkpoint_write_time,
+                   restart_time=ns.restart_time,
+                   checkpoint_interval=tuple(ns.checkpoint_interval))
+
+
+@dataclass(frozen=True)
+class WhatIfOptions:
+    workload: Workload
+    vary: tuple[str, ...]
+    pool: bool
+    micro_batch: int | None
+    schedule: str | None
+    objective: str
+    workers: int
+    profile: ProfileOptions
+    plot: str | None
+    json: bool
+    progress: bool
+    backend: BackendOptions
+    plan: str | None              # today's plan file
+    failures: FailureFlags
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> WhatIfOptions:
+        return cls(workload=Workload.from_namespace(ns), vary=tuple(ns.vary), pool=ns.pool,
+                   micro_batch=ns.micro_batch, schedule=ns.schedule, objective=ns.objective,
+                   workers=ns.workers, profile=ProfileOptions.from_namespace(ns),
+                   plot=ns.plot, json=ns.json, progress=ns.progress,
+                   backend=BackendOptions.from_namespace(ns), plan=ns.plan,
+                   failures=FailureFlags.from_namespace(ns))
+
+
+def add_parser(sub) -> None:
+    p = command(sub, "whatif", "sweep a cluster or model parameter: the best plan per "
+                "variant, as a table and a plot")
+    add_workload(p)
     p.add_argument("--vary", action="append", default=[],
                    help="KEY=V1,V2,... e.g. 'inter_node.bandwidth=10 Gbit/s,100 Gbit/s', "
                    "'nodes.v100.count=0,4,8', 'nodes.v100.device=V100-32GB,A100-80GB', "
@@ -33,15 +97,12 @@ def add_whatif_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", help="fix the schedule kind")
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
     p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
-    p.add_argument("--profile", type=ca.path, help="calibration profile JSON")
-    p.add_argument("--allow-profile-mismatch", action="store_true", help="use --profile even "
-                   "if it was measured on another model or lacks a device type")
+    add_profile(p)
     p.add_argument("--plot", type=ca.path, help="write a plot of the sweep here (.png, .svg, "
                    ".pdf)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--progress", action="store_true", help="a progress bar over the "
-                   "variants on stderr even when it is not a terminal")
-    add_backend_options(p)
+    add_json(p)
+    add_progress(p, "a progress bar over the variants on stderr")
+    add_backend(p)
     p.add_argument("--plan", metavar="P", type=ca.path,
                    help="today's plan: kept on every variant against re-planning (default "
                    "with a slowdown sweep: the best plan for the cluster)")
@@ -61,62 +122,84 @@ def add_whatif_options(p: argparse.ArgumentParser) -> None:
                    "'10 min'")
     g.add_argument("--checkpoint-interval", action="append", default=[], metavar="TIME",
                    help="an interval to tabulate besides the optima (repeatable)")
+    p.set_defaults(options=WhatIfOptions.from_namespace, run=run)
 
 
-def open_backend(args: argparse.Namespace):
-    """The backend `--backend`/`--ray-address`/`--workers` ask for (a context manager)."""
-    from hyperpipe.search.backends import make_backend
-    return make_backend(args.backend, workers=args.workers, address=args.ray_address)
-
-
-def run_backend(args: argparse.Namespace):
-    """The entered backend to hand to the library: None for local (its `workers`
-    processes are the search's own pool), the Ray backend otherwise."""
-    return None if args.backend == "local" else args._backend
-
-
-def cmd_whatif(args: argparse.Namespace) -> int:
-    from hyperpipe.cli.main import print_json
+def run(opts: WhatIfOptions) -> int:
     from hyperpipe.plan.plan import load_plan
-    ca.check_vary_size(args.vary)
-    plan = load_plan(args.plan) if args.plan else None
-    if args.failures:
-        if args.vary or args.pool:
+    from hyperpipe.whatif.variants import Planning
+    ca.check_vary_size(list(opts.vary))
+    plan = load_plan(opts.plan) if opts.plan else None
+    if opts.failures.failures:
+        if opts.vary or opts.pool:
             raise BadInput("whatif --failures", "no --vary/--pool with it (one cluster)",
                            has_got=False)
-    elif not args.vary and not args.pool:
+    elif not opts.vary and not opts.pool:
         raise BadInput("whatif", "at least one --vary KEY=V1,V2,..., --pool or --failures",
                        has_got=False)
-    with open_backend(args) as backend:
-        args._backend = backend
-        common = dict(global_batch=args.global_batch, micro_batch=args.micro_batch,
-                      schedule=args.schedule, objective=args.objective,
-                      profile=_whatif_profile(args), workers=args.workers,
-                      backend=run_backend(args), plan=plan)
-        if args.failures:
-            return _failures(args, common, print_json)
-        from hyperpipe.whatif.stragglers import format_stragglers, plot_stragglers
-        from hyperpipe.whatif.sweep import format_whatif, plot_whatif, whatif
-        result = whatif(args.model, args.cluster, vary=args.vary, pool=args.pool,
-                        progress=True if args.progress else None, **common)
+    planning = Planning(global_batch=opts.workload.global_batch, micro_batch=opts.micro_batch,
+                        schedule=opts.schedule, objective=opts.objective,
+                        workers=opts.workers, plan=plan)
+    with opened_backend(opts.backend, opts.workers) as backend, as_flags():
+        if opts.failures.failures:
+            return _failures(opts, planning, backend)
+        from hyperpipe.whatif.sweep import SweepOptions, whatif
+        model, cluster, profile = _workload(opts)
+        result = whatif(model, cluster, SweepOptions(
+            planning, vary=opts.vary, pool=opts.pool,
+            progress=True if opts.progress else None), profile=profile, backend=backend,
+            model_source=opts.workload.model)
+    return _report_sweep(result, opts)
+
+
+def _workload(opts: WhatIfOptions):
+    """The cluster and model loaded, and the profile checked against them."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
+    cluster = load_cluster(opts.workload.cluster)
+    model = load_model(opts.workload.model, where="--model")
+    return model, cluster, load_checked_profile(opts.profile, model, cluster)
+
+
+def _report_sweep(result, opts: WhatIfOptions) -> int:
+    from hyperpipe.whatif.stragglers import format_stragglers, plot_stragglers
+    from hyperpipe.whatif.sweep import format_whatif, plot_whatif
     straggler = result.kind == "stragglers"
-    if args.plot:
-        (plot_stragglers if straggler else plot_whatif)(result, args.plot)
-    if args.json:
+    if opts.plot:
+        (plot_stragglers if straggler else plot_whatif)(result, opts.plot)
+    if opts.json:
         print_json(result.to_dict())
     else:
         sys.stdout.write((format_stragglers if straggler else format_whatif)(result))
-        if args.plot:
-            print(f"plot written to {args.plot}")
-    return 0
+        if opts.plot:
+            print(f"plot written to {opts.plot}")
+    return EXIT_OK
 
 
-def _failures(args: argparse.Namespace, common: dict, print_json) -> int:
-    from hyperpipe.core.units import parse_quantity
+def _failures(opts: WhatIfOptions, planning: Planning, backend: Any) -> int:
+    """The failure study of today's plan (or the best plan) on the cluster, reported."""
     from hyperpipe.whatif.failures import failure_whatif, format_failures, plot_failures
+    options = _failure_options(opts.failures, planning)
+    model, cluster, profile = _workload(opts)
+    study = failure_whatif(model, cluster, options, profile=profile, backend=backend)
+    if opts.plot:
+        plot_failures(study, opts.plot)
+    if opts.json:
+        print_json(study.to_dict())
+    else:
+        sys.stdout.write(format_failures(study))
+        if opts.plot:
+            print(f"plot written to {opts.plot}")
+    return EXIT_OK
+
+
+def _failure_options(flags: FailureFlags, planning: Planning) -> FailureOptions:
+    """The failure study's options, its quantities parsed from the flags' text."""
+    from hyperpipe.core.units import parse_quantity
+    from hyperpipe.whatif.failures import FailureOptions
 
     def quantity(flag: str, dimension: str):
-        value = getattr(args, flag[2:].replace("-", "_"))
+        value = getattr(flags, flag[2:].replace("-", "_"))
         return None if value is None else parse_quantity(value, dimension, where=flag,
                                                          allow_zero=False)
     restart = quantity("--restart-time", "time")
@@ -124,30 +207,10 @@ def _failures(args: argparse.Namespace, common: dict, print_json) -> int:
         raise BadInput("--restart-time", "the time from a failure to training again with "
                        "--failures (e.g. '10 min')", has_got=False)
     intervals = tuple(parse_quantity(v, "time", where="--checkpoint-interval",
-                                     allow_zero=False) for v in args.checkpoint_interval)
-    study = failure_whatif(args.model, args.cluster, restart_s=restart,
-                           storage_bandwidth_bytes_per_s=quantity("--storage-bandwidth",
-                                                                  "bandwidth"),
-                           checkpoint_bytes=quantity("--checkpoint-size", "bytes"),
-                           write_s=quantity("--checkpoint-write-time", "time"),
-                           mtbf_s=quantity("--mtbf", "time"), intervals_s=intervals, **common)
-    if args.plot:
-        plot_failures(study, args.plot)
-    if args.json:
-        print_json(study.to_dict())
-    else:
-        sys.stdout.write(format_failures(study))
-        if args.plot:
-            print(f"plot written to {args.plot}")
-    return 0
-
-
-def _whatif_profile(args: argparse.Namespace):
-    """--profile, checked against --model and --cluster (cli._load_profile)."""
-    if args.profile is None:
-        return None
-    from hyperpipe.cli.main import _load_profile
-    from hyperpipe.cluster.cluster import load_cluster
-    from hyperpipe.models import load_model
-    return _load_profile(args, load_model(args.model, where="--model"),
-                         load_cluster(args.cluster))
+                                     allow_zero=False) for v in flags.checkpoint_interval)
+    return FailureOptions(
+        planning, restart_s=restart,
+        storage_bandwidth_bytes_per_s=quantity("--storage-bandwidth", "bandwidth"),
+        checkpoint_bytes=quantity("--checkpoint-size", "bytes"),
+        write_s=quantity("--checkpoint-write-time", "time"),
+        mtbf_s=quantity("--mtbf", "time"), intervals_s=intervals)

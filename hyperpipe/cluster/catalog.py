@@ -1,24 +1,19 @@
 """The built-in catalog of device types, from vendor spec sheets and public measurements.
 
 Each entry gives peak *dense* FP16/BF16 tensor FLOP/s (no structured sparsity), memory,
-memory bandwidth and the typical intra-node link, with the document it comes from.
+memory bandwidth and the typical intra-node link, with the document it comes from, and
+how fast real work runs on it, each figure from a public source and never fitted to the
+benchmarks that report this simulator's accuracy:
 
-How fast real work runs on it (each figure with its public source, never fitted to the
-benchmarks that report this simulator's accuracy):
-
-* `gemm`: a `GemmCurve`, the fraction of peak a matrix multiplication of shape
-  (M, N, K) reaches. Small GEMMs run far below peak, large ones near the sustained
-  ceiling (see `GemmCurve`). Device types without one (user-defined types given only a
-  peak and an `efficiency`) use the flat `efficiency` for every FLOP, the old roofline.
-* `mem_efficiency`: the fraction of the HBM/GDDR bandwidth that streaming kernels reach
-  (STREAM/BabelStream-like copy and triad numbers); memory-bound work (norms, softmax,
-  dropout, activations, optimizer) is costed at that rate.
+* `gemm`: a `GemmCurve`, the fraction of peak a GEMM of shape (M, N, K) reaches;
+* `mem_efficiency`: the fraction of memory bandwidth streaming kernels reach (the rate
+  of memory-bound work: norms, softmax, dropout, activations, optimizer);
 * `collective_efficiency` / `nic_efficiency`: NCCL all-reduce bus bandwidth over the
-  nominal per-direction intra-node link / NIC bandwidth, from published nccl-tests runs.
+  nominal intra-node link / NIC bandwidth, from published nccl-tests runs.
 
 Device types defined from scratch in a cluster file take their figures as achievable
-(no curve, all fractions 1); a type based on a catalog entry keeps its curve unless it
-sets `efficiency`.
+(no curve, all fractions 1: the flat roofline with `efficiency`); a type based on a
+catalog entry keeps its curve unless it sets `efficiency`.
 """
 
 from __future__ import annotations
@@ -171,7 +166,7 @@ def _unmeasured(sms: int) -> GemmCurve:
 
 # SM / CU counts: NVIDIA Volta, Ampere (GA100, GA102), Ada, Hopper whitepapers; AMD CDNA2
 # and CDNA3 whitepapers (MI250X: 110 CUs per GCD, MAMF measured on one GCD).
-# Cross-check, not a fit (issue 9): whole training steps on A100-80GB with FlashAttention
+# Cross-check, not a fit: whole training steps on A100-80GB with FlashAttention
 # reach 71-79% of peak in hardware FLOPs (MosaicML llm-foundry, scripts/train/benchmarking/
 # README.md: 13B-70B with activation checkpointing, HFU 71.1-79.3%), so the large-GEMM
 # ceiling this curve gives (~0.79) is not above what real kernels sustain.

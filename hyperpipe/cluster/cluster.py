@@ -1,6 +1,6 @@
 """Clusters: nodes of devices, the links inside a node and between nodes.
 
-Topology model (kept simple on purpose, see DESIGN.md "Links"):
+Topology model (kept simple on purpose; docs/architecture.md, "Links"):
 
 * Inside a node every device has its own port to a switch (NVSwitch or a PCIe switch),
   one per direction, of the node's `intra_link` bandwidth. A transfer from device a to

@@ -1,10 +1,5 @@
-"""The bottom layer: what every other package builds on and nothing about models,
-clusters or plans.
-
-- `errors`: the two error tiers (`BadInput` and bugs; `InfeasiblePlan`, legal but does
-  not fit) and `Stopped` for signals;
-- `units`: quantities with units parsed once, at the file boundary, into SI numbers;
-- `limits`: the documented bounds on every user-given size;
-- `files`: reading files safely, writing them atomically, checking fields;
-- `progress`: progress bars on stderr.
+"""The bottom layer, with nothing about models, clusters or plans: the two error tiers
+(`BadInput`, exit status 2; `InfeasiblePlan`, legal but does not fit), quantities with
+units parsed once into SI numbers, the documented limits on user input, safe reading and
+atomic writing of files with field checks, and progress bars on stderr.
 """

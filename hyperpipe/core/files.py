@@ -1,26 +1,18 @@
-"""Reading user files safely, writing outputs safely, and checking fields with clear errors.
+"""Reading user files safely, writing outputs atomically, and checking fields with clear errors.
 
-Reading. Every loader reads through `load_document`: a regular file only (a FIFO, device
-or directory is refused before it is opened for reading), at most
-`limits.MAX_JSON_BYTES` / `limits.MAX_YAML_BYTES`, YAML through the safe loader after a
-pass over its events that refuses documents deeper than `limits.MAX_DOCUMENT_DEPTH`,
-recursive aliases, and more than `limits.MAX_DOCUMENT_NODES` values with aliases
-expanded (so an alias bomb is refused before any object is built); JSON without
-NaN/Infinity; then every value is checked (integers within 64 bits, floats finite).
-Errors name the file and the field and show at most a short escaped value (never a line
-of the file). Fields are then checked through a `Fields` view, which names the file and
-the field path in each error and rejects unknown keys.
+Reading: every loader reads through `load_document`: a regular file only, at most
+`limits.MAX_JSON_BYTES` / `limits.MAX_YAML_BYTES`; YAML through the safe loader after a
+pass that refuses documents deeper than `limits.MAX_DOCUMENT_DEPTH`, recursive aliases
+and more than `limits.MAX_DOCUMENT_NODES` values with aliases expanded (an alias bomb is
+refused before any object is built); JSON without NaN/Infinity; every value checked
+(64-bit integers, finite floats). A `Fields` view then rejects unknown keys and names the
+file and field path in each error, with at most a short escaped value, never a line.
 
-Writing. Every output (plans, traces, profiles, reports, figures, checkpoints) goes
-through `atomic_output` / `write_atomic`: the data goes to a temporary file in the
-target's folder, created with O_EXCL | O_NOFOLLOW under an unpredictable name, is
-fsynced, then renamed over the target; on any exit before that (an error,
-KeyboardInterrupt, SIGTERM turned into SystemExit by the command line) the temporary
-file is removed. A target that exists and is not a regular file (a symlink, FIFO,
-device such as /dev/null, directory) is refused with BadInput: it is neither replaced
-nor written through. Writing through /dev/null would be harmless, but a FIFO blocks,
-/dev/full fails half-way and a symlink may point anywhere; one rule for all of them is
-easier to trust than a list of exceptions.
+Writing: every output goes through `atomic_output` / `write_atomic`: a temporary file in
+the target's folder (O_EXCL | O_NOFOLLOW, unpredictable name), fsynced, renamed over the
+target, and removed on any exit before that. A target that exists and is not a regular
+file (symlink, FIFO, device such as /dev/null, directory) is refused with BadInput, never
+replaced nor written through: one rule is easier to trust than a list of exceptions.
 """
 
 from __future__ import annotations

@@ -7,30 +7,12 @@ or a traceback. The bounds are far above any real job (a 1024-GPU cluster, GPT-3
 96 layers, a 4M-token global batch) and low enough that the work they allow finishes
 in seconds to minutes and fits in a few GB.
 
-Input files
-  * JSON files at most ``MAX_JSON_BYTES``, YAML files at most ``MAX_YAML_BYTES`` (YAML
-    parses ~50x slower than JSON);
-  * at most ``MAX_DOCUMENT_NODES`` values in a document, counted with YAML aliases
-    expanded (an alias bomb is refused before any object is built); recursive aliases
-    are refused; nesting at most ``MAX_DOCUMENT_DEPTH`` levels;
-  * integers within +-``MAX_INT`` (64-bit), floats finite (no NaN/Infinity).
-
-Counts (files and flags)
-  * devices per node ``MAX_NODE_DEVICES``, node repeats ``MAX_NODE_REPEAT``, devices in a
-    cluster ``MAX_CLUSTER_DEVICES``;
-  * model layers ``MAX_LAYERS``; layer widths, heads, vocabulary, sequence length
-    ``MAX_MODEL_DIM``;
-  * global batch ``MAX_GLOBAL_BATCH`` samples; micro-batches per pipeline
-    ``MAX_MICROBATCHES``; pipeline devices ``MAX_PIPELINE_DEVICES``; chunks per device
-    ``MAX_CHUNKS``; actions in one schedule ``MAX_SCHEDULE_ACTIONS`` (a larger schedule
-    is `InfeasiblePlan`: the search skips it, `hyperpipe schedule` exits 2);
-  * search/what-if worker processes ``MAX_WORKERS``; plans listed ``MAX_TOP``;
-    what-if variants ``MAX_VARIANTS``; training steps ``MAX_STEPS``; CPU threads per
-    rank ``MAX_THREADS``; seeds ``0 .. MAX_SEED``.
-
-Quantities (see `hyperpipe.core.units.QUANTITY_RANGE`): each dimension has a finite range
-(for example a bandwidth of at least 1 B/s, a latency of at most 1e9 s), so
-that no time, rate or ratio computed from them overflows or divides by zero.
+The constants bound input files (bytes, values with YAML aliases expanded, nesting,
+64-bit integers) and counts (devices, layers, batch, micro-batches, chunks, schedule
+actions, workers, variants, steps, threads, seeds). A schedule over
+`MAX_SCHEDULE_ACTIONS` is `InfeasiblePlan` (the search skips it, `hyperpipe schedule`
+exits 2). Quantities have a finite range per dimension
+(`hyperpipe.core.units.QUANTITY_RANGE`), so nothing computed from them overflows.
 """
 
 from __future__ import annotations

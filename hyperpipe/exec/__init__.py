@@ -1,17 +1,9 @@
-"""The real executor: run a plan with torch.distributed, trace every action, survive faults.
-
-* `launch`: `run_plan` (local ranks or torchrun), failure propagation, `RunFailed`.
-* `job`: checks before any rank starts; one rank's whole run (`rank_main`), gathered.
-* `runtime`: one rank's stages replaying its schedule actions, one primitive per kind.
-* `comm`: point-to-point transfers, the link probe, the data-parallel all-reduce.
-* `placement`: which rank runs which stages; data-parallel reduction groups.
-* `emulation`: stretching compute to replay a heterogeneous cluster on one CPU machine.
-* `checkpoint`: atomic per-rank checkpoints, fingerprints, resuming.
-* `data`: the deterministic synthetic token stream.
-* `options`: `RunOptions`, `RunResult`.
-* `torch_pipelining`: our stages under torch.distributed.pipelining (interop, benchmark).
-
-Importing this package does not import torch; `run_plan` does.
+"""The real executor: launch one rank per device (locally or under torchrun), build each
+rank's stage modules from the model spec, replay the plan's schedule IR with real sends
+and receives, tensor and data parallelism, recompute and checkpoints, trace every
+action, and stop every rank when one fails. On a CPU it emulates a hypothetical
+cluster's device speeds and links (docs/emulation.md). From `sim` it uses only the cost
+model and calibration. Importing this package does not import torch; `run_plan` does.
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
 """Data-parallel gradient reduction and the optimizer step of one rank.
 
 Gradients are summed over the ranks that hold the same shard of the same layers
-(placement.dp_groups). Summing is the right weighting for heterogeneous replicas: each
-micro-batch's loss is already scaled by micro_batch / global_batch (runtime), so the
-sum over every micro-batch of every replica is the gradient of the full-batch mean,
-whatever each replica's micro-batch count.
+(placement.dp_groups); each micro-batch's loss is already scaled by micro_batch /
+global_batch, so the sum is the full-batch mean's gradient whatever each replica's
+micro-batch count (the right weighting for heterogeneous replicas). As PyTorch DDP does
+(Li et al. 2020) and the simulator models, each group's gradients are cut into buckets
+of `bucket_bytes` (fp32, last layer first), each reduced asynchronously once the stage's
+last backward action has produced it; without `overlap`, after the rank's last action.
 
-As PyTorch DDP does (Li et al. 2020, VLDB) and the simulator models: each group's
-parameters, in the order backward produces their gradients (last layer first), are cut
-into buckets of `bucket_bytes` of fp32 gradient; a bucket's reduction (an asynchronous
-collective, which runs while backward goes on) starts as soon as the stage's last
-backward action has produced every gradient in it (`register_post_accumulate_grad_hook`).
-Gradients that torch's I/W split accumulates by hand, and a sequence-parallel stage's
-partial norm gradients (which must first be summed over the tensor-parallel group), are
-final when that action ends. A group's buckets start in order. Without `overlap`, every
-bucket starts after the rank's last action.
-
-The optimizer is AdamW on the rank's local parameter tensors (a tensor-parallel shard's
-local storage, so DTensors never reach the optimizer). With the distributed optimizer
-(ZeRO stage 1/2 as in Megatron's distributed optimizer: Rajbhandari et al. 2020), each
-bucket is reduce-scattered instead of all-reduced: rank i of k gets the sum of slice i
-of the bucket's flattened gradients, AdamW updates that slice of the parameters alone
-(keeping only its slice of the moments), and an all-gather brings every rank the
-updated whole. AdamW is elementwise, so this is the same update as the replicated one,
-with 1/k of the optimizer state per rank.
-
-Every rank of the job constructs its DataParallel at the same time, with the same
-groups in the same order (process groups are created collectively).
+The optimizer is AdamW on the rank's local tensors (never DTensors). With the
+distributed optimizer (ZeRO stage 1/2 as in Megatron's; Rajbhandari et al. 2020) each
+bucket is reduce-scattered, AdamW updates this rank's slice alone and an all-gather
+brings back the whole: the same update with 1/k of the optimizer state. Every rank
+constructs its DataParallel at the same time, with the same groups in the same order.
 """
 
 from __future__ import annotations
@@ -42,9 +28,8 @@ from torch import nn
 from hyperpipe.exec.comm import wait
 from hyperpipe.exec.links import LinkEmulation
 from hyperpipe.exec.tensor_parallel import local
+from hyperpipe.plan.stack import DDP_BUCKET_BYTES
 from hyperpipe.plan.trace import TraceEvent
-
-DDP_BUCKET_BYTES = 25e6      # PyTorch DDP's default bucket_cap_mb=25, as SimOptions
 
 
 @dataclass(eq=False)
@@ -121,6 +106,10 @@ class DataParallel:
         self._armed: set[int] = set()
         self._ready: set[int] = set()
         self._clock: Callable[[], float] = lambda: 0.0
+        # A bucket starts when its last gradient is accumulated. Gradients that torch's
+        # I/W split accumulates by hand, and a sequence-parallel stage's partial norm
+        # gradients (first summed over the tensor-parallel group), are final when that
+        # action ends. A group's buckets start in order.
         for p in self.params:
             if id(p) in self._bucket_of:
                 p.register_post_accumulate_grad_hook(self._accumulated)

@@ -1,25 +1,17 @@
 """Starting the ranks of a real run, and stopping all of them when one fails.
 
-`run_plan` checks the plan (bad input exits 2 before any rank computes), then either
+`run_plan` checks the plan (bad input exits 2 before any rank computes), then either runs
+one rank in this process when torchrun started it (RANK, WORLD_SIZE and MASTER_ADDR set:
+how a run spans machines), or starts one local process per plan device from a fork
+server that has imported torch once; local rendezvous goes through a file store in a
+private temporary directory and gloo listens on 127.0.0.1 only. Both run `job.rank_main`.
 
-* runs one rank in this process, when torchrun started it (RANK, WORLD_SIZE and
-  MASTER_ADDR in the environment; that is how a run spans machines), or
-* starts one local process per plan device. Rendezvous goes through a file store in a
-  private temporary directory and gloo binds to the loopback interface, so a local run
-  listens on 127.0.0.1 only, on ports the kernel picks. Processes come from a fork
-  server that has imported torch once, so a launch costs tens of milliseconds.
-
-Both paths run `job.rank_main`. A rank that raises writes its cause to the run directory
-and exits; the launcher, watching every child's exit, waits a moment for the first
-cause, kills the rest and raises RunFailed("rank R (device D) failed: cause"). Every
-blocking wait inside a rank has a timeout, so a hung peer becomes a failure too.
-
-Stopping: Ctrl-C, SIGTERM or SIGHUP reach the launcher as KeyboardInterrupt (the command
-line turns the last two into `errors.Stopped`); the launcher then stops and reaps every
-rank before the exception leaves `launch_local`. If the launcher itself dies without
-clean-up (SIGKILL), each rank notices: the kernel signals it when its parent (the fork
-server, which exits with the launcher) dies (Linux `PR_SET_PDEATHSIG`), and a watcher
-thread polls the launcher's pid on any system; the rank then exits at once.
+A rank that raises writes its cause to the run directory and exits; the launcher waits a
+moment for the first cause, kills the rest and raises RunFailed("rank R (device D)
+failed: cause"). Every wait inside a rank has a timeout, so a hung peer fails too.
+Ctrl-C, SIGTERM or SIGHUP stop and reap every rank before the exception leaves
+`launch_local`; if the launcher dies without clean-up (SIGKILL), each rank exits at once
+(`PR_SET_PDEATHSIG` through the fork server, and a thread polling the launcher's pid).
 """
 
 from __future__ import annotations

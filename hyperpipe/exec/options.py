@@ -8,6 +8,7 @@ from typing import Any
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import check_int
+from hyperpipe.plan.stack import DDP_BUCKET_BYTES
 from hyperpipe.plan.trace import Trace
 
 
@@ -49,7 +50,7 @@ class RunOptions:
     reference_profile: str | None = None
     # gradient buckets (bytes of fp32 gradient) reduced during the last backward, as the
     # simulator's SimOptions of the same names; off: every bucket after the last action
-    bucket_bytes: float = 25e6
+    bucket_bytes: float = DDP_BUCKET_BYTES
     overlap_dp_allreduce: bool = True
 
     def __post_init__(self) -> None:

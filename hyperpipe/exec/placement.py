@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 from hyperpipe.core.errors import BadInput
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.plan.plan import Plan
-from hyperpipe.plan.plan_schedule import pipeline_placement
+from hyperpipe.plan.plan import Plan, pipeline_placement
 from hyperpipe.plan.schedule import rank_stages, stage_rank
 
 

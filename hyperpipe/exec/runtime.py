@@ -1,29 +1,18 @@
 """Replaying one rank's share of a plan: its stages, its actions in IR order, its optimizer.
 
-The rank runs ``schedule_for(plan, pipeline).actions[d]`` (the generated kind, or the plan's own
-lists for kind synth) exactly in order and
-never decides the order itself. One small primitive per action kind:
+The rank runs ``schedule_for(plan, pipeline).actions[d]`` exactly in order and never
+decides the order itself, one small primitive per action kind (`hyperpipe.exec.compute`):
+``F`` (forward; the last stage's loss scaled by micro_batch / global_batch, so that the
+sum over micro-batches and pipelines is the full-batch mean's gradient), ``B`` (full
+backward), ``I`` (input gradient only, torch's ``stage_backward_input``) and ``W``
+(weight gradients from what I kept). Outputs and input gradients go to the ranks of the
+neighbouring stages.
 
-- ``F``: run the stage forward; the last stage returns the loss, scaled by
-  micro_batch / global_batch so that summing over micro-batches and pipelines gives the
-  gradient of the full-batch mean loss. The output goes to the next stage.
-- ``B``: full backward (input and weight gradients); the input gradient goes back.
-- ``I``: input gradient only (torch.distributed.pipelining's ``stage_backward_input``:
-  autograd.grad w.r.t. the stage input with the graph kept, remembering the gradients
-  that reach the weights). The first stage's input is token ids, so its graph is cut
-  after the embedding: I differentiates w.r.t. the embedding's output (the blocks' input
-  gradients, as the cost model counts them) and W adds the embedding's weight gradient.
-- ``W``: weight gradients from what I kept, accumulated into ``.grad``.
-
-What to receive comes from `dependencies(schedule)`: an action waits for an action of
-another rank exactly when data crosses ranks. Receives are posted ahead, a window of
-them per sender, in the order that sender sends (every rank knows every rank's action
-list): a wait never blocks a message the peer sends earlier, so ordering cannot
-deadlock, data arrives while the rank computes, and NCCL, which matches messages by
-order rather than tag, pairs them correctly. Sends are asynchronous and reaped between
-actions. Each direction between two ranks has its own process group (comm.Channels).
-After the last action: the data-parallel all-reduce, then AdamW. Every action becomes
-a TraceEvent (seconds on the rank's clock, which the launcher aligns across ranks).
+Receives follow `dependencies(schedule)` and are posted ahead, a window per sender, in
+the order that sender sends, so ordering cannot deadlock and NCCL, which matches by
+order, pairs them correctly; sends are asynchronous, reaped between actions, on a
+process group per direction (comm.Channels). After the last action: the data-parallel
+reduction, then AdamW. Every action becomes a TraceEvent on the rank's aligned clock.
 """
 
 from __future__ import annotations
@@ -38,7 +27,7 @@ import torch.distributed as dist
 
 from hyperpipe.exec import comm, compute, tensor_parallel
 from hyperpipe.exec.data import micro_batch_of, step_batch
-from hyperpipe.exec.dataparallel import DDP_BUCKET_BYTES, DataParallel
+from hyperpipe.exec.dataparallel import DataParallel
 from hyperpipe.exec.emulation import cpu_clock, stretch
 from hyperpipe.exec.links import STAMP_ELEMENTS, LinkEmulation, stamped, unstamped
 from hyperpipe.exec.memory import MemoryMeter, state_tensors
@@ -47,9 +36,9 @@ from hyperpipe.exec.recompute import apply_recompute
 from hyperpipe.exec.reference import measure_reference, reference_from
 from hyperpipe.models import build_stage
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.plan.plan import Plan
-from hyperpipe.plan.plan_schedule import schedule_for
+from hyperpipe.plan.plan import Plan, schedule_for
 from hyperpipe.plan.schedule import Action, dependencies
+from hyperpipe.plan.stack import DDP_BUCKET_BYTES
 from hyperpipe.plan.trace import TraceEvent
 
 

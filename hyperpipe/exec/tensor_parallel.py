@@ -15,11 +15,6 @@ sequence slice of their input (`_ToSequenceShards`) and gather it back at the en
 (`_FromSequenceShards`), so what crosses a stage boundary is always the whole (B, S, D)
 activation, the same on every rank of the group: that is what lets a tp=2 stage feed a
 tp=1 stage (placement.message_pairs picks who sends to whom).
-
-The QKV projection is one Linear whose rows are [Q | K | V]. A plain row split would
-give rank 0 all of Q; `_shard_major_qkv` reorders the rows to [Q_0 K_0 V_0 | Q_1 K_1 V_1 |
-...] first, so each column-parallel shard holds whole heads; `full_parameters` undoes it,
-so that gathered parameters and gradients compare name by name with a single process.
 """
 
 from __future__ import annotations
@@ -98,6 +93,10 @@ def _qkv_order(q_dim: int, kv_dim: int, tp: int) -> torch.Tensor:
     return torch.tensor(rows)
 
 
+# The QKV projection is one Linear whose rows are [Q | K | V]. A plain row split would
+# give rank 0 all of Q; `_shard_major_qkv` reorders the rows to [Q_0 K_0 V_0 | Q_1 K_1 V_1 |
+# ...] first, so each column-parallel shard holds whole heads; `full_parameters` undoes it,
+# so that gathered parameters and gradients compare name by name with a single process.
 @torch.no_grad()
 def _shard_major_qkv(attn: nn.Module, tp: int) -> None:
     order = _qkv_order(attn.n_head * attn.head_dim, attn.kv_dim, tp)

@@ -20,6 +20,7 @@ from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 from hyperpipe.exec.placement import RankPlacement
 from hyperpipe.models import build_stage
 from hyperpipe.models.spec import ModelSpec
+from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
 
 
@@ -51,7 +52,8 @@ def torch_schedule(kind: str, stages: list[PipelineStage], num_microbatches: int
     our schedule from the compute-only CSV at `csv_path`. Gradients are scaled by
     1/num_microbatches (scale_grads), the same full-batch mean our executor uses."""
     if csv_path is None:
-        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind]
+        single_stage = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}     # torch's names
+        cls = single_stage[schedule_kind(kind).torch_schedule]
         return cls(stages[0], num_microbatches, loss_fn=loss_fn(spec), scale_grads=True)
     sched = _PipelineScheduleRuntime(stages, num_microbatches, loss_fn=loss_fn(spec),
                                      scale_grads=True)

@@ -12,26 +12,7 @@ Layer numbering: our layers are the pipeline's cut units, half-open ranges
 transformer blocks (torchtitan ``layers.0`` .. ``layers.{n-1}``, Megatron's decoder
 layers) and layer n+1 the final norm, output projection and loss.
 
-Formats (as documented by each project):
-
-* torchtitan, ``[parallelism]`` of its TOML job config: ``pipeline_parallel_degree``,
-  ``pipeline_parallel_schedule`` (a torch.distributed.pipelining schedule class name),
-  ``pipeline_parallel_microbatch_size``, ``tensor_parallel_degree``,
-  ``data_parallel_replicate_degree``, the split points ``pipeline_parallel_split_points``
-  (the module that *begins* each stage after the first; older releases) and
-  ``module_fqns_per_model_part`` (every stage's module names; newer releases). Schedules
-  without a built-in class go through ``pipeline_parallel_schedule_csv``, which
-  `hyperpipe schedule --format torch-csv` writes.
-* Megatron-LM arguments: ``--pipeline-model-parallel-size``, ``--tensor-model-parallel-size``
-  (the data-parallel size is world / (pp x tp)), ``--num-layers``,
-  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the
-  middle stages share the rest evenly), ``--num-layers-per-virtual-pipeline-stage`` for
-  interleaving, and ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` a
-  decoder layer, ``L`` the loss, ``|`` between stages), which states any layout exactly.
-* DeepSpeed ``PipelineModule(layers=..., num_stages=p, partition_method=...)``:
-  ``"uniform"`` when the plan is what DeepSpeed's own uniform split gives, else the
-  explicit boundaries ``parts`` (stage s holds ``layers[parts[s]:parts[s+1]]``, DeepSpeed's
-  own representation), with the few lines of a subclass that uses them.
+Each exporter writes the format its project documents (stated above each exporter).
 """
 
 from __future__ import annotations
@@ -40,13 +21,16 @@ from dataclasses import dataclass, field
 
 from hyperpipe.core.errors import BadInput
 from hyperpipe.models.spec import ModelSpec
+from hyperpipe.plan.kinds import KINDS
 from hyperpipe.plan.plan import Plan
 
 FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
 
-# torch.distributed.pipelining schedule classes for our kinds (get_schedule_class names)
-TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                   "zb-v": "ZBVZeroBubble"}
+
+def _runs_in(kind: str, framework: str) -> bool:
+    """Whether `framework`'s own schedule is `kind` (`ScheduleKind.runs_in`)."""
+    known = KINDS.get(kind)
+    return known is not None and framework in known.runs_in
 
 
 @dataclass(frozen=True)
@@ -126,7 +110,7 @@ def _blocks(spec: ModelSpec) -> int:
 def export(plan: Plan, framework: str) -> str:
     """The text that `framework` needs for `plan` (see the module docstring)."""
     if framework not in FRAMEWORKS:
-        raise BadInput("--to", f"one of {', '.join(FRAMEWORKS)}", framework)
+        raise BadInput("to", f"one of {', '.join(FRAMEWORKS)}", framework)
     spec = plan.load_model()
     lay = layout_of(plan)
     text = {"torchtitan": _torchtitan, "megatron": _megatron,
@@ -155,6 +139,14 @@ def torchtitan_fqns(stage: tuple[int, int], n_blocks: int) -> list[str]:
     return names
 
 
+# Format: torchtitan, ``[parallelism]`` of its TOML job config: ``pipeline_parallel_degree``,
+#   ``pipeline_parallel_schedule`` (a torch.distributed.pipelining schedule class name),
+#   ``pipeline_parallel_microbatch_size``, ``tensor_parallel_degree``,
+#   ``data_parallel_replicate_degree``, the split points ``pipeline_parallel_split_points``
+#   (the module that *begins* each stage after the first; older releases) and
+#   ``module_fqns_per_model_part`` (every stage's module names; newer releases). Schedules
+#   without a built-in class go through ``pipeline_parallel_schedule_csv``, which
+#   `hyperpipe schedule --format torch-csv` writes.
 def _torchtitan(lay: Layout, spec: ModelSpec) -> tuple[str, list[str]]:
     n = _blocks(spec)
     lost = []
@@ -168,7 +160,8 @@ def _torchtitan(lay: Layout, spec: ModelSpec) -> tuple[str, list[str]]:
                         "module_fqns_per_model_part")
         splits.append(first)
     lines = ["[parallelism]", f"pipeline_parallel_degree = {lay.pp}"]
-    sched = TORCH_SCHEDULES.get(lay.schedule)
+    known = KINDS.get(lay.schedule)    # torch.distributed.pipelining's name for the kind
+    sched = None if known is None else known.torch_schedule
     if sched is not None:
         lines.append(f'pipeline_parallel_schedule = "{sched}"')
     else:
@@ -202,6 +195,13 @@ def megatron_layout(stages: tuple[tuple[int, int], ...], n_blocks: int) -> str:
     return "|".join(out)
 
 
+# Format: Megatron-LM arguments: ``--pipeline-model-parallel-size``,
+#   ``--tensor-model-parallel-size`` (the data-parallel size is world / (pp x tp)),
+#   ``--num-layers``,
+#   ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the
+#   middle stages share the rest evenly), ``--num-layers-per-virtual-pipeline-stage`` for
+#   interleaving, and ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` a
+#   decoder layer, ``L`` the loss, ``|`` between stages), which states any layout exactly.
 def _megatron(lay: Layout, spec: ModelSpec) -> tuple[str, list[str]]:
     n = _blocks(spec)
     lost = []
@@ -225,7 +225,7 @@ def _megatron(lay: Layout, spec: ModelSpec) -> tuple[str, list[str]]:
         elif len(set(blocks)) > 1:
             args += [f"--decoder-first-pipeline-num-layers {first}",
                      f"--decoder-last-pipeline-num-layers {last}"]
-    if lay.schedule not in ("1f1b", "interleaved-1f1b"):
+    if not _runs_in(lay.schedule, "megatron"):
         lost.append(f"schedule {lay.schedule}: Megatron-LM runs 1F1B (interleaved with "
                     "virtual stages)")
     notes = [f"# data-parallel size = world size / (pp x tp): start {lay.dp * lay.pp * lay.tp} "
@@ -249,11 +249,15 @@ def uniform_parts(num_items: int, num_parts: int) -> list[int]:
     return parts
 
 
+# Format: DeepSpeed ``PipelineModule(layers=..., num_stages=p, partition_method=...)``:
+#   ``"uniform"`` when the plan is what DeepSpeed's own uniform split gives, else the
+#   explicit boundaries ``parts`` (stage s holds ``layers[parts[s]:parts[s+1]]``, DeepSpeed's
+#   own representation), with the few lines of a subclass that uses them.
 def _deepspeed(lay: Layout, spec: ModelSpec) -> tuple[str, list[str]]:
     lost = []
     if lay.chunks > 1:
         lost.append("interleaved stages: DeepSpeed's pipeline holds one stage per rank")
-    if lay.schedule != "1f1b":
+    if not _runs_in(lay.schedule, "deepspeed"):
         lost.append(f"schedule {lay.schedule}: DeepSpeed's TrainSchedule is 1F1B")
     if lay.tp > 1:
         lost.append("tensor parallelism: give DeepSpeed a Megatron mpu for tp > 1")

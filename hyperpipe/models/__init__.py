@@ -1,11 +1,8 @@
-"""Layer-level model specs (costs per layer, with sources) and the torch modules built
-from the same spec. Nothing here knows about devices or schedules.
-
-* `spec`: the layer kinds with their cost formulas, and `ModelSpec`.
-* `presets`: published GPT-2, GPT-3 and Llama shapes, and `tiny-gpt` for CPUs.
-* `loader`: `load_model` (preset, file or dict) and `model_ref` (a plan's reference).
-* `gpt`: nanoGPT-style modules, one per spec layer; stages built alone match the model.
-  Imported lazily, so that planning and simulation do not need to import torch.
+"""Layer-level model specs and the torch modules built from the same spec: per layer its
+FLOPs, parameters, activation and stash bytes (with sources), the published presets and
+a tiny GPT for CPUs, and the loader of model files. Nothing here knows about devices or
+schedules; the torch modules (`gpt`) are imported lazily, so that planning and
+simulation do not import torch.
 """
 
 from __future__ import annotations

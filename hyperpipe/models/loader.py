@@ -179,7 +179,7 @@ def _synthetic_values(f: _Fields) -> dict[str, Any]:
 
 def _synthetic_layer(v: dict[str, Any], f: _Fields, seq_len: int, dtype_bytes: int
                      ) -> SyntheticLayer:
-    """Fill defaults: I and W = forward, stash = activation bytes (DESIGN.md); with a
+    """Fill defaults: I and W = forward, stash = activation bytes (docs/formats.md); with a
     `hidden` width the defaults are those of the Linear(hidden, hidden) it builds."""
     h = v.get("hidden")
     fwd = v.get("fwd_flops_per_sample")

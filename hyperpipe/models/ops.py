@@ -8,25 +8,8 @@ gradients, cross-entropy). Passes are counted separately, not as multiples of th
 forward: `F` forward, `I` input gradient, `W` weight gradient (torch.distributed.
 pipelining's names).
 
-Conventions (Megatron-LM tensor parallelism, Shoeybi et al. 2019; sequence parallelism,
-Korthikanti et al. 2022, arXiv 2205.05198), with b micro-batch, s sequence, h d_model,
-f ffn_hidden, a heads, h_kv the K/V width, t the tensor-parallel degree, d bytes per
-element, T = b·s tokens:
-
-* weight GEMMs are split over t: QKV and MLP-up column-parallel (N/t), out-projection and
-  MLP-down row-parallel (K/t); the LM head is vocabulary-parallel (N = V/t);
-* a weight GEMM (M, N, K) = (T, out, in) has backward dX = (T, in, out) in `I` and
-  dW = (in, out, T) in `W`;
-* eager attention: QKᵀ is a batch of b·a/t GEMMs (s, s, hd) and AV (s, hd, s); the
-  backward computes dP (s, s, hd), dV, dQ, dK (s, hd, s), all in `I` (no weights);
-  scale-mask-softmax is one fused kernel (Megatron's FusedScaleMaskSoftmax) reading and
-  writing the b·a·s²/t scores, and dropout reads them, writes them and a 1-byte mask;
-* flash attention (Dao 2022; FlashAttention-2, Dao 2023): one fused kernel whose main
-  loop runs over the key sequence, so both of its GEMMs are costed with depth s; nothing
-  of size s² touches memory; its backward recomputes QKᵀ (5 GEMMs instead of 4);
-* elementwise kernels are fused as Megatron fuses them (bias+GeLU, bias+dropout+add);
-  without sequence parallelism the norms, dropouts and residual adds run on the whole
-  (T, h) activation on every tensor-parallel rank, with it on T/t tokens.
+Shape conventions (tensor and sequence parallelism, attention, fused kernels) are stated
+above `_block`.
 """
 
 from __future__ import annotations
@@ -105,6 +88,25 @@ def _weight_gemms(op: str, tokens: float, shapes: list[tuple[float, float]]
     return [Gemm(i, o, tokens) for i, o in shapes]
 
 
+# Conventions (Megatron-LM tensor parallelism, Shoeybi et al. 2019; sequence parallelism,
+# Korthikanti et al. 2022, arXiv 2205.05198), with b micro-batch, s sequence, h d_model,
+# f ffn_hidden, a heads, h_kv the K/V width, t the tensor-parallel degree, d bytes per
+# element, T = b·s tokens:
+#
+# * weight GEMMs are split over t: QKV and MLP-up column-parallel (N/t), out-projection and
+#   MLP-down row-parallel (K/t); the LM head is vocabulary-parallel (N = V/t);
+# * a weight GEMM (M, N, K) = (T, out, in) has backward dX = (T, in, out) in `I` and
+#   dW = (in, out, T) in `W`;
+# * eager attention: QKᵀ is a batch of b·a/t GEMMs (s, s, hd) and AV (s, hd, s); the
+#   backward computes dP (s, s, hd), dV, dQ, dK (s, hd, s), all in `I` (no weights);
+#   scale-mask-softmax is one fused kernel (Megatron's FusedScaleMaskSoftmax) reading and
+#   writing the b·a·s²/t scores, and dropout reads them, writes them and a 1-byte mask;
+# * flash attention (Dao 2022; FlashAttention-2, Dao 2023): one fused kernel whose main
+#   loop runs over the key sequence, so both of its GEMMs are costed with depth s; nothing
+#   of size s² touches memory; its backward recomputes QKᵀ (5 GEMMs instead of 4);
+# * elementwise kernels are fused as Megatron fuses them (bias+GeLU, bias+dropout+add);
+#   without sequence parallelism the norms, dropouts and residual adds run on the whole
+#   (T, h) activation on every tensor-parallel rank, with it on T/t tokens.
 def _block(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool) -> PassWork:
     h, f, a, kv, hd = c.d_model, c.ffn_hidden, c.n_head, c.kv_dim, c.head_dim
     tokens = b * s

@@ -2,11 +2,12 @@
 
 A model is an ordered tuple of small frozen layer specs (embedding, N transformer blocks,
 head; or synthetic layers). Each layer answers `cost(micro_batch, seq_len, dtype_bytes)`
-with a `LayerCost` for one micro-batch: FLOPs of the forward, the input-gradient (I) and
-the weight-gradient (W) backward, bytes sent to the next layer, bytes stashed until the
-backward, and bytes moved through device memory. The torch modules built from the same
-spec live in `hyperpipe.models.gpt`; reading a model from a name, file or dict is
-`hyperpipe.models.loader`.
+with a `LayerCost` for one micro-batch: FLOPs of the forward, the input-gradient (I; the
+zero-bubble paper calls it "B") and the weight-gradient (W) backward, counting
+multiply-adds as 2 and only matrix multiplications; bytes sent to the next layer,
+stashed until the backward, and moved through device memory (the elementwise work).
+The torch modules built from the same spec live in `hyperpipe.models.gpt`; reading a
+model from a name, file or dict is `hyperpipe.models.loader`.
 
 >>> from hyperpipe.models import load_model
 >>> spec = load_model("gpt2-small")
@@ -14,11 +15,6 @@ spec live in `hyperpipe.models.gpt`; reading a model from a name, file or dict i
 (14, 163037184)
 >>> spec.layer_cost(1, micro_batch=8).fwd_flops / 1e12    # one block, 8 x 1024 tokens
 0.141733920768
-
-FLOPs count multiply-adds as 2 and only the matrix multiplications (elementwise work is
-memory-bound; `mem_bytes` covers it). Backward names follow torch.distributed.pipelining:
-`I` is the input-gradient pass (the zero-bubble paper, Qi et al. 2023, calls it "B"), `W`
-the weight-gradient pass.
 """
 
 from __future__ import annotations
@@ -330,7 +326,7 @@ class HeadLayer:
 
 @dataclass(frozen=True)
 class SyntheticLayer:
-    """A layer given by its costs per sample, for what-if and test work (DESIGN.md).
+    """A layer given by its costs per sample, for what-if and test work (docs/formats.md).
 
     All `*_per_sample` values already include the sequence and the dtype, so `cost` only
     multiplies by the micro-batch. `hidden` (optional) is the width of the small module

@@ -1,17 +1,22 @@
-"""Plans: how a model is cut into stages, which devices run them, and how it is scheduled.
+"""Plans: how a model is cut into stages, which devices run them, and the schedule each
+pipeline runs.
 
-A plan is plain data with a JSON round trip (format ``hyperpipe.plan/1``, see DESIGN.md):
-data-parallel replicas ("pipelines", which may differ from one another for heterogeneous
-data parallelism), each a list of stages (half-open layer range, devices, tensor-parallel
-degree), with its own micro-batch size and count. With v chunks a pipeline of p devices
-has p·v stages, stage k on the devices of stage `stage_rank(k, p, placement)`: k mod p
-(looped), or for the V kinds 2p - 1 - k beyond the first p. Kind `synth` carries its own
-per-device action lists (`hyperpipe.plan.plan_schedule`).
+A plan is plain data with a JSON round trip (format ``hyperpipe.plan/1``): data-parallel
+replicas ("pipelines", which may differ from one another), each a list of stages
+(half-open layer range, devices, tensor-parallel degree) with its own micro-batch size
+and count. With v chunks a pipeline of p devices has p·v stages, stage k on the devices
+of stage `stage_rank(k, p, placement)`: k mod p (looped), or for the V kinds 2p - 1 - k
+beyond the first p. A kind that carries actions (`synth`) holds per-device action lists,
+``schedule.actions``, in the IR's text form: ``{"a100/0": ["0F0", "0F1", "0I0", ...]}``,
+keyed by each pipeline rank's first device. `schedule_for` is the one place the simulator
+and the executor get a pipeline's schedule from, so they replay the same order.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,17 @@ from typing import Any
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import Fields, load_document, write_atomic
+from hyperpipe.plan.kinds import (
+    KINDS,
+    SYNTH,
+    default_chunks,
+    generate,
+    over_action_limit,
+    schedule_kind,
+)
+from hyperpipe.plan.schedule import Action, Schedule, ScheduleError, stage_rank, validate
+
+ActionLists = tuple[tuple[str, tuple[Action, ...]], ...]     # (device, its actions), sorted
 
 PLAN_FORMAT = "hyperpipe.plan/1"
 
@@ -84,13 +100,13 @@ class Plan:
     model: str | dict                # built-in name, path (relative to the plan) or inline
     cluster: str | dict
     global_batch: int
-    schedule: str                    # a kind from hyperpipe.plan.generators.SCHEDULE_KINDS
+    schedule: str                    # a kind of hyperpipe.plan.kinds.KINDS
     chunks: int
     pipelines: tuple[PipelinePlan, ...]
     # ZeRO-1 / Megatron's distributed optimizer: optimizer state (fp32 master weights and
     # Adam moments) sharded over the data-parallel replicas that hold the same layers.
     distributed_optimizer: bool = False
-    actions: tuple | None = None     # kind synth: ((device, (Action, ...)), ...), sorted
+    actions: ActionLists | None = None   # a kind that carries actions: its lists
     base_dir: Path | None = field(default=None, compare=False)
     source: str = field(default="plan", compare=False)   # the file it came from, for errors
 
@@ -124,7 +140,6 @@ class Plan:
     def _schedule_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.schedule, "chunks": self.chunks}
         if self.actions:
-            from hyperpipe.plan.plan_schedule import actions_to_dict
             out["actions"] = actions_to_dict(self.actions)
         return out
 
@@ -166,22 +181,15 @@ class Plan:
         """Raise BadInput unless this plan fits `model` (ModelSpec) and `cluster` (Cluster):
         layers covered exactly once and in order, devices exist and each is used by one
         stage (one per chunk for interleaved), batch sizes add up, known schedule kind."""
-        from hyperpipe.plan.generators import (
-            SCHEDULE_KINDS,
-            SYNTH,
-            allowed_chunks,
-            default_chunks,
-        )
-        from hyperpipe.plan.plan_schedule import check_actions, home_stage
         where = self.source if where is None else where
-        if self.schedule not in SCHEDULE_KINDS and self.schedule != SYNTH:
-            raise BadInput(f"{where}: schedule.kind",
-                           f"one of {sorted([*SCHEDULE_KINDS, SYNTH])}", self.schedule)
-        if not allowed_chunks(self.schedule, self.chunks):
+        kind = KINDS.get(self.schedule)
+        if kind is None:
+            raise BadInput(f"{where}: schedule.kind", f"one of {sorted(KINDS)}", self.schedule)
+        if not kind.allows_chunks(self.chunks):
+            others = " and ".join(k.name for k in KINDS.values() if k.takes_chunks)
             raise BadInput(f"{where}: schedule.chunks",
-                           f"{default_chunks(self.schedule)} for schedule {self.schedule!r} "
-                           "(only interleaved-1f1b and synth take other chunk counts)",
-                           self.chunks)
+                           f"{kind.default_chunks} for schedule {self.schedule!r} "
+                           f"(only {others} take other chunk counts)", self.chunks)
         total = sum(p.samples for p in self.pipelines)
         if total != self.global_batch:
             raise BadInput(f"{where}: global_batch", "the sum over pipelines of micro_batch x "
@@ -256,8 +264,6 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
             raise BadInput(top.at(key), "a built-in name, a file path or an inline mapping",
                            value)
     sched = top.raw("schedule")
-    from hyperpipe.plan.generators import default_chunks
-    from hyperpipe.plan.plan_schedule import parse_actions
     actions = None
     if isinstance(sched, str):
         kind, chunks = sched, default_chunks(sched)
@@ -313,3 +319,117 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
     return plan_from_dict(load_document(p), where=str(p), base_dir=p.resolve().parent)
+
+
+# ---------------------------------------------------------------- the schedule it runs
+def parse_actions(data: Any, where: str) -> ActionLists:
+    """Read ``schedule.actions`` (device -> list of ``"2F0"`` strings); BadInput names the
+    device and step of the first bad entry."""
+    if not isinstance(data, Mapping) or not data:
+        raise BadInput(where, "a mapping of device name to a list of actions like '0F0'",
+                       data)
+    out = []
+    for device, row in data.items():
+        if not isinstance(device, str) or not device:
+            raise BadInput(where, "device names (NODE/INDEX) as keys", device)
+        if not isinstance(row, list):
+            raise BadInput(f"{where}[{device!r}]", "a list of actions like '0F0'", row)
+        actions = []
+        for step, text in enumerate(row):
+            try:
+                actions.append(Action.from_str(text))
+            except ScheduleError:
+                raise BadInput(f"{where}[{device!r}] step {step}", "an action like '2F0' "
+                               "(stage, op in F/B/I/W, micro-batch)", text) from None
+        out.append((device, tuple(actions)))
+    return tuple(sorted(out))
+
+
+def actions_to_dict(actions: ActionLists) -> dict[str, list[str]]:
+    """The JSON form of `parse_actions`' result."""
+    return {device: [str(a) for a in row] for device, row in actions}
+
+
+def pipeline_placement(plan: Plan, pipe: PipelinePlan) -> str:
+    """``v`` or ``loop``: fixed by the kind, or for a kind that carries actions read off
+    the stages' devices (V when stage p sits with stage p - 1)."""
+    kind = schedule_kind(plan.schedule)
+    if not kind.carries_actions:
+        return kind.placement
+    p = len(pipe.stages) // plan.chunks
+    if plan.chunks > 1 and p > 1 and pipe.stages[p].devices == pipe.stages[p - 1].devices:
+        return "v"
+    return "loop"
+
+
+def plan_over_action_limit(plan: Plan) -> str | None:
+    """Why some pipeline's generated schedule would be over the action limit (the
+    simulator and executor could not build it), or None. Synthesised plans carry their
+    actions and are never over."""
+    if schedule_kind(plan.schedule).carries_actions:
+        return None
+    for pipe in plan.pipelines:
+        over = over_action_limit(plan.schedule, len(pipe.stages) // plan.chunks,
+                                 pipe.num_microbatches, plan.chunks)
+        if over:
+            return over
+    return None
+
+
+def schedule_for(plan: Plan, q: int = 0) -> Schedule:
+    """The schedule pipeline `q` of `plan` runs (not validated; `check_actions` does)."""
+    pipe = plan.pipelines[q]
+    p = len(pipe.stages) // plan.chunks
+    if not schedule_kind(plan.schedule).carries_actions:
+        return generate(plan.schedule, p, pipe.num_microbatches, plan.chunks)
+    lists = dict(plan.actions or ())
+    rows = []
+    for d in range(p):
+        device = pipe.stages[d].devices[0]
+        if device not in lists:
+            raise BadInput(f"{plan.source}: schedule.actions", f"an action list for device "
+                           f"{device!r} (pipeline {q} rank {d})", sorted(lists))
+        rows.append(lists[device])
+    return Schedule(plan.schedule, p, len(pipe.stages), pipe.num_microbatches, tuple(rows),
+                    pipeline_placement(plan, pipe))
+
+
+def check_actions(plan: Plan, where: str) -> None:
+    """BadInput unless `schedule.actions` is there exactly for a kind that carries actions,
+    covers the plan's ranks and no other device, and every pipeline's lists validate (the
+    message names the device and step)."""
+    if not schedule_kind(plan.schedule).carries_actions:
+        if plan.actions:
+            raise BadInput(f"{where}: schedule.actions", "no action lists unless kind is "
+                           f"'{SYNTH}'", plan.schedule)
+        return
+    if not plan.actions:
+        raise BadInput(f"{where}: schedule.actions", f"per-device action lists for kind "
+                       f"'{SYNTH}'", None)
+    used = set()
+    for q, pipe in enumerate(plan.pipelines):
+        sched = schedule_for(plan, q)
+        names = [pipe.stages[d].devices[0] for d in range(sched.num_devices)]
+        used.update(names)
+        try:
+            validate(sched)
+        except ScheduleError as err:
+            text = re.sub(r"rank (\d+)", lambda mt, names=names: f"device {names[int(mt[1])]}",
+                          str(err))
+            raise _bad(where, f"pipeline {q}: {text}") from None
+    extra = sorted(set(dict(plan.actions)) - used)
+    if extra:
+        raise BadInput(f"{where}: schedule.actions", "lists only for the first device of "
+                       "each pipeline rank", extra[0])
+
+
+def _bad(where: str, text: str) -> BadInput:
+    err = BadInput(f"{where}: schedule.actions", "a runnable order", None, has_got=False)
+    err.args = (f"{where}: schedule.actions: {text}",)
+    return err
+
+
+def home_stage(plan: Plan, pipe: PipelinePlan, k: int) -> int:
+    """The stage among the first p whose devices stage k shares (its rank)."""
+    p = len(pipe.stages) // plan.chunks
+    return stage_rank(k, p, pipeline_placement(plan, pipe))

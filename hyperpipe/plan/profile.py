@@ -148,7 +148,7 @@ def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
     the fingerprint are checked by model name."""
     if allow_mismatch:
         return
-    hint = "pass --allow-profile-mismatch to use it anyway"
+    hint = "pass `allow_profile_mismatch` to use it anyway"
     prov = profile.provenance
     got_fp, got_name = prov.get("model_fingerprint"), prov.get("model")
     if (got_fp and got_fp != model_fingerprint(spec)) or \

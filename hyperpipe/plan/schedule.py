@@ -1,26 +1,13 @@
-"""The schedule IR: per-device ordered actions, their text forms, dependencies and validator.
+"""The schedule IR: per-device ordered actions, their text forms, dependencies, validator.
 
-A schedule says, for every pipeline rank (device), the order in which it runs its compute
-actions. An action is ``(stage, op, microbatch)`` and prints like torch's ``_Action``:
-``2F0`` is the forward of micro-batch 0 on stage 2. Ops use torch.distributed.pipelining's
-names:
-
-- ``F``: forward.
-- ``B``: full backward (input and weight gradients together).
-- ``I``: input-gradient backward. The zero-bubble paper (Qi et al. 2023) calls this "B";
-  we keep torch's name.
-- ``W``: weight-gradient backward, which may run any time after its ``I``.
-
-With ``p`` devices and ``v`` chunks per device there are ``p * v`` stages, placed on
-devices in one of two ways (`PLACEMENTS`, `stage_rank`):
-
-- ``loop`` (Megatron's interleaving): stage ``k`` lives on device ``k % p``;
-- ``v`` (ZB-V, DualPipe-V): chunks alternate direction, so with v = 2 device ``d``
-  holds stages ``d`` and ``2p - 1 - d`` and the last stage sits on device 0.
-
-Communication is not written in the IR; it follows from stage adjacency.
-
-Example::
+For every pipeline rank (device) a schedule lists the compute actions it runs, in order.
+An action ``(stage, op, microbatch)`` prints like torch's ``_Action``: ``2F0`` is the
+forward of micro-batch 0 on stage 2. Ops keep torch.distributed.pipelining's names: ``F``
+forward, ``B`` full backward, ``I`` input-gradient backward (the zero-bubble paper's "B"),
+``W`` weight-gradient backward (any time after its ``I``). With p devices and v chunks
+there are p·v stages, placed `loop` (stage k on device k % p) or `v` (chunks alternate
+direction: device d holds stages d and 2p - 1 - d); see `stage_rank`. Communication is
+not written in the IR: it follows from stage adjacency.
 
     >>> s = Schedule.from_text("0: 0F0 1F0 1B0 0B0", kind="custom")
     >>> s.num_stages, s.chunks, str(s.actions[0][2])
@@ -365,6 +352,19 @@ def validate(schedule: Schedule) -> None:
             )
 
     _check_progress(schedule, dependencies(schedule))
+
+
+def rank_peaks(schedule: Schedule) -> tuple[int, ...]:
+    """Per rank, the most (stage, micro-batch) activation stashes held at once: from an
+    F until the pair's B, or its W when the backward is split."""
+    peaks = []
+    for row in schedule.actions:
+        live = peak = 0
+        for a in row:
+            live += 1 if a.op == "F" else -1 if a.op in "BW" else 0
+            peak = max(peak, live)
+        peaks.append(peak)
+    return tuple(peaks)
 
 
 def progress_order(schedule: Schedule, deps: dict[Action, tuple[Action, ...]] | None = None

@@ -1,24 +1,15 @@
 """Where the best plan's gain over the best other plan comes from.
 
-Starting from the search's pick B and the fastest other plan O (a baseline or a peer
-planner's), each factor of B is switched back to O's choice alone and the result is
-simulated; the factor's share is how much slower B gets without it:
-
-* device choice   - O's devices and pipelines, with B's schedule, micro-batch, recompute,
-                    layers cut in proportion to each stage's compute speed
-* layer partition - B's devices with O's cut (O's layer ranges when the stages' device
-                    types match, else O's rule: equal layers for `uniform`, in proportion
-                    to peak FLOP/s for `proportional`, to compute speed for the peers)
-* schedule kind   - B with O's schedule kind and chunk count (stages re-cut per device
-                    share when the chunk count changes)
-* micro-batching  - B with O's micro-batch size (same samples per pipeline)
-* recompute       - B with O's recompute mode on every stage
+From the search's pick B and the fastest other plan O (a baseline or a peer's), each
+factor of B is switched back to O's choice alone and simulated; the factor's share is
+how much slower B gets without it: device choice (O's devices and pipelines, layers cut
+by compute speed), layer partition (B's devices with O's cut, or O's rule), schedule
+kind (and chunks), micro-batch size, recompute mode.
 
 When B's schedule is synthesised (kind synth), every variant but the schedule kind's
-gets a schedule synthesised for it (B's action lists fit B's stages only), unless B and O
-already agree on that factor: then the variant is B itself and is not simulated.
-
-Factors interact, so their ratios need not multiply to the total speed-up.
+gets a schedule synthesised for it, unless B and O agree on that factor: then the
+variant is B itself and is not simulated. Factors interact, so their ratios need not
+multiply to the total speed-up.
 """
 
 from __future__ import annotations
@@ -26,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
-from hyperpipe.plan.generators import SYNTH
+from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.search.baselines import layer_counts
 
@@ -120,7 +111,7 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
     out["recompute"] = _with_mb(best, best.pipelines[0].micro_batch, _recompute_of(other))
     if isinstance(out["schedule kind"], Plan):          # O's kind: no action lists
         out["schedule kind"] = replace(out["schedule kind"], actions=None)
-    if best.schedule == SYNTH:
+    if schedule_kind(best.schedule).carries_actions:
         for factor in ("device choice", "layer partition", "micro-batching", "recompute"):
             if isinstance(out[factor], Plan) and not _same(best, other, factor):
                 out[factor] = _resynthesised(out[factor], cost)

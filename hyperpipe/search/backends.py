@@ -6,7 +6,9 @@ A backend has one job, ``map(fn, items)``: `fn` (a module-level function) applie
 every item, results in the order of `items`, as `concurrent.futures.Executor.map`
 gives them. Every task is a pure function of its item (the simulator and the search
 are deterministic), so both backends return identical results. Ray is an optional
-extra (``pip install -e '.[ray]'``) imported only when asked for.
+extra (``pip install -e '.[ray]'``) imported only when asked for. `fan_out` is the one
+way the search spreads work: here, or over a backend or a process pool; the pool's
+workers end with their parent (`die_with_parent`), even when it is killed.
 
 >>> with make_backend("local") as backend:
 ...     backend.map(abs, [-1, 2, -3])
@@ -16,16 +18,25 @@ extra (``pip install -e '.[ray]'``) imported only when asked for.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
-from collections.abc import Callable, Iterable
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.search.children import die_with_parent
 
 BACKENDS = ("local", "ray")
 RAY_INSTALL = "pip install -e '.[ray]'"
+PR_SET_PDEATHSIG = 1          # <linux/prctl.h>
+POLL_S = 1.0                  # how often a worker checks that its parent lives
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class LocalBackend:
@@ -35,7 +46,7 @@ class LocalBackend:
 
     def __init__(self, workers: int = 1):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise BadInput("--workers", "a positive integer", workers)
+            raise BadInput("workers", "a positive integer", workers)
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
 
@@ -89,7 +100,7 @@ class RayBackend:
             try:
                 ray.init(**kwargs)
             except ConnectionError as exc:
-                raise BadInput("--ray-address", f"a running Ray cluster ({exc})",
+                raise BadInput("ray_address", f"a running Ray cluster ({exc})",
                                self.address) from None
             self._started = True
         self._ray = ray
@@ -122,7 +133,7 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise BadInput("--backend ray", f"Ray installed (install it with: {RAY_INSTALL})",
+        raise BadInput("backend ray", f"Ray installed (install it with: {RAY_INSTALL})",
                        has_got=False) from None
     return ray
 
@@ -132,12 +143,12 @@ def make_backend(name: str, *, workers: int = 1, address: str | None = None,
     """The backend called `name` ("local" or "ray"), to use as a context manager."""
     if name == "local":
         if address is not None:
-            raise BadInput("--ray-address", "--backend ray with it", has_got=False)
+            raise BadInput("ray_address", "`backend` ray with it", has_got=False)
         return LocalBackend(workers)
     if name == "ray":
         import_ray()
         return RayBackend(address, num_cpus)
-    raise BadInput("--backend", f"one of {list(BACKENDS)}", name)
+    raise BadInput("backend", f"one of {list(BACKENDS)}", name)
 
 
 def backend_or_workers(backend: Any, workers: int):
@@ -159,6 +170,41 @@ def start_map(pool: Any, fn: Callable[[Any], Any], items: Iterable[Any]
     return lambda: [f.result() for f in futures]
 
 
+def fan_out(pool: Any, items: Sequence[T], here: Callable[[T], R], task: Callable[[Any], R],
+            ship: Callable[[T], Any], *, at_least: int = 1) -> Callable[[], Iterator[R]]:
+    """Every item's result, in the order of `items`: `here(item)` in this process when
+    `pool` is None or there are fewer than `at_least` items (computed as the results are
+    read), else `task(ship(item))` started now over `pool` (a backend or a process pool;
+    `task` a module-level function, `ship` packs what a worker needs). Returns a
+    function that yields the results; over an executor each as it is ready."""
+    if pool is None or len(items) < at_least:
+        return lambda: (here(x) for x in items)
+    if isinstance(pool, LocalBackend | RayBackend):
+        wait = pool.start(task, [ship(x) for x in items])
+        return lambda: iter(wait())
+    futures = [pool.submit(task, ship(x)) for x in items]
+    return lambda: (f.result() for f in futures)
+
+
 def process_pool(workers: int) -> ProcessPoolExecutor:
-    """A pool whose workers end with us, even when we are killed (`hyperpipe.search.children`)."""
+    """A pool whose workers end with us, even when we are killed (`die_with_parent`)."""
     return ProcessPoolExecutor(workers, initializer=die_with_parent, initargs=(os.getpid(),))
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this (worker) process end when `parent_pid` ends: run first thing in every
+    worker (the pool's initializer), with the parent's pid taken in the parent. A killed
+    parent (SIGKILL, the OOM killer) tells its workers nothing, and they would block on
+    their task queue for ever: on Linux the kernel sends SIGKILL when the parent goes
+    (PR_SET_PDEATHSIG), and everywhere a daemon thread checks every POLL_S seconds."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:         # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(POLL_S)
+        os._exit(1)
+    threading.Thread(target=watch, name="hyperpipe-parent-watch", daemon=True).start()

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 from hyperpipe.cluster.cluster import cluster_ref
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import model_ref
-from hyperpipe.plan.generators import default_chunks, placement_of
+from hyperpipe.plan.kinds import DEFAULT_KIND, schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search import space
+from hyperpipe.search.caches import LayersOn, ReplicaKey
 from hyperpipe.search.evaluate import estimate, rank_key
 
 if TYPE_CHECKING:
@@ -59,9 +60,9 @@ def _check_dims(pp: int, dp: int, tp: int, micro_batch: int, global_batch: int,
     for name, value in (("pp", pp), ("dp", dp), ("tp", tp), ("micro_batch", micro_batch),
                         ("global_batch", global_batch), ("chunks", chunks)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BadInput(f"--{name.replace('_', '-')}", "a positive integer", value)
+            raise BadInput(name, "a positive integer", value)
     if global_batch % (dp * micro_batch):
-        raise BadInput("--global-batch", f"a multiple of dp x micro_batch = {dp} x "
+        raise BadInput("global_batch", f"a multiple of dp x micro_batch = {dp} x "
                        f"{micro_batch} = {dp * micro_batch}", global_batch)
     return global_batch // (dp * micro_batch)
 
@@ -93,7 +94,8 @@ def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: 
     pipelines = []
     for row in grid:
         pp = len(row)
-        homes = [row[stage_rank(k, pp, placement_of(schedule))] for k in range(pp * chunks)]
+        place = schedule_kind(schedule).placement
+        homes = [row[stage_rank(k, pp, place)] for k in range(pp * chunks)]
         counts = layer_counts(model.num_layers, [weights_of(g) for g in homes])
         stages, start = [], 0
         for group, n in zip(homes, counts, strict=True):
@@ -110,12 +112,12 @@ def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: 
 
 
 def uniform_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_batch: int,
-                 global_batch: int, schedule: str = "1f1b", chunks: int | None = None,
+                 global_batch: int, schedule: str = DEFAULT_KIND, chunks: int | None = None,
                  devices: list[str] | None = None, refs: tuple | None = None) -> Plan:
     """Megatron/DeepSpeed default: equal layers per stage, devices in cluster order.
     `refs` = (model_ref, cluster_ref) when the caller has them already; chunks None: the
     kind's default (2 for the V kinds, else 1)."""
-    chunks = default_chunks(schedule) if chunks is None else chunks
+    chunks = schedule_kind(schedule).default_chunks if chunks is None else chunks
     m = _check_dims(pp, dp, tp, micro_batch, global_batch, chunks)
     grid = _device_grid(cluster, pp, dp, tp, devices)
     return _build(model, cluster, grid, lambda g: 1.0, global_batch=global_batch,
@@ -124,10 +126,10 @@ def uniform_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_bat
 
 
 def proportional_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_batch: int,
-                      global_batch: int, schedule: str = "1f1b", chunks: int | None = None,
+                      global_batch: int, schedule: str = DEFAULT_KIND, chunks: int | None = None,
                       devices: list[str] | None = None, refs: tuple | None = None) -> Plan:
     """Layers per stage proportional to the stage's peak FLOP/s (tp x device peak)."""
-    chunks = default_chunks(schedule) if chunks is None else chunks
+    chunks = schedule_kind(schedule).default_chunks if chunks is None else chunks
     m = _check_dims(pp, dp, tp, micro_batch, global_batch, chunks)
     grid = _device_grid(cluster, pp, dp, tp, devices)
 
@@ -184,8 +186,8 @@ def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, .
     """The distinct replicas of `_device_grid`'s layout: per stage, (device type,
     slowdown, tensor-parallel link) of its group, mapped to one replica's groups of that
     kind (cost and memory see no other difference). None: a group mixes device types."""
-    cache = ctx.memo.setdefault("baseline_replicas", {})
-    key = (subset, pp, dp, tp)
+    cache = ctx.baseline_replicas
+    key = ReplicaKey(subset, pp, dp, tp)
     if key not in cache:
         cluster, out = ctx.cluster, {}
         profiled = ctx.cost.profile is not None    # its intra-node links are per node
@@ -221,10 +223,10 @@ def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
     if replicas is None or ctx.model.num_layers < pp * chunks:
         return None
     cost, cluster = ctx.cost, ctx.cluster
-    times = ctx.memo.setdefault("baseline_stage_s", {})
+    times = ctx.baseline_stage_s
     fits, worst = True, 0.0
     m = dims["global_batch"] // (dp * mb)
-    homes = [stage_rank(k, pp, placement_of(kind)) for k in range(pp * chunks)]
+    homes = [stage_rank(k, pp, schedule_kind(kind).placement) for k in range(pp * chunks)]
     for row in replicas.values():
         weights = [1.0 if name == "uniform" else
                    sum(cluster.device(d).type.peak_flops for d in row[h]) for h in homes]
@@ -233,7 +235,7 @@ def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
             layers, group = (start, start + n), row[h]
             start += n
             held[h] += cost.state_bytes(layers, tp)
-            key = (layers, group, mb)
+            key = LayersOn(layers, group, mb)
             if key not in times:
                 times[key] = sum(cost.stage_time_s(layers, group, mb, op) for op in "FB")
             load[h] += times[key]

@@ -40,15 +40,11 @@ def simulate_task(args) -> Metrics:
 
 def simulate_all(plans: list[Plan], cost: CostModel, pool=None, bar=None) -> list[Metrics]:
     """Metrics of each plan by the simulator, over the worker `pool` (None: here)."""
+    from hyperpipe.search.backends import fan_out
+    results = fan_out(pool, plans, lambda p: simulate_one(p, cost), simulate_task,
+                      lambda p: (p, cost.model, cost.cluster, cost.profile), at_least=2)
     out: list[Metrics] = []
-    if pool is None or len(plans) <= 1:
-        for p in plans:
-            out.append(simulate_one(p, cost))
-            if bar is not None:
-                bar.advance()
-        return out
-    tasks = [(p, cost.model, cost.cluster, cost.profile) for p in plans]
-    for metrics in pool.map(simulate_task, tasks):
+    for metrics in results():
         out.append(metrics)
         if bar is not None:
             bar.advance()

@@ -1,21 +1,14 @@
 """Cutting a model's layers into pipeline stages on a given sequence of devices.
 
 `partition` is a dynamic program over (stage, first layer not yet placed) that minimises
-the bottleneck: the largest per-micro-batch time of any stage, counting the stage's
-forward and backward compute (including its tensor-parallel all-reduces) *and* the link
-after it (the activation forward and its gradient back). Memory is a hard constraint:
-a cut whose weights, optimizer state and stashed activations do not fit the stage's
-devices is never taken. Among the cuts with the least bottleneck it takes the one with
-the least total time (the fill and drain of the pipeline), so that with m micro-batches
-the 1F1B makespan, about (m - 1) * bottleneck + total, is small as well.
-
-All times come from `CostModel` (stage_time_s per layer, summed: both the analytic and
-the calibrated models are per-layer sums; transfer_time_s per cut). The DP keeps, per
-stage, an (L+1) x (L+1) table of stage costs built from prefix sums with numpy (the
-memory limit found by binary search on prefix sums), so one partition of 100 layers
-into 32 stages takes a few milliseconds. This is the classic
-linear-partition DP with a min-max objective (e.g. PipeDream, Narayanan et al. 2019,
-sec. 3.1; HetPipe and AMP use the same shape of recurrence on heterogeneous devices).
+the bottleneck: the largest per-micro-batch time (seconds) of any stage, its forward and
+backward compute (tensor-parallel all-reduces included) plus the link after it. Memory
+is a hard constraint: a cut whose weights, optimizer state and stashes do not fit the
+stage's devices is never taken. Among the cuts of least bottleneck it takes the one of
+least total time (fill and drain). Costs come from `CostModel` as per-layer prefix sums
+(`LayerTables`); each stage's (L+1) x (L+1) cost table is built with numpy. The classic
+linear-partition DP with a min-max objective (PipeDream, Narayanan et al. 2019, sec.
+3.1; HetPipe and AMP use the same recurrence on heterogeneous devices).
 """
 
 from __future__ import annotations
@@ -267,7 +260,7 @@ def peak_inflight(kind: str, p: int, m: int, chunks: int = 1) -> tuple[int, ...]
     Beyond a few rounds of p micro-batches the peak no longer grows (it is reached in the
     warm-up), so m is capped at 2p + (m mod p), which keeps interleaved rounds alike.
     """
-    from hyperpipe.plan.generators import generate
+    from hyperpipe.plan.kinds import generate
     m_eff = m if m <= 3 * p else 2 * p + m % p
     sched = generate(kind, p, m_eff, chunks)
     live = [0] * sched.num_stages

@@ -90,9 +90,10 @@ def polish(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate], budge
             budget -= cost
             phase.seen += len(moves)
             metrics = simulate_all(moves, ctx.cost, pool)
-            best = min(zip(moves, metrics, strict=True), key=lambda pm: rank_key(ctx.c, pm[1]))
-            if rank_key(ctx.c, best[1]) >= rank_key(ctx.c, current.metrics):
+            best = min((Candidate(p, m) for p, m in zip(moves, metrics, strict=True)),
+                       key=lambda cand: rank_key(ctx.c, cand.metrics))
+            if rank_key(ctx.c, best.metrics) >= rank_key(ctx.c, current.metrics):
                 break
-            current = Candidate(*best)
+            current = best
         out[i] = current
     return dedupe(sorted(out, key=lambda cand: rank_key(ctx.c, cand.metrics)))

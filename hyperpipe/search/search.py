@@ -1,34 +1,19 @@
-"""Heterogeneity-aware plan search.
+"""Heterogeneity-aware plan search: `search(model, cluster, constraints)`.
 
-Five phases, each reported with how many candidates it saw, pruned and found
-infeasible, and how long it took:
+Five phases, each reported with the candidates it saw, pruned and found infeasible:
 
-1. **templates** (`hyperpipe.search.templates`) – a template is a class of identical
-   pipelines: schedule, micro-batch size, tp degree, group of device types, replica
-   count, units per type, stage order and replica layout (the generators of
-   `hyperpipe.search.space`), its layers cut by the bottleneck DP of
-   `hyperpipe.search.partition`. Per type group, branch and bound over all of them.
-2. **assemble** – a plan is one template per block of a set partition of the device
-   types (heterogeneous data parallelism: pipelines may differ; unused types are left
-   out). The batch is split over all pipelines in proportion to their speed
-   (water-filling), the combinations are ranked by the templates' closed form, and the
-   best of each grouping and overall are built and checked with the analytic tier
-   (`hyperpipe.sim.analytic.estimate`): out-of-memory plans are infeasible.
-3. **refine** – single layers moved across cuts, judged by the analytic tier.
-4. **simulate** – the short list and the baselines are ranked with the SimPy simulator
-   (`hyperpipe.sim.simulator.simulate`), over `workers` processes, and the best plans
-   polished by single-layer moves judged by the simulator, within a budget; then a
-   schedule is synthesised for the best few (`hyperpipe.search.synthesis`, kind synth).
-5. **baselines** – `uniform` and `proportional` (`hyperpipe.search.baselines`), tuned over
-   pp, dp, tp, micro-batch, schedule kind, chunks and device-type subsets; their short
-   lists (best by the analytic tier) are ranked by the simulator in phase 4, the same
-   judge as the search's plans; and the peer planners (`hyperpipe.search.peers`: Metis,
-   AMP), each picking with its own cost model, judged by the simulator too. A baseline
-   or peer may beat the search's pick: the report says so, the pick is never replaced.
+1. templates (`templates`): classes of identical pipelines, per type group.
+2. assemble: one template per block of a grouping of the device types (pipelines may
+   differ), the batch split in proportion to speed, checked by the analytic tier.
+3. refine (`refine`): single layers moved across cuts, judged by the analytic tier.
+4. simulate: the short list and the baselines ranked by the SimPy simulator, the best
+   polished by the simulator, then schedules synthesised for the best few (`synthesis`).
+5. baselines (`baselines`, `peers`): tuned uniform/proportional plans and the Metis and
+   AMP picks, judged by the same simulator; the report says when one beats the pick,
+   which is never replaced.
 
-Objectives: "throughput" (least iteration time) or "cost" (least USD per million
-tokens, when the cluster has prices); the result carries the (time, cost) Pareto front
-of the simulated plans either way.
+Objectives: least iteration time, or least USD per million tokens; the result carries
+the (time, cost) Pareto front of the simulated plans either way.
 """
 
 from __future__ import annotations
@@ -37,14 +22,15 @@ import heapq
 import itertools
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
-from hyperpipe.plan.generators import placement_of
+from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan
 from hyperpipe.search import space
-from hyperpipe.search.backends import backend_or_workers, start_map
+from hyperpipe.search.backends import backend_or_workers, fan_out
 from hyperpipe.search.baselines import tuned_baselines
 from hyperpipe.search.evaluate import (
     Candidate,
@@ -61,6 +47,7 @@ from hyperpipe.search.space import SearchConstraints
 from hyperpipe.search.synthesis import synthesise_top, v_ruled_out
 from hyperpipe.search.templates import (
     KEEP_PER_GROUP,
+    PhaseCounts,
     PhaseStats,
     SearchContext,
     Template,
@@ -92,7 +79,8 @@ class SearchResult:
     simulated: list[Candidate] = field(default_factory=list)  # every feasible plan, ranked
 
     def to_dict(self) -> dict[str, Any]:
-        """DESIGN.md's `search --json` object."""
+        """The `search --json` object: best, ranked, baselines, candidates_evaluated,
+        search_time_s (a fixed set of keys; the CLI prints it)."""
         return {"best": self.best.to_dict(),
                 "ranked": [c.to_dict() for c in self.ranked],
                 "baselines": {k: c.to_dict() for k, c in self.baselines.items()},
@@ -156,8 +144,17 @@ def _build_plan(ctx: SearchContext, tpls: tuple[Template, ...]) -> Plan:
     return plan
 
 
-def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]):
-    """Yield (objective, templates) over set partitions of subsets of the types. One
+class Combo(NamedTuple):
+    """Templates combined into one plan (one per block of a grouping of the device
+    types), with the objective value of their closed forms."""
+
+    value: float
+    templates: tuple[Template, ...]
+
+
+def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]
+                  ) -> Iterator[Combo]:
+    """Yield the combinations over set partitions of subsets of the types. One
     block: its kept templates. Several: they must share (schedule, micro-batch), so each
     block's templates are taken at the configs where some block does best."""
     c = ctx.c
@@ -187,7 +184,7 @@ def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]):
                 continue
             total = _combined_time(tpls, big_m)
             price = sum(t.price_per_hour for t in tpls)
-            yield objective_value(ctx, total, price), tpls
+            yield Combo(objective_value(ctx, total, price), tpls)
 
 
 # ---------------------------------------------------------------------------- search
@@ -226,7 +223,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     start = time.perf_counter()
     c = constraints
     if top < 1 or workers < 1:
-        raise BadInput("--top/--workers", "positive integers", (top, workers))
+        raise BadInput("top/workers", "positive integers", (top, workers))
     _check_constraints(model, cluster, c)
     ctx = SearchContext(CostModel(model, cluster, profile), c)
     # None: the bar shows itself on a terminal only; `quiet`: a caller's bar is shown
@@ -266,48 +263,46 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
     """Fixed dimensions the cluster or model cannot have: bad input, not infeasible."""
     largest = max(n.count for n in cluster.nodes)
     if c.tp is not None and c.tp > largest:
-        raise BadInput("--tp", f"at most the largest node's {largest} devices (tensor "
+        raise BadInput("tp", f"at most the largest node's {largest} devices (tensor "
                        "parallelism stays inside a node)", c.tp)
     need = (c.pp or 1) * (c.dp or 1) * (c.tp or 1)
     if need > len(cluster.devices):
-        raise BadInput("--pp x --dp x --tp", f"at most the cluster's {len(cluster.devices)} "
+        raise BadInput("pp x dp x tp", f"at most the cluster's {len(cluster.devices)} "
                        "devices", need)
     stages = (c.pp or 1) * (c.chunks or 1)
     if stages > model.num_layers:
-        raise BadInput("--pp x --chunks", f"at most the model's {model.num_layers} layers "
+        raise BadInput("pp x chunks", f"at most the model's {model.num_layers} layers "
                        "(one layer per stage at least)", stages)
     if c.objective == "cost":
         unpriced = [n.name for n in cluster.nodes
                     if cluster.price_per_hour(f"{n.name}/0") is None]
         if unpriced:
-            raise BadInput("--objective cost", "a cluster with prices (price_per_hour on "
+            raise BadInput("objective cost", "a cluster with prices (price_per_hour on "
                            "every node or device type)", f"none on nodes {unpriced[:4]}")
     if model.config is not None and c.tp is not None and model.config.n_head % c.tp:
-        raise BadInput("--tp", f"a divisor of the model's {model.config.n_head} attention "
+        raise BadInput("tp", f"a divisor of the model's {model.config.n_head} attention "
                        "heads", c.tp)
 
 
 def _baselines_phase(ctx: SearchContext, phase: PhaseStats, pool=None):
     """Phase 5: the tuned baselines' short lists (one task: they share the grid's
-    sketches, 23 s together against 31 s apart at 1024 GPUs) and each peer planner's own
-    pick (a task each), started over the worker `pool` when there is one (else computed
-    here). Returns a function that waits for them: name -> plans."""
+    sketches) and each peer planner's own pick (a task each), started over the worker
+    `pool` when there is one (else computed here, now). Returns a function that waits
+    for them: name -> plans."""
     from hyperpipe.search.baselines import BASELINES
     from hyperpipe.search.peers import PEERS
     groups = [tuple(BASELINES), *((name,) for name in PEERS)]
+    cost = ctx.cost
+    wait = fan_out(pool, groups, lambda names: _baseline_work(ctx, names), _baseline_task,
+                   lambda names: (cost.model, cost.cluster, cost.profile, ctx.c, names))
     if pool is None:
-        results = [_baseline_work(ctx, names) for names in groups]
-    else:
-        cost = ctx.cost
-        wait = start_map(pool, _baseline_task, [(cost.model, cost.cluster, cost.profile,
-                                                 ctx.c, names) for names in groups])
+        results = list(wait())
+        wait = lambda: iter(results)        # noqa: E731
 
     def done() -> dict[str, list[Plan]]:
         out: dict[str, list[Plan]] = {}
-        for found, counts in (results if pool is None else wait()):
-            phase.seen += counts[0]
-            phase.pruned += counts[1]
-            phase.infeasible += counts[2]
+        for found, counts in wait():
+            phase.add(counts)
             out.update(found)
         return out
     return done
@@ -319,10 +314,9 @@ def _collect(done, phase: PhaseStats) -> dict[str, list[Plan]]:
 
 
 def _baseline_work(ctx: SearchContext, names: tuple[str, ...]
-                   ) -> tuple[dict[str, list[Plan]], tuple[int, int, int]]:
+                   ) -> tuple[dict[str, list[Plan]], PhaseCounts]:
     """The short lists of tuned baselines (tuned over the grid) or one peer's pick, by
-    name (none when infeasible), with the phase counters it adds (seen, pruned,
-    infeasible)."""
+    name (none when infeasible), with the phase counters it adds."""
     from hyperpipe.search.peers import PEERS
     phase = PhaseStats("baselines")
     if names[0] not in PEERS:
@@ -331,11 +325,11 @@ def _baseline_work(ctx: SearchContext, names: tuple[str, ...]
         phase.seen += 1
         pick = PEERS[names[0]](ctx)
         phase.infeasible += pick is None
-        found = {} if pick is None else {names[0]: [pick[0]]}
-    return found, (phase.seen, phase.pruned, phase.infeasible)
+        found = {} if pick is None else {names[0]: [pick.plan]}
+    return found, phase.counts()
 
 
-def _baseline_task(args) -> tuple[dict[str, list[Plan]], tuple[int, int, int]]:
+def _baseline_task(args) -> tuple[dict[str, list[Plan]], PhaseCounts]:
     """`_baseline_work` in a worker process (its own caches)."""
     model, cluster, profile, constraints, names = args
     return _baseline_work(SearchContext(CostModel(model, cluster, profile), constraints),
@@ -364,17 +358,19 @@ def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str]
     # the best few of every way of grouping the types first, then the best overall:
     # the closed form misjudges some groupings (shared links, all-reduces across
     # unlike pipelines), so no grouping may crowd the others out
-    by_groups: dict[tuple, list] = {}
-    for value, tpls in combos:
-        by_groups.setdefault(tuple(t.types for t in tpls), []).append((value, tpls))
-    picked = {id(x[1]): x for group in by_groups.values()
-              for x in heapq.nsmallest(ASSEMBLE_PER_GROUPING, group, key=lambda x: x[0])}
-    for x in heapq.nsmallest(ASSEMBLE_LIMIT, combos, key=lambda x: x[0]):
-        picked.setdefault(id(x[1]), x)
-    best = sorted(picked.values(), key=lambda x: x[0])[:ASSEMBLE_LIMIT + len(by_groups)]
+    by_groups: dict[tuple, list[int]] = {}
+    for i, combo in enumerate(combos):
+        by_groups.setdefault(tuple(t.types for t in combo.templates), []).append(i)
+    value_of = [combo.value for combo in combos]
+    picked = dict.fromkeys(i for group in by_groups.values()
+                           for i in heapq.nsmallest(ASSEMBLE_PER_GROUPING, group,
+                                                    key=value_of.__getitem__))
+    picked.update(dict.fromkeys(heapq.nsmallest(ASSEMBLE_LIMIT, range(len(combos)),
+                                                key=value_of.__getitem__)))
+    best = sorted(picked, key=value_of.__getitem__)[:ASSEMBLE_LIMIT + len(by_groups)]
     phase.pruned += len(combos) - len(best)
     out: list[Candidate] = []
-    for _, tpls in best:
+    for tpls in (combos[i].templates for i in best):
         try:
             plan = _build_plan(ctx, tpls)
         except InfeasiblePlan:
@@ -396,7 +392,7 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     in which stage sits where, the simulator does not. Then single-layer moves on the
     best simulated plans, judged by the simulator, while budget is left."""
     from hyperpipe.core.progress import Progress
-    from hyperpipe.plan.plan_schedule import plan_over_action_limit
+    from hyperpipe.plan.plan import plan_over_action_limit
     # plans whose schedule could not be built (the analytic tier's closed forms do not
     # build it) are infeasible: the simulator and the executor would refuse them
     runnable = [cand for cand in cands if not plan_over_action_limit(cand.plan)]
@@ -415,8 +411,8 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     names = [(k, i) for k, plans in base_plans.items() for i in range(len(plans))]
     # the V kinds' candidates last: those a busiest-device bound puts behind the best
     # simulated plan of the others are not simulated (their IR is the largest: 2 chunks)
-    first = [cand for cand in short if placement_of(cand.plan.schedule) != "v"]
-    later = [cand for cand in short if placement_of(cand.plan.schedule) == "v"]
+    first = [cand for cand in short if schedule_kind(cand.plan.schedule).placement != "v"]
+    later = [cand for cand in short if schedule_kind(cand.plan.schedule).placement == "v"]
     todo = [cand.plan for cand in first] + [base_plans[k][i] for k, i in names]
     with Progress(len(todo) + len(later), "search: simulate", enabled=show) as bar:
         metrics = simulate_all(todo, ctx.cost, pool, bar)

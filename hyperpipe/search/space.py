@@ -1,24 +1,14 @@
-"""The search space, declared as small generators of valid factors (STYLE.md point 9).
+"""The search space, declared as small generators of valid factors.
 
-A plan is assembled from independent choices, each a generator here, so that the
-search combines them and prunes each as early as it can instead of nesting loops:
-
-* `schedule_options`  schedule kind and chunks (every kind the generators know)
-* `micro_batches`     micro-batch sizes that divide the global batch
-* `tp_options`        tensor-parallel degrees that fit inside a node
-* `unit_pools`        per device type, its tp groups ("units"), node by node: identical
-                      devices are interchangeable, so only counts per type matter
-* `type_groups`       which device types form pipelines together: every set partition
-                      of every non-empty subset of the types (a block of one type is a
-                      homogeneous pipeline class, unused types are left out)
-* `dp_recipes`        replicas per group and units of each type per pipeline
-* `stage_orders`      which type takes which stage: distinct orders of the type multiset
-                      when they are few, else contiguous blocks of each type
-* `layouts`           which units form which replica: a pipeline's units together
-                      (stage traffic inside nodes) or a stage's replicas together
-                      (gradient all-reduce inside nodes, Megatron's rank order)
-
-Any dimension fixed in `SearchConstraints` collapses its generator to that one value.
+`schedule_options` (kind, chunks), `micro_batches` (divisors of the global batch),
+`tp_options` (degrees that fit a node), `unit_pools` (per device type, its tp groups,
+node by node: only counts per type matter), `type_groups` (every set partition of every
+non-empty subset of the device types), `dp_recipes` (replicas per group and units of
+each type per pipeline), `stage_orders` (which type takes which stage), `layouts`
+(which units form which replica: a pipeline's together, or a stage's replicas together
+as in Megatron's rank order) and `memory_modes` (recompute, sequence parallelism, the
+distributed optimizer, in the order tried). The search combines them and prunes each
+as early as it can; a dimension fixed in `SearchConstraints` keeps its one value.
 """
 
 from __future__ import annotations
@@ -29,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.plan.generators import allowed_chunks, default_chunks, takes_chunks
+from hyperpipe.plan.kinds import GENERATED_KINDS, KINDS, schedule_kind
 from hyperpipe.plan.plan import RECOMPUTE_KINDS
 
 MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
@@ -61,28 +51,27 @@ class SearchConstraints:
             if value is None and name != "global_batch":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BadInput(f"--{name.replace('_', '-')}", "a positive integer", value)
+                raise BadInput(name, "a positive integer", value)
         if self.objective not in ("throughput", "cost"):
-            raise BadInput("--objective", "throughput or cost", self.objective)
+            raise BadInput("objective", "throughput or cost", self.objective)
         if self.recompute is not None and self.recompute not in RECOMPUTE_KINDS:
-            raise BadInput("--recompute", f"one of {', '.join(RECOMPUTE_KINDS)}",
+            raise BadInput("recompute", f"one of {', '.join(RECOMPUTE_KINDS)}",
                            self.recompute)
         if self.sequence_parallel and self.tp == 1:
-            raise BadInput("--sequence-parallel", "tensor parallelism (--tp above 1): it "
-                           "splits the tensor-parallel group's activations", "--tp 1")
+            raise BadInput("sequence_parallel", "tensor parallelism (`tp` above 1): it "
+                           "splits the tensor-parallel group's activations", "`tp` 1")
         if self.micro_batch is not None and self.global_batch % self.micro_batch:
-            raise BadInput("--micro-batch", f"a divisor of the global batch "
+            raise BadInput("micro_batch", f"a divisor of the global batch "
                            f"({self.global_batch})", self.micro_batch)
         if self.schedule is not None:
-            from hyperpipe.plan.generators import SCHEDULE_KINDS, SYNTH
-            if self.schedule not in SCHEDULE_KINDS and self.schedule != SYNTH:
-                raise BadInput("--schedule", f"one of {', '.join([*SCHEDULE_KINDS, SYNTH])}",
-                               self.schedule)
-            if self.chunks is not None and not allowed_chunks(self.schedule, self.chunks):
-                raise BadInput("--chunks", f"{default_chunks(self.schedule)} with schedule "
+            if self.schedule not in KINDS:
+                raise BadInput("schedule", f"one of {', '.join(KINDS)}", self.schedule)
+            kind = KINDS[self.schedule]
+            if self.chunks is not None and not kind.allows_chunks(self.chunks):
+                raise BadInput("chunks", f"{kind.default_chunks} with schedule "
                                f"{self.schedule!r}", self.chunks)
         if self.dp is not None and self.dp > self.global_batch // (self.micro_batch or 1):
-            raise BadInput("--dp", f"at most global batch / micro-batch = "
+            raise BadInput("dp", f"at most global batch / micro-batch = "
                            f"{self.global_batch // (self.micro_batch or 1)} pipelines", self.dp)
 
 
@@ -127,19 +116,20 @@ class UnitPool:
 
 
 def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[str, int]]:
-    from hyperpipe.plan.generators import SCHEDULE_KINDS, SYNTH
-    # synth: every fixed kind, then a schedule synthesised for the best (search phase 4)
-    fixed = c.schedule if c.schedule not in (None, SYNTH) else None
-    for kind in ([fixed] if fixed else list(SCHEDULE_KINDS)):
-        if not takes_chunks(kind):
-            v = default_chunks(kind)
+    # no kind, or one that carries actions (synth): every generated kind (then, for synth,
+    # a schedule synthesised for the best: search phase 4)
+    chosen = None if c.schedule is None else schedule_kind(c.schedule)
+    names = GENERATED_KINDS if chosen is None or chosen.carries_actions else (chosen.name,)
+    for kind in map(schedule_kind, names):
+        if not kind.takes_chunks:
+            v = kind.default_chunks
             if c.chunks in (None, v) and (v == 1 or 2 * v <= num_layers):
-                yield kind, v
+                yield kind.name, v
             continue
         chunk_options = [c.chunks] if c.chunks else range(2, MAX_CHUNKS + 1, 2)
         for v in chunk_options:
             if 2 * v <= num_layers:      # at least two devices of v stages each
-                yield kind, v
+                yield kind.name, v
 
 
 def micro_batches(c: SearchConstraints) -> Iterator[int]:

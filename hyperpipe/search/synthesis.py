@@ -12,8 +12,9 @@ user fixed a schedule kind other than synth.
 
 from __future__ import annotations
 
-from hyperpipe.plan.generators import placement_of
+from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
+from hyperpipe.search.caches import StageShape
 from hyperpipe.search.evaluate import Candidate, rank_key
 from hyperpipe.search.templates import PhaseStats, SearchContext, objective_value
 
@@ -24,20 +25,19 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
                    top: int = SYNTH_TOP, pool=None) -> list[Candidate]:
     """`ranked` with the synthesised plans that beat their source, re-ranked; the plans
     synthesised over the worker `pool` when there is one (the same results)."""
-    if ctx.c.schedule not in (None, "synth"):
+    if ctx.c.schedule is not None and not schedule_kind(ctx.c.schedule).carries_actions:
         return ranked
+    from hyperpipe.search.backends import fan_out
     from hyperpipe.synth.synthesise import synthesise
     cands = [c for c in ranked if c.metrics.feasible][:top]
-    if pool is None or len(cands) <= 1:
-        results = [synthesise(cand.plan, ctx.cost) for cand in cands]
-    else:
-        cost = ctx.cost
-        results = list(pool.map(synthesise_task, [(cand.plan, cost.model, cost.cluster,
-                                                   cost.profile) for cand in cands]))
+    cost = ctx.cost
+    results = fan_out(pool, cands, lambda cand: synthesise(cand.plan, cost), synthesise_task,
+                      lambda cand: (cand.plan, cost.model, cost.cluster, cost.profile),
+                      at_least=2)()
     added = []
     for cand, result in zip(cands, results, strict=True):
         phase.seen += result.candidates
-        if result.plan.schedule == "synth" and \
+        if schedule_kind(result.plan.schedule).carries_actions and \
                 rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics):
             added.append(Candidate(result.plan, result.metrics))
     return sorted(ranked + added, key=lambda cand: rank_key(ctx.c, cand.metrics))
@@ -56,13 +56,13 @@ def busiest_device_bound_s(ctx: SearchContext, plan: Plan) -> float:
     and backward (the lesser of B and I + W) times of its stages on idle links, as the
     simulator prices each action, times its pipeline's micro-batches; the busiest device
     counts (no bubble, no link transfer, no all-reduce, no optimizer)."""
-    cost, cache = ctx.cost, ctx.memo.setdefault("device_bound_s", {})
+    cost, cache = ctx.cost, ctx.device_bounds_s
     worst = 0.0
     for pipe in plan.pipelines:
         load: dict[str, float] = {}
         for st in pipe.stages:
-            key = (st.layers, st.devices, pipe.micro_batch, st.recompute,
-                   st.sequence_parallel)
+            key = StageShape(st.layers, st.devices, pipe.micro_batch, st.recompute,
+                             st.sequence_parallel)
             if key not in cache:
                 t = {op: cost.stage_time_s(st.layers, st.devices, pipe.micro_batch, op,
                                            st.recompute, st.sequence_parallel)
@@ -78,7 +78,7 @@ def v_ruled_out(ctx: SearchContext, cand: Candidate, best_value: float) -> bool:
     objective above `best_value` (the best simulated plan of the search's own so far):
     then simulating it cannot change the ranking's top."""
     plan = cand.plan
-    if placement_of(plan.schedule) != "v":
+    if schedule_kind(plan.schedule).placement != "v":
         return False
     bound = busiest_device_bound_s(ctx, plan)
     price = cand.metrics.cost_per_million_tokens

@@ -1,30 +1,18 @@
 """Phase 1 of the search: pipeline templates, one class of identical pipelines each.
 
-A template fixes a schedule (kind, chunks) and micro-batch size (its "config"), a tp
-degree, a group of device types, how many replicas, how many units of each type one
-pipeline takes, their stage order and replica layout (the generators of
-`hyperpipe.search.space`), and cuts the layers with the bottleneck DP of
-`hyperpipe.search.partition`.
+A template fixes a config (schedule kind, chunks, micro-batch), a tp degree, a group of
+device types, the replica count, units per type, stage order and replica layout (the
+generators of `space`), a memory mode, and a layer cut (the bottleneck DP of
+`partition`). Per type group, every `TemplateKey` gets a lower bound on its objective
+(load spread fractionally, no links); keys are visited best bound first and pruned once
+the bound leaves the band of the best found (branch and bound). A key is cut in its
+canonical order (most memory first), and in every other order only if that lands in
+the band; a shape out of memory at one micro-batch is not tried at larger ones. A key
+starts at the first memory mode whose bound passes and takes the first from there whose
+cut fits; the chunks of one device share its memory (`partition.shared_slots`).
 
-Per type group, every (config, tp, replicas, units) key gets a lower bound on its
-objective (the load spread fractionally over the pipeline's devices, no links); keys
-are visited best bound first and skipped once their bound is outside the band of the
-best found (branch and bound). A visited key is cut in its canonical order (most memory
-first) and, only if that lands in the band, in every other order: orders change links
-and memory, rarely the bottleneck. A shape out of memory at one micro-batch size is not
-tried at larger ones.
-
-Memory modes (`space.memory_modes`: recompute, sequence parallelism, the distributed
-optimizer) are a dimension of a key: a key starts at the first mode whose memory bound
-passes, with that mode's work in its bound (recompute costs time), and its cuts take the
-first mode from there whose DP finds a cut that fits. The chunks of one device share its
-memory: the DP gives each a v-th of it, or, if no cut fits so, shares in proportion to
-what each keeps under the even cut (`partition.shared_slots`).
-
-A template's own time model is the 1F1B-style closed form (m - 1) x busiest device's
-load per micro-batch + fill (at least one micro-batch's whole trip) + gradient sync,
-with all numbers from `CostModel`; it ranks templates and splits the batch, while the
-analytic tier and the simulator judge whole plans.
+A template's closed form (`Template.time_s`, seconds) ranks templates and splits the
+batch; the analytic tier and the simulator judge whole plans.
 """
 
 from __future__ import annotations
@@ -33,14 +21,24 @@ import bisect
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from hyperpipe.plan.generators import placement_of
+from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import StagePlan
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
+from hyperpipe.search.caches import (
+    BookKey,
+    LinkKey,
+    RingCost,
+    StageKey,
+    StateStash,
+    TableKey,
+    TotalKey,
+)
 from hyperpipe.search.context import (  # noqa: F401  (re-exported for the other phases)
-    CLOSED_FORM_KINDS,
+    PhaseCounts,
     PhaseStats,
     SearchContext,
     objective_value,
@@ -90,7 +88,7 @@ class Template:
     def stages(self, replica: int) -> tuple[StagePlan, ...]:
         row = self.slots[replica]
         p = len(row)
-        place = placement_of(self.kind)
+        place = schedule_kind(self.kind).placement
         return tuple(StagePlan((a, b), row[stage_rank(k, p, place)], self.tp,
                                self.mode.recompute, self.mode.sequence_parallel)
                      for k, (a, b) in enumerate(self.part.layer_ranges))
@@ -105,50 +103,57 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     p = len(row)
     stages = p * v
     inflight = ctx.peak_inflight(kind, p, m, v)
-    homes = [stage_rank(k, p, placement_of(kind)) for k in range(stages)]
+    homes = [stage_rank(k, p, schedule_kind(kind).placement) for k in range(stages)]
     for mode in ctx.modes(tp, len(slots))[start:]:
-        tables, links, rooms, split = [], [], [], []
+        tables, links, rooms, split, keys = [], [], [], [], []
         for k in range(stages):
             group = row[homes[k]]
             dev = ctx.cluster.device(group[0]).type
-            t = ctx.table(group, mb, mode, len(slots))
+            tkey = ctx.table_key(group, mb, mode, len(slots))
+            t = ctx.table_of(tkey, group)
             room = dev.memory_bytes - dev.runtime_reserve_bytes - t.work_bytes
-            link = None if k == stages - 1 else ctx.link(group[-1], row[homes[k + 1]][0], mb)
+            if k == stages - 1:
+                lkey, link = None, None
+            else:
+                src, dst = group[-1], row[homes[k + 1]][0]
+                lkey = ctx.link_key(src, dst, mb)
+                link = ctx.link_of(lkey, src, dst)
             tables.append(t)
             links.append(link)
+            keys.append((tkey, lkey))
             rooms.append(P.Slot(group, inflight[k], room))
             split.append(P.Slot(group, inflight[k], room / v))
         # A device's v chunks get a v-th of its room each; if no cut fits so, shares
         # in proportion to what they keep under the even cut (`partition.shared_slots`).
-        bounds = _cut(ctx, tables, split, links)
+        bounds = _cut(ctx, keys, tables, split, links)
         if bounds is None and v > 1:
-            bounds = _cut(ctx, tables, P.shared_slots(tables, rooms, homes), links)
+            bounds = _cut(ctx, keys, tables, P.shared_slots(tables, rooms, homes), links)
         if bounds is not None:
             return _finish(ctx, kind, v, mb, tp, types, slots, price, mode,
                            P.describe(bounds, tables, links))
     return None
 
 
-def _cut(ctx: SearchContext, tables: list[P.LayerTables], slots: list[P.Slot],
-         links: list) -> tuple[int, ...] | None:
-    """`partition.partition` of these stages. The cut depends only on each stage's
-    (table, in-flight stashes, room, link), all cached objects: templates that differ
-    elsewhere (replica count, price, m past the fill) share it, so it is computed once
-    (issue 9: search_scale)."""
-    stage_keys = [(id(t), sl.inflight, sl.capacity_bytes, id(ln))
-                  for t, sl, ln in zip(tables, slots, links, strict=True)]
-    key = ("cut", *stage_keys)
-    if key not in ctx.memo:
-        ctx.memo[key] = P.partition([ctx.stage_cost(k, t, sl, ln) for k, t, sl, ln
-                                     in zip(stage_keys, tables, slots, links, strict=True)])
-    return ctx.memo[key]
+def _cut(ctx: SearchContext, keys: list[tuple[TableKey, LinkKey | None]],
+         tables: list[P.LayerTables], slots: list[P.Slot], links: list
+         ) -> tuple[int, ...] | None:
+    """`partition.partition` of these stages (`keys`: each one's table and link keys).
+    The cut depends only on each stage's (table, in-flight stashes, room, link):
+    templates that differ elsewhere (replica count, price, m past the fill) share it."""
+    stage_keys = tuple(StageKey(tkey, sl.inflight, sl.capacity_bytes, lkey)
+                       for (tkey, lkey), sl in zip(keys, slots, strict=True))
+    if stage_keys not in ctx.cuts:
+        ctx.cuts[stage_keys] = P.partition(
+            [ctx.stage_cost(k, t, sl, ln)
+             for k, t, sl, ln in zip(stage_keys, tables, slots, links, strict=True)])
+    return ctx.cuts[stage_keys]
 
 
 def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
             slots, price: float, mode: MemoryMode, part: P.Partition) -> Template:
     """The template of a cut: its busiest device's load, fill and sync."""
     p = len(slots[0])
-    place = placement_of(kind)
+    place = schedule_kind(kind).placement
     homes = [stage_rank(k, p, place) for k in range(len(part.stage_s))]
     load = [0.0] * p
     for k, t in enumerate(part.stage_s):
@@ -160,7 +165,7 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
         fill = max(load) + part.forward_s / v
     elif v > 1:
         fill = part.total_s / v + max(load) * (v - 1) / v
-    elif ctx.splits_backward(kind):
+    elif schedule_kind(kind).splits_backward:
         fill = part.forward_s + part.last_backward_s
     else:
         fill = part.total_s
@@ -180,7 +185,7 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
     shards = len(slots) if mode.distributed_optimizer else 1
     per_param = cost.dp_sync_bytes_per_param(mode.distributed_optimizer)
     per_device = [0.0] * p
-    place = placement_of(slots_kind) if slots_kind else "loop"
+    place = schedule_kind(slots_kind).placement if slots_kind else "loop"
     for k, (a, b) in enumerate(part.layer_ranges):
         d = stage_rank(k, p, place)
         group = slots[0][d]
@@ -196,13 +201,12 @@ def _ring_s(ctx: SearchContext, groups: tuple[tuple[str, ...], ...], nbytes: flo
     profile's fitted line), so each set of groups is costed once, at 1 and 2 GB."""
     if nbytes <= 0:
         return 0.0
-    memo = ctx.memo.setdefault("ring", {})
-    if groups not in memo:
+    if groups not in ctx.rings:
         rings = [[g[i] for g in groups] for i in range(len(groups[0]))]
         t1, t2 = (0.0 if spec is None else spec.time_s
                   for spec in (ring_spec(ctx.cost, rings, x) for x in (1e9, 2e9)))
-        memo[groups] = (t1, t2 - t1)
-    t1, per_gb = memo[groups]
+        ctx.rings[groups] = RingCost(t1, t2 - t1)
+    t1, per_gb = ctx.rings[groups]
     return t1 + per_gb * (nbytes - 1e9) / 1e9
 
 
@@ -226,8 +230,38 @@ def _assign(pools: dict[str, space.UnitPool], recipe: dict[str, int], dp: int,
     return slots
 
 
+class TemplateKey(NamedTuple):
+    """A class of templates of one type group still to be cut: config, tp, replica
+    count and units per type, with a lower bound on its objective."""
+
+    bound: float                          # objective value of the bound
+    config: tuple[str, int, int]          # (schedule kind, chunks, micro-batch)
+    tp: int
+    dp: int
+    recipe: dict[str, int]                # units of each type in one pipeline
+    pools: dict[str, space.UnitPool]
+    price_per_hour: float                 # all devices of all replicas, USD
+    start: int                            # the first memory mode to try (`ctx.modes`)
+
+
+class Shape(NamedTuple):
+    """What the cuts of one `TemplateKey` share, whatever the stage order and layout."""
+
+    kind: str
+    v: int
+    mb: int
+    tp: int
+    dp: int
+    types: tuple[str, ...]
+    m: int                                # micro-batches per pipeline
+    price_per_hour: float
+    recipe: dict[str, int]
+    pools: dict[str, space.UnitPool]
+    start: int
+
+
 def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
-          configs: list[tuple[str, int, int]]) -> list[tuple]:
+          configs: list[tuple[str, int, int]]) -> list[TemplateKey]:
     """Every (config, tp, replicas, units per type) for one type group that can hold the
     model's state, with a lower bound on its objective: the load spread perfectly over
     the pipeline's devices (fractional layers), the fill on the fastest type, and the
@@ -275,9 +309,9 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
                 bound = (m - 1) * load_lb + fill_lb + sync_lb
                 price = dp * tp * sum(k * (price_of[t] if price_of[t] is not None
                                            else math.nan) for t, k in recipe.items())
-                keys.append((objective_value(ctx, bound, price), (kind, v, mb), tp, dp,
-                             recipe, pools, price, start))
-    keys.sort(key=lambda k: k[0])
+                keys.append(TemplateKey(objective_value(ctx, bound, price), (kind, v, mb), tp,
+                                        dp, recipe, pools, price, start))
+    keys.sort(key=lambda k: k.bound)
     return keys
 
 
@@ -286,12 +320,12 @@ def _total_bytes(ctx: SearchContext, mode: MemoryMode, dp: int, mb: int, held: i
     state sharded over `dp` replicas with the distributed optimizer) and `held` stashes of
     every layer, split perfectly over the tensor-parallel group."""
     shards = dp if mode.distributed_optimizer else 1
-    key = ("total", mode.recompute, shards, mb)
-    if key not in ctx.memo:
+    key = TotalKey(mode.recompute, shards, mb)
+    if key not in ctx.totals:
         whole = (0, ctx.model.num_layers)
-        ctx.memo[key] = (ctx.cost.state_bytes(whole, 1, shards),
-                         ctx.cost.stash_bytes(whole, mb, recompute=mode.recompute))
-    state, stash = ctx.memo[key]
+        ctx.totals[key] = StateStash(ctx.cost.state_bytes(whole, 1, shards),
+                                     ctx.cost.stash_bytes(whole, mb, recompute=mode.recompute))
+    state, stash = ctx.totals[key]
     return state + held * stash
 
 
@@ -303,11 +337,19 @@ def _work_bound(ctx: SearchContext, types, pools, kind: str, v: int, mb: int,
     whole = {t: float(w.fwd_s[-1] + w.bwd_s[-1]) for t, w in work.items()}
     if v > 1:
         fill_lb = min(whole.values()) / v
-    elif ctx.splits_backward(kind):
+    elif schedule_kind(kind).splits_backward:
         fill_lb = min(float(w.fwd_s[-1]) for w in work.values())
     else:
         fill_lb = min(whole.values())
     return whole, fill_lb
+
+
+class Entry(NamedTuple):
+    """A template in a race: its objective value and the order it came in (ties)."""
+
+    value: float
+    serial: int
+    template: Template
 
 
 @dataclass
@@ -316,11 +358,11 @@ class _Race:
     KEEP_PER_GROUP smallest objective values, kept sorted as they come, so that the band
     is O(1) to read however many templates the race has seen."""
 
-    found: list = field(default_factory=list)     # (value, serial, template)
-    best: list = field(default_factory=list)      # the smallest values, ascending
+    found: list[Entry] = field(default_factory=list)
+    best: list[float] = field(default_factory=list)   # the smallest values, ascending
 
     def add(self, value: float, serial: int, template: Template) -> None:
-        self.found.append((value, serial, template))
+        self.found.append(Entry(value, serial, template))
         if len(self.best) < KEEP_PER_GROUP or value < self.best[-1]:
             bisect.insort(self.best, value)
             del self.best[KEEP_PER_GROUP:]
@@ -351,53 +393,55 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
     # with a fixed number of pipelines every replica count is its own race: groups are
     # combined to exactly that many pipelines later
     races: dict[int | None, _Race] = {}
-    too_big: dict[tuple, int] = {}      # pipeline shape -> least micro-batch out of memory
+    too_big: dict[tuple, int] = {}      # (kind, v, tp, dp, recipe) -> least mb out of memory
     serial = itertools.count()
-    for bound, (kind, v, mb), tp, dp, recipe, pools, price, start in _keys(ctx, phase, types,
-                                                                            configs):
+    for key in _keys(ctx, phase, types, configs):
+        (kind, v, mb), tp, dp, recipe = key.config, key.tp, key.dp, key.recipe
         race = races.setdefault(dp if ctx.c.dp is not None else None, _Race())
-        if bound > race.band():
+        if key.bound > race.band():
             phase.pruned += 1
             continue
         m = -(-(ctx.c.global_batch // mb) // dp)
-        shape = (kind, v, tp, dp, tuple(sorted(recipe.items())))
+        pipes = (kind, v, tp, dp, tuple(sorted(recipe.items())))
         p = sum(recipe.values())
-        if m >= p * v and mb >= too_big.get(shape, math.inf):
+        if m >= p * v and mb >= too_big.get(pipes, math.inf):
             # the same pipelines did not fit a smaller micro-batch, which stashes less
             # with the same in-flight counts (m >= p v: the warm-up is full)
             phase.infeasible += 1
             continue
         first = canonical_order(ctx, recipe)
         tries = [(first, lay) for lay in space.layouts(dp, recipe)]
-        key = (kind, v, mb, tp, dp, types, m, price, recipe, pools, start)
-        values = _cut_all(ctx, phase, race, serial, tries, key)
+        shape = Shape(kind, v, mb, tp, dp, types, m, key.price_per_hour, recipe, key.pools,
+                      key.start)
+        values = _cut_all(ctx, phase, race, serial, tries, shape)
         if not values:                     # out of memory in the most memory-rich order
             if m >= p * v:
-                too_big[shape] = min(mb, too_big.get(shape, mb))
+                too_big[pipes] = min(mb, too_big.get(pipes, mb))
             continue
         if min(values) > race.band():
             continue                       # the other orders only move links and memory
         more = [(o, lay) for o in space.stage_orders(recipe) if o != first
                 for lay in space.layouts(dp, recipe)]
-        _cut_all(ctx, phase, race, serial, more, key)
+        _cut_all(ctx, phase, race, serial, more, shape)
     kept: list[Template] = []
     for race in races.values():
-        race.found.sort(key=lambda x: x[:2])
+        race.found.sort(key=lambda e: (e.value, e.serial))
         limit = race.band()
-        kept += [t for value, _, t in race.found if value <= limit][:KEEP_MAX]
+        kept += [e.template for e in race.found if e.value <= limit][:KEEP_MAX]
     return kept
 
 
 def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: list,
-             key: tuple) -> list[float]:
+             shape: Shape) -> list[float]:
     """Cut the layers for each (order, layout) in `tries`; add the templates to `race`
     and return their objective values."""
-    kind, v, mb, tp, dp, types, m, price, recipe, pools, start = key
+    m = shape.m
     values = []
     for order, layout in tries:
-        slots = _assign(pools, recipe, dp, order, layout)
+        slots = _assign(shape.pools, shape.recipe, shape.dp, order, layout)
         phase.seen += 1
-        tpl = _template(ctx, kind, v, mb, tp, types, slots, m, price, start)
+        tpl = _template(ctx, shape.kind, shape.v, shape.mb, shape.tp, shape.types, slots, m,
+                        shape.price_per_hour, shape.start)
         if tpl is None:
             phase.infeasible += 1
             continue
@@ -411,7 +455,7 @@ def templates_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
                  config: tuple[str, int, int] | None) -> list[Template]:
     """The kept templates of a type group over all configs (config None), or at one
     config (computed on demand, for combining groups that must share it)."""
-    key = (types, config)
+    key = BookKey(types, config)
     if key not in ctx.book:
         if config is not None:
             have = [t for t in templates_at(ctx, phase, types, None) if t.config == config]
@@ -431,29 +475,21 @@ def templates_phase(ctx: SearchContext, phase: PhaseStats, show, pool=None, widt
     """Phase 1: the best templates of every group of device types (all configs), the
     groups spread over the worker `pool` when there is one: one task per worker (`width`
     run at once), each a batch of groups of about equal work, so that a worker's caches
-    (layer tables, stage matrices) serve all its groups (a task per group rebuilt them
-    each time: 1.5x the CPU time at 1024 GPUs)."""
+    (layer tables, stage matrices) serve all its groups."""
     from hyperpipe.core.progress import Progress
+    from hyperpipe.search.backends import fan_out
     types = list(dict.fromkeys(n.device_type for n in ctx.cluster.nodes))
     subsets = [s for r in range(len(types), 0, -1)
                for s in itertools.combinations(types, r)]
-    if pool is None:
-        with Progress(len(subsets), "search: templates", enabled=show) as bar:
-            for subset in subsets:
-                templates_at(ctx, phase, subset, None)
-                bar.advance()
-        return types
-    batches = _batches(subsets, width)
+    batches = [[s] for s in subsets] if pool is None else _batches(subsets, width)
     cost = ctx.cost
-    tasks = [(cost.model, cost.cluster, cost.profile, ctx.c, batch) for batch in batches]
+    results = fan_out(pool, batches, lambda batch: _group_work(ctx, batch), _group_task,
+                      lambda batch: (cost.model, cost.cluster, cost.profile, ctx.c, batch))
     with Progress(len(batches), "search: templates", enabled=show) as bar:
-        for batch, (found, counts) in zip(batches, pool.map(_group_task, tasks),
-                                          strict=True):
+        for batch, (found, counts) in zip(batches, results(), strict=True):
             for subset, templates in zip(batch, found, strict=True):
-                ctx.book[(subset, None)] = templates
-            phase.seen += counts[0]
-            phase.pruned += counts[1]
-            phase.infeasible += counts[2]
+                ctx.book[BookKey(subset, None)] = templates
+            phase.add(counts)
             bar.advance()
     return types
 
@@ -471,11 +507,16 @@ def _batches(subsets: list[tuple[str, ...]], n: int) -> list[list[tuple[str, ...
     return batches
 
 
-def _group_task(args) -> tuple[list[list[Template]], tuple[int, int, int]]:
-    """A batch of type groups' templates in a worker process (one context, its caches
-    shared by the batch)."""
-    model, cluster, profile, constraints, batch = args
-    ctx = SearchContext(CostModel(model, cluster, profile), constraints)
+def _group_work(ctx: SearchContext, batch: list[tuple[str, ...]]
+                ) -> tuple[list[list[Template]], PhaseCounts]:
+    """A batch of type groups' templates (one context, its caches shared by the batch),
+    with the phase counters it adds."""
     phase = PhaseStats("templates")
     found = [templates_at(ctx, phase, subset, None) for subset in batch]
-    return found, (phase.seen, phase.pruned, phase.infeasible)
+    return found, phase.counts()
+
+
+def _group_task(args) -> tuple[list[list[Template]], PhaseCounts]:
+    """`_group_work` in a worker process (its own context)."""
+    model, cluster, profile, constraints, batch = args
+    return _group_work(SearchContext(CostModel(model, cluster, profile), constraints), batch)

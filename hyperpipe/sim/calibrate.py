@@ -1,25 +1,19 @@
-"""Calibration: fit the cost model to measured traces.
+"""Calibration: fit the cost model to measured traces (times in seconds, sizes in bytes).
 
-* Compute: for each (device type, op) the time of a stage's action is the sum over its
-  layers of ``a_kind + b_kind · FLOPs``; the coefficients of each layer kind come from a
-  least-squares fit over every measured action. When the traces cannot tell layer kinds
-  apart (every stage holds the same mix), the kinds share one (a, b) fit.
-* Links: an alpha-beta fit (time = latency + bytes / bandwidth) of the point-to-point
-  probe messages the executor records before its first step (``send`` events with step
-  -1), per link class and over all classes (``"*"``); the latency is then replaced by
-  what messages of the training steps took when their receiver was already waiting.
-* All-reduce and optimizer: time = a + b · x with x the ring's bytes per device
-  (2(n-1)/n · bytes; the shortest event of each group and step, since the others
-  include waiting for the last member) or the parameters a device holds; where the
-  runs saw too narrow a range of x to split a from b, the base profile's line scaled
-  to them, or time proportional to x (`fit_bulk`).
+* Compute: per (device type, op), a stage's action takes the sum over its layers of
+  ``a_kind + b_kind · FLOPs``, fitted by least squares over every measured action (one
+  shared fit when the traces cannot tell layer kinds apart). With a base profile from
+  per-layer profiling, instead ``c + k · base time`` per device type.
+* Links: an alpha-beta fit (latency + bytes / bandwidth) of the executor's probe
+  messages (``send`` events of step -1), per link class and over all (``"*"``); the
+  latency then from training-step messages whose receiver was already waiting.
+* All-reduce and optimizer: ``a + b · x``, x the ring's bytes per device
+  (2(n-1)/n · bytes; the shortest event of each group and step) or the parameters a
+  device holds; where x varied too little to split a from b, the base profile's line
+  scaled, or time proportional to x (`fit_bulk`).
 
-With a base profile from per-layer profiling, compute is instead the base scaled per
-device type: time = c + k · base time, c a per-action overhead.
-
-Time a rank spends between actions that no event accounts for (posting sends and
-receives, Python) is added to the per-action overhead. The first step of a run
-(warm-up) is left out of every fit.
+Time between a rank's actions that no event accounts for joins the per-action overhead.
+The first step of a run (warm-up) is left out of every fit.
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +35,20 @@ from hyperpipe.plan.plan import Plan, plan_from_dict
 from hyperpipe.plan.profile import Fit, Profile
 from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 from hyperpipe.sim.costmodel import CostModel, op_flops
+
+
+class _Line(NamedTuple):
+    """A layer kind's compute fit: a per layer plus b per FLOP."""
+
+    per_layer_s: float
+    per_flop_s: float
+
+
+class _Point(NamedTuple):
+    """One all-reduce measurement: x (ring bytes per device) and its time."""
+
+    x: float
+    t_s: float
 
 
 @dataclass(frozen=True)
@@ -154,15 +163,16 @@ def _fit_compute(samples: list[_Sample]) -> dict[str, Fit]:
         rows = [[v for k in kinds for v in (s.kinds.get(k, (0, 0.0)))] for s in group]
         ys = [s.time_s for s in group]
         coef, rank = _lstsq(rows, ys)
-        per_kind = {k: (float(coef[2 * i]), float(coef[2 * i + 1])) for i, k in enumerate(kinds)}
+        per_kind = {k: _Line(float(coef[2 * i]), float(coef[2 * i + 1]))
+                    for i, k in enumerate(kinds)}
         if rank < 2 * len(kinds):
             # The traces cannot tell the kinds apart: one shared line for all of them.
             totals = [[sum(n for n, _ in s.kinds.values()), sum(f for _, f in s.kinds.values())]
                       for s in group]
             (a, b), _ = _lstsq(totals, ys)
-            per_kind = {k: (float(a), float(b)) for k in kinds}
-        pred = [sum(n * per_kind[k][0] + f * per_kind[k][1] for k, (n, f) in s.kinds.items())
-                for s in group]
+            per_kind = {k: _Line(float(a), float(b)) for k in kinds}
+        pred = [sum(n * per_kind[k].per_layer_s + f * per_kind[k].per_flop_s
+                    for k, (n, f) in s.kinds.items()) for s in group]
         err = _rel_rmse(pred, ys)
         for k, (a, b) in per_kind.items():
             fits[Profile.key(dtype, k, op)] = Fit(a, b, len(group), err)
@@ -291,7 +301,7 @@ def _fit_allreduce(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
     """A rank's all-reduce event also holds its wait for the group's last member; the
     last to arrive waits least, so each (step, group) contributes its shortest event.
     x is the ring's bytes per device, 2(n-1)/n · bytes."""
-    shortest: dict[tuple, tuple[float, float]] = {}
+    shortest: dict[tuple, _Point] = {}
     for n_trace, (trace, *_) in enumerate(traces):
         for e in trace.events:
             if e.op != "allreduce" or e.step < 1:
@@ -300,8 +310,8 @@ def _fit_allreduce(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
             n = len(group)
             key = (n_trace, e.step, group, e.bytes)
             x = 2 * (n - 1) / n * e.bytes
-            if key not in shortest or e.duration_s < shortest[key][1]:
-                shortest[key] = (x, e.duration_s)
+            if key not in shortest or e.duration_s < shortest[key].t_s:
+                shortest[key] = _Point(x, e.duration_s)
     if not shortest:
         return {}
     pts = list(shortest.values())
@@ -326,7 +336,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
     per-layer-kind lines are fitted from the traces alone. Links, all-reduce and
     optimizer come from the traces (or the base where the traces have none)."""
     if not traces:
-        raise BadInput("--trace", "at least one measured trace", has_got=False)
+        raise BadInput("trace", "at least one measured trace", has_got=False)
     samples: list[_Sample] = []
     with_cluster: list[tuple[Trace, Cluster]] = []
     misc = []
@@ -343,7 +353,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         with_cluster.append((trace, cluster))
         misc.append((trace, plan, model, dtypes))
     if not samples:
-        raise BadInput("--trace", "compute events after the warm-up step (run --steps 2 or "
+        raise BadInput("trace", "compute events after the warm-up step (run `steps` 2 or "
                        "more)", has_got=False)
     if base is None:
         compute, overhead = _fit_compute(samples), {}

@@ -12,9 +12,10 @@ caller goes through this one interface, so nothing else needs to know which was 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple, TypeVar
 
 from hyperpipe.cluster.cluster import Cluster, Link, Route
 from hyperpipe.models import ModelSpec
@@ -39,6 +40,8 @@ GRAD_BYTES_PER_PARAM: Mapping[str, float] = MappingProxyType(
 # An Adam step reads and writes the fp32 state and reads the gradient: about 2·12 + 2 + 2.
 ADAM_STEP_BYTES_PER_PARAM = 28
 
+_T = TypeVar("_T")
+
 BACKWARD_OPS = {"I": ("i_flops",), "W": ("w_flops",), "B": ("i_flops", "w_flops")}
 
 
@@ -50,6 +53,40 @@ def op_flops(model: ModelSpec, layer: int, micro_batch: int, op: str) -> float:
     return sum(getattr(c, name) for name in BACKWARD_OPS[op])
 
 
+class CostedRoute(NamedTuple):
+    """A route between two devices and the link (latency, bandwidth) it is costed by."""
+
+    route: Route
+    link: Link
+
+
+_Layers = tuple[int, int]
+_Devices = tuple[str, ...]
+
+
+@dataclass(eq=False)
+class _Tables:
+    """The cost model's look-ups: one table per pure function of its model, cluster and
+    profile, keyed by that function's arguments."""
+
+    # (layer, device type, micro-batch, op, tp, sequence parallel) -> seconds
+    layer_s: dict[tuple[int, str, int, str, int, bool], float] = field(default_factory=dict)
+    # (layer spec, device type, micro-batch, op, tp, sequence parallel) -> seconds or None
+    op_s: dict[tuple[object, str, int, str, int, bool], float | None] = \
+        field(default_factory=dict)
+    # (layers, device type, micro-batch, op, tp, sequence parallel) -> seconds
+    stage_s: dict[tuple[_Layers, str, int, str, int, bool], float] = \
+        field(default_factory=dict)
+    tp_comm_s: dict[tuple[_Layers, _Devices, int], float] = field(default_factory=dict)
+    routes: dict[tuple[str, str], CostedRoute] = field(default_factory=dict)
+    allreduce_s: dict[tuple[_Devices, float], float] = field(default_factory=dict)
+    # (layers, micro-batch, tp, recompute, sequence parallel) -> bytes
+    stash_bytes: dict[tuple[_Layers, int, int, str, bool], float] = \
+        field(default_factory=dict)
+    param_prefix: list[int] | None = None          # parameters of layers [0, i)
+    memos: dict[str, object] = field(default_factory=dict)   # see `CostModel.memo`
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Times in seconds, sizes in bytes, for one model on one cluster."""
@@ -57,12 +94,16 @@ class CostModel:
     model: ModelSpec
     cluster: Cluster
     profile: Profile | None = None
-    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+    _tables: _Tables = field(default_factory=_Tables, compare=False, repr=False)
 
-    def memo(self, name: str) -> dict:
-        """A cache named `name` that lives as long as this cost model, for look-ups
-        other modules derive from it (the analytic tier keeps its own here)."""
-        return self._cache.setdefault(("memo", name), {})
+    def memo(self, name: str, make: Callable[[], _T]) -> _T:
+        """The cache named `name` that lives as long as this cost model (made by `make()`
+        on first use), for look-ups other modules derive from it (the analytic tier keeps
+        its own here)."""
+        memos = self._tables.memos
+        if name not in memos:
+            memos[name] = make()
+        return memos[name]
 
     # ---------------------------------------------------------------- compute
     def op_flops(self, layer: int, micro_batch: int, op: str) -> float:
@@ -72,11 +113,12 @@ class CostModel:
                      tp: int = 1, sequence_parallel: bool = False) -> float:
         """Compute time of `op` of one layer on one device of a tensor-parallel group of tp
         (seconds; no tensor-parallel communication)."""
-        key = ("layer", layer, device_type, micro_batch, op, tp, sequence_parallel)
-        if key not in self._cache:
-            self._cache[key] = self._layer_time_s(layer, device_type, micro_batch, op, tp,
-                                                  sequence_parallel)
-        return self._cache[key]
+        table = self._tables.layer_s
+        key = (layer, device_type, micro_batch, op, tp, sequence_parallel)
+        if key not in table:
+            table[key] = self._layer_time_s(layer, device_type, micro_batch, op, tp,
+                                            sequence_parallel)
+        return table[key]
 
     def _layer_time_s(self, layer: int, device_type: str, micro_batch: int, op: str,
                       tp: int, sequence_parallel: bool) -> float:
@@ -106,33 +148,35 @@ class CostModel:
         """Op-by-op time of a shaped layer (`hyperpipe.sim.compute`); None if unshaped.
         B is I + W, each counted op by op."""
         spec = self.model.layers[layer]
-        key = ("op", spec, dev.name, micro_batch, op, tp, sequence_parallel)
-        if key not in self._cache:
+        table = self._tables.op_s
+        key = (spec, dev.name, micro_batch, op, tp, sequence_parallel)
+        if key not in table:
             passes = ("I", "W") if op == "B" else (op,)
             total = 0.0
             for p in passes:
                 work = layer_work(spec, p, micro_batch, self.model.seq_len,
                                   self.model.dtype_bytes, tp, sequence_parallel)
                 if work is None:
-                    self._cache[key] = None
+                    table[key] = None
                     break
                 total += pass_time_s(dev, work, self.model.dtype_bytes)
             else:
-                self._cache[key] = total
-        return self._cache[key]
+                table[key] = total
+        return table[key]
 
     def stage_compute_s(self, layers: tuple[int, int], device_type: str, micro_batch: int,
                         op: str, tp: int = 1, sequence_parallel: bool = False) -> float:
         """Compute time of `op` over layers [start, end) (no tensor-parallel communication),
         with the profile's per-action overhead, if any, counted once."""
-        key = ("stage", layers, device_type, micro_batch, op, tp, sequence_parallel)
-        if key not in self._cache:
+        table = self._tables.stage_s
+        key = (layers, device_type, micro_batch, op, tp, sequence_parallel)
+        if key not in table:
             overhead = 0.0 if self.profile is None else \
                 self.profile.action_overhead_s(device_type, op)
-            self._cache[key] = overhead + sum(
+            table[key] = overhead + sum(
                 self.layer_time_s(i, device_type, micro_batch, op, tp, sequence_parallel)
                 for i in range(*layers))
-        return self._cache[key]
+        return table[key]
 
     def stage_time_s(self, layers: tuple[int, int], devices: tuple[str, ...],
                      micro_batch: int, op: str, recompute: str = "none",
@@ -204,27 +248,29 @@ class CostModel:
         the input gradient twice in backward (Shoeybi et al. 2019, fig. 3); W needs none."""
         if len(devices) == 1 or op == "W":
             return 0.0
-        key = ("tp_comm", layers, devices, micro_batch)
-        if key not in self._cache:
+        table = self._tables.tp_comm_s
+        key = (layers, devices, micro_batch)
+        if key not in table:
             blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind == "block")
             nbytes = self.model.layer_cost(layers[0], micro_batch).send_bytes or \
                 self.model.layer_cost(max(layers[0], 1), micro_batch).send_bytes
-            self._cache[key] = 2 * blocks * self.allreduce_time_s(devices, nbytes)
-        return self._cache[key]
+            table[key] = 2 * blocks * self.allreduce_time_s(devices, nbytes)
+        return table[key]
 
     # ---------------------------------------------------------------- communication
-    def route(self, src: str, dst: str) -> tuple[Route, Link]:
+    def route(self, src: str, dst: str) -> CostedRoute:
         """The route between two devices and the link (latency, bandwidth) to cost it by."""
-        key = ("route", src, dst)
-        if key not in self._cache:
+        table = self._tables.routes
+        key = (src, dst)
+        if key not in table:
             route = self.cluster.path(src, dst)
             link = Link(route.bandwidth_bytes_per_s, route.link.latency_s)
             if self.profile is not None and route.hops:
                 measured = self.profile.link(route.link_class)
                 if measured is not None:
                     link = measured
-            self._cache[key] = (route, link)
-        return self._cache[key]
+            table[key] = CostedRoute(route, link)
+        return table[key]
 
     def transfer_time_s(self, src: str, dst: str, nbytes: float) -> float:
         """Point-to-point time on idle links: latency + bytes / bandwidth (0 on one device)."""
@@ -252,9 +298,10 @@ class CostModel:
             return 0.0
         if self.profile is not None and "*" in self.profile.allreduce:
             return self.profile.allreduce["*"](2 * (n - 1) / n * nbytes)
-        key = ("allreduce", tuple(devices), nbytes)
-        if key in self._cache:
-            return self._cache[key]
+        table = self._tables.allreduce_s
+        key = (tuple(devices), nbytes)
+        if key in table:
+            return table[key]
         cluster = self.cluster
         per_node: dict[str, list[str]] = {}
         for d in devices:
@@ -279,7 +326,7 @@ class CostModel:
             shard = nbytes / k_min
             t = 2 * phase + 2 * (nodes - 1) / nodes * shard / bw_out + \
                 2 * (nodes - 1) * lat_out
-        self._cache[key] = t
+        table[key] = t
         return t
 
     def _bus(self, edges: list[tuple[str, str]]) -> tuple[float, float]:
@@ -300,9 +347,9 @@ class CostModel:
     # ---------------------------------------------------------------- memory and optimizer
     def stage_params(self, layers: tuple[int, int]) -> int:
         """Parameters of layers [a, b), from prefix sums over the model's layers."""
-        prefix = self._cache.get("param_prefix")
+        prefix = self._tables.param_prefix
         if prefix is None:
-            prefix = self._cache["param_prefix"] = [0, *itertools.accumulate(
+            prefix = self._tables.param_prefix = [0, *itertools.accumulate(
                 layer.params for layer in self.model.layers)]
         return prefix[layers[1]] - prefix[layers[0]]
 
@@ -340,13 +387,14 @@ class CostModel:
         """Activations one micro-batch keeps from its forward until its backward, per
         device of the stage's tensor-parallel group (Korthikanti et al. 2022; see
         `TransformerBlock.stash_bytes`)."""
-        key = ("stash", layers, micro_batch, tp, recompute, sequence_parallel)
-        if key not in self._cache:
-            self._cache[key] = sum(
+        table = self._tables.stash_bytes
+        key = (layers, micro_batch, tp, recompute, sequence_parallel)
+        if key not in table:
+            table[key] = sum(
                 self.model.stash_bytes(i, micro_batch, tp=tp, recompute=recompute,
                                        sequence_parallel=sequence_parallel)
                 for i in range(*layers))
-        return self._cache[key]
+        return table[key]
 
     def recompute_work_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1, *,
                              recompute: str = "none", sequence_parallel: bool = False

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hyperpipe.plan.kinds import schedule_kind
+
 
 def peak_of(timeline: Sequence[tuple[float, float]]) -> float:
     """Largest bytes value of a (time_s, bytes) timeline (0 when empty)."""
@@ -35,17 +37,10 @@ def oom_detail(devices: Sequence[str], stages: Sequence[int], peak_bytes: float,
 
 
 def peak_in_flight(kind: str, p: int, m: int, v: int, rank: int) -> int:
-    """Closed form of the most (stage, micro-batch) stashes rank `rank` holds at once.
-
-    gpipe: all m. 1f1b: min(p - rank, m) (its warmup plus the one in flight).
-    interleaved-1f1b: Megatron's warmup (v - 1) p + 2 (p - 1 - rank) forwards plus one,
-    at most m v (exact when p divides m; the tests bound it otherwise). zb-h1 counts a
-    micro-batch until its W, which the generator defers by `rank` steps: min(p, m).
-    """
-    if kind == "gpipe":
-        return m
-    if kind == "interleaved-1f1b" and v > 1:
-        return min((v - 1) * p + 2 * (p - 1 - rank) + 1, m * v)
-    if kind == "zb-h1":
-        return min(p, m)
-    return min(p - rank, m)
+    """Closed form of the most (stage, micro-batch) stashes rank `rank` holds at once,
+    for the kinds that have one (`ScheduleKind.peak_in_flight`, beside each generator)."""
+    closed = schedule_kind(kind).peak_in_flight
+    if closed is None:
+        raise ValueError(f"schedule kind {kind!r} has no closed form of stashes in "
+                         "flight: count them off its schedule")
+    return closed(p, m, v, rank)

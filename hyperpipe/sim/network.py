@@ -1,34 +1,24 @@
 """Links as shared resources: transfers are flows over hops that share them equally.
 
 Every hop of the cluster (one direction of one port: ``n0/1:out``, ``n0:nic-in``, see
-`hyperpipe.cluster.cluster`) is a resource. A transfer is a *flow*: a set of hops, each with
-a weight (how many streams of the flow cross it), some work and a latency:
+`hyperpipe.cluster.cluster`) is a resource. A flow is a set of hops, each with a weight
+(how many identical streams of the flow cross it: the copies of a replica moving in
+lock step, the streams of a ring), ``work_s`` (its bytes / the cost model's route
+bandwidth: its seconds at full speed on idle hops) and ``latency_s`` (paid once, after
+the bytes, occupying no hop). On idle hops a flow takes ``latency_s + work_s``, the
+cost model's alpha-beta time.
 
-* ``work_s``: seconds its bytes take at full speed on idle hops, i.e. bytes / the
-  route's bandwidth (the cost model's, so a calibration profile's link applies);
-* ``latency_s``: paid once, after the bytes (propagation and software start-up; it does
-  not occupy the hops). On idle hops a flow therefore takes ``latency_s + work_s``:
-  the cost model's alpha-beta time.
-
-Sharing model: **equal time-sharing per hop**. A hop carrying streams of total weight
-W gives each stream 1/W of its time, and a flow moves at the speed of its most loaded
-hop, ``speed = 1 / max over its hops of W``. Two equal flows started together on one hop
-each take twice as long; a flow that starts while another is half done slows it for the
-overlap only. We chose this over max-min fairness because it is what NCCL's and the
-NICs' round-robin arbitration does to equal streams, it needs no iterative solve (a
-change touches only the flows on the hops of the flow that started or ended) and it is
-conservative: a flow held back elsewhere does not hand its unused share to others.
-Weights let one simulated flow stand for several identical ones moving in lock step (the
-copies of a data-parallel replica, or the streams of a ring all-reduce).
-
-Events: a flow alone on its hops costs one SimPy event (its delivery), or none when its
-caller takes the delivery time instead (``lazy``); a flow that shares a hop gets an
-event when its bytes end (to speed up the others) and one for its delivery; stale
-events left behind by a rate change are skipped. No per-byte or per-packet events.
+Sharing: **equal time-sharing per hop**. A hop carrying streams of total weight W
+gives each 1/W of its time; a flow moves at the speed of its most loaded hop,
+``1 / max over its hops of W``; a rate change touches only the flows on the changed
+hops. Events: a flow alone on its hops costs one SimPy event (its delivery), or none
+when its caller takes the delivery time instead (``lazy``); a flow that shares a hop
+gets one more when its bytes end; no per-byte events. Times in seconds.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -253,7 +243,7 @@ def count_hops(cost, edges, keep=None) -> dict[str, int]:
     for src, dst in edges:
         if keep is not None and not keep(src, dst):
             continue
-        for hop in cost.route(src, dst)[0].hops:
+        for hop in cost.route(src, dst).route.hops:
             counts[hop.name] = counts.get(hop.name, 0) + 1
     return counts
 
@@ -292,6 +282,13 @@ def p2p_spec(cost, edges: list[tuple[str, str]], nbytes: float,
     return FlowSpec(tuple(weights.items()), max(work, 0.0), lat, per_edge)
 
 
+def bucket_count(nbytes: float, bucket_bytes: float) -> int:
+    """Buckets a gradient of `nbytes` fills at `bucket_bytes` each (DDP); 1 if unbounded."""
+    if not 0 < bucket_bytes < float("inf"):
+        return 1
+    return max(1, math.ceil(nbytes / bucket_bytes))
+
+
 def ring_spec(cost, rings: list[list[str]], nbytes: float, keep=None) -> FlowSpec | None:
     """A ring all-reduce of `nbytes` per device, run on every ring of `rings` at once
     (the tensor-parallel ranks of data-parallel replicas), as one flow.
@@ -311,7 +308,7 @@ def ring_spec(cost, rings: list[list[str]], nbytes: float, keep=None) -> FlowSpe
     if cost.profile is not None and "*" in cost.profile.allreduce:
         lat = 0.0                       # a measured fit: no separate latency term
     else:
-        lat = 2 * (n - 1) * max(cost.route(a, b)[1].latency_s for a, b in edges)
+        lat = 2 * (n - 1) * max(cost.route(a, b).link.latency_s for a, b in edges)
     hops = count_hops(cost, edges, keep)
     if not hops:                        # every edge local or left out: a pure delay
         return FlowSpec((), 0.0, time_s, nbytes)

@@ -1,30 +1,64 @@
 """What the simulator runs, built from a plan before the first event: one program per
-pipeline rank (flat per-action tuples: duration, box to wait for, box to send, flow,
-stash change), the message boxes and channel queues of each simulated pipeline, and the
-gradient all-reduce segments of each layer range. `replica_classes` groups identical
-replicas so that each class is simulated once (see `hyperpipe.sim.simulator`).
+pipeline rank (a `Step` per action: duration, box to wait for, box to send, flow, stash
+change), the message boxes and channel queues of each simulated pipeline, and the
+gradient all-reduce segments of each layer range (times in seconds, sizes in bytes).
+
+Box k*m + j holds micro-batch j's message on channel k: channel k < n_st is the forward
+out of stage k, channel n_st + k the backward out of stage k + 1 (n_st stages, m
+micro-batches). A channel sends one message at a time, in issue order.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import simpy
 
-from hyperpipe.core.errors import BadInput
-from hyperpipe.plan.plan import Plan
-from hyperpipe.plan.plan_schedule import schedule_for
+from hyperpipe.plan.plan import Plan, StagePlan
 from hyperpipe.plan.schedule import Schedule, rank_stages
-from hyperpipe.sim.analytic import bucket_count
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.network import count_hops, p2p_edges, p2p_spec, ring_spec, tp_spec
-
-if TYPE_CHECKING:
-    from hyperpipe.sim.simulator import SimOptions
+from hyperpipe.sim.network import (
+    FlowSpec,
+    bucket_count,
+    count_hops,
+    p2p_edges,
+    p2p_spec,
+    ring_spec,
+    tp_spec,
+)
+from hyperpipe.sim.options import SimOptions
+from hyperpipe.sim.replicas import stage_holding
 
 NEVER = float("inf")       # a message's arrival time before it is known
+
+
+class Step(NamedTuple):
+    """One action of a rank's program, flattened for the event loop."""
+
+    compute_s: float              # its compute (tensor-parallel collectives apart)
+    wait_box: int                 # the message box it waits for, or -1
+    send_box: int                 # the message box it sends when done, or -1
+    channel: int                  # the send's channel (send_box // m)
+    send: FlowSpec | None         # the send's flow; None: same device or free link
+    stash_delta_bytes: float      # + at the start of F, - at the end of B or W
+    report_stage: int             # the stage whose all-reduce its start reports, or -1
+    tp: FlowSpec | None           # the tensor-parallel flow after its compute, or None
+
+    def busy_s(self) -> float:
+        """Its time on idle links: its compute and its tensor-parallel flow."""
+        return self.compute_s + (self.tp.time_s if self.tp is not None else 0.0)
+
+
+class OpShape(NamedTuple):
+    """What one op of one stage costs for any micro-batch (boxes as base + micro-batch)."""
+
+    compute_s: float
+    wait_base: int                # first box it waits for, or -1
+    send_base: int                # first box it sends, or -1
+    send: FlowSpec | None
+    stash_delta_bytes: float
+    tp: FlowSpec | None
 
 
 class Rank:
@@ -35,9 +69,15 @@ class Rank:
 
     def __init__(self, pipe: Pipe, d: int, devices: tuple[str, ...]):
         self.pipe, self.d, self.devices = pipe, d, devices
+        self.ops: list[str] = []
+        self.stages: list[int] = []
+        self.mbs: list[int] = []
+        self.program: list[Step] = []
+        self.grad_order: list[int] = []            # stages, in order of their last backward
         self.cursor, self.end_s, self.busy_s, self.compute_end_s = 0, 0.0, 0.0, 0.0
+        self.timeline: list[tuple[float, float]] = []      # (time_s, bytes) at each change
         self.starts: list[float] = []              # start of each action, in order
-        self.opt_log: list[tuple[int, float, float]] = []
+        self.opt_log: list[tuple[int, float, float]] = []  # (stage, start_s, end_s)
 
 
 class Pipe:
@@ -49,16 +89,31 @@ class Pipe:
         self.segments: dict[int, list[Segment]] = {}    # stage -> its collectives
         self.pending: dict[int, int] = {}                # stage -> collectives not done
         self.reduce_wait: dict[int, simpy.Event] = {}
+        self.m = 0                                       # micro-batches
+        self.fwd: list[FlowSpec | None] = []             # boundary k's forward flow
+        self.bwd: list[FlowSpec | None] = []             # ... and backward flow
+        self.channel_spec: list[FlowSpec | None] = []    # channel -> its flow
+        # Per box: arrival time (NEVER until known), the reader's event, the blocked
+        # reader's action time (-1: none), the timeout it sleeps on, when it was sent.
+        self.eta: list[float] = []
+        self.waiters: list[simpy.Event | None] = []
+        self.fuse: list[float] = []
+        self.wake: list[simpy.Event | None] = []
+        self.sent_at: list[float | None] = []
+        # Per channel: when its current message lands (NEVER: not known), its queue.
+        self.busy_until: list[float] = []
+        self.queue: list[deque[int]] = []
 
 
 class Segment:
     """The gradient all-reduce of one layer range among every replica that holds it."""
 
-    def __init__(self, layers, parts, full, last, k, nbytes):
+    def __init__(self, layers: tuple[int, int], parts: list[tuple[Pipe, int]],
+                 full: FlowSpec | None, last: FlowSpec | None, k: int, nbytes: float):
         self.layers, self.parts = layers, parts          # parts: [(pipe, stage)]
-        self.full, self.last, self.k, self.nbytes = full, last, k, nbytes
-        self.reports: list[tuple[float, float]] = []
-        self.log: list[tuple[int, float, float]] = []
+        self.full, self.last, self.k, self.nbytes = full, last, k, nbytes  # k buckets
+        self.reports: list[tuple[float, float]] = []     # (start_s, dur_s) per part
+        self.log: list[tuple[int, float, float]] = []    # (bucket, start_s, end_s)
         self.done_s = 0.0
 
 
@@ -70,74 +125,87 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
     stash = [cost.stage_stash_bytes(s, mb) for s in stages]
     fwd = [boundary_flow(plan, cost, pipe, k, k + 1) for k in range(n_st - 1)]
     bwd = [boundary_flow(plan, cost, pipe, k + 1, k) for k in range(n_st - 1)]
-    # Per (stage, op): duration, first box it waits for (-1: none), first box it
-    # sends (-1: none), the flow, the stash change. Box k*m + j is micro-batch j's
-    # message on channel k: channel k < n_st is forward out of stage k, channel
-    # n_st + k backward out of stage k + 1.
-    shapes: dict[tuple[int, str], tuple] = {}
-
-    def shape(s: int, op: str) -> tuple:
-        st = stages[s]
-        dur = cost.stage_time_s(st.layers, st.devices, mb, op, st.recompute,
-                                st.sequence_parallel)
-        # Tensor-parallel collectives run as a flow over the group's links after the
-        # compute (`tp`); the action's own duration is the compute alone.
-        comm_s = cost.stage_tp_comm_s(st.layers, st.devices, mb, op, st.recompute)
-        tp = tp_spec(cost, st.devices, *comm_s)
-        if tp is not None:
-            dur = max(dur - comm_s[0], 0.0)
-        if op == "F":
-            return (dur, (s - 1) * m if s > 0 else -1,
-                    s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
-                    stash[s], tp)
-        if op == "W":
-            return (dur, -1, -1, None, -stash[s], tp)
-        return (dur, n_st * m + s * m if s < n_st - 1 else -1,        # B or I
-                n_st * m + (s - 1) * m if s > 0 else -1, bwd[s - 1] if s > 0 else None,
-                -stash[s] if op == "B" else 0.0, tp)
-
+    shapes: dict[tuple[int, str], OpShape] = {}
     for d, row in enumerate(sched.actions):
         rank = Rank(pipe, d, stages[d].devices)
         rank.ops = [a.op for a in row]
         rank.stages = [a.stage for a in row]
         rank.mbs = [a.microbatch for a in row]
-        # One tuple per action for the inner loop: (compute duration, box to wait for
-        # or -1, box to send or -1, its channel, its flow (None: free), stash change,
-        # stage to report or -1, tensor-parallel flow or None).
-        program = []
+        program = rank.program
         for s, op, j in zip(rank.stages, rank.ops, rank.mbs, strict=True):
             sh = shapes.get((s, op))
             if sh is None:
-                sh = shapes[(s, op)] = shape(s, op)
+                sh = shapes[(s, op)] = op_shape(cost, stages, s, op, mb, m, stash[s],
+                                                fwd, bwd)
             dur, wait, send, spec, delta, tp = sh
-            program.append((dur, wait + j if wait >= 0 else -1,
-                            send + j if send >= 0 else -1, send // m, spec, delta, -1, tp))
-        # The last gradient-producing action of each stage starts its all-reduce.
-        rank.grad_order = []
-        for i in range(len(row) - 1, -1, -1):
-            if rank.ops[i] in "BW" and rank.stages[i] not in rank.grad_order:
-                rank.grad_order.insert(0, rank.stages[i])
-                if opt.overlap_dp_allreduce:
-                    program[i] = (*program[i][:6], rank.stages[i], program[i][7])
-        rank.program = program
+            program.append(Step(dur, wait + j if wait >= 0 else -1,
+                                send + j if send >= 0 else -1, send // m, spec, delta, -1, tp))
+        rank.grad_order = _grad_order(rank, opt.overlap_dp_allreduce)
         static = cost.device_static_bytes(
             [stages[s] for s in rank_stages(d, sched.num_devices, sched.chunks,
                                             sched.placement)], mb,
             len(plan.pipelines) if plan.distributed_optimizer else 1)
         rank.timeline = [(0.0, static)]
         pipe.ranks.append(rank)
-    pipe.eta = [NEVER] * (2 * n_st * m)
-    pipe.waiters = [None] * (2 * n_st * m)
-    pipe.fuse = [-1.0] * (2 * n_st * m)       # the blocked reader's action time
-    pipe.wake = [None] * (2 * n_st * m)       # the timeout a reader sleeps on
-    pipe.sent_at = [None] * (2 * n_st * m)
+    _prepare_boxes(pipe, n_st, m, fwd, bwd)
+    return pipe
+
+
+def op_shape(cost: CostModel, stages: tuple[StagePlan, ...], s: int, op: str, mb: int,
+             m: int, stash_bytes: float, fwd: list[FlowSpec | None],
+             bwd: list[FlowSpec | None]) -> OpShape:
+    """The cost of `op` of stage s (micro-batch size mb, m micro-batches) and the first
+    boxes it reads and writes (see the module doc)."""
+    n_st, st = len(stages), stages[s]
+    dur = cost.stage_time_s(st.layers, st.devices, mb, op, st.recompute,
+                            st.sequence_parallel)
+    # Tensor-parallel collectives run as a flow over the group's links after the
+    # compute (`tp`); the action's own duration is the compute alone.
+    comm_s = cost.stage_tp_comm_s(st.layers, st.devices, mb, op, st.recompute)
+    tp = tp_spec(cost, st.devices, *comm_s)
+    if tp is not None:
+        dur = max(dur - comm_s[0], 0.0)
+    if op == "F":
+        return OpShape(dur, (s - 1) * m if s > 0 else -1,
+                       s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
+                       stash_bytes, tp)
+    if op == "W":
+        return OpShape(dur, -1, -1, None, -stash_bytes, tp)
+    return OpShape(dur, n_st * m + s * m if s < n_st - 1 else -1,          # B or I
+                   n_st * m + (s - 1) * m if s > 0 else -1, bwd[s - 1] if s > 0 else None,
+                   -stash_bytes if op == "B" else 0.0, tp)
+
+
+def _grad_order(rank: Rank, overlap: bool) -> list[int]:
+    """The rank's stages in order of their last gradient-producing action (B or W); with
+    `overlap`, that action reports its start to the stage's all-reduce."""
+    order: list[int] = []
+    program = rank.program
+    for i in range(len(program) - 1, -1, -1):
+        if rank.ops[i] in "BW" and rank.stages[i] not in order:
+            order.insert(0, rank.stages[i])
+            if overlap:
+                program[i] = program[i]._replace(report_stage=rank.stages[i])
+    return order
+
+
+def _prepare_boxes(pipe: Pipe, n_st: int, m: int, fwd: list[FlowSpec | None],
+                   bwd: list[FlowSpec | None]) -> None:
+    """Empty message boxes and idle channels for the pipe's 2 n_st m messages."""
+    boxes = 2 * n_st * m
+    pipe.eta = [NEVER] * boxes
+    pipe.waiters = [None] * boxes
+    pipe.fuse = [-1.0] * boxes
+    pipe.wake = [None] * boxes
+    pipe.sent_at = [None] * boxes
     pipe.fwd, pipe.bwd, pipe.m = fwd, bwd, m
     pipe.channel_spec = [*fwd, None, *bwd, None]
     pipe.busy_until = [0.0] * (2 * n_st)
     pipe.queue = [deque() for _ in range(2 * n_st)]
-    return pipe
 
-def boundary_flow(plan: Plan, cost: CostModel, pipe: Pipe, a: int, b: int):
+
+def boundary_flow(plan: Plan, cost: CostModel, pipe: Pipe, a: int, b: int
+                  ) -> FlowSpec | None:
     """The flow carrying stage a's output to stage b, weighted by the class's copies."""
     stages = plan.pipelines[pipe.index].stages
     edges = p2p_edges(stages[a].devices, stages[b].devices)
@@ -150,6 +218,7 @@ def boundary_flow(plan: Plan, cost: CostModel, pipe: Pipe, a: int, b: int):
             counts[hop] = counts.get(hop, 0) + n
     own = count_hops(cost, edges)
     return p2p_spec(cost, edges, nbytes, {h: counts[h] for h in own})
+
 
 def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, pipes: list[Pipe]
                         ) -> list[Segment]:
@@ -195,58 +264,3 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, pipes: lis
             p.segments.setdefault(s, []).append(seg)
             p.pending[s] = p.pending.get(s, 0) + 1
     return segments
-
-
-def stage_holding(stages, layer: int) -> int:
-    for k, s in enumerate(stages):
-        if s.layers[0] <= layer < s.layers[1]:
-            return k
-    raise BadInput("plan stages", f"a stage holding layer {layer}", has_got=False)
-
-
-def replica_classes(plan: Plan, cost: CostModel) -> list[list[int]]:
-    """Pipelines grouped by everything that sets their timing (see the module doc).
-
-    Two replicas are alike when their own shapes, device types, slowdowns and links are,
-    and, refined until stable (colour refinement), when the replicas their point-to-point
-    hops are shared with are alike too: the neighbours of a straggler's replica on a
-    shared NIC see its traffic out of step with the rest, so they get a class of their
-    own, and every member of a class then moves exactly as its representative does.
-    """
-    cluster = cost.cluster
-    groups: dict[tuple, list[int]] = {}
-    hops_of: list[tuple[str, ...]] = []
-    for q, pipe in enumerate(plan.pipelines):
-        st = pipe.stages
-        edges = [(a, b) for x, y in pairwise(st) for a, b in p2p_edges(x.devices, y.devices)]
-        # Kind synth: each pipeline replays its own lists, so they join the key.
-        own = schedule_for(plan, q).actions if plan.actions else None
-        key = (own, pipe.micro_batch, pipe.num_microbatches,
-               tuple((s.layers, s.tp, s.recompute, s.sequence_parallel,
-                      cluster.device(s.devices[0]).type.name, cluster.slowdown(s.devices),
-                      tuple(cost.route(a, b)[1] for a, b in pairwise(s.devices)))
-                     for s in st),
-               tuple((cost.route(a, b)[1], len(cost.route(a, b)[0].hops)) for a, b in edges))
-        groups.setdefault(key, []).append(q)
-        hops_of.append(tuple(count_hops(cost, edges)))
-    classes = list(groups.values())
-    if len(classes) == 1:
-        return classes
-    sharing: dict[str, list[int]] = {}
-    for q, hops in enumerate(hops_of):
-        for hop in hops:
-            sharing.setdefault(hop, []).append(q)
-    while True:
-        colour = [0] * len(plan.pipelines)
-        for c, members in enumerate(classes):
-            for q in members:
-                colour[q] = c
-        refined: dict[tuple, list[int]] = {}
-        for members in classes:
-            for q in members:
-                seen = tuple(sorted(colour[r] for hop in hops_of[q] for r in sharing[hop]
-                                    if r != q))
-                refined.setdefault((colour[q], seen), []).append(q)
-        if len(refined) == len(classes):
-            return classes
-        classes = sorted(refined.values())

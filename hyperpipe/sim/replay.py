@@ -13,6 +13,7 @@ local moves with it. Nothing here mutates its input.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hyperpipe.plan.schedule import Action, Schedule, stage_rank
 
@@ -64,7 +65,7 @@ def schedule_makespan_s(sched: Schedule, f_s: list[float], i_s: list[float],
     times = replay_rows(costs, encode_rows(sched.actions), sched.placement)
     if times is None:
         raise ValueError(f"schedule {sched.kind} deadlocks on replay")
-    return rows_score(times)[0]
+    return rows_score(times).makespan_s
 
 
 def encode_rows(rows) -> list[tuple[tuple[int, int, int], ...]]:
@@ -85,7 +86,7 @@ def replay_rows(c: PipeCosts, rows, placement: str) -> RowTimes | None:
     dur = (c.f_s, c.i_s, c.w_s,
            c.b_s or [i + w for i, w in zip(c.i_s, c.w_s, strict=True)])
     stash, budget = c.stash_bytes, [b * (1 + 1e-9) for b in c.budget_bytes]
-    mbs = 1 + max((a[2] for row in rows for a in row), default=0)
+    mbs = 1 + max((j for row in rows for _, _, j in row), default=0)
     done_f: list[float | None] = [None] * (n_st * mbs)    # F's end per (stage, mb)
     done_b: list[float | None] = [None] * (n_st * mbs)    # I's or B's end
     last = n_st - 1
@@ -138,6 +139,13 @@ def replay_rows(c: PipeCosts, rows, placement: str) -> RowTimes | None:
     return out if all(ptr[d] == len(rows[d]) for d in range(p)) else None
 
 
-def rows_score(times: RowTimes) -> tuple[float, float]:
-    ends = [row_t[-1][2] for row_t in times if row_t]
-    return max(ends), sum(ends)
+class RowScore(NamedTuple):
+    """How good a replay is, compared as a tuple: makespan first, then the ranks' ends."""
+
+    makespan_s: float              # the last rank's end
+    ends_sum_s: float              # every rank's end, summed
+
+
+def rows_score(times: RowTimes) -> RowScore:
+    ends = [end for row_t in times if row_t for _, _, end in row_t[-1:]]
+    return RowScore(max(ends), sum(ends))

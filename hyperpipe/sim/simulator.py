@@ -1,60 +1,18 @@
 """The SimPy simulator: one training iteration of a plan, event by event.
 
-What is modelled (each choice is the simplest one that keeps the closed forms exact):
-
-* **Compute.** A pipeline rank is a stage's tensor-parallel group with one compute
-  stream: a SimPy process that runs its schedule row (`schedule_for(plan, pipeline)`:
-  the generated kind or a synth plan's own lists) in order, each action taking
-  `CostModel.stage_time_s`, after waiting for its input. Its tensor-parallel
-  collectives (`CostModel.stage_tp_comm_s`, recomputed forward included) run after its
-  compute as one flow over the group's ring of intra-node ports (`network.tp_spec`),
-  sharing them with sends and data-parallel rings; on idle links the action takes
-  exactly `stage_time_s`. In the trace a rank's actions sit on the group's first
-  device, timed as on idle links; its tensor-parallel peers do the same at the same
-  times (they appear in `memory_timeline` and the peak memory).
-* **Point-to-point.** When F of stage k ends, its output (`CostModel.send_bytes`) flows
-  to stage k+1; when B or I of stage k ends, the same number of bytes flow back to stage
-  k-1. Sends are flows over the route's hops (`hyperpipe.sim.network`: equal
-  time-sharing per hop, latency once per transfer) and overlap with compute, unless
-  `blocking_p2p`: then the sender's stream waits out its send (its time on the hops as
-  weighted) before its next action, as Megatron-LM's p2p does (batch_isend_irecv,
-  req.wait(), torch.cuda.synchronize(): megatron/p2p_communication.py, 2021). Sends
-  between one pair of stages in one direction go one after another, in issue order
-  (NCCL runs a peer pair's sends on one stream); different pairs share hops.
-* **Data parallelism.** The gradients of each layer range are ring-all-reduced among the
-  replicas holding it, over the real links, as PyTorch DDP does: in buckets of
-  `bucket_bytes`, the first ready as the stage's last backward action starts, bucket j
-  after (j+1)/k of it, run one after another (`overlap_dp_allreduce`; otherwise all of
-  them after the rank's last action). Then each rank runs the optimizer step of each
-  of its stages (`CostModel.optimizer_time_s`) on its compute stream.
-* **Memory** (`hyperpipe.sim.memory`): static state plus one stash per in-flight
-  micro-batch, from F's start to the end of its B (or W). `memory_timeline` gives
-  every used device; a replica simulated through its representative shares its list.
-* **Scale.** Replicas with the same micro-batch size and count, stage layer ranges,
-  device types, slowdowns, tensor-parallel degrees and link classes, whose
-  point-to-point hops are shared with alike replicas (colour refinement: a straggler's
-  NIC neighbours form a class of their own), are simulated once, by their first member
-  (its "representative"); `collapse_replicas=False` simulates every replica. A hop
-  crossed by k copies of one transfer at the same point of the schedule carries weight
-  k (they move in lock step), so a NIC shared by eight replicas' activations is eight
-  times as busy. Collectives are simulated once
-  for all replicas; their ring edges are tracked on the nodes that host a simulated
-  device (elsewhere the copies see what their representative sees). Heterogeneous
-  replicas are each simulated, in the same SimPy environment, so they share links.
-
-Engine (kept lean: about one SimPy event per action). Each message has a box holding
-its arrival time once known. A send on idle hops costs no event (the network returns
-its arrival time); a rank that needs a message not there yet sleeps, and the sender,
-on learning the arrival time, wakes it at the *end* of its next action, with that
-action's start, so a blocked action also costs one event. If a later flow slows the
-message down, the network says so (`_delayed`) and the reader waits for the real
-delivery instead. Channel queues, bucket chains and flows that share hops use
-callbacks on timeouts, not processes.
-
-Deterministic: SimPy orders events by (time, priority, insertion), and nothing here
-iterates over a set or reads a clock. A schedule that cannot finish ends with a
-`ScheduleError` naming the stuck actions (the engine stops when no event is left, so
-it never hangs).
+`simulate(plan, cost, options)` returns the iteration's `Metrics` (the same keys as the
+analytic tier), a `Trace` of every action, send, all-reduce bucket and optimizer step
+(a rank's actions on its tensor-parallel group's first device, timed as on idle links),
+and each used device's memory over time. Modelled: one compute stream per pipeline
+rank running its schedule row in order; point-to-point sends as flows over the
+route's hops, overlapped with compute (or waited out with `blocking_p2p`), one at a
+time per stage pair and direction; data-parallel ring all-reduces per layer range in
+DDP buckets, overlapped with the last backward; the optimizer step; memory as static
+state plus one stash per in-flight micro-batch. Replicas that move alike
+(`replicas.replica_classes`) are simulated once, by their first member. Times in
+seconds, sizes in bytes. Deterministic: SimPy orders events by (time, priority,
+insertion) and nothing here iterates over a set or reads a clock. A schedule that
+cannot finish raises `ScheduleError` naming the stuck actions; it never hangs.
 
 Example (a plan file as `hyperpipe search` writes it)::
 
@@ -79,37 +37,24 @@ from dataclasses import dataclass
 import simpy
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.plan.plan import Plan
-from hyperpipe.plan.plan_schedule import schedule_for
+from hyperpipe.plan.plan import Plan, schedule_for
 from hyperpipe.plan.schedule import Schedule, ScheduleError, validate
 from hyperpipe.plan.trace import Trace, TraceEvent
-from hyperpipe.sim.analytic import RankUse, summarize
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import peak_of
-from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.metrics import Metrics, RankUse, summarize
 from hyperpipe.sim.network import Network, p2p_edges
+from hyperpipe.sim.options import SimOptions
 from hyperpipe.sim.program import (
     NEVER,
     Pipe,
     Rank,
     Segment,
+    Step,
     prepare_collectives,
     prepare_pipe,
-    replica_classes,
 )
-
-
-@dataclass(frozen=True)
-class SimOptions:
-    overlap_dp_allreduce: bool = True     # buckets start during the last backward
-    bucket_bytes: float = 25e6            # PyTorch DDP's default bucket_cap_mb=25
-    include_optimizer: bool = True
-    grad_bytes_per_param: float | None = None   # None: the cost model's (bf16: fp32, 4)
-    trace: bool = True                    # False: skip building the Trace (search)
-    check_plan: bool = True               # Plan.check against model and cluster first
-    validate_schedule: bool = True        # validate a user-given schedule first
-    collapse_replicas: bool = True        # simulate identical replicas once (see "Scale")
-    blocking_p2p: bool = False            # sender waits for its send (Megatron-LM's p2p)
+from hyperpipe.sim.replicas import replica_classes
 
 
 @dataclass(frozen=True)
@@ -119,7 +64,10 @@ class SimResult:
     memory_timeline: dict[str, list[tuple[float, float]]]   # device -> (time_s, bytes)
 
 
-def simulate(plan: Plan, cost: CostModel, options: SimOptions = SimOptions(), *,
+_DEFAULTS = SimOptions()      # frozen: one shared default is safe
+
+
+def simulate(plan: Plan, cost: CostModel, options: SimOptions = _DEFAULTS, *,
              schedule: Schedule | None = None) -> SimResult:
     """Simulate one training iteration of `plan` (times in seconds, sizes in bytes).
 
@@ -134,6 +82,15 @@ def simulate(plan: Plan, cost: CostModel, options: SimOptions = SimOptions(), *,
 
 
 class _Engine:
+    """One simulation, kept lean (about one SimPy event per action). Each message has a
+    box holding its arrival time once known. A send on idle hops costs no event (the
+    network returns its arrival time); a rank that needs a message not there yet sleeps,
+    and the sender, on learning the arrival time, wakes it at the *end* of its next
+    action, with that action's start, so a blocked action also costs one event. If a
+    later flow slows the message down, the network says so (`_delayed`) and the reader
+    waits for the real delivery instead. Channel queues, bucket chains and flows that
+    share hops use callbacks on timeouts, not processes."""
+
     def __init__(self, plan: Plan, cost: CostModel, options: SimOptions,
                  schedule: Schedule | None):
         self.plan, self.cost, self.opt = plan, cost, options
@@ -165,7 +122,7 @@ class _Engine:
         eta, waiters, busy_until = pipe.eta, pipe.waiters, pipe.busy_until
         overlap, blocking = opt.overlap_dp_allreduce, opt.blocking_p2p
         timeline, starts = rank.timeline, rank.starts
-        current = timeline[0][1]
+        _, current = timeline[0]
         timeout, arrive, delivered = env.timeout, self._arrive, self._delivered
         start_lazy, sent_at, fuse, report_to = self.net.start_lazy, pipe.sent_at, pipe.fuse, \
             self._report
@@ -228,7 +185,7 @@ class _Engine:
                     yield timeout(spec.latency_s + spec.work_s / spec.speed)
                     t1 = env.now
         rank.cursor = len(rank.program)
-        rank.busy_s = sum(_busy_s(action) for action in rank.program)
+        rank.busy_s = sum(map(Step.busy_s, rank.program))
         rank.compute_end_s = env.now
         if not overlap:
             for s in rank.grad_order:
@@ -444,9 +401,9 @@ class _Engine:
                 dev = r.devices[0]
                 meta["device_types"][dev] = self.cost.cluster.device(dev).type.name
                 ops, stg, mbs = r.ops, r.stages, r.mbs
-                events.extend(TraceEvent(dev, ops[i], stg[i], mbs[i], t0, t0 + _busy_s(action))
-                              for i, (t0, action) in enumerate(zip(r.starts, r.program,
-                                                                   strict=False)))
+                events.extend(TraceEvent(dev, ops[i], stg[i], mbs[i], t0, t0 + step.busy_s())
+                              for i, (t0, step) in enumerate(zip(r.starts, r.program,
+                                                                 strict=False)))
                 events.extend(sent.get(r.d, ()))
                 events.extend(TraceEvent(dev, "optimizer", s, 0, t0, t1)
                               for s, t0, t1 in r.opt_log)
@@ -481,11 +438,6 @@ class _Engine:
 def _tp_done(holder: list) -> None:
     """Network callback: a tensor-parallel flow that shared its ports is delivered."""
     holder[0].succeed()
-
-
-def _busy_s(action: tuple) -> float:
-    """An action's time on idle links: its compute and its tensor-parallel flow."""
-    return action[0] + (action[7].time_s if action[7] is not None else 0.0)
 
 
 __all__ = ["SimOptions", "SimResult", "simulate"]

@@ -48,7 +48,7 @@ def parse_window(text: str) -> tuple[float, float]:
     except ValueError:
         start = end = -1.0
     if not sep or not 0 <= start < end < float("inf"):
-        raise BadInput("--window", "START:END in seconds with 0 <= START < END, e.g. 0:0.25",
+        raise BadInput("window", "START:END in seconds with 0 <= START < END, e.g. 0:0.25",
                        text)
     return start, end
 
@@ -93,11 +93,11 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
         raise BadInput("plot_timelines", "one title per trace and at least one trace",
                        f"{len(traces)} traces, {len(titles)} titles")
     if microbatches is not None and microbatches < 1:
-        raise BadInput("--microbatches", "a positive number of micro-batches", microbatches)
+        raise BadInput("microbatches", "a positive number of micro-batches", microbatches)
     t0s = [min((e.start_s for e in t.events), default=0.0) for t in traces]
     zoomed = [_zoom(t, t0, window, microbatches) for t, t0 in zip(traces, t0s, strict=True)]
-    lo = min(z[1] for z in zoomed)
-    hi = max(z[2] for z in zoomed)
+    lo = min(z_lo for _, z_lo, _ in zoomed)
+    hi = max(z_hi for _, _, z_hi in zoomed)
     span = max(hi - lo, 1e-12)
     unit, scale = _time_unit(span)
     rows = [min(len(t.devices()), max_devices) for t in traces]

@@ -1,22 +1,14 @@
 """Local improvement of one pipeline's per-rank action orders (the last step of `synth`).
 
-`replay(c, rows, placement)` times fixed per-rank orders in the list scheduler's model
-(`hyperpipe.synth.listsched`: per-stage F, I, W times, fixed link delays, no contention;
-B counts as I then W): each action starts when its rank is free and its input is
-there. It returns each action's start, end and ready time, or None when the orders
-deadlock or a rank's stashes (held from F to W, or to B) exceed its budget.
-`schedule_makespan_s` is that replay's end for a `Schedule`'s own orders, uncapped:
-the analytic tier (`hyperpipe.sim.analytic`) prices the V kinds and synth with it.
-
-`improve(c, rows, placement, budget)` hill-climbs on that replay, in the spirit of
-list-schedule justification (Valls et al., EJOR 2005): an action that was ready before
-its rank started the actions ahead of it moves ahead of them (as far as it was ready,
-else one slot), never past an action it depends on or one of its stage's same op;
-the move stays when the pipeline's (makespan, sum of rank end times) gets smaller, so
-the critical chain shortens first and the ranks' tails next. Ranks that end last are
-visited first; passes repeat until no move helps or `budget` replays are spent. The
-caller prices the result with the SimPy simulator, which sees contention; nothing here
-mutates its input.
+`improve(c, rows, placement, budget)` hill-climbs on `hyperpipe.sim.replay`'s timing of
+fixed per-rank orders (per-stage F, I, W seconds, fixed link delays, no contention), in
+the spirit of list-schedule justification (Valls et al., EJOR 2005): an action that was
+ready before its rank started the actions ahead of it moves ahead of them (as far as it
+was ready, else one slot), never past an action it depends on or one of its stage's
+same op; a move stays when the pipeline's (makespan, sum of rank end times) gets
+smaller. Ranks that end last are visited first; passes repeat until no move helps or
+`budget` replays are spent. The caller prices the result with the SimPy simulator,
+which sees contention; nothing here mutates its input.
 """
 
 from __future__ import annotations

@@ -1,35 +1,25 @@
 """Schedules synthesised for one plan (kind ``synth``), priced by the simulator.
 
-`synthesise(plan, cost)` keeps the plan's stages, devices and micro-batches and builds
-per-device action orders for them:
+`synthesise(plan, cost)` keeps the plan's stages, devices and micro-batches, takes per
+stage F, I, W seconds, link seconds, stash bytes and each rank's stash budget from the
+cost model (or calibration profile), builds one order per `Policy` by list scheduling
+(`listsched`), and simulates every candidate and every fixed kind that places chunks as
+the plan does. The best synthesised order and the best fixed kind's are improved by
+local moves (`improve`) and simulated again; the fastest that fits in memory wins.
 
-1. from the cost model (or calibration profile): per stage F, I and W times, link times
-   between adjacent stages, stash bytes per micro-batch, and each rank's memory left for
-   stashes (device memory minus the static state of its stages);
-2. one candidate order per `Policy` by list scheduling (`hyperpipe.synth.listsched`):
-   per-rank warm-up depth from 1F1B's up to what memory allows, W's into bubbles or
-   right after their I, lookahead for arriving backwards;
-3. every candidate, and every fixed kind that places chunks as the plan does (gpipe,
-   1f1b, zb-h1 for one chunk; interleaved-1f1b looped; zb-v, dualpipe-v in a V), is
-   simulated with the SimPy simulator;
-4. the best synthesised order and the best fixed kind's order are each improved by
-   local moves judged on the same costs (`hyperpipe.synth.improve`) and simulated again;
-   the fastest of all that fits in memory wins.
-
-So the result is never slower than the best fixed kind (that kind is kept when no
-candidate beats it) and never over a device's memory when any schedule fits. The
-result is an ordinary plan: kind ``synth`` with ``schedule.actions`` (validated,
-simulated, drawn, exported, replayed by the executor), or the winning fixed kind.
+So the result is never slower than the best fixed kind (kept when no candidate beats
+it) and never over a device's memory when any schedule fits. It is an ordinary plan:
+kind ``synth`` with ``schedule.actions``, or the winning fixed kind.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-from hyperpipe.plan.generators import SCHEDULE_KINDS, SYNTH, default_chunks, placement_of
-from hyperpipe.plan.plan import Plan
-from hyperpipe.plan.plan_schedule import pipeline_placement, schedule_for
+from hyperpipe.plan.kinds import GENERATED_KINDS, SYNTH, schedule_kind
+from hyperpipe.plan.plan import Plan, pipeline_placement, schedule_for
 from hyperpipe.plan.schedule import rank_stages, validate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.metrics import Metrics
@@ -52,6 +42,16 @@ POLICIES: tuple[Policy, ...] = (
     # critical path: the ready action with the longest chain behind it first
     Policy(1, "fill", "tail"), Policy(None, "fill", "tail"),
 )
+
+
+class Priced(NamedTuple):
+    """A schedule for the plan's stages and its simulated price (inf: over memory)."""
+
+    time_s: float
+    plan: Plan | None
+    metrics: Metrics | None
+    policy: Policy | None            # the policy that built it (None: a fixed kind)
+    kind: str = ""                   # the fixed kind (fixed kinds only)
 
 
 IMPROVE_BUDGET = 150      # replays of the local improvement per distinct pipeline
@@ -78,11 +78,13 @@ class SynthResult:
 
 
 def fixed_kinds(plan: Plan) -> list[str]:
-    """The fixed kinds that place the plan's chunks as it does."""
+    """The fixed (generated) kinds that place the plan's chunks as it does: for looped
+    chunks > 1 those that take any chunk count, else those whose chunk count it is."""
     placement = pipeline_placement(plan, plan.pipelines[0])
-    return [k for k in SCHEDULE_KINDS if placement_of(k) == placement
-            and (k == "interleaved-1f1b" if plan.chunks > 1 and placement == "loop"
-                 else default_chunks(k) == plan.chunks)]
+    looped = plan.chunks > 1 and placement == "loop"
+    kinds = map(schedule_kind, GENERATED_KINDS)
+    return [k.name for k in kinds if k.placement == placement
+            and (k.takes_chunks if looped else k.default_chunks == plan.chunks)]
 
 
 def pipe_costs(plan: Plan, cost: CostModel, q: int) -> PipeCosts:
@@ -146,7 +148,7 @@ def improved_plan(plan: Plan, costs: list[PipeCosts], budget: int = IMPROVE_BUDG
         sched = schedule_for(plan, q)
         key = (costs[q], sched.actions)
         if key not in built:
-            built[key] = improve(costs[q], sched.actions, sched.placement, budget)[0]
+            built[key], _ = improve(costs[q], sched.actions, sched.placement, budget)
             changed |= built[key] != sched.actions
         for d, row in enumerate(built[key]):
             actions[pipe.stages[d].devices[0]] = row
@@ -162,19 +164,20 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
     trace)."""
     t0 = time.perf_counter()
     options = SimOptions(trace=False) if options is None else options
-    base = replace(plan, actions=None) if plan.schedule == SYNTH else plan
     opts = replace(options, check_plan=False)
     plan.check(cost.model, cost.cluster)
-    fixed_best = (float("inf"), "", None, None)
+    base = replace(plan, actions=None) if schedule_kind(plan.schedule).carries_actions \
+        else plan
+    fixed_best = Priced(float("inf"), None, None, None, "")
     n = 0
     for kind in fixed_kinds(base):
         candidate = replace(base, schedule=kind, actions=None)
         metrics = simulate(candidate, cost, opts).metrics
         n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")
-        if t < fixed_best[0] or fixed_best[2] is None:
-            fixed_best = (t, kind, candidate, metrics)
-    synth_best: tuple | None = None
+        if t < fixed_best.time_s or fixed_best.plan is None:
+            fixed_best = Priced(t, candidate, metrics, None, kind)
+    synth_best: Priced | None = None
     seen: set = set()
     costs = [pipe_costs(base, cost, q) for q in range(len(base.pipelines))]
     for policy in policies:
@@ -185,11 +188,11 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
         metrics = simulate(candidate, cost, opts).metrics
         n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")
-        if synth_best is None or t < synth_best[0]:
-            synth_best = (t, candidate, metrics, policy)
+        if synth_best is None or t < synth_best.time_s:
+            synth_best = Priced(t, candidate, metrics, policy)
     # 4. local improvement of the best synthesised and the best fixed order, re-priced
-    starts = [(synth_best[1], synth_best[3])] if synth_best else []
-    starts += [(fixed_best[2], None)] if fixed_best[2] is not None else []
+    starts = [(synth_best.plan, synth_best.policy)] if synth_best else []
+    starts += [(fixed_best.plan, None)] if fixed_best.plan is not None else []
     for start, policy in starts:
         better = improved_plan(start, costs)
         if better is None or better.actions in seen:
@@ -198,15 +201,15 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
         metrics = simulate(better, cost, opts).metrics
         n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")
-        if synth_best is None or t < synth_best[0]:
-            synth_best = (t, better, metrics, policy)
-    fixed_t, kind, fixed_plan, fixed_metrics = fixed_best
-    synth_t = synth_best[0] if synth_best else float("inf")
+        if synth_best is None or t < synth_best.time_s:
+            synth_best = Priced(t, better, metrics, policy)
+    fixed_t, kind = fixed_best.time_s, fixed_best.kind
+    synth_t = synth_best.time_s if synth_best else float("inf")
     if synth_best is not None and synth_t < fixed_t:
-        winner, metrics, policy = synth_best[1], synth_best[2], synth_best[3]
+        winner, metrics, policy = synth_best.plan, synth_best.metrics, synth_best.policy
         for q in range(len(winner.pipelines)):      # the winner is ordinary, valid IR
             validate(schedule_for(winner, q))
     else:
-        winner, metrics, policy = fixed_plan, fixed_metrics, None
+        winner, metrics, policy = fixed_best.plan, fixed_best.metrics, None
     return SynthResult(winner, metrics, kind, fixed_t, synth_t, policy, n,
-                       time.perf_counter() - t0, synth_best[1] if synth_best else None)
+                       time.perf_counter() - t0, synth_best.plan if synth_best else None)

@@ -1,3 +1,5 @@
-"""What-if sweeps: variants of a cluster or model searched and compared, stragglers,
-added devices, failures and goodput, run on the local or the Ray backend.
+"""What-if studies: a cluster or model parameter swept with the best plan per variant,
+stragglers (today's plan kept against re-planning), added devices (a bigger variant is
+never reported slower than one it contains), failures and goodput against the
+checkpoint interval. Work runs on the search's local or Ray backend.
 """

@@ -3,9 +3,8 @@
 A variant whose devices include every device of another variant (same name, type and
 speed), and more, can run that variant's best plan unchanged, the added devices idle.
 The search ranks by models that are not the simulator and may pick, on the bigger
-cluster, a plan that uses the added devices and simulates slower (the issue's example:
-8 RTX 4090s added to a cluster made its best plan slower). Here each such variant is
-also given the smaller variants' best plans (and the best plan of the cluster as
+cluster, a plan that uses the added devices and simulates slower. Here each such variant
+is also given the smaller variants' best plans (and the best plan of the cluster as
 given, when that is smaller), each simulated on the bigger variant's own cluster; the
 best of them by the search's objective is the variant's answer, and the row says whose
 plan it is. So adding devices never reports a slower best plan than leaving them unused.
@@ -17,7 +16,6 @@ True
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from hyperpipe.cluster.cluster import Cluster, cluster_ref
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
@@ -26,9 +24,7 @@ from hyperpipe.search.evaluate import Candidate, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
-
-if TYPE_CHECKING:
-    from hyperpipe.whatif.sweep import Row, VariantTask
+from hyperpipe.whatif.variants import Row, VariantTask
 
 
 def simulate_on(plan: Plan, cost: CostModel) -> Candidate:

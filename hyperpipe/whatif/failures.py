@@ -1,7 +1,7 @@
 """Failures in what-if studies: goodput against the checkpoint interval, and the plan
 to fall back to when a node is gone (`hyperpipe whatif --failures`).
 
-Today's plan (the user's `--plan`, or the best plan for the cluster) runs on some
+Today's plan (the user's, or the best plan for the cluster) runs on some
 nodes; each node with an `mtbf` fails as a Poisson process, and the job stops when any
 of its nodes does (`hyperpipe.whatif.goodput`). The checkpoint write time is the
 checkpoint's size (by default the model's parameters x
@@ -17,11 +17,10 @@ import copy
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, load_cluster
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.core.units import format_quantity, format_seconds
-from hyperpipe.models import load_model
-from hyperpipe.plan.plan import Plan
+from hyperpipe.models import ModelSpec
 from hyperpipe.search.evaluate import Candidate
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import SearchConstraints, search
@@ -38,6 +37,7 @@ from hyperpipe.whatif.goodput import (
     young_interval_s,
 )
 from hyperpipe.whatif.stragglers import search_view
+from hyperpipe.whatif.variants import Planning
 
 MC_FAILURES = 50_000         # failures in the Monte-Carlo run behind each table row
 TABLE_FACTORS = (0.25, 0.5, 2.0, 4.0)   # intervals tabulated around the optimum
@@ -90,33 +90,43 @@ class FailureStudy:
         return out
 
 
-def failure_whatif(model: Any, cluster: Any, *, global_batch: int, restart_s: float,
-                   storage_bandwidth_bytes_per_s: float | None = None,
-                   checkpoint_bytes: float | None = None, write_s: float | None = None,
-                   mtbf_s: float | None = None, intervals_s: tuple[float, ...] = (),
-                   micro_batch: int | None = None, schedule: str | None = None,
-                   objective: str = "throughput", profile=None, workers: int = 1,
-                   backend=None, plan: Plan | None = None) -> FailureStudy:
-    """The failure study of one plan (see the module doc). `mtbf_s` applies to every
-    node that has no `mtbf` of its own; `write_s` overrides size / bandwidth."""
-    base = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
-    if mtbf_s is not None:
+@dataclass(frozen=True)
+class FailureOptions:
+    """What the failure study needs beyond the model and cluster (seconds, bytes)."""
+
+    planning: Planning
+    restart_s: float                           # from a failure to training again
+    storage_bandwidth_bytes_per_s: float | None = None
+    checkpoint_bytes: float | None = None      # None: CHECKPOINT_BYTES_PER_PARAM x params
+    write_s: float | None = None               # one checkpoint; overrides size / bandwidth
+    mtbf_s: float | None = None                # of every node without an mtbf of its own
+    intervals_s: tuple[float, ...] = ()        # tabulated besides the optima
+
+
+def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, *,
+                   profile: Any = None, backend: Any = None) -> FailureStudy:
+    """The failure study of one plan (see the module doc): today's plan is
+    `options.planning.plan`, or the best plan for `cluster` when that is None."""
+    o, planning = options, options.planning
+    base = cluster
+    if o.mtbf_s is not None:
         base = replace(base, nodes=tuple(n if n.mtbf_s is not None else
-                                         replace(n, mtbf_s=mtbf_s) for n in base.nodes))
+                                         replace(n, mtbf_s=o.mtbf_s) for n in base.nodes))
     if all(n.mtbf_s is None for n in base.nodes):
-        raise BadInput("--failures", "an mtbf on the nodes (node field mtbf in the cluster "
-                       "file, or --mtbf for every node)", has_got=False)
-    spec = load_model(model, where="--model")
-    size = checkpoint_bytes if checkpoint_bytes is not None else \
+        raise BadInput("failures", "an mtbf on the nodes (node field mtbf in the cluster "
+                       "file, or `mtbf` for every node)", has_got=False)
+    spec = model
+    size = o.checkpoint_bytes if o.checkpoint_bytes is not None else \
         CHECKPOINT_BYTES_PER_PARAM * sum(layer.params for layer in spec.layers)
+    write_s = o.write_s
     if write_s is None:
-        if storage_bandwidth_bytes_per_s is None:
-            raise BadInput("--storage-bandwidth", "the bandwidth checkpoints are written at "
-                           "(e.g. '20 GB/s'), or --checkpoint-write-time", has_got=False)
-        write_s = size / storage_bandwidth_bytes_per_s
-    c = SearchConstraints(global_batch=global_batch, micro_batch=micro_batch,
-                          schedule=schedule, objective=objective)
-    workers = workers if backend is None else 1
+        if o.storage_bandwidth_bytes_per_s is None:
+            raise BadInput("storage_bandwidth", "the bandwidth checkpoints are written at "
+                           "(e.g. '20 GB/s'), or `checkpoint_write_time`", has_got=False)
+        write_s = size / o.storage_bandwidth_bytes_per_s
+    c = planning.constraints()
+    workers = planning.workers if backend is None else 1
+    plan = planning.plan
     if plan is None:
         plan = search(spec, search_view(base), c, profile=profile, top=1, workers=workers,
                       backend=backend).best.plan
@@ -125,10 +135,10 @@ def failure_whatif(model: Any, cluster: Any, *, global_batch: int, restart_s: fl
     nodes = tuple(dict.fromkeys(base.device(d).node for d in plan.devices))
     failing = [base.node(n) for n in nodes if base.node(n).mtbf_s is not None]
     if not failing:
-        raise BadInput("--failures", "an mtbf on a node the plan uses", has_got=False)
+        raise BadInput("failures", "an mtbf on a node the plan uses", has_got=False)
     mtbf = combined_mtbf_s([n.mtbf_s for n in failing])
-    ckpt = Checkpointing(write_s, restart_s)
-    rows = _interval_rows(ckpt, mtbf, intervals_s)
+    ckpt = Checkpointing(write_s, o.restart_s)
+    rows = _interval_rows(ckpt, mtbf, o.intervals_s)
     failed = min(failing, key=lambda n: n.mtbf_s).name       # ties: the first in the plan
     replan, error, text = _replan(spec, base, failed, c, profile, workers, backend)
     return FailureStudy(spec.name, base.name, today, nodes, mtbf, size, ckpt, rows, failed,
@@ -167,7 +177,7 @@ def without_node(cluster: Cluster, name: str) -> Cluster:
     doc["nodes"] = entries
     out = cluster_from_dict(doc, where=f"cluster {cluster.name} without {name}",
                             name=cluster.name)
-    # nodes keep their MTBFs (set here or by --mtbf)
+    # nodes keep their MTBFs (their own or the study's `mtbf_s`)
     mtbf = {n.name: n.mtbf_s for n in cluster.nodes}
     return replace(out, nodes=tuple(replace(n, mtbf_s=mtbf[n.name]) for n in out.nodes))
 

@@ -1,24 +1,17 @@
 """Failures, checkpoints and goodput: how much of the wall time trains.
 
-Model (Daly 2006, "A higher order estimate of the optimum checkpoint interval for
-restart dumps", Future Generation Computer Systems 22(3)): failures arrive as a Poisson
-process of mean time between failures M (independent nodes: their rates add, so
-M = 1 / sum 1/M_i over the nodes a job uses). The job computes for `interval_s` (tau),
-then writes a checkpoint for `write_s` (delta); a failure loses the work since the last
-completed checkpoint and costs `restart_s` (R) to get going again (detect, reschedule,
-reload), and a failure during a restart starts the restart over. Then the expected
-wall time per unit of work is
+Model (Daly 2006, Future Generation Computer Systems 22(3)): failures arrive as a
+Poisson process of mean time between failures M (independent nodes: M = 1 / sum 1/M_i).
+The job computes for tau (`interval_s`), writes a checkpoint for delta (`write_s`); a
+failure loses the work since the last completed checkpoint and costs R (`restart_s`),
+restarted over if another failure hits it. The expected wall time per unit of work is
 
     T_wall / T_work = M e^(R/M) (e^((tau + delta)/M) - 1) / tau
 
-and the **goodput** (useful training time over wall time) is its inverse. Its optimum
-interval to first order is Young's tau = sqrt(2 delta M) (Young 1974, "A first order
-approximation to the optimum checkpoint interval", CACM 17(9)) and Daly's
-tau = sqrt(2 delta M) - delta (Daly 2006, first-order estimate, for delta < 2M);
-`best_interval_s` finds the model's exact optimum numerically.
-
-`monte_carlo_goodput` checks all of this independently: it draws a long run of failure
-times and walks through it, counting the work saved by completed checkpoints.
+and the **goodput** is its inverse. First-order optima: Young's tau = sqrt(2 delta M)
+(Young 1974, CACM 17(9)) and Daly's sqrt(2 delta M) - delta (for delta < 2M);
+`best_interval_s` finds the exact one numerically, and `monte_carlo_goodput` checks the
+model independently by walking a long drawn run of failures.
 
 Times in seconds; goodput a fraction in [0, 1].
 """

@@ -2,32 +2,25 @@
 
 A straggler is a node or device whose compute runs `slowdown` times slower than its
 catalog speed (`Node.slowdown`, applied by the cost model). For each variant of a sweep
-over slowdowns (``--vary 'nodes.NAME.slowdown=1.0,1.3,2.0'``) the what-if reports:
-
-* **keep the plan**: today's plan (the best plan for the cluster as given, or the
-  user's `--plan`) simulated on the degraded cluster;
-* **re-plan**: a fresh search on the degraded cluster; if the search's pick simulates
-  slower than the kept plan (the search ranks by models that are not the simulator),
-  the kept plan is the answer, so re-planning is never slower than keeping;
-* the **gap**: how much faster re-planning is.
+over slowdowns the what-if reports **keep** (today's plan, the best plan for the cluster
+as given or the user's, simulated on the degraded cluster), **re-plan** (a fresh search
+on it; never slower than keep: a slower pick leaves the kept plan as the answer) and
+the **gap** between them.
 
 The search groups devices by type, so it sees stragglers through `search_view`: every
-slowed node becomes a device type of its own whose speed already carries the slowdown
-(peak FLOP/s and memory bandwidth divided by it: the roofline time is multiplied by it
-exactly). A node with one slow device is seen at its slowest device's speed; the plan
-found is then simulated on the real cluster. A calibration profile's per-type fits do
-not apply to these derived types (the analytic roofline does).
+slowed node's devices become a derived type whose peak FLOP/s and memory bandwidth are
+divided by the slowdown (the roofline time is multiplied by it exactly); a node with
+one slow device is seen at its slowest device's speed, and the plan found is then
+simulated on the real cluster. A calibration profile's per-type fits do not apply to
+these derived types (the analytic roofline does).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from hyperpipe.cluster.cluster import Cluster
-
-if TYPE_CHECKING:
-    from hyperpipe.whatif.sweep import WhatIfResult
+from hyperpipe.whatif.variants import WhatIfResult
 
 
 def is_straggler_key(key: str) -> bool:

@@ -1,34 +1,27 @@
-"""What-if studies: sweep a cluster or model parameter, search the best plan per variant.
+"""What-if sweeps: vary a cluster or model parameter, search the best plan per variant.
 
-A variation is ``KEY=V1,V2,...`` (several give their grid):
+A variation is ``KEY=V1,V2,...`` (several give their grid): a dotted path into the
+cluster document (``inter_node.bandwidth``, ``nodes.NAME.count`` with NAME as written or
+a position, ``device_types.TYPE.peak_flops``, ...), ``model`` (a preset or file per
+value), ``model.FIELD`` (an override, e.g. ``model.seq_len=1024,2048``) or
+``global_batch``. A sweep that sets a ``slowdown``, or one given today's plan, also keeps
+that plan on every variant against re-planning (`hyperpipe.whatif.stragglers`). `pool`
+makes every non-empty subset of the cluster's device types a variant; with prices the
+table has the cost per million tokens and the (time, cost) Pareto front.
 
-* a dotted path into the cluster document: ``inter_node.bandwidth``,
-  ``nodes.NAME.count`` / ``.device`` / ``.intra_link.bandwidth`` (NAME as written in
-  the file, or the node's position), ``device_types.TYPE.peak_flops``, ...;
-* ``model`` (a preset name or file per value, e.g. model sizes), ``model.FIELD``
-  (an override, e.g. ``model.seq_len=1024,2048``);
-* ``global_batch``.
-
-A sweep that sets a ``slowdown`` (``nodes.NAME.slowdown=1.0,1.3,2.0``), or any sweep
-given today's plan, also keeps that plan on every variant against re-planning
-(`hyperpipe.whatif.stragglers`).
-
-`pool=True` asks "which of these device types should I use": every non-empty subset of
-the cluster's device types is a variant (the nodes of the other types removed), and with
-prices the table has the cost per million tokens and the (time, cost) Pareto front.
-
->>> r = whatif("tiny-gpt", "demo-hetero", global_batch=8,
-...            vary=["inter_node.bandwidth=1 Gbit/s,100 Gbit/s"])   # doctest: +SKIP
+>>> r = whatif(load_model("tiny-gpt"), load_cluster("demo-hetero"), SweepOptions(
+...     Planning(global_batch=8), vary=("inter_node.bandwidth=1 Gbit/s,100 Gbit/s",)))
+...                                                                 # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, load_cluster
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.core.progress import Progress
@@ -36,70 +29,34 @@ from hyperpipe.models import ModelSpec, load_model
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.evaluate import Candidate, pareto_front, rank_key
 from hyperpipe.search.report import describe_plan
-from hyperpipe.search.search import SearchConstraints, search
+from hyperpipe.search.search import search
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.whatif.added_devices import keep_unused, needs_base, simulate_on
 from hyperpipe.whatif.stragglers import is_straggler_key, search_view
+from hyperpipe.whatif.variants import Planning, Row, VariantTask, WhatIfResult
 from hyperpipe.whatif.vary_paths import check_vary
 
-
-@dataclass(frozen=True)
-class Row:
-    """The outcome of one variant."""
-
-    settings: tuple[tuple[str, str], ...]     # (key, value) per varied parameter
-    devices: int
-    best: Candidate | None
-    uniform: Candidate | None
-    error: str | None = None                  # what is short, when nothing fits
-    description: str = ""
-    kept: Candidate | None = None             # today's plan simulated on this variant
-    kept_is_answer: bool = False              # the search's pick was slower: best = kept
-    unused_from: str | None = None            # best is this smaller variant's plan, the
-                                              # added devices unused (added_devices)
-
-    @property
-    def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.settings)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"settings": dict(self.settings), "devices": self.devices}
-        if self.best is not None:
-            out["best"] = self.best.to_dict()
-        if self.uniform is not None:
-            out["uniform"] = self.uniform.to_dict()
-        if self.error is not None:
-            out["error"] = self.error
-        if self.unused_from is not None:
-            out["unused_from"] = self.unused_from
-        if self.kept is not None:
-            out["kept"] = self.kept.to_dict()
-            out["kept_is_answer"] = self.kept_is_answer
-            if self.best is not None and self.kept.metrics.feasible:
-                out["replan_gain"] = self.kept.metrics.iteration_time_s / \
-                    self.best.metrics.iteration_time_s - 1
-        return out
+__all__ = ["Planning", "Row", "SweepOptions", "VariantTask", "WhatIfResult",
+           "evaluate_variant", "format_whatif", "parse_vary", "plot_whatif", "set_path",
+           "whatif"]
 
 
 @dataclass(frozen=True)
-class WhatIfResult:
-    model: str
-    cluster: str
-    rows: list[Row]
-    pareto: list[int] = field(default_factory=list)    # rows on the (time, cost) front
-    kind: str = "sweep"          # "stragglers": rows carry today's plan kept as well
+class SweepOptions:
+    """What a sweep varies, and how each variant is planned."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "cluster": self.cluster, "kind": self.kind,
-                "rows": [r.to_dict() for r in self.rows], "pareto_rows": self.pareto}
+    planning: Planning
+    vary: tuple[str, ...] = ()          # "KEY=V1,V2,..." each; several give their grid
+    pool: bool = False                  # every subset of the device types a variant
+    progress: bool | None = None        # a bar over the variants: always, terminal, never
 
 
 def parse_vary(text: str) -> tuple[str, list[str]]:
-    """'KEY=V1,V2' -> (KEY, [V1, V2]); BadInput naming --vary otherwise."""
+    """'KEY=V1,V2' -> (KEY, [V1, V2]); BadInput naming the option `vary` otherwise."""
     key, sep, values = text.partition("=")
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not sep or not key.strip() or not items:
-        raise BadInput("--vary", "KEY=V1,V2,... e.g. 'inter_node.bandwidth=10 Gbit/s,"
+        raise BadInput("vary", "KEY=V1,V2,... e.g. 'inter_node.bandwidth=10 Gbit/s,"
                        "100 Gbit/s'", text)
     return key.strip(), items
 
@@ -126,10 +83,10 @@ def set_path(doc: dict, key: str, value: str) -> None:
                 match = [node[int(part)]]
             if not match:
                 names = [x.get("name") for x in node if isinstance(x, dict)]
-                raise BadInput(f"--vary {key}", f"a name among {names} or a position",
+                raise BadInput(f"vary {key}", f"a name among {names} or a position",
                                part)
             if last:
-                raise BadInput(f"--vary {key}", "a field of the item, e.g. "
+                raise BadInput(f"vary {key}", "a field of the item, e.g. "
                                f"{key}.count", has_got=False)
             node = match[0]
         elif isinstance(node, dict):
@@ -137,18 +94,20 @@ def set_path(doc: dict, key: str, value: str) -> None:
                 held = node.get(part)
                 if isinstance(held, (dict, list)):
                     inner = "0.count" if isinstance(held, list) else next(iter(held), "FIELD")
-                    raise BadInput(f"--vary {key}", f"a path to one value ({part} holds a "
+                    raise BadInput(f"vary {key}", f"a path to one value ({part} holds a "
                                    f"{type(held).__name__}; e.g. {key}.{inner})",
                                    has_got=False)
                 node[part] = _scalar(value)
             else:
                 node = node.setdefault(part, {})
         else:
-            raise BadInput(f"--vary {key}", "a path into the cluster document", part)
+            raise BadInput(f"vary {key}", "a path into the cluster document", part)
 
 
-def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool: bool):
-    """(settings, model ref, cluster, global batch) per variant."""
+def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int,
+              vary: tuple[str, ...], pool: bool):
+    """(settings, model, cluster, global batch) per variant; `source` is what `model`
+    was loaded from (``model.FIELD`` settings load it again with the field overridden)."""
     axes = [parse_vary(v) for v in vary]
     for key, values in axes:
         if key not in ("model", "global_batch") and not key.startswith("model."):
@@ -159,15 +118,16 @@ def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool:
                    for s in itertools.combinations(types, r)]
         axes.append(("use", ["+".join(s) for s in subsets]))
     if not axes:
-        raise BadInput("whatif", "at least one --vary KEY=V1,V2,... or --pool", has_got=False)
+        raise BadInput("whatif", "at least one variation (`vary` KEY=V1,V2,...) or `pool`",
+                       has_got=False)
     for combo in itertools.product(*[[(k, v) for v in values] for k, values in axes]):
         doc = copy.deepcopy(cluster.source)
         doc.setdefault("name", cluster.name)
-        model, batch = model_ref, global_batch
+        ref, batch = source, global_batch
         overrides: dict[str, Any] = {}
         for key, value in combo:
             if key == "model":
-                model = value
+                ref = value
             elif key.startswith("model."):
                 overrides[key[len("model."):]] = _scalar(value)
             elif key == "global_batch":
@@ -179,55 +139,57 @@ def _variants(model_ref: Any, cluster, global_batch: int, vary: list[str], pool:
                 set_path(doc, key, value)
         # count 0 means "without this node" (a what-if, not a file error)
         doc["nodes"] = [n for n in doc.get("nodes", []) if n.get("count") != 0]
-        where = f"--vary {', '.join(f'{k}={v}' for k, v in combo)}"
+        where = f"vary {', '.join(f'{k}={v}' for k, v in combo)}"
         try:
             variant_cluster = cluster_from_dict(doc, where="cluster", name=cluster.name) \
                 if doc["nodes"] else None     # every node removed: a row, not an error
         except BadInput as exc:              # name the settings as typed, then the field
             raise BadInput(f"{where} ({exc.where})", exc.expected, exc.got,
                            has_got=exc.got is not None) from None
-        spec = load_model(model, where="--model" if model is model_ref else where,
-                          overrides=overrides or None)
+        if ref is source and not overrides:
+            spec = model
+        else:
+            spec = load_model(ref, where="model" if ref is source else where,
+                              overrides=overrides or None)
         yield combo, spec, variant_cluster, batch
 
 
-def whatif(model: Any, cluster: Any, *, global_batch: int, vary: list[str] | None = None,
-           pool: bool = False, micro_batch: int | None = None, schedule: str | None = None,
-           objective: str = "throughput", profile=None, workers: int = 1, backend=None,
-           plan: Plan | None = None, progress: bool | None = None) -> WhatIfResult:
+def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile: Any = None,
+           backend: Any = None, model_source: Any = None) -> WhatIfResult:
     """Search every variant; a variant where nothing fits gets a row with its error.
 
     With `backend` (`hyperpipe.search.backends`, entered) the variants run as its tasks,
-    each search in one process; otherwise one after another, each search over `workers`
-    processes. A sweep over slowdowns (or any sweep given today's `plan`) also reports,
-    per variant, that plan kept on the variant against re-planning
-    (`hyperpipe.whatif.stragglers`). A variant that adds devices to another (or to the
-    cluster as given) keeps the smaller one's plan when that is faster
-    (`hyperpipe.whatif.added_devices`). `progress`: a bar over the variants on stderr
-    (True), on a terminal only (None) or never (False); the searches' own bars are
-    silenced under it.
+    each search in one process; otherwise one after another, each search over
+    `options.planning.workers` processes. A sweep over slowdowns (or any sweep given
+    today's plan) also reports, per variant, that plan kept on the variant against
+    re-planning (`hyperpipe.whatif.stragglers`). A variant that adds devices to another
+    (or to the cluster as given) keeps the smaller one's plan when that is faster
+    (`hyperpipe.whatif.added_devices`). `model_source`: the preset name, file or mapping
+    `model` was loaded from, which ``model.FIELD`` variations load again with the field
+    overridden (None: `model` itself). Under a progress bar the searches' own are silent.
     """
-    base = cluster if not isinstance(cluster, (str, dict)) else load_cluster(cluster)
-    base_model = load_model(model, where="--model")
-    c = SearchConstraints(global_batch=global_batch, micro_batch=micro_batch,
-                          schedule=schedule, objective=objective)
-    one = workers if backend is None else 1          # processes per search
+    planning = options.planning
+    c = planning.constraints()
+    one = planning.workers if backend is None else 1          # processes per search
+    plan = planning.plan
     stragglers = plan is not None or any(is_straggler_key(parse_vary(v)[0])
-                                         for v in vary or [])
+                                         for v in options.vary)
+    source = model if model_source is None else model_source
     tasks = []
-    for combo, spec, variant, batch in _variants(model, base, global_batch, vary or [], pool):
+    for combo, spec, variant, batch in _variants(model, source, cluster, planning.global_batch,
+                                                 options.vary, options.pool):
         if not isinstance(batch, int) or not 1 <= batch <= limits.MAX_GLOBAL_BATCH:
-            raise BadInput("--vary global_batch", "positive integers of at most "
+            raise BadInput("vary global_batch", "positive integers of at most "
                            f"{limits.MAX_GLOBAL_BATCH} (hyperpipe.core.limits)", batch)
         tasks.append(VariantTask(tuple((k, str(v)) for k, v in combo), spec, variant,
                                  replace(c, global_batch=batch), profile, one, plan))
-    given = VariantTask((), base_model, base, c, profile, one, None)
+    given = VariantTask((), model, cluster, c, profile, one, None)
     base_needed = needs_base(tasks, given)
     steps = len(tasks) + (stragglers and plan is None) + base_needed
-    with Progress(steps, "what-if: variants", enabled=progress) as bar:
+    with Progress(steps, "what-if: variants", enabled=options.progress) as bar:
         quiet = bar.enabled          # one bar: the searches inside stay silent under it
         if stragglers and plan is None:     # today's plan: the best on the cluster as given
-            plan = search(base_model, search_view(base), c, profile=profile, top=1,
+            plan = search(model, search_view(cluster), c, profile=profile, top=1,
                           workers=one, backend=backend, quiet=quiet).best.plan
             tasks = [replace(t, keep=plan) for t in tasks]
             bar.advance(note="the cluster as given")
@@ -246,22 +208,8 @@ def whatif(model: Any, cluster: Any, *, global_batch: int, vary: list[str] | Non
                           evaluate_variant(replace(given, quiet=quiet))))
             bar.advance(note="the cluster as given")
     rows = keep_unused(rows, tasks, extra)
-    return WhatIfResult(base_model.name, base.name, rows, _pareto_rows(rows),
+    return WhatIfResult(model.name, cluster.name, rows, _pareto_rows(rows),
                         "stragglers" if stragglers else "sweep")
-
-
-@dataclass(frozen=True)
-class VariantTask:
-    """One variant to search (a backend task: plain, picklable data)."""
-
-    settings: tuple[tuple[str, str], ...]
-    model: ModelSpec
-    cluster: Cluster | None             # None: every node removed
-    constraints: SearchConstraints
-    profile: Any
-    workers: int
-    keep: Plan | None                   # today's plan, to simulate on the variant too
-    quiet: bool = False                 # no progress bars of the search's own
 
 
 def evaluate_variant(task: VariantTask) -> Row:

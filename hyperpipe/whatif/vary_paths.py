@@ -1,4 +1,4 @@
-"""Checking a `whatif --vary` path and its values before they touch the cluster document.
+"""Checking a what-if variation path and its values before they touch the cluster document.
 
 A path is dotted keys into the cluster document (``inter_node.bandwidth``,
 ``nodes.v100.count``, ``device_types.A100-80GB.memory``). A key that the cluster format
@@ -43,7 +43,7 @@ def check_vary(key: str, values: list[str], doc: dict) -> None:
     for i, part in enumerate(parts):
         typed = ".".join(parts[:i]) or "the cluster"
         if level == "leaf":
-            raise BadInput(f"--vary {key}", f"a path that ends at {typed} (it holds one "
+            raise BadInput(f"vary {key}", f"a path that ends at {typed} (it holds one "
                            "value)", part)
         if level in ("nodes", "device_types"):
             items = doc.get("nodes", []) if level == "nodes" else doc.get("device_types", {})
@@ -53,13 +53,13 @@ def check_vary(key: str, values: list[str], doc: dict) -> None:
                 if level == "device_types":
                     level = "device"     # a new device type: allowed, fields follow
                     continue
-                raise BadInput(f"--vary {key}", f"a node of {typed} ({_nearest(part, names)} "
+                raise BadInput(f"vary {key}", f"a node of {typed} ({_nearest(part, names)} "
                                "or a position)", part)
             level = "node" if level == "nodes" else "device"
             continue
         options = _keys(level)
         if part not in options:
-            raise BadInput(f"--vary {key}", f"a key of {typed}: one of "
+            raise BadInput(f"vary {key}", f"a key of {typed}: one of "
                            f"{_nearest(part, options)}", part)
         level = {"nodes": "nodes", "device_types": "device_types", "inter_node": "link",
                  "intra_link": "link", "nic": "link", "nics": "nics"}.get(part, "leaf")
@@ -71,5 +71,5 @@ def check_vary(key: str, values: list[str], doc: dict) -> None:
             except ValueError:
                 continue
             if bare:
-                raise BadInput(f"--vary {key}", f"a value with a unit, e.g. "
+                raise BadInput(f"vary {key}", f"a value with a unit, e.g. "
                                f"'{key}={UNIT_EXAMPLES[field]}'", v)

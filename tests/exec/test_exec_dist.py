@@ -13,20 +13,20 @@ import time
 
 import pytest
 import torch
+from factories import A100_NODE, plan_doc
 from oracles import BF16_LOSS_TOL, close_bf16
 
 from hyperpipe.cli import main as cli_main
 from hyperpipe.exec import RunFailed, RunOptions, run_plan
 from hyperpipe.exec.data import step_batch
 from hyperpipe.models import build_model
-from hyperpipe.plan.generators import placement_of
+from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.plan.trace import load_trace
 
 pytestmark = pytest.mark.slow
 
-CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 8}]}
 TOL = 1e-5
 
 
@@ -39,12 +39,10 @@ def make_plan(kind: str, pipelines: list[tuple[int, int, list[tuple[int, int]]]]
         p = len(ranges) // chunks
         names = [f"n/{next(dev)}" for _ in range(p)]
         pipes.append({"micro_batch": mb, "num_microbatches": m, "stages": [
-            {"layers": list(r), "devices": [names[stage_rank(k, p, placement_of(kind))]]}
+            {"layers": list(r), "devices": [names[stage_rank(k, p, schedule_kind(kind).placement)]]}
             for k, r in enumerate(ranges)]})
-    return plan_from_dict({
-        "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": cluster or CLUSTER,
-        "global_batch": sum(mb * m for mb, m, _ in pipelines),
-        "schedule": {"kind": kind, "chunks": chunks}, "pipelines": pipes})
+    return plan_from_dict(plan_doc(pipes, schedule={"kind": kind, "chunks": chunks},
+                                   cluster=cluster or A100_NODE))
 
 
 def reference(plan, seed: int = 0):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import plan_doc
 
 from hyperpipe.exec import RunOptions, run_plan
 from hyperpipe.exec.data import step_batch
@@ -23,17 +24,13 @@ from hyperpipe.plan.plan import plan_from_dict
 
 pytestmark = pytest.mark.slow
 
-CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 8}]}
 TOL = 1e-5
 LR = 1e-3
 WEIGHT_TOL = LR / 2
 
 
 def plan_of(pipelines: list[dict], kind: str = "1f1b", **top) -> object:
-    return plan_from_dict({
-        "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": CLUSTER,
-        "global_batch": sum(p["micro_batch"] * p["num_microbatches"] for p in pipelines),
-        "schedule": kind, "pipelines": pipelines, **top})
+    return plan_from_dict(plan_doc(pipelines, schedule=kind, **top))
 
 
 def stage(layers, devices, **fields) -> dict:

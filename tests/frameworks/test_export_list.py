@@ -18,12 +18,11 @@ import shlex
 import numpy as np
 import pytest
 import tomllib
+from factories import plan_doc
 
 from hyperpipe.cli import main as cli_main
 from hyperpipe.frameworks.export import export
 from hyperpipe.plan.plan import plan_from_dict
-
-CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 8}]}
 
 
 def plan_of(pipelines, kind="1f1b", model="gpt2-small"):
@@ -31,10 +30,7 @@ def plan_of(pipelines, kind="1f1b", model="gpt2-small"):
     pipes = [{"micro_batch": 2, "num_microbatches": 4, "stages": [
         {"layers": list(r), "devices": [f"n/{next(dev)}"]} for r in ranges]}
         for ranges in pipelines]
-    return plan_from_dict({"format": "hyperpipe.plan/1", "model": model, "cluster": CLUSTER,
-                           "global_batch": 8 * len(pipes), "schedule": {"kind": kind,
-                                                                        "chunks": 1},
-                           "pipelines": pipes})
+    return plan_from_dict(plan_doc(pipes, schedule={"kind": kind, "chunks": 1}, model=model))
 
 
 # gpt2-small: 14 cut units = embedding, 12 blocks, head; 4 stages as DeepSpeed's uniform

@@ -12,7 +12,7 @@ import pytest
 
 from hyperpipe.cli import main as cli_main
 from hyperpipe.core.errors import BadInput
-from hyperpipe.plan.generators import generate
+from hyperpipe.plan.kinds import generate
 from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.plan.schedule_plot import draw_schedule, unit_times
 from hyperpipe.plan.trace import Trace, TraceEvent

@@ -16,14 +16,8 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.plan.generators import (
-    SCHEDULE_KINDS,
-    generate,
-    gpipe,
-    interleaved_1f1b,
-    one_f_one_b,
-    zb_h1,
-)
+from hyperpipe.plan.generators_loop import gpipe, interleaved_1f1b, one_f_one_b, zb_h1
+from hyperpipe.plan.kinds import GENERATED_KINDS, generate
 from hyperpipe.plan.schedule import (
     OPS,
     Action,
@@ -165,7 +159,7 @@ def test_interleaved_with_one_chunk_is_1f1b():
 
 
 def test_registry_and_direct_functions_agree():
-    assert set(SCHEDULE_KINDS) == set(KINDS) | {"zb-v", "dualpipe-v"}
+    assert set(GENERATED_KINDS) == set(KINDS) | {"zb-v", "dualpipe-v"}
     assert generate("gpipe", 3, 5) == gpipe(3, 5)
     assert generate("zb-h1", 3, 5) == zb_h1(3, 5)
     assert generate("interleaved-1f1b", 3, 5, 2) == interleaved_1f1b(3, 5, 2)

@@ -7,7 +7,7 @@ from oracles import makespan, oracle_times, torch_checks
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.plan.generators import generate
+from hyperpipe.plan.kinds import generate
 from hyperpipe.plan.schedule import Action, Schedule, rank_stages, stage_rank, validate
 
 V_GRID = [(kind, p, m) for kind in ("zb-v", "dualpipe-v") for p in (2, 4, 8)
@@ -107,7 +107,7 @@ def test_oracle_times_v():
 def test_v_rank_peaks_stop_growing_at_two_rounds(kind):
     """The analytic tier reads a V kind's in-flight peaks off the schedule of
     min(m, 2p) micro-batches: past 2p they no longer change."""
-    from hyperpipe.plan.plan_schedule import rank_peaks
+    from hyperpipe.plan.schedule import rank_peaks
     for p in range(1, 9):
         ref = rank_peaks(generate(kind, p, 2 * p, 2))
         for m in range(2 * p + 1, 4 * p + 3):

@@ -12,7 +12,7 @@ from hyperpipe.cli import main
 from hyperpipe.core.errors import BadInput
 from hyperpipe.search.backends import LocalBackend, RayBackend, make_backend
 from hyperpipe.search.search import SearchConstraints, search
-from hyperpipe.whatif.sweep import whatif
+from hyperpipe.whatif.sweep import Planning, SweepOptions, whatif
 
 CLUSTER = {"name": "two-nodes",
            "device_types": {
@@ -37,7 +37,7 @@ def test_local_backend_keeps_order_with_and_without_a_pool():
     for workers in (1, 2):
         with LocalBackend(workers) as backend:
             assert backend.map(_square, range(7)) == [x * x for x in range(7)]
-    with pytest.raises(BadInput, match="--workers"):
+    with pytest.raises(BadInput, match="^workers: "):      # the CLI: --workers
         LocalBackend(0)
     # started now, collected later (the search runs its baselines so), in order
     from hyperpipe.search.backends import process_pool, start_map
@@ -46,8 +46,32 @@ def test_local_backend_keeps_order_with_and_without_a_pool():
             wait = start_map(where, _square, range(7))
             assert wait() == [x * x for x in range(7)]
         assert backend.width == 2 and here.width == 1
-    with pytest.raises(BadInput, match="--backend"):
+    with pytest.raises(BadInput, match="^backend: "):      # the CLI: --backend
         make_backend("spark")
+
+
+def _square_of_packed(args: tuple[str, int]) -> int:
+    return args[1] * args[1]
+
+
+def test_fan_out_gives_the_results_in_order_here_and_over_every_pool():
+    """One helper spreads the search's work: here (no pool, or fewer items than
+    `at_least`) or over a process pool or a backend, the same results in order."""
+    from hyperpipe.search.backends import fan_out, process_pool
+    here_calls: list[int] = []
+
+    def here(x: int) -> int:
+        here_calls.append(x)
+        return x * x
+
+    items = list(range(7))
+    with process_pool(2) as pool, LocalBackend(2) as backend, LocalBackend(1) as one:
+        for where in (None, pool, backend, one):
+            wait = fan_out(where, items, here, _square_of_packed, lambda x: ("x", x))
+            assert list(wait()) == [x * x for x in items]
+        assert here_calls == items                  # only the pool-less run ran here
+        wait = fan_out(pool, [3], here, _square_of_packed, lambda x: ("x", x), at_least=2)
+        assert list(wait()) == [9] and here_calls == [*items, 3]
 
 
 def test_backend_ray_without_ray_says_how_to_install(monkeypatch, capsys, tmp_path):
@@ -73,14 +97,14 @@ def _without_times(doc):
 @pytest.mark.slow
 def test_ray_backend_gives_the_local_results():
     ray = pytest.importorskip("ray")      # CI installs it (.ci/run: '.[test,ray]')
-    local = whatif(MODEL, CLUSTER, global_batch=8, micro_batch=1, vary=VARY, workers=2)
+    sweep = SweepOptions(Planning(global_batch=8, micro_batch=1, workers=2), vary=tuple(VARY))
+    local = whatif(_spec(), _cluster(), sweep)
     c = SearchConstraints(global_batch=8)
     local_search = search(_spec(), _cluster(), c, top=3)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         with RayBackend() as backend:         # uses the running Ray, leaves it running
-            remote = whatif(MODEL, CLUSTER, global_batch=8, micro_batch=1, vary=VARY,
-                            backend=backend)
+            remote = whatif(_spec(), _cluster(), sweep, backend=backend)
             remote_search = search(_spec(), _cluster(), c, top=3, backend=backend)
         assert ray.is_initialized()
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from factories import FREE_LINK as FREE
 
 from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
 from hyperpipe.core.errors import InfeasiblePlan
@@ -21,8 +22,6 @@ from hyperpipe.search.evaluate import estimate, rank_key
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.search.templates import PhaseStats, SearchContext
 from hyperpipe.sim.costmodel import CostModel
-
-FREE = {"bandwidth": "1e15 B/s", "latency": 0}
 
 
 def compute_bound_s(ctx, plan) -> float:

@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+from factories import FREE_LINK as FREE
 
 from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
 from hyperpipe.models import load_model
@@ -17,8 +18,6 @@ from hyperpipe.search.search import SearchConstraints
 from hyperpipe.search.templates import SearchContext
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
-
-FREE = {"bandwidth": "1e15 B/s", "latency": 0}
 
 
 def _mats(rng, n: int, p: int) -> list[np.ndarray]:

@@ -7,13 +7,14 @@ import json
 
 import numpy as np
 import pytest
+from factories import FREE_LINK, chain_plan, cluster_doc, device_type, synthetic_doc
 
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.core.errors import InfeasiblePlan
 from hyperpipe.models import load_model
-from hyperpipe.plan.generators import generate
-from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, load_plan
+from hyperpipe.plan.kinds import generate
+from hyperpipe.plan.plan import load_plan
 from hyperpipe.search import partition as P
 from hyperpipe.search import space, templates
 from hyperpipe.search.baselines import layer_counts, proportional_plan, uniform_plan
@@ -22,28 +23,20 @@ from hyperpipe.search.search import SearchConstraints, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
 
-FREE = {"bandwidth": "1e15 B/s", "latency": 0}
-
 
 def _cluster(types: dict[str, float], counts: list[tuple[str, int]]) -> dict:
     """Free links, memory that never runs out, device speed in TFLOP/s (efficiency 1)."""
-    return {
-        "name": "small",
-        "device_types": {t: {"peak_flops": f"{tf} TFLOP/s", "efficiency": 1.0,
-                             "memory": "1000 GB", "mem_bandwidth": "1e15 B/s"}
-                         for t, tf in types.items()},
-        "nodes": [{"name": f"n{i}", "device": t, "count": n, "intra_link": FREE}
-                  for i, (t, n) in enumerate(counts)],
-        "inter_node": FREE,
-    }
+    return cluster_doc({t: device_type(f"{tf} TFLOP/s", mem_bandwidth="1e15 B/s")
+                        for t, tf in types.items()},
+                       [(f"n{i}", t, n) for i, (t, n) in enumerate(counts)],
+                       intra_link=FREE_LINK, inter_node=FREE_LINK, name="small")
 
 
 def _model(flops: list[float]) -> dict:
     """A synthetic model whose layer i does flops[i] x 1e12 forward FLOPs per sample and
     sends nothing (so links are free whatever their speed)."""
-    return {"kind": "synthetic", "name": "bf",
-            "layers": [{"fwd_flops_per_sample": f * 1e12} for f in flops],
-            "activation_bytes_per_sample": 0, "params_per_layer": 0}
+    return synthetic_doc([{"fwd_flops_per_sample": f * 1e12} for f in flops], name="bf",
+                         activation_bytes_per_sample=0, params_per_layer=0)
 
 
 # ------------------------------------------------------------------ brute-force oracle
@@ -106,13 +99,6 @@ def _brute_force(model_flops: list[float], cluster: dict, mb: int, m: int):
     return best
 
 
-def _plan_of(model_name, cluster_doc, devices, bounds, mb, m) -> Plan:
-    stages = tuple(StagePlan((bounds[s], bounds[s + 1]), (devices[s],), 1)
-                   for s in range(len(devices)))
-    return Plan(model=model_name, cluster=cluster_doc, global_batch=mb * m,
-                schedule="1f1b", chunks=1, pipelines=(PipelinePlan(mb, m, stages),))
-
-
 CASES = [
     # (device types TFLOP/s, nodes, per-layer forward TFLOP per sample, micro-batches)
     ({"fast": 2.5, "slow": 1.0}, [("fast", 2), ("slow", 2)], [1.0] * 10, 8),
@@ -145,7 +131,7 @@ def test_search_matches_brute_force(types, nodes, flops, m):
                               speed[cluster.device(st.devices[0]).type.name]
                               for st in pipe.stages for a, b in [st.layers])], m)
     assert oracle <= bf_time * 1.01
-    bf_plan = _plan_of(model.to_dict(), cluster_doc, bf_devices, bf_bounds, mb, m)
+    bf_plan = chain_plan(model.to_dict(), cluster_doc, bf_bounds, bf_devices, mb, m)
     bf_sim = simulate(bf_plan, cost).metrics.iteration_time_s
     assert best.metrics.iteration_time_s <= bf_sim * 1.01
     # the simulator and the oracle agree on free links (so the comparison means something)
@@ -365,7 +351,7 @@ def test_plans_over_the_action_limit_are_infeasible_not_a_crash(monkeypatch):
     action limit reach the simulate phase; they are counted infeasible there (before,
     gpt3-175b on scale-1024 crashed on a baseline's zb-h1 plan of 96 x 1536)."""
     from hyperpipe.core import limits
-    from hyperpipe.plan import generators
+    from hyperpipe.plan import kinds
     from hyperpipe.search.baselines import uniform_plan
     from hyperpipe.search.evaluate import Candidate, estimate
     from hyperpipe.search.search import _simulate_phase
@@ -376,14 +362,14 @@ def test_plans_over_the_action_limit_are_infeasible_not_a_crash(monkeypatch):
     ok = uniform_plan(model, cluster, pp=2, micro_batch=2, global_batch=16)    # 48 actions
     over = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=16)  # 192
     monkeypatch.setattr(limits, "MAX_SCHEDULE_ACTIONS", 96)
-    generators._generate.cache_clear()
+    kinds._generate.cache_clear()
     try:
         phase = PhaseStats("simulate")
         cands = [Candidate(p, estimate(p, ctx.cost)) for p in (over, ok)]
         ranked, baselines = _simulate_phase(ctx, phase, cands, {"uniform": [over, ok]},
                                             None, False, 1)
     finally:
-        generators._generate.cache_clear()
+        kinds._generate.cache_clear()
     assert [c.plan.schedule for c in ranked] and all(c.plan != over for c in ranked)
     assert ok in [c.plan for c in ranked] and baselines["uniform"].plan == ok
     assert phase.infeasible >= 2
@@ -459,3 +445,20 @@ def test_template_sync_shares_the_nic_among_tp_ranks():
         assert templates._ring_s(ctx, (("a/0",), ("b/0",)), nbytes) == \
             pytest.approx(nbytes / bw + 2 * lat, rel=1e-9)
     assert templates._ring_s(ctx, (("a/0",), ("b/0",)), 0.0) == 0.0
+
+
+def test_search_caches_are_keyed_by_records_that_resolve():
+    """Every cut is cached under its stages' keys (table, stashes, room, link), and each
+    key names an entry of the table and link caches: nothing keyed by object identity."""
+    from hyperpipe.search.caches import StageKey
+    from hyperpipe.search.templates import templates_at
+    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    ctx = SearchContext(CostModel(model, cluster),
+                        SearchConstraints(global_batch=32, micro_batch=2))
+    types = tuple(dict.fromkeys(n.device_type for n in cluster.nodes))[:2]
+    assert templates_at(ctx, PhaseStats("templates"), types, None)
+    stages = [k for key in ctx.cuts for k in key]
+    assert stages and all(isinstance(k, StageKey) for k in stages)
+    assert all(k.table in ctx.tables and k in ctx.stage_costs for k in stages)
+    assert all(k.link is None or k.link in ctx.links for k in stages)
+    assert all(k.table.times in ctx.times_s for k in stages)

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from factories import FREE_LINK, cluster_doc, device_type, synthetic_doc
 
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
@@ -21,23 +22,20 @@ from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
 
 GB = 1e9
-FREE = {"bandwidth": "1e15 B/s", "latency": 0}
 
 
 def _cluster(memory_gb: float, devices: int = 2) -> dict:
-    return {"name": "mem", "device_types": {"x": {"peak_flops": "1 TFLOP/s", "efficiency": 1.0,
-                                                  "memory": memory_gb * GB,
-                                                  "mem_bandwidth": "1e15 B/s"}},
-            "nodes": [{"name": "n0", "device": "x", "count": devices, "intra_link": FREE}],
-            "inter_node": FREE}
+    return cluster_doc({"x": device_type("1 TFLOP/s", memory=memory_gb * GB,
+                                         mem_bandwidth="1e15 B/s")},
+                       [("n0", "x", devices)], intra_link=FREE_LINK, inter_node=FREE_LINK,
+                       name="mem")
 
 
 def _model(layers: int = 4, stash_gb: float = 1.0, params: int = 0) -> dict:
     """Synthetic layers that stash `stash_gb` per sample and pass on 10 MB (what full
     recompute keeps)."""
-    return {"kind": "synthetic", "layers": layers, "fwd_flops_per_sample": 1e9,
-            "activation_bytes_per_sample": 1e7, "stash_bytes_per_sample": stash_gb * GB,
-            "params_per_layer": params}
+    return synthetic_doc(layers, fwd_flops_per_sample=1e9, activation_bytes_per_sample=1e7,
+                         stash_bytes_per_sample=stash_gb * GB, params_per_layer=params)
 
 
 def test_ladder_of_memory_modes():

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from factories import cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cluster.cluster import cluster_ref, load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.plan.generators import generate
+from hyperpipe.plan.kinds import generate
 from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.analytic import _served, estimate
+from hyperpipe.sim.analytic_cache import AnalyticCache
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import peak_in_flight
 from hyperpipe.sim.simulator import SimOptions, simulate
@@ -48,20 +50,18 @@ def test_in_flight_closed_forms_against_the_schedules(kind):
 
 def cluster_dict(nodes, per_node, *, bandwidth=1e9, latency=1e-4, price=None):
     link = {"bandwidth": bandwidth, "latency": latency}
-    node = {"device": "unit", "count": per_node, "intra_link": link}
+    doc = cluster_doc({"unit": device_type(1e12)},
+                      [(f"n{i}", "unit", per_node) for i in range(nodes)],
+                      intra_link=link, inter_node=link, name="test")
     if price is not None:
-        node["price_per_hour"] = price
-    return {"name": "test",
-            "device_types": {"unit": {"peak_flops": 1e12, "efficiency": 1.0,
-                                      "memory": "1000 GB", "mem_bandwidth": 1e30}},
-            "nodes": [{**node, "name": f"n{i}"} for i in range(nodes)],
-            "inter_node": link}
+        for node in doc["nodes"]:
+            node["price_per_hour"] = price
+    return doc
 
 
 def synthetic(layers, params):
-    return load_model({"kind": "synthetic", "layers": layers, "fwd_flops_per_sample": 1e9,
-                       "params_per_layer": params, "activation_bytes_per_sample": 0,
-                       "stash_bytes_per_sample": 1e6})
+    return synthetic_model(layers, fwd_flops_per_sample=1e9, params_per_layer=params,
+                           activation_bytes_per_sample=0, stash_bytes_per_sample=1e6)
 
 
 @pytest.mark.parametrize("n,pp,bucket,overlap,tolerance", [
@@ -177,13 +177,14 @@ def test_price_and_cache():
     cluster = load_cluster(cluster_dict(2, 2, price=3.6))       # $0.001 per device-second
     cost = CostModel(model, cluster)
     plan = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=1, global_batch=8)
-    cache: dict = {}
+    cache = AnalyticCache()
     first = estimate(plan, cost, cache=cache)
     assert estimate(plan, cost, cache=cache) == first == estimate(plan, cost)
     # without one, the look-ups stay with the cost model (the search relies on it)
-    kept = cost.memo("analytic")
-    assert kept.get("cost") is cost and ("flops", 1) in kept
-    assert estimate(plan, cost) == first and CostModel(model, cluster).memo("analytic") == {}
+    kept = AnalyticCache.of(cost)
+    assert kept.cost is cost and 1 in kept.model_flops
+    assert estimate(plan, cost) == first and \
+        AnalyticCache.of(CostModel(model, cluster)).entries() == 0
     tokens = 8 * model.seq_len
     assert first.cost_per_million_tokens == pytest.approx(
         4 * 0.001 * first.iteration_time_s / tokens * 1e6)
@@ -220,7 +221,7 @@ def test_heterogeneous_replicas_and_new_devices_with_a_shared_cache():
                  "mem_bandwidth": 1e30}},
         "nodes": [{"name": "n0", "device": "unit", "count": 2},
                   {"name": "n1", "device": "half", "count": 2}]})
-    cost, cache = CostModel(model, cluster), {}
+    cost, cache = CostModel(model, cluster), AnalyticCache()
     one = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=4)
     estimate(one, cost, cache=cache)                   # the cache now knows n0's devices
     fast = PipelinePlan(1, 4, (StagePlan((0, 2), ("n0/0",)), StagePlan((2, 4), ("n0/1",))))

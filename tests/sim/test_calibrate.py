@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from factories import chain_plan
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.profile import Fit, Profile, load_profile
 from hyperpipe.plan.trace import Trace, TraceEvent
 from hyperpipe.sim.calibrate import MIN_SPAN, calibrate, fit_bulk, fit_line
@@ -28,11 +29,7 @@ OPT_A, OPT_B = 1e-3, 3e-9
 
 
 def _plan(cuts: list[int], devices: list[str], micro_batch: int, m: int) -> Plan:
-    bounds = [0, *cuts, 8]
-    stages = tuple(StagePlan((bounds[i], bounds[i + 1]), (devices[i],), 1)
-                   for i in range(len(devices)))
-    return Plan("tiny-gpt", "demo-hetero", micro_batch * m, "1f1b", 1,
-                (PipelinePlan(micro_batch, m, stages),))
+    return chain_plan("tiny-gpt", "demo-hetero", [0, *cuts, 8], devices, micro_batch, m)
 
 
 def _synthetic_trace(plan: Plan, rng: random.Random, noise: float) -> Trace:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import simpy
+from factories import cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cluster.cluster import cluster_ref, load_cluster
-from hyperpipe.models import load_model
 from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.costmodel import CostModel
@@ -25,19 +25,14 @@ LAT = 1e-4       # s
 def cluster_dict(nodes, *, bandwidth, latency):
     """`nodes`: (name, count) of 1 TFLOP/s devices; every link `bandwidth`, `latency`."""
     link = {"bandwidth": bandwidth, "latency": latency}
-    return {"name": "test",
-            "device_types": {"unit": {"peak_flops": 1e12, "efficiency": 1.0,
-                                      "memory": "1000 GB", "mem_bandwidth": 1e30}},
-            "nodes": [{"name": n, "device": "unit", "count": c, "intra_link": link}
-                      for n, c in nodes],
-            "inter_node": link}
+    return cluster_doc({"unit": device_type(1e12)}, [(n, "unit", c) for n, c in nodes],
+                       intra_link=link, inter_node=link, name="test")
 
 
 def synthetic(layers, *, params=0, act=0.0, stash=1e6):
     """1 ms of F, I and W per layer and sample on a 1 TFLOP/s device."""
-    return load_model({"kind": "synthetic", "layers": layers, "fwd_flops_per_sample": 1e9,
-                       "params_per_layer": params, "activation_bytes_per_sample": act,
-                       "stash_bytes_per_sample": stash})
+    return synthetic_model(layers, fwd_flops_per_sample=1e9, params_per_layer=params,
+                           activation_bytes_per_sample=act, stash_bytes_per_sample=stash)
 
 
 def run_flows(flows):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from factories import FREE_LINK as FREE
 
 from hyperpipe.cluster.cluster import cluster_from_dict
 from hyperpipe.models import load_model
@@ -10,8 +11,6 @@ from hyperpipe.plan.plan import PipelinePlan, StagePlan
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.accuracy import compute_only_s
 from hyperpipe.sim.costmodel import CostModel
-
-FREE = {"bandwidth": "1e15 B/s", "latency": 0}
 
 
 def test_compute_only_is_the_busiest_devices_work():

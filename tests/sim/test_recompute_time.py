@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from factories import cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
@@ -22,15 +23,11 @@ LAYER_FLOPS = 1e9       # per sample per layer: 1 ms of F, I and W each
 
 def _free(devices: int, layers: int, params: int = 0, mem_bandwidth: float = 1e30):
     link = {"bandwidth": 1e30, "latency": 0.0}
-    cluster = load_cluster({
-        "name": "free",
-        "device_types": {"unit": {"peak_flops": FLOPS, "efficiency": 1.0,
-                                  "memory": "1000 GB", "mem_bandwidth": mem_bandwidth}},
-        "nodes": [{"name": "n0", "device": "unit", "count": devices, "intra_link": link}],
-        "inter_node": link})
-    model = load_model({"kind": "synthetic", "layers": layers,
-                        "fwd_flops_per_sample": LAYER_FLOPS, "params_per_layer": params,
-                        "activation_bytes_per_sample": 0, "stash_bytes_per_sample": 1e6})
+    cluster = load_cluster(cluster_doc(
+        {"unit": device_type(FLOPS, mem_bandwidth=mem_bandwidth)}, [("n0", "unit", devices)],
+        intra_link=link, inter_node=link, name="free"))
+    model = synthetic_model(layers, fwd_flops_per_sample=LAYER_FLOPS, params_per_layer=params,
+                            activation_bytes_per_sample=0, stash_bytes_per_sample=1e6)
     return model, cluster
 
 

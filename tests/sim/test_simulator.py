@@ -12,11 +12,12 @@ import json
 import random
 
 import pytest
+from factories import cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.plan.generators import generate, placement_of
+from hyperpipe.plan.kinds import generate, schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.plan.schedule import Schedule, ScheduleError, stage_rank
 from hyperpipe.plan.trace import COMPUTE_OPS
@@ -34,21 +35,14 @@ STASH = 1e6             # bytes stashed per sample per layer
 def cluster_dict(nodes, *, bandwidth=1e30, latency=0.0, memory="1000 GB"):
     """`nodes`: list of (name, device type, count). Huge bandwidth, no latency: free."""
     link = {"bandwidth": bandwidth, "latency": latency}
-    return {"name": "test",
-            "device_types": {
-                "unit": {"peak_flops": FLOPS, "efficiency": 1.0, "memory": memory,
-                         "mem_bandwidth": 1e30},
-                "half": {"peak_flops": FLOPS / 2, "efficiency": 1.0, "memory": memory,
-                         "mem_bandwidth": 1e30}},
-            "nodes": [{"name": n, "device": d, "count": c, "intra_link": link}
-                      for n, d, c in nodes],
-            "inter_node": link}
+    return cluster_doc({"unit": device_type(FLOPS, memory=memory),
+                        "half": device_type(FLOPS / 2, memory=memory)},
+                       nodes, intra_link=link, inter_node=link, name="test")
 
 
 def synthetic(layers, *, params=0, act=0.0, stash=STASH):
-    return load_model({"kind": "synthetic", "layers": layers,
-                       "fwd_flops_per_sample": LAYER_FLOPS, "params_per_layer": params,
-                       "activation_bytes_per_sample": act, "stash_bytes_per_sample": stash})
+    return synthetic_model(layers, fwd_flops_per_sample=LAYER_FLOPS, params_per_layer=params,
+                           activation_bytes_per_sample=act, stash_bytes_per_sample=stash)
 
 
 def free_setup(layers, devices=16):
@@ -193,7 +187,7 @@ def _check_against_recurrence(kind, chunks, counts, ranks, *, blocking, m=5):
     model = synthetic(sum(counts))
     p = len(ranks)
     stages, start = [], 0
-    place = placement_of(kind)
+    place = schedule_kind(kind).placement
     for k, n in enumerate(counts):
         stages.append(StagePlan((start, start + n), (ranks[stage_rank(k, p, place)],), 1))
         start += n

@@ -11,15 +11,22 @@ from __future__ import annotations
 import json
 
 import pytest
+from factories import bounds_of, chain_plan, cluster_doc, device_type, synthetic_doc
 from oracles import makespan, unit_costs
 
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.core.errors import BadInput
 from hyperpipe.models import load_model
-from hyperpipe.plan.generators import generate
-from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, load_plan, plan_from_dict
-from hyperpipe.plan.plan_schedule import schedule_for
+from hyperpipe.plan.kinds import generate
+from hyperpipe.plan.plan import (
+    PipelinePlan,
+    Plan,
+    StagePlan,
+    load_plan,
+    plan_from_dict,
+    schedule_for,
+)
 from hyperpipe.plan.schedule import Schedule, validate
 from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
@@ -89,31 +96,23 @@ def test_every_policy_reaches_the_memory_capped_bound(m):
 
 def setup(memory=("100 GB", "100 GB"), stash=1e6, count=4):
     link = {"bandwidth": 1e10, "latency": 1e-5}
-    cluster = load_cluster({
-        "name": "t",
-        "device_types": {
-            "big": {"peak_flops": 1e12, "efficiency": 1.0, "memory": memory[0],
-                    "mem_bandwidth": 1e30},
-            "small": {"peak_flops": 1e12, "efficiency": 1.0, "memory": memory[1],
-                      "mem_bandwidth": 1e30}},
-        "nodes": [{"name": "a", "device": "big", "count": count, "intra_link": link},
-                  {"name": "b", "device": "small", "count": count, "intra_link": link}],
-        "inter_node": link})
-    model = load_model({"kind": "synthetic", "layers": 40, "fwd_flops_per_sample": 1e9,
-                        "params_per_layer": 0, "activation_bytes_per_sample": 1e5,
-                        "stash_bytes_per_sample": stash})
+    cluster = load_cluster(cluster_doc(
+        {"big": device_type(1e12, memory=memory[0]), "small": device_type(1e12, memory=memory[1])},
+        [("a", "big", count), ("b", "small", count)], intra_link=link, inter_node=link,
+        name="t"))
+    model = load_model(_model_doc(stash))
     return model, cluster
 
 
+def _model_doc(stash=1e6):
+    """40 layers of 1e9 FLOPs forward per sample, 1e5 bytes sent, `stash` bytes kept."""
+    return synthetic_doc(40, fwd_flops_per_sample=1e9, params_per_layer=0,
+                         activation_bytes_per_sample=1e5, stash_bytes_per_sample=stash)
+
+
 def plan_of(counts, devices, m, kind="1f1b"):
-    stages, a = [], 0
-    for n, dev in zip(counts, devices, strict=True):
-        stages.append(StagePlan((a, a + n), (dev,), 1))
-        a += n
-    return Plan({"kind": "synthetic", "layers": 40, "fwd_flops_per_sample": 1e9,
-                 "params_per_layer": 0, "activation_bytes_per_sample": 1e5,
-                 "stash_bytes_per_sample": 1e6}, "inline", m, kind, 1,
-                (PipelinePlan(1, m, tuple(stages)),))
+    assert len(counts) == len(devices), (counts, devices)
+    return chain_plan(_model_doc(), "inline", bounds_of(counts), devices, 1, m, schedule=kind)
 
 
 @pytest.mark.parametrize("counts", [[10, 10, 10, 10], [8, 14, 9, 9], [13, 9, 9, 9]])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from oracles import makespan, oracle_times, unit_costs
 
-from hyperpipe.plan.generators import generate
+from hyperpipe.plan.kinds import generate
 from hyperpipe.plan.schedule import Schedule, validate
 from hyperpipe.sim.replay import PipeCosts, replay
 from hyperpipe.synth.improve import improve

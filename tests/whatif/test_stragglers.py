@@ -13,6 +13,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from factories import cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import cluster_from_dict, load_cluster
@@ -24,7 +25,7 @@ from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 from hyperpipe.whatif.stragglers import format_stragglers, plot_stragglers, search_view
-from hyperpipe.whatif.sweep import whatif
+from hyperpipe.whatif.sweep import Planning, SweepOptions, whatif
 
 FLOPS = 1e12
 LAYER_FLOPS = 1e9          # per sample per layer: 1 ms of F, I and W each on a unit device
@@ -32,20 +33,17 @@ LAYER_FLOPS = 1e9          # per sample per layer: 1 ms of F, I and W each on a 
 
 def doc(slowdown=None, *, bandwidth=1e30, nodes=1, count=4) -> dict:
     link = {"bandwidth": bandwidth, "latency": 0.0}
-    out = {"name": "s", "device_types": {"unit": {"peak_flops": FLOPS, "efficiency": 1.0,
-                                                  "memory": "1000 GB", "mem_bandwidth": 1e30}},
-           "nodes": [{"name": f"n{i}", "device": "unit", "count": count, "intra_link": link}
-                     for i in range(nodes)],
-           "inter_node": link}
+    out = cluster_doc({"unit": device_type(FLOPS)},
+                      [(f"n{i}", "unit", count) for i in range(nodes)],
+                      intra_link=link, inter_node=link, name="s")
     if slowdown is not None:
         out["nodes"][0]["slowdown"] = slowdown
     return out
 
 
 def model(layers=4, act=0.0, params=0):
-    return load_model({"kind": "synthetic", "layers": layers, "fwd_flops_per_sample":
-                       LAYER_FLOPS, "activation_bytes_per_sample": act,
-                       "params_per_layer": params})
+    return synthetic_model(layers, fwd_flops_per_sample=LAYER_FLOPS,
+                           activation_bytes_per_sample=act, params_per_layer=params)
 
 
 def test_slowdown_field_loads_per_node_and_per_device():
@@ -160,8 +158,8 @@ def test_search_view_prices_a_slow_node_like_the_real_cluster():
 
 
 def test_straggler_whatif_keep_against_replan(tmp_path):
-    res = whatif(WHATIF_MODEL, two_nodes(), global_batch=8, micro_batch=1,
-                 vary=["nodes.a.slowdown=1.0,1.5,3.0"])
+    res = whatif(load_model(WHATIF_MODEL), load_cluster(two_nodes()), SweepOptions(
+        Planning(global_batch=8, micro_batch=1), vary=("nodes.a.slowdown=1.0,1.5,3.0",)))
     assert res.kind == "stragglers"
     today = res.rows[0].kept.plan
     spec = load_model(WHATIF_MODEL)
@@ -202,8 +200,8 @@ def test_replan_slower_than_kept_keeps_the_plan(monkeypatch):
         res = real_search(*args, **kwargs)
         return replace(res, best=Candidate(poor, res.best.metrics))
     monkeypatch.setattr(whatif_module, "search", poor_search)
-    res = whatif(WHATIF_MODEL, two_nodes(), global_batch=8, micro_batch=1, plan=today,
-                 vary=["nodes.a.slowdown=3.0"])
+    res = whatif(spec, load_cluster(two_nodes()), SweepOptions(
+        Planning(global_batch=8, micro_batch=1, plan=today), vary=("nodes.a.slowdown=3.0",)))
     (row,) = res.rows
     assert row.kept_is_answer and row.best is row.kept
     assert "search's pick was slower" in format_stragglers(res)

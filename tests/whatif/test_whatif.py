@@ -6,27 +6,30 @@ import itertools
 import json
 
 import pytest
+from factories import FREE_LINK, cluster_doc, device_type
 
 from hyperpipe.cli import main
+from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.core.errors import BadInput
-from hyperpipe.whatif.sweep import format_whatif, parse_vary, set_path, whatif
-
-FREE = {"bandwidth": "1e15 B/s", "latency": 0}
+from hyperpipe.models import load_model
+from hyperpipe.whatif.sweep import (
+    Planning,
+    SweepOptions,
+    format_whatif,
+    parse_vary,
+    set_path,
+    whatif,
+)
 
 
 def _cluster(inter: str = "1e15 B/s") -> dict:
-    return {
-        "name": "two-nodes",
-        "device_types": {
-            "fast": {"peak_flops": "2 TFLOP/s", "efficiency": 1.0, "memory": "100 GB",
-                     "mem_bandwidth": "1e15 B/s", "price_per_hour": 4.0},
-            "slow": {"peak_flops": "1 TFLOP/s", "efficiency": 1.0, "memory": "100 GB",
-                     "mem_bandwidth": "1e15 B/s", "price_per_hour": 1.0},
-        },
-        "nodes": [{"name": "a", "device": "fast", "count": 2, "intra_link": FREE},
-                  {"name": "b", "device": "slow", "count": 2, "intra_link": FREE}],
-        "inter_node": {"bandwidth": inter, "latency": 0},
-    }
+    return cluster_doc(
+        {"fast": device_type("2 TFLOP/s", memory="100 GB", mem_bandwidth="1e15 B/s",
+                             price_per_hour=4.0),
+         "slow": device_type("1 TFLOP/s", memory="100 GB", mem_bandwidth="1e15 B/s",
+                             price_per_hour=1.0)},
+        [("a", "fast", 2), ("b", "slow", 2)], intra_link=FREE_LINK,
+        inter_node={"bandwidth": inter, "latency": 0}, name="two-nodes")
 
 
 MODEL = {"kind": "synthetic", "name": "sweep", "layers": 8, "seq_len": 1,
@@ -37,7 +40,7 @@ MODEL = {"kind": "synthetic", "name": "sweep", "layers": 8, "seq_len": 1,
 def test_parse_vary_and_set_path():
     assert parse_vary("inter_node.bandwidth=10 Gbit/s, 100 Gbit/s") == \
         ("inter_node.bandwidth", ["10 Gbit/s", "100 Gbit/s"])
-    with pytest.raises(BadInput, match="--vary"):
+    with pytest.raises(BadInput, match="^vary: expected KEY=V1"):   # the CLI: --vary
         parse_vary("inter_node.bandwidth")
     doc = _cluster()
     set_path(doc, "nodes.b.count", "4")
@@ -51,8 +54,9 @@ def test_slow_link_keeps_each_pipeline_inside_a_node():
     # 1 MB per sample over 1 Mbit/s is 8 s a crossing, the whole compute well under a
     # second: no pipeline of the best plan may cross nodes (replicas on different nodes
     # are fine: no parameters, so no gradient traffic).
-    res = whatif(MODEL, _cluster(), global_batch=8, micro_batch=1,
-                 vary=["inter_node.bandwidth=1 Mbit/s,1e15 B/s"])
+    res = whatif(load_model(MODEL), load_cluster(_cluster()), SweepOptions(
+        Planning(global_batch=8, micro_batch=1),
+        vary=("inter_node.bandwidth=1 Mbit/s,1e15 B/s",)))
     slow, fast = res.rows
     assert [r.settings for r in res.rows] == [(("inter_node.bandwidth", "1 Mbit/s"),),
                                               (("inter_node.bandwidth", "1e15 B/s"),)]
@@ -66,7 +70,8 @@ def test_slow_link_keeps_each_pipeline_inside_a_node():
 
 
 def test_pool_of_device_types_with_prices():
-    res = whatif(MODEL, _cluster(), global_batch=8, micro_batch=1, pool=True)
+    res = whatif(load_model(MODEL), load_cluster(_cluster()), SweepOptions(
+        Planning(global_batch=8, micro_batch=1), pool=True))
     used = [dict(r.settings)["use"] for r in res.rows]
     assert used == ["fast+slow", "fast", "slow"]
     for row in res.rows:

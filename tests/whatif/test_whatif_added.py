@@ -7,18 +7,24 @@ import json
 from dataclasses import replace
 
 import pytest
+from factories import FREE_LINK, cluster_doc, device_type
 
 from hyperpipe.cli import main
-from hyperpipe.cluster.cluster import cluster_from_dict, cluster_ref
+from hyperpipe.cluster.cluster import cluster_from_dict, cluster_ref, load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
 from hyperpipe.whatif.added_devices import contains, keep_unused
-from hyperpipe.whatif.sweep import VariantTask, evaluate_variant, whatif
+from hyperpipe.whatif.sweep import (
+    Planning,
+    SweepOptions,
+    VariantTask,
+    evaluate_variant,
+    whatif,
+)
 
-FREE = {"bandwidth": "1e15 B/s", "latency": 0}
 MODEL = {"kind": "synthetic", "name": "added", "layers": 8, "seq_len": 1,
          "fwd_flops_per_sample": 1.0e10, "activation_bytes_per_sample": 1.0e6,
          "params_per_layer": 0}
@@ -26,17 +32,12 @@ MODEL = {"kind": "synthetic", "name": "added", "layers": 8, "seq_len": 1,
 
 def _cluster(slow_count: int, slow_flops: str = "0.05 TFLOP/s") -> dict:
     """Two fast devices, and `slow_count` much slower ones on a node of their own."""
-    nodes = [{"name": "a", "device": "fast", "count": 2, "intra_link": FREE}]
-    if slow_count:
-        nodes.append({"name": "b", "device": "slow", "count": slow_count,
-                      "intra_link": FREE})
-    return {"name": "added", "nodes": nodes,
-            "device_types": {
-                "fast": {"peak_flops": "2 TFLOP/s", "efficiency": 1.0, "memory": "100 GB",
-                         "mem_bandwidth": "1e15 B/s"},
-                "slow": {"peak_flops": slow_flops, "efficiency": 1.0, "memory": "100 GB",
-                         "mem_bandwidth": "1e15 B/s"}},
-            "inter_node": {"bandwidth": "1 Gbit/s", "latency": "5 us"}}
+    nodes = [("a", "fast", 2)] + ([("b", "slow", slow_count)] if slow_count else [])
+    return cluster_doc(
+        {"fast": device_type("2 TFLOP/s", memory="100 GB", mem_bandwidth="1e15 B/s"),
+         "slow": device_type(slow_flops, memory="100 GB", mem_bandwidth="1e15 B/s")},
+        nodes, intra_link=FREE_LINK, inter_node={"bandwidth": "1 Gbit/s", "latency": "5 us"},
+        name="added")
 
 
 def _oracle_s(small: dict, big: dict, batch: int) -> float:
@@ -61,8 +62,8 @@ def test_contains_needs_the_same_devices_and_more():
 
 
 def test_sweep_that_adds_devices_is_never_slower_than_leaving_them_unused():
-    res = whatif(MODEL, _cluster(2), global_batch=8, micro_batch=1,
-                 vary=["nodes.b.count=0,2,4"])
+    res = whatif(load_model(MODEL), load_cluster(_cluster(2)), SweepOptions(
+        Planning(global_batch=8, micro_batch=1), vary=("nodes.b.count=0,2,4",)))
     times = [r.best.metrics.iteration_time_s for r in res.rows]
     for n, t in zip((2, 4), times[1:], strict=True):
         assert t <= _oracle_s(_cluster(0), _cluster(n), 8) * (1 + 1e-9)
@@ -72,8 +73,8 @@ def test_sweep_that_adds_devices_is_never_slower_than_leaving_them_unused():
 
 def test_base_cluster_counts_as_the_smaller_one():
     # the cluster as given (2 slow devices) is no variant; the variant adds 2 more
-    res = whatif(MODEL, _cluster(2), global_batch=8, micro_batch=1,
-                 vary=["nodes.b.count=4"])
+    res = whatif(load_model(MODEL), load_cluster(_cluster(2)), SweepOptions(
+        Planning(global_batch=8, micro_batch=1), vary=("nodes.b.count=4",)))
     (row,) = res.rows
     assert row.best.metrics.iteration_time_s <= \
         _oracle_s(_cluster(2), _cluster(4), 8) * (1 + 1e-9)

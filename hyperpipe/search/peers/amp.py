@@ -1,22 +1,16 @@
 """AMP (Li, Wang, Xing, Zhang: "AMP: Automatically Finding Model Parallel Strategies with
 Heterogeneity Awareness", NeurIPS 2022), re-implemented from the paper.
 
-Search space (AMP sec. 3.1): the cluster as one rank-ordered device mesh, every device
-used; a strategy is (pp, tp, dp, micro-batch) with pp x tp x dp = all devices, ranks laid
-out as Megatron does (tp fastest, then dp, then pp), and a layer partition; the schedule
-is Megatron's 1F1B.
-
-Cost model (AMP sec. 3.2, eq. 1): a pipeline's iteration time is
+Search space (sec. 3.1): every device in one rank-ordered mesh; (pp, tp, dp,
+micro-batch) with pp x tp x dp = all devices, Megatron's rank order, a layer partition,
+Megatron's 1F1B. Cost (sec. 3.2, eq. 1), seconds:
 
     (gas - 1) x max_i (t_i + e_i)  +  sum_i (t_i + e_i)  +  max_i dp_i
 
-with t_i stage i's compute (on its slowest replica, with its tp all-reduces), e_i its
-activation send, gas the micro-batches per pipeline and dp_i stage i's gradient
-all-reduce over the replicas (here with the optimizer step).
-
-Layer partition (AMP sec. 3.3): dynamic programming over cut positions that balances
-the stages under that cost: for a few bounds on the slowest stage (from the min-max cut
-up), the cut of least sum obeying the bound; the one of least cost wins.
+t_i stage i's compute on its slowest replica, e_i its activation send, gas the
+micro-batches per pipeline, dp_i its gradient all-reduce (here with the optimizer step).
+Partition (sec. 3.3): for a few bounds on the slowest stage (from the min-max cut up),
+the cut of least sum obeying it (DP over cut positions); the one of least cost wins.
 """
 
 from __future__ import annotations
@@ -24,9 +18,9 @@ from __future__ import annotations
 import math
 
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
-from hyperpipe.plan.plan import Plan
 from hyperpipe.search import space
 from hyperpipe.search.peers.common import (
+    PeerPick,
     build,
     group_table,
     inflight_1f1b,
@@ -58,11 +52,11 @@ def _rows(ctx, pp: int, dp: int, tp: int) -> list[list[tuple[str, ...]]] | None:
     return rows
 
 
-def amp_plan(ctx) -> tuple[Plan, float] | None:
+def amp_plan(ctx) -> PeerPick | None:
     """AMP's pick and its own predicted iteration time, or None if nothing fits."""
     c, model = ctx.c, ctx.model
     n_dev, n = len(ctx.cluster.devices), model.num_layers
-    best: tuple[float, Plan] | None = None
+    best: PeerPick | None = None
     for tp in space.tp_options(ctx.cluster, model, c):
         for pp in range(1, min(n, n_dev // tp) + 1):
             if n_dev % (tp * pp) or (c.pp is not None and pp != c.pp):
@@ -81,20 +75,19 @@ def amp_plan(ctx) -> tuple[Plan, float] | None:
                 if found is None:
                     continue
                 value, bounds = found
-                if best is not None and value >= best[0]:
+                if best is not None and value >= best.predicted_s:
                     continue
                 try:
-                    best = (value, build(ctx, rows, bounds, mb, gas))
+                    best = PeerPick(build(ctx, rows, bounds, mb, gas), value)
                 except (InfeasiblePlan, BadInput):
                     continue
-    return None if best is None else (best[1], best[0])
+    return best
 
 
 def _partition(ctx, rows, mb: int, gas: int) -> tuple[float, list[int]] | None:
     cost, n = ctx.cost, ctx.model.num_layers
     pp = len(rows[0])
-    memo = ctx.memo
-    tables = [[group_table(cost, row[k], mb, memo) for row in rows] for k in range(pp)]
+    tables = [[group_table(cost, row[k], mb, ctx.peers) for row in rows] for k in range(pp)]
     mats = stage_matrix(tables, inflight_1f1b(pp, gas), n)
     lo = min_max_bound(mats)
     if not math.isfinite(lo):
@@ -104,7 +97,7 @@ def _partition(ctx, rows, mb: int, gas: int) -> tuple[float, list[int]] | None:
         found = min_sum_cuts(mats, lo * step * (1 + 1e-12))
         if found is None:
             continue
-        bounds = found[1]
+        _, bounds = found
         t = [float(mats[k][a, b]) for k, (a, b) in enumerate(zip(bounds, bounds[1:],
                                                                    strict=False))]
         value = amp_cost_s(t, p2p_s(cost, rows, bounds, mb), gas,

@@ -6,10 +6,17 @@ assembly. Times in seconds, memory in bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from hyperpipe.plan.kinds import DEFAULT_KIND
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.search.caches import GroupAt, PeerTableKey
+
+if TYPE_CHECKING:
+    from hyperpipe.search.caches import PeerCaches
 
 
 @dataclass(frozen=True)
@@ -22,22 +29,40 @@ class GroupTable:
     state_bytes: np.ndarray
     stash_bytes: np.ndarray
     memory_bytes: float
+    key: PeerTableKey | None = None       # what it was built for (None: made by hand)
+
+    @cached_property
+    def state_list(self) -> list[float]:
+        """`state_bytes` as a Python list (numpy scalars are slow one at a time)."""
+        return self.state_bytes.tolist()
+
+    @cached_property
+    def stash_list(self) -> list[float]:
+        return self.stash_bytes.tolist()
 
 
-def group_table(cost, group: tuple[str, ...], mb: int, memo: dict) -> GroupTable:
+class PeerPick(NamedTuple):
+    """A peer planner's pick and the iteration time its own cost model predicts."""
+
+    plan: Plan
+    predicted_s: float
+
+
+def group_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> GroupTable:
     """The table of `group` at micro-batch `mb`, shared by groups alike (device type,
     size, intra-node link)."""
-    mine = ("peer-table-of", group, mb)
-    if mine not in memo:
-        memo[mine] = _type_table(cost, group, mb, memo)
-    return memo[mine]
+    mine = GroupAt(group, mb)
+    if mine not in caches.group_tables:
+        caches.group_tables[mine] = _type_table(cost, group, mb, caches)
+    return caches.group_tables[mine]
 
 
-def _type_table(cost, group: tuple[str, ...], mb: int, memo: dict) -> GroupTable:
+def _type_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> GroupTable:
     dev = cost.cluster.device(group[0])
     node = cost.cluster.node(dev.node)
-    key = ("peer-table", dev.type.name, len(group), node.intra_link if len(group) > 1
-           else None, mb)
+    key = PeerTableKey(dev.type.name, len(group), node.intra_link if len(group) > 1
+                       else None, mb)
+    memo = caches.type_tables
     if key not in memo:
         n = cost.model.num_layers
         tp = len(group)
@@ -48,7 +73,7 @@ def _type_table(cost, group: tuple[str, ...], mb: int, memo: dict) -> GroupTable
         memo[key] = GroupTable(np.concatenate([[0.0], np.cumsum(t)]),
                                np.concatenate([[0.0], np.cumsum(state)]),
                                np.concatenate([[0.0], np.cumsum(stash)]),
-                               dev.type.memory_bytes)
+                               dev.type.memory_bytes, key)
     return memo[key]
 
 
@@ -114,7 +139,7 @@ def min_max_bound(mats: list[np.ndarray]) -> float:
 
 
 def build(ctx, rows: list[list[tuple[str, ...]]], bounds: list[int], mb: int, m: int,
-          schedule: str = "1f1b") -> Plan:
+          schedule: str = DEFAULT_KIND) -> Plan:
     """A plan of len(rows) identical-cut pipelines, row r's stage k on rows[r][k]."""
     ranges = list(zip(bounds, bounds[1:], strict=False))
     pipes = tuple(PipelinePlan(mb, m, tuple(StagePlan(rng, g, len(g))

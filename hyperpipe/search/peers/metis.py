@@ -2,34 +2,30 @@
 Distributed Training on Heterogeneous GPUs", USENIX ATC 2024), re-implemented from the
 paper.
 
-Search space (Metis sec. 4): every device of the cluster, grouped by type into device
-groups; a plan is an order of the device types along the pipeline, per type a tp
-degree (each stage of that type a group of dp x tp devices: dp replicas of a tp group;
-Metis prefers data to tensor parallelism inside a stage), the data-parallel degree and
-the micro-batch size, and uneven layer partitions. (Metis also lets dp differ per stage,
-re-sharding activations between stages; our plans keep one dp for all stages, so that
-part of its space is left out.) Schedule: 1F1B.
-
-Load balancing (Metis sec. 4.3): layers to stages in proportion to each device group's
-compute power (per-layer profiled time at that tp), then layers moved off stages whose
-memory overflows to a neighbour with room.
-
-Cost estimator (Metis sec. 5): a pipeline's time is (m - 1) x slowest stage + the sum of
-all stages (compute with tp all-reduces, plus the activation send), plus the slowest
-stage's data-parallel gradient all-reduce and optimizer step.
+Search space (sec. 4): an order of the device types along the pipeline, per type a tp
+degree (a stage is dp replicas of a tp group), the data-parallel degree, the micro-batch
+size and uneven layer partitions, 1F1B. (Metis also lets dp differ per stage; our plans
+keep one dp, so that part of its space is left out.) Load balancing (sec. 4.3): layers in
+proportion to each group's compute power, then single layers moved off stages whose
+memory overflows. Cost (sec. 5), seconds: (m - 1) x slowest stage + the sum of all
+stages (compute and activation send) + the slowest stage's gradient all-reduce and
+optimizer step.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
-from hyperpipe.plan.plan import Plan
 from hyperpipe.search import space
+from hyperpipe.search.caches import CapacityKey, PeerCaches
 from hyperpipe.search.peers.common import (
+    GroupTable,
+    PeerPick,
     build,
     fits,
     group_table,
@@ -62,12 +58,8 @@ def balance_memory(bounds: list[int], tables, inflight: list[int]) -> list[int] 
     until all fit (None if they cannot). The first overflowing stage moves first."""
     b = list(bounds)
     p = len(b) - 1
-    lists = {}                 # prefix sums as Python lists (numpy scalars are slow here)
-    for t in tables:
-        if id(t) not in lists:
-            lists[id(t)] = (t.state_bytes.tolist(), t.stash_bytes.tolist())
-    state = [lists[id(t)][0] for t in tables]
-    stash = [lists[id(t)][1] for t in tables]
+    state = [t.state_list for t in tables]
+    stash = [t.stash_list for t in tables]
     memory = [t.memory_bytes for t in tables]
 
     def free(k: int) -> float:
@@ -107,7 +99,19 @@ def balance_memory(bounds: list[int], tables, inflight: list[int]) -> list[int] 
     return None
 
 
-def metis_plan(ctx, prune: bool = True) -> tuple[Plan, float] | None:
+class GridPoint(NamedTuple):
+    """One (tp per type, dp, micro-batch) point of Metis's grid, with its floor."""
+
+    floor_s: float
+    serial: tuple[int, int, int]          # (tp choice, dp, micro-batch choice): ties
+    pools: dict
+    dp: int
+    per: dict[str, int]                   # stages of each type
+    mb: int
+    m: int                                # micro-batches per pipeline
+
+
+def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
     """Metis's pick and its own predicted iteration time, or None if nothing fits.
 
     The grid is walked by branch and bound (`prune`; the exhaustive walk picks the same
@@ -117,7 +121,7 @@ def metis_plan(ctx, prune: bool = True) -> tuple[Plan, float] | None:
     n = model.num_layers
     types = list(dict.fromkeys(nd.device_type for nd in cluster.nodes))
     tps = list(space.tp_options(cluster, model, c))
-    points = []           # (floor, serial, pools, dp, per, mb, m)
+    points: list[GridPoint] = []
     for i, tp_of in enumerate(itertools.product(tps, repeat=len(types))):
         pools = {t: space.unit_pools(cluster, tp).get(t) for t, tp in zip(types, tp_of,
                                                                         strict=True)}
@@ -140,26 +144,30 @@ def metis_plan(ctx, prune: bool = True) -> tuple[Plan, float] | None:
                 floor = _metis_floor_s(ctx, pools, dp, per, mb, m) if prune else 0.0
                 if floor == np.inf:
                     continue                 # no stage order fits in memory
-                points.append((floor, (i, dp, j), pools, dp, per, mb, m))
-    points.sort(key=lambda x: x[:2])
-    best: tuple[tuple, Plan] | None = None   # ((time, serial), plan)
-    for floor, (i, dp, j), pools, _, per, mb, m in points:
-        if best is not None and floor > best[0][0]:
+                points.append(GridPoint(floor, (i, dp, j), pools, dp, per, mb, m))
+    points.sort(key=lambda x: (x.floor_s, x.serial))
+    best_key: tuple | None = None            # (time, serial) of the best so far
+    best: PeerPick | None = None
+    for pt in points:
+        if best_key is not None and pt.floor_s > best_key[0]:
             break                            # the floors only grow from here
+        (i, dp, j), per = pt.serial, pt.per
         for o, order in enumerate(itertools.permutations(types)):
-            rows = [[pools[t].units[q * dp + r] for t in order for q in range(per[t])]
+            rows = [[pt.pools[t].units[q * dp + r] for t in order for q in range(per[t])]
                     for r in range(dp)]
-            found = _balanced(ctx, rows, mb, m)
+            found = _balanced(ctx, rows, pt.mb, pt.m)
             if found is None:
                 continue
-            key = (found[0], (i, dp, o, j))  # the exhaustive walk's order breaks ties
-            if best is not None and key >= best[0]:
+            value, bounds = found
+            key = (value, (i, dp, o, j))     # the exhaustive walk's order breaks ties
+            if best_key is not None and key >= best_key:
                 continue
             try:
-                best = (key, build(ctx, rows, found[1], mb, m))
+                best = PeerPick(build(ctx, rows, bounds, pt.mb, pt.m), value)
+                best_key = key
             except (InfeasiblePlan, BadInput):
                 continue
-    return None if best is None else (best[1], best[0][0])
+    return best
 
 
 def _metis_floor_s(ctx, pools, dp: int, per: dict, mb: int, m: int) -> float:
@@ -174,9 +182,9 @@ def _metis_floor_s(ctx, pools, dp: int, per: dict, mb: int, m: int) -> float:
     model's layers in all, every order overflows."""
     groups = [pools[t].units[q * dp] for t in per for q in range(per[t])]
     pp = len(groups)
-    tables = list({id(tab): tab for tab in (group_table(ctx.cost, g, mb, ctx.memo)
+    tables = list({tab.key: tab for tab in (group_table(ctx.cost, g, mb, ctx.peers)
                                             for g in groups)}.values())
-    room = sum(max(_capacity(ctx.memo, tab, min(pp - k, m)) for tab in tables)
+    room = sum(max(_capacity(ctx.peers, tab, min(pp - k, m)) for tab in tables)
                for k in range(pp))
     if room < ctx.model.num_layers:
         return np.inf
@@ -184,10 +192,10 @@ def _metis_floor_s(ctx, pools, dp: int, per: dict, mb: int, m: int) -> float:
     return float((m - 1) * least / pp + least)
 
 
-def _capacity(memo: dict, table, inflight: int) -> int:
+def _capacity(caches: PeerCaches, table: GroupTable, inflight: int) -> int:
     """The most layers a stage with `table`'s memory holds while stashing `inflight`
     micro-batches: its cheapest layers (state + inflight x stash each) first."""
-    key = ("metis-capacity", id(table), inflight)
+    key, memo = CapacityKey(table.key, inflight), caches.capacity
     if key not in memo:
         need = np.sort(np.diff(table.state_bytes) + inflight * np.diff(table.stash_bytes))
         memo[key] = int(np.searchsorted(np.cumsum(need), table.memory_bytes, side="right"))
@@ -197,7 +205,7 @@ def _capacity(memo: dict, table, inflight: int) -> int:
 def _balanced(ctx, rows, mb: int, m: int) -> tuple[float, list[int]] | None:
     cost, n = ctx.cost, ctx.model.num_layers
     pp = len(rows[0])
-    tables = [group_table(cost, rows[0][k], mb, ctx.memo) for k in range(pp)]
+    tables = [group_table(cost, rows[0][k], mb, ctx.peers) for k in range(pp)]
     speed = [n / float(tab.time_s[-1]) for tab in tables]   # layers/s, whole model
     inflight = inflight_1f1b(pp, m)
     bounds = proportional_cuts(n, speed)

@@ -1,21 +1,15 @@
-"""Schedule generators: one pure function per schedule kind, and a registry.
+"""Generators of the looped schedule kinds, and their closed forms of stashes in flight.
 
-Each generator takes p (pipeline ranks), m (micro-batches) and, where the kind has them,
-v (chunks, i.e. stages per rank, looped placement: stage k on rank k % p), and returns a
-new `Schedule`. The V-shaped kinds (`zb-v`, `dualpipe-v`, two chunks per rank in a V)
-live in `generators_v`. Timings quoted below take F = I = W = t (so B = 2t) and free
-links.
+Each generator is a pure function of p (pipeline ranks), m (micro-batches) and, for
+interleaved 1F1B, v (chunks: stages per rank, looped placement, stage k on rank k % p),
+returning a new `Schedule`. Each `*_peak` function is the closed form of the most
+(stage, micro-batch) stashes a rank holds at once under that generator's order,
+``(p, m, v, rank) -> count``, counted from an F until its B (or its W when the backward
+is split). Timings quoted below take F = I = W = t (so B = 2t) and free links.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from functools import lru_cache
-from types import MappingProxyType
-
-from hyperpipe.core import limits
-from hyperpipe.core.errors import BadInput, InfeasiblePlan
-from hyperpipe.plan.generators_v import dualpipe_v, zb_v
 from hyperpipe.plan.schedule import Action, Schedule
 
 
@@ -113,84 +107,25 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, p, m, tuple(rows))
 
 
-SCHEDULE_KINDS: Mapping[str, Callable[..., Schedule]] = MappingProxyType({
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "interleaved-1f1b": interleaved_1f1b,
-    "zb-h1": zb_h1,
-    "zb-v": zb_v,
-    "dualpipe-v": dualpipe_v,
-})
-_TAKES_CHUNKS = frozenset({"interleaved-1f1b"})
-_V_KINDS = frozenset({"zb-v", "dualpipe-v"})       # exactly 2 chunks, V placement
-SYNTH = "synth"      # a plan's own action lists (`schedule.actions`), no generator
+def gpipe_peak(p: int, m: int, v: int, rank: int) -> int:
+    """GPipe stashes every micro-batch before its first backward: m."""
+    return m
 
 
-def takes_chunks(kind: str) -> bool:
-    """Whether schedules of `kind` take any chunk count (stages per device) >= 1."""
-    return kind in _TAKES_CHUNKS
+def one_f_one_b_peak(p: int, m: int, v: int, rank: int) -> int:
+    """1F1B: its warmup plus the one in flight, min(p - rank, m)."""
+    return min(p - rank, m)
 
 
-def default_chunks(kind: str) -> int:
-    """Chunks per device when none is given: 2 for the V kinds, else 1."""
-    return 2 if kind in _V_KINDS else 1
+def interleaved_1f1b_peak(p: int, m: int, v: int, rank: int) -> int:
+    """Interleaved 1F1B: Megatron's warmup (v - 1) p + 2 (p - 1 - rank) forwards plus one,
+    at most m v (exact when p divides m, an upper bound otherwise); 1F1B's when v = 1."""
+    if v > 1:
+        return min((v - 1) * p + 2 * (p - 1 - rank) + 1, m * v)
+    return one_f_one_b_peak(p, m, v, rank)
 
 
-def allowed_chunks(kind: str, chunks: int) -> bool:
-    """Whether `kind` can place `chunks` stages per device."""
-    return takes_chunks(kind) or kind == SYNTH or chunks == default_chunks(kind)
-
-
-def placement_of(kind: str) -> str:
-    """How `kind` places its chunks on devices: ``v`` or ``loop`` (see `stage_rank`)."""
-    return "v" if kind in _V_KINDS else "loop"
-
-
-def generate(kind: str, num_devices: int, num_microbatches: int,
-             chunks: int | None = None) -> Schedule:
-    """Build the `kind` schedule for p = num_devices, m = num_microbatches, v = chunks
-    (None: the kind's default, 2 for the V kinds, else 1).
-
-    Raises BadInput for an unknown kind, non-positive counts, or a chunk count the kind
-    cannot take (1 for single-stage kinds, 2 for the V kinds). Schedules are immutable
-    and a pure function of these four values, so they are memoised: a search simulates
-    the same shapes many times.
-    """
-    if chunks is None:
-        chunks = default_chunks(kind)
-    return _generate(kind, num_devices, num_microbatches, chunks)
-
-
-def over_action_limit(kind: str, num_devices: int, num_microbatches: int,
-                      chunks: int) -> str | None:
-    """Why a schedule of this shape is not built (over `limits.MAX_SCHEDULE_ACTIONS`,
-    counting F, I and W per stage and micro-batch), or None when it is within it."""
-    actions = 3 * num_devices * chunks * num_microbatches
-    if actions <= limits.MAX_SCHEDULE_ACTIONS:
-        return None
-    return (f"a {kind} schedule of {num_devices} devices x {chunks} chunks x "
-            f"{num_microbatches} micro-batches (up to {actions} actions) is over the limit "
-            f"of {limits.MAX_SCHEDULE_ACTIONS} actions (hyperpipe.core.limits)")
-
-
-@lru_cache(maxsize=256)
-def _generate(kind: str, num_devices: int, num_microbatches: int, chunks: int) -> Schedule:
-    if kind not in SCHEDULE_KINDS:
-        raise BadInput("schedule kind", f"one of {', '.join(SCHEDULE_KINDS)}", kind)
-    for name, value in (
-        ("devices", num_devices),
-        ("microbatches", num_microbatches),
-        ("chunks", chunks),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise BadInput(f"schedule {name}", "a positive integer", value)
-    over = over_action_limit(kind, num_devices, num_microbatches, chunks)
-    if over:
-        raise InfeasiblePlan(over)
-    if kind in _TAKES_CHUNKS:
-        return SCHEDULE_KINDS[kind](num_devices, num_microbatches, chunks)
-    want = default_chunks(kind)
-    if chunks != want:
-        what = "two stages per device in a V" if want == 2 else "one stage per device"
-        raise BadInput(f"schedule chunks for kind {kind!r}", f"{want} ({what})", chunks)
-    return SCHEDULE_KINDS[kind](num_devices, num_microbatches)
+def zb_h1_peak(p: int, m: int, v: int, rank: int) -> int:
+    """ZB-H1 counts a micro-batch until its W, which the generator defers by `rank` steps:
+    min(p, m)."""
+    return min(p, m)

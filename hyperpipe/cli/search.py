@@ -1,0 +1,111 @@
+"""`hyperpipe search`: the best plans for a model on a cluster, every option given
+fixing that dimension; prints the ranked plans with baselines and peers (text or JSON)
+and can write the best plan for `simulate`/`run --plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from hyperpipe.cli import args as ca
+from hyperpipe.cli.flags import (
+    BackendOptions,
+    MemoryOptions,
+    ProfileOptions,
+    Workload,
+    add_backend,
+    add_json,
+    add_memory,
+    add_profile,
+    add_progress,
+    add_workload,
+    as_flags,
+    command,
+    opened_backend,
+)
+from hyperpipe.cli.inputs import load_checked_profile
+from hyperpipe.cli.output import EXIT_OK, print_json
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    workload: Workload
+    micro_batch: int | None
+    schedule: str | None
+    chunks: int | None
+    pp: int | None
+    dp: int | None
+    tp: int | None
+    memory: MemoryOptions
+    objective: str
+    top: int
+    workers: int
+    profile: ProfileOptions
+    out: str | None               # write the best plan here
+    progress: bool
+    json: bool
+    backend: BackendOptions
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> SearchOptions:
+        return cls(workload=Workload.from_namespace(ns), micro_batch=ns.micro_batch,
+                   schedule=ns.schedule, chunks=ns.chunks, pp=ns.pp, dp=ns.dp, tp=ns.tp,
+                   memory=MemoryOptions.from_namespace(ns), objective=ns.objective,
+                   top=ns.top, workers=ns.workers, profile=ProfileOptions.from_namespace(ns),
+                   out=ns.out, progress=ns.progress, json=ns.json,
+                   backend=BackendOptions.from_namespace(ns))
+
+
+def add_parser(sub) -> None:
+    p = command(sub, "search", "find the best plans for a model on a cluster; any option "
+                "given fixes that dimension")
+    add_workload(p)
+    p.add_argument("--micro-batch", type=ca.BATCH, help="fix the micro-batch size")
+    p.add_argument("--schedule", help="fix the schedule kind (e.g. 1f1b, zb-h1)")
+    p.add_argument("--chunks", type=ca.CHUNKS, help="fix the chunks per device (interleaved)")
+    p.add_argument("--pp", type=ca.PIPELINE_DEVICES, help="fix the devices per pipeline")
+    p.add_argument("--dp", type=ca.REPLICAS, help="fix the number of pipelines (replicas)")
+    p.add_argument("--tp", type=ca.TENSOR_PARALLEL,
+                   help="fix the tensor-parallel degree of every stage")
+    add_memory(p, "fix")
+    p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
+    p.add_argument("--top", type=ca.TOP, default=5, help="plans to list")
+    p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
+    add_profile(p)
+    p.add_argument("--out", type=ca.path, help="write the best plan here (for simulate/run --plan)")
+    add_progress(p)
+    add_json(p)
+    add_backend(p)
+    p.set_defaults(options=SearchOptions.from_namespace, run=run)
+
+
+def run(opts: SearchOptions) -> int:
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
+    from hyperpipe.search.report import format_search
+    from hyperpipe.search.search import SearchConstraints, search
+    from hyperpipe.sim.costmodel import CostModel
+    w, m = opts.workload, opts.memory
+    model, cluster = load_model(w.model, where="--model"), load_cluster(w.cluster)
+    profile = load_checked_profile(opts.profile, model, cluster)
+    with as_flags():
+        c = SearchConstraints(global_batch=w.global_batch, micro_batch=opts.micro_batch,
+                              schedule=opts.schedule, pp=opts.pp, dp=opts.dp, tp=opts.tp,
+                              chunks=opts.chunks, objective=opts.objective,
+                              recompute=m.recompute, sequence_parallel=m.sequence_parallel,
+                              distributed_optimizer=m.distributed_optimizer)
+    with opened_backend(opts.backend, opts.workers) as backend, as_flags():
+        result = search(model, cluster, c, profile=profile, top=opts.top,
+                        workers=opts.workers, progress=opts.progress, backend=backend)
+    if opts.out:
+        result.best.plan.save(opts.out)
+    if opts.json:
+        print_json(result.to_dict())
+    else:
+        sys.stdout.write(format_search(result, CostModel(model, cluster, profile),
+                                       objective=opts.objective))
+        if opts.out:
+            print(f"best plan written to {opts.out}")
+    return EXIT_OK

@@ -1,0 +1,159 @@
+"""The search's typed caches: `Cache`, a memo of one kind of entry, and the named key
+records its entries are found under (layer tables, links, stage costs, cuts, in-flight
+counts, templates, rings, the baselines' and the peer planners' tables).
+
+A key names everything its entry depends on, so an entry is a pure function of its key
+and filling a cache in any order gives the same results; nothing is keyed by object
+identity. Times in seconds, memory in bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, NamedTuple, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Cache(dict[K, V], Generic[K, V]):
+    """One kind of memoised entry, keyed by one record type: a dict (lookups at dict
+    speed on the search's hot path) with `memo(key, make)`, the entry under `key`, made
+    by `make()` the first time."""
+
+    __slots__ = ()
+
+    def memo(self, key: K, make: Callable[[], V]) -> V:
+        if key not in self:
+            self[key] = make()
+        return self[key]
+
+
+class TimesKey(NamedTuple):
+    """What a stage's per-layer times depend on: identical devices are interchangeable,
+    so one table per (device type, intra link, tp, micro-batch, memory mode)."""
+
+    device_type: str
+    intra_link: Any            # the node's intra link when tp > 1, else None
+    tp: int
+    micro_batch: int
+    recompute: str
+    sequence_parallel: bool
+
+
+class TableKey(NamedTuple):
+    """A `LayerTables`: its times, and the optimizer's shards (memory only)."""
+
+    times: TimesKey
+    shards: int
+
+
+class LinkKey(NamedTuple):
+    """A link's cost depends only on its class: None (two chunks on one device), (intra
+    link,) or (NIC, NIC); per node, or ("inter", NIC, NIC), under a profile."""
+
+    route: tuple | None
+    micro_batch: int
+
+
+class MatrixKey(NamedTuple):
+    times: TimesKey
+    link: LinkKey | None
+
+
+class StageKey(NamedTuple):
+    """All a stage's cut cost depends on: its table, stashes, room and the link after."""
+
+    table: TableKey
+    inflight: int
+    capacity_bytes: float
+    link: LinkKey | None
+
+
+class InflightKey(NamedTuple):
+    kind: str
+    p: int
+    m_class: int              # m, or a smaller m with the same in-flight counts
+    v: int
+
+
+class BookKey(NamedTuple):
+    """The kept templates of a type group: over all configs (None) or at one."""
+
+    types: tuple[str, ...]
+    config: tuple[str, int, int] | None
+
+
+class TotalKey(NamedTuple):
+    recompute: str
+    shards: int
+    micro_batch: int
+
+
+class StateStash(NamedTuple):
+    """The whole model's state and one micro-batch's stash of every layer."""
+
+    state_bytes: float
+    stash_bytes: float
+
+
+class RingCost(NamedTuple):
+    """An all-reduce over a set of groups, affine in the bytes: time at 1 GB, per GB."""
+
+    at_1gb_s: float
+    per_gb_s: float
+
+
+class StageShape(NamedTuple):
+    """A stage as the cost model prices it (`synthesis.busiest_device_bound_s`)."""
+
+    layers: tuple[int, int]
+    devices: tuple[str, ...]
+    micro_batch: int
+    recompute: str
+    sequence_parallel: bool
+
+
+class ReplicaKey(NamedTuple):
+    subset: tuple[str, ...]
+    pp: int
+    dp: int
+    tp: int
+
+
+class LayersOn(NamedTuple):
+    """Layers [a, b) on one tp group at one micro-batch."""
+
+    layers: tuple[int, int]
+    group: tuple[str, ...]
+    micro_batch: int
+
+
+class PeerTableKey(NamedTuple):
+    """A peer planner's table: shared by groups of one device type, size and link."""
+
+    device_type: str
+    tp: int
+    intra_link: Any
+    micro_batch: int
+
+
+class GroupAt(NamedTuple):
+    group: tuple[str, ...]
+    micro_batch: int
+
+
+class CapacityKey(NamedTuple):
+    table: PeerTableKey
+    inflight: int
+
+
+@dataclass(frozen=True)
+class PeerCaches:
+    """The peer planners' (Metis, AMP) tables (`peers.common.GroupTable`, which builds
+    on this module), per type and per group, and Metis's per-stage layer capacities."""
+
+    type_tables: Cache[PeerTableKey, Any] = field(default_factory=Cache)
+    group_tables: Cache[GroupAt, Any] = field(default_factory=Cache)
+    capacity: Cache[CapacityKey, int] = field(default_factory=Cache)

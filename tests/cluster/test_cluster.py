@@ -1,0 +1,88 @@
+"""The device catalog and clusters: sources, built-in clusters, files, routes, rejection."""
+
+from __future__ import annotations
+
+import pytest
+
+from hyperpipe.cluster.catalog import builtin_device_types
+from hyperpipe.cluster.cluster import builtin_cluster_names, cluster_from_dict, load_cluster
+from hyperpipe.core.errors import BadInput
+
+
+def test_catalog_entries_have_sources_and_sane_values():
+    catalog = builtin_device_types()
+    for name in ("V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe",
+                 "H200", "L4", "T4", "A10", "RTX-3090", "RTX-4090", "MI250X", "MI300X"):
+        d = catalog[name]
+        assert d.source and "datasheet" in d.source or "whitepaper" in d.source
+        assert 10e12 < d.peak_flops < 2e15
+        assert 8e9 <= d.memory_bytes <= 200e9
+        assert 0 < d.efficiency <= 1
+    assert catalog["A100-80GB"].peak_flops / catalog["V100-32GB"].peak_flops == \
+        pytest.approx(312 / 125)
+
+
+def test_node_prices_take_units():
+    c = cluster_from_dict({"nodes": [{"name": "n", "device": "T4", "count": 1,
+                                      "price_per_hour": "0.35 $/h"}]}, where="x", name="x")
+    assert c.price_per_hour("n/0") == pytest.approx(0.35)
+
+
+def test_builtin_clusters_load():
+    names = builtin_cluster_names()
+    assert {"demo-hetero", "a100-v100", "h100-a100-l4", "scale-1024"} <= set(names)
+    sizes = {n: len(load_cluster(n).devices) for n in names}
+    assert sizes["scale-1024"] == 1024
+    assert len({d.type.name for d in load_cluster("scale-1024").devices}) == 4
+    assert len({d.type.name for d in load_cluster("h100-a100-l4").devices}) == 3
+
+
+def test_cluster_file_and_paths(tmp_path):
+    doc = tmp_path / "c.yaml"
+    doc.write_text("""
+device_types:
+  fast: {peak_flops: "1 TFLOP/s", efficiency: 1.0, memory: "80 GB"}
+nodes:
+  - {name: n0, device: A100-80GB, count: 8, intra_link: {bandwidth: "600 GB/s", latency: "2 us"}}
+  - {name: n1, device: fast, count: 2}
+inter_node: {bandwidth: "100 Gbit/s", latency: "5 us"}
+""")
+    c = load_cluster(str(doc))
+    assert [d.name for d in c.devices][:2] == ["n0/0", "n0/1"]
+    assert c.device("n1/1").type.peak_flops == 1e12
+    assert c.device("n1/1").type.achievable_flops == 1e12
+    intra = c.path("n0/0", "n0/3")
+    assert [h.name for h in intra.hops] == ["n0/0:out", "n0/3:in"]
+    assert intra.time_s(600e9) == pytest.approx(1 + 2e-6)
+    inter = c.path("n0/0", "n1/0")
+    assert [h.name for h in inter.hops] == ["n0:nic-out", "n1:nic-in"]
+    assert inter.time_s(12.5e9) == pytest.approx(1 + 5e-6)
+    assert c.path("n0/1", "n0/1").time_s(1e9) == 0.0
+
+
+def _cluster(**over):
+    doc = {"nodes": [{"name": "n0", "device": "A100-80GB", "count": 2}]}
+    doc.update(over)
+    return doc
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"nodes": []}, "nodes"),
+    ({"nodes": [{"device": "B200X", "count": 2}]}, "nodes[0].device"),
+    ({"nodes": [{"device": "A100-80GB", "count": -2}]}, "nodes[0].count"),
+    ({"nodes": [{"device": "A100-80GB", "count": "two"}]}, "nodes[0].count"),
+    ({"nodes": [{"device": "A100-80GB", "count": 2, "colour": "red"}]}, "nodes[0].colour"),
+    (_cluster(inter_node={"bandwidth": "fast"}), "inter_node.bandwidth"),
+    (_cluster(inter_node={"bandwidth": "10 GB"}), "inter_node.bandwidth"),
+    (_cluster(device_types={"x": {"memory": "8 GB"}}), "device_types.x.peak_flops"),
+    (_cluster(device_types={"x": {"peak_flops": "1 TFLOP/s", "memory": "8 GB",
+                                  "efficiency": 1.5}}), "device_types.x.efficiency"),
+    ({"nodes": [{"name": "a", "device": "T4", "count": 1},
+                {"name": "a", "device": "T4", "count": 1}]}, "nodes[1].name"),
+    ([1, 2], "c.yaml"),
+])
+def test_cluster_rejects(doc, field):
+    with pytest.raises(BadInput) as err:
+        cluster_from_dict(doc, where="c.yaml", name="c")
+    assert field in str(err.value)
+

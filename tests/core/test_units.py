@@ -1,0 +1,48 @@
+"""Quantities with units: parsing, prefixes, rejection with the field named."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.units import parse_quantity
+
+
+@pytest.mark.parametrize("text,dim,value", [
+    ("312 TFLOP/s", "flops", 312e12),
+    ("1 TFLOP/s", "flops", 1e12),
+    ("80 GB", "bytes", 80e9),
+    ("80 GiB", "bytes", 80 * 2**30),
+    ("600 GB/s", "bandwidth", 600e9),
+    ("100 Gbit/s", "bandwidth", 100e9 / 8),
+    ("400Gbps", "bandwidth", 400e9 / 8),
+    ("2 us", "time", 2e-6),
+    ("5 ms", "time", 5e-3),
+    ("1.5e3 s", "time", 1500.0),
+    (7, "bytes", 7.0),
+    ("0", "time", 0.0),
+])
+def test_parse_quantity(text, dim, value):
+    assert parse_quantity(text, dim, where="x") == pytest.approx(value, rel=1e-12)
+
+
+@pytest.mark.parametrize("text,dim", [
+    ("5 parsecs", "time"), ("80 GB", "time"), ("-3 GB", "bytes"), ("fast", "flops"),
+    ("nan GB", "bytes"), (True, "bytes"), (None, "bytes"), ("1e999 B", "bytes"),
+    ("100 Gs", "time"),
+])
+def test_parse_quantity_rejects(text, dim):
+    with pytest.raises(BadInput) as err:
+        parse_quantity(text, dim, where="c.yaml: nodes[0].x")
+    assert str(err.value).startswith("c.yaml: nodes[0].x: expected")
+    assert "\n" not in str(err.value)
+
+
+@given(st.just(0.0) | st.floats(min_value=1e-3, max_value=1e6),  # units.QUANTITY_RANGE
+       st.sampled_from([("k", 1e3), ("M", 1e6), ("G", 1e9), ("Ki", 1024.0), ("Gi", 2.0**30)]))
+def test_parse_quantity_prefixes(number, prefix):
+    text = f"{number!r} {prefix[0]}B"
+    assert parse_quantity(text, "bytes", where="x") == pytest.approx(number * prefix[1])
+

@@ -1,0 +1,102 @@
+"""Factories for the clusters, models and plans the tests build (importable by name;
+tests/conftest.py hands the same functions out as fixtures).
+
+Documents (`*_doc`) are the plain dicts a YAML/JSON file would hold; the other factories
+load them. Every optional field is left out of a document unless given (None), so a
+factory builds exactly the document a test wrote by hand. Quantities are SI numbers or
+strings with units, as in the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from hyperpipe.cluster.cluster import Cluster, load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.models.spec import ModelSpec
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+
+# Links so fast that transfers cost nothing measurable.
+FREE_LINK = {"bandwidth": "1e15 B/s", "latency": 0}
+# One DGX-like node of eight built-in A100-80GB devices named n/0 ... n/7.
+A100_NODE = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 8}]}
+
+
+def device_type(peak_flops: float | str, *, memory: float | str = "1000 GB",
+                mem_bandwidth: float | str = 1e30, efficiency: float = 1.0,
+                **extra: Any) -> dict:
+    """A device type entry: `peak_flops` at `efficiency`, `memory`, `mem_bandwidth`
+    (plus any other field, e.g. price_per_hour)."""
+    return {"peak_flops": peak_flops, "efficiency": efficiency, "memory": memory,
+            "mem_bandwidth": mem_bandwidth, **extra}
+
+
+def cluster_doc(device_types: dict[str, dict] | None,
+                nodes: Iterable[tuple[str, str, int]], *,
+                intra_link: dict | None = None, inter_node: dict | None = None,
+                name: str | None = None) -> dict:
+    """A cluster document: `nodes` as (node name, device type, count), each node with
+    `intra_link` when given; `device_types` add to the built-in catalog."""
+    doc: dict[str, Any] = {} if name is None else {"name": name}
+    if device_types is not None:
+        doc["device_types"] = device_types
+    doc["nodes"] = [{"name": n, "device": d, "count": c,
+                     **({} if intra_link is None else {"intra_link": intra_link})}
+                    for n, d, c in nodes]
+    if inter_node is not None:
+        doc["inter_node"] = inter_node
+    return doc
+
+
+def make_cluster(*args: Any, **kwargs: Any) -> Cluster:
+    """`cluster_doc(...)` loaded."""
+    return load_cluster(cluster_doc(*args, **kwargs))
+
+
+def synthetic_doc(layers: int | list[dict], *, fwd_flops_per_sample: float | None = None,
+                  activation_bytes_per_sample: float | None = None,
+                  stash_bytes_per_sample: float | None = None,
+                  params_per_layer: int | None = None, name: str | None = None,
+                  **extra: Any) -> dict:
+    """A synthetic model document: `layers` a count or per-layer entries; a field left
+    None is left out (the loader's default: I and W = forward, stash = activation)."""
+    fields = {"name": name, "layers": layers, "fwd_flops_per_sample": fwd_flops_per_sample,
+              "activation_bytes_per_sample": activation_bytes_per_sample,
+              "stash_bytes_per_sample": stash_bytes_per_sample,
+              "params_per_layer": params_per_layer, **extra}
+    return {"kind": "synthetic", **{k: v for k, v in fields.items() if v is not None}}
+
+
+def synthetic_model(*args: Any, **kwargs: Any) -> ModelSpec:
+    """`synthetic_doc(...)` loaded."""
+    return load_model(synthetic_doc(*args, **kwargs))
+
+
+def chain_plan(model: Any, cluster: Any, bounds: Sequence[int], devices: Sequence[str],
+               micro_batch: int, num_microbatches: int, *, schedule: str = "1f1b",
+               chunks: int = 1) -> Plan:
+    """One pipeline, stage s holding layers [bounds[s], bounds[s + 1]) on devices[s]
+    alone (tp 1); the global batch is micro_batch x num_microbatches."""
+    stages = tuple(StagePlan((bounds[s], bounds[s + 1]), (devices[s],), 1)
+                   for s in range(len(devices)))
+    return Plan(model=model, cluster=cluster, global_batch=micro_batch * num_microbatches,
+                schedule=schedule, chunks=chunks,
+                pipelines=(PipelinePlan(micro_batch, num_microbatches, stages),))
+
+
+def bounds_of(counts: Iterable[int], start: int = 0) -> list[int]:
+    """Stage boundaries from layers per stage: [3, 2] -> [0, 3, 5]."""
+    out = [start]
+    for n in counts:
+        out.append(out[-1] + n)
+    return out
+
+
+def plan_doc(pipelines: list[dict], *, schedule: str | dict = "1f1b",
+             model: Any = "tiny-gpt", cluster: Any = A100_NODE, **top: Any) -> dict:
+    """A plan document over `pipelines` (pipeline documents); the global batch is the
+    sum of micro_batch x num_microbatches."""
+    return {"format": "hyperpipe.plan/1", "model": model, "cluster": cluster,
+            "global_batch": sum(p["micro_batch"] * p["num_microbatches"] for p in pipelines),
+            "schedule": schedule, "pipelines": pipelines, **top}

@@ -1,0 +1,59 @@
+"""Plan files: the JSON round trip and the check, rejection with the field named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from plan_docs import edited
+
+from hyperpipe.core.errors import BadInput
+from hyperpipe.plan.plan import load_plan, plan_from_dict
+
+PLAN = {
+    "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+    "global_batch": 32, "schedule": {"kind": "1f1b", "chunks": 1},
+    "pipelines": [{"micro_batch": 2, "num_microbatches": 16,
+                   "stages": [{"layers": [0, 5], "devices": ["a100/0"], "tp": 1},
+                              {"layers": [5, 8], "devices": ["v100/0"], "tp": 1}]}],
+}
+
+
+def test_plan_round_trip_and_check(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(PLAN))
+    plan = load_plan(path)
+    plan.check(plan.load_model(), plan.load_cluster())
+    assert plan.to_dict() == PLAN
+    plan.save(tmp_path / "again.json")
+    assert load_plan(tmp_path / "again.json") == plan
+    assert plan.devices == ["a100/0", "v100/0"]
+
+
+def _plan(**changes):
+    return edited(PLAN, **changes)
+
+
+@pytest.mark.parametrize("doc,field", [
+    (_plan(format="hyperpipe.plan/9"), "format"),
+    (_plan(global_batch=30), "global_batch"),
+    (_plan(schedule={"kind": "zigzag"}), "schedule.kind"),
+    (_plan(schedule={"kind": "1f1b", "chunks": 2}), "schedule.chunks"),
+    (_plan(**{"pipelines/0/stages/1/layers": [4, 8]}), "stages[1].layers"),
+    (_plan(**{"pipelines/0/stages/1/layers": [6, 8]}), "stages[1].layers"),
+    (_plan(**{"pipelines/0/stages/1/layers": [5, 7]}), "pipelines[0].stages"),
+    (_plan(**{"pipelines/0/stages/1/devices": ["v100/9"]}), "stages[1].devices"),
+    (_plan(**{"pipelines/0/stages/1/devices": ["a100/0"]}), "stages[1].devices"),
+    (_plan(**{"pipelines/0/micro_batch": 0}), "micro_batch"),
+    (_plan(**{"pipelines/0/num_microbatches": "many"}), "num_microbatches"),
+    (_plan(**{"pipelines/0/stages/0/tp": 2}), "stages[0].devices"),
+    (_plan(pipelines=[]), "pipelines"),
+    (_plan(extra=1), "extra"),
+])
+def test_plan_rejects(doc, field):
+    with pytest.raises(BadInput) as err:
+        plan = plan_from_dict(doc, where="p.json")
+        plan.check(plan.load_model(), plan.load_cluster(), where="p.json")
+    assert field in str(err.value)
+    assert str(err.value).startswith("p.json")
+
