@@ -25,7 +25,7 @@ def count(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: an integer from `low` to `high` (inclusive)."""
     def parse(text: str) -> int:
         digits = text.strip().lstrip("+-")
-        if len(digits) > 20 or not digits.isdigit():
+        if len(digits) > 20 or not (digits.isascii() and digits.isdigit()):
             raise argparse.ArgumentTypeError(
                 f"expected an integer from {low} to {high}, got {short(text)}")
         value = int(text)

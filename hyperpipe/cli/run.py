@@ -15,6 +15,7 @@ from hyperpipe.cli import args as ca
 from hyperpipe.cli.flags import add_progress, command
 from hyperpipe.cli.output import EXIT_ERROR, EXIT_OK
 from hyperpipe.core.errors import BadInput, Stopped
+from hyperpipe.core.files import check_distinct
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ def parse_fault(text: str | None, steps: int) -> tuple | None:
         return None
     rank, sep, step = text.partition(":")
     step, _, kind = step.partition(":")
-    if not (sep and rank.isdigit() and step.isdigit() and kind in ("", "raise", "stop")):
+    if not (sep and rank.isascii() and rank.isdigit() and step.isascii() and step.isdigit()
+            and kind in ("", "raise", "stop")):
         raise BadInput("--inject-fault", "RANK:STEP or RANK:STEP:stop, e.g. 1:3", text)
     fault = (int(rank), int(step)) if len(text) <= 40 else (0, 0)
     fault += (kind,) if kind else ()
@@ -100,6 +102,8 @@ def parse_fault(text: str | None, steps: int) -> tuple | None:
 
 def run(opts: RunCommandOptions) -> int:
     fault = parse_fault(opts.inject_fault, opts.steps)
+    check_distinct([("--plan", opts.plan)], [("--trace", opts.trace),
+                   ("--chrome", opts.chrome)], [("--checkpoint", opts.checkpoint)])
     from hyperpipe.exec import RunFailed, RunOptions, run_plan
     from hyperpipe.exec.launch import torchrun_env
     from hyperpipe.plan.plan import load_plan

@@ -22,6 +22,7 @@ from hyperpipe.cli.flags import (
 from hyperpipe.cli.inputs import load_checked_profile
 from hyperpipe.cli.output import EXIT_OK, print_json
 from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import check_distinct
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,10 @@ def run(opts: SimulateOptions) -> int:
     from hyperpipe.sim.costmodel import CostModel
     from hyperpipe.sim.simulator import SimOptions, simulate
     from hyperpipe.sim.summary import describe
+    check_distinct([("--plan", opts.plan), ("--cluster", opts.cluster),
+                    ("--model", opts.model), ("--profile", opts.profile.path)],
+                   [("--trace", opts.trace), ("--chrome", opts.chrome),
+                    ("--timeline", opts.timeline)])
     plan, model, cluster = _plan_model_cluster(opts)
     window = _timeline_window(opts)
     cost = CostModel(model, cluster, load_checked_profile(opts.profile, model, cluster,

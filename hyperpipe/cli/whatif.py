@@ -29,6 +29,7 @@ from hyperpipe.cli.flags import (
 from hyperpipe.cli.inputs import load_checked_profile
 from hyperpipe.cli.output import EXIT_OK, print_json
 from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import check_distinct
 
 if TYPE_CHECKING:
     from hyperpipe.whatif.failures import FailureOptions
@@ -129,6 +130,9 @@ def run(opts: WhatIfOptions) -> int:
     from hyperpipe.plan.plan import load_plan
     from hyperpipe.whatif.variants import Planning
     ca.check_vary_size(list(opts.vary))
+    check_distinct([("--cluster", opts.workload.cluster), ("--model", opts.workload.model),
+                    ("--profile", opts.profile.path), ("--plan", opts.plan)],
+                   [("--plot", opts.plot)])
     plan = load_plan(opts.plan) if opts.plan else None
     if opts.failures.failures:
         if opts.vary or opts.pool:

@@ -284,22 +284,29 @@ def _reserve(base: DeviceType, f: Fields) -> float:
     return base.runtime_reserve_bytes
 
 
+# A straggler's compute-time multiplier: >= 1.0 (docs/formats.md), and at most a million
+# (a device that slow is a dead one; 1e-300 or 1e308 would divide or multiply to 0 or inf).
+MAX_SLOWDOWN = 1_000_000
+
+
 def _slowdown(nf: Fields, count: int) -> tuple[float, ...]:
     """A node's `slowdown`: one number for all its devices, or a mapping of device index
-    to number (unlisted devices 1.0). Every multiplier is a finite number > 0."""
+    to number (unlisted devices 1.0). Every multiplier is a number in [1.0, MAX_SLOWDOWN]."""
     if not nf.has("slowdown"):
         return ()
     raw = nf.raw("slowdown")
     if not isinstance(raw, dict):
-        value = nf.number("slowdown", positive=True)
+        value = nf.number("slowdown", positive=True, at_least=1.0, at_most=MAX_SLOWDOWN)
         return () if value == 1.0 else (value,) * count
     sub = nf.sub("slowdown")
     out = [1.0] * count
     for key in raw:
-        index = int(key) if str(key).isdigit() else -1
+        text = str(key)
+        # ASCII digits only: "²".isdigit() is true but int("²") raises.
+        index = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else -1
         if not 0 <= index < count:
-            raise BadInput(sub.at(str(key)), f"a device index 0..{count - 1} of the node", key)
-        out[index] = sub.number(key, positive=True)
+            raise BadInput(sub.at(text), f"a device index 0..{count - 1} of the node", key)
+        out[index] = sub.number(key, positive=True, at_least=1.0, at_most=MAX_SLOWDOWN)
     return () if all(v == 1.0 for v in out) else tuple(out)
 
 

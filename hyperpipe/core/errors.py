@@ -8,6 +8,8 @@ counts it. Anything else is a bug and exits 1.
 
 from __future__ import annotations
 
+import re
+
 
 class HyperPipeError(Exception):
     """Base class of the errors HyperPipe raises on purpose."""
@@ -53,6 +55,20 @@ def short(value: object, limit: int = 40) -> str:
             else "an integer of over 4000 digits"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_FIELD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+|@/-]{0,39}")
+
+
+def key_name(key: object) -> str:
+    """A key of a user's document as an error may show it: a name made of letters,
+    digits and ``_ . + | @ / -`` (at most 40), as written; anything else (a line of a
+    file that is not in the expected format, such as ``root:$6$...:19000:...``) only
+    by its length, so that no error ever quotes a line of a private file."""
+    text = str(key)
+    if _FIELD_NAME.fullmatch(text):
+        return text
+    return f"(a key of {len(text)} characters, not shown)"
 
 
 def one_line(text: str, limit: int) -> str:

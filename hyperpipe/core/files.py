@@ -13,6 +13,8 @@ the target's folder (O_EXCL | O_NOFOLLOW, unpredictable name), fsynced, renamed 
 target, and removed on any exit before that. A target that exists and is not a regular
 file (symlink, FIFO, device such as /dev/null, directory) is refused with BadInput, never
 replaced nor written through: one rule is easier to trust than a list of exceptions.
+A lock file (`open_lock_file`) follows the same rule. `check_distinct` refuses, before
+any work, an output that names one of the command's inputs or another of its outputs.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import IO, Any
 import yaml
 
 from hyperpipe.core import limits
-from hyperpipe.core.errors import BadInput, one_line
+from hyperpipe.core.errors import BadInput, key_name, one_line
 from hyperpipe.core.units import parse_quantity
 
 MAX_INPUT_BYTES = limits.MAX_JSON_BYTES     # kept for callers of the old name
@@ -197,7 +199,7 @@ def check_values(data: Any, where: str) -> None:
                 raise BadInput(f"{where}: {path or '(top)'}", "a finite number", value)
         elif isinstance(value, dict):
             for k, v in value.items():
-                key = one_line(str(k), 40)
+                key = key_name(k)
                 if not isinstance(k, (str, int, float, bool)) and k is not None:
                     raise BadInput(f"{where}: {path or '(top)'}", "keys that are strings "
                                    "or numbers", type(k).__name__)
@@ -320,6 +322,97 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def open_lock_file(path: str | os.PathLike) -> IO[str]:
+    """Open (or create) lock file `path` for reading and writing without following a
+    link: an existing one must be a regular file with no other name (a symlink, FIFO,
+    device, directory or hard link planted there is refused with BadInput, never opened
+    for writing), a new one is created exclusively. The caller flocks and writes it."""
+    p = Path(path)
+    where = show_path(p)
+    base = os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_CLOEXEC", 0)
+    fd = -1
+    try:
+        for _ in range(100):
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                try:
+                    fd = os.open(p, base | os.O_CREAT | os.O_EXCL, 0o666)
+                    break
+                except FileExistsError:
+                    continue                # planted meanwhile: look at it again
+            if not stat.S_ISREG(st.st_mode):
+                raise BadInput(where, f"a regular lock file or none (it is {_kind(st.st_mode)}; "
+                               "HyperPipe never writes through special files)", has_got=False)
+            try:
+                fd = os.open(p, base)       # no O_CREAT: a name swapped meanwhile fails
+                break
+            except FileNotFoundError:
+                continue
+        else:
+            raise BadInput(where, "a lock file that stays put", has_got=False)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            kind = _kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else \
+                f"a file with {st.st_nlink} hard links"
+            raise BadInput(where, f"a regular lock file or none (it is {kind}; HyperPipe "
+                           "never writes through special files)", has_got=False)
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, "r+", encoding="utf-8", errors="replace")
+        fd = -1
+        return f
+    except OSError as exc:
+        raise BadInput(where, f"a regular lock file or none ({exc.strerror or exc})",
+                       has_got=False) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+PathArg = tuple[str, "str | os.PathLike | None"]
+
+
+def _resolved(path: str | os.PathLike) -> str:
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return os.path.abspath(path)
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    if _resolved(a) == _resolved(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def check_distinct(inputs: Iterable[PathArg], outputs: Iterable[PathArg],
+                   folders: Iterable[PathArg] = ()) -> None:
+    """Raise BadInput (before any work) when an output path names one of the command's
+    inputs or another of its outputs, or lies inside a folder the command owns (a run's
+    --checkpoint DIR). Each argument is (flag, path or None); paths are compared resolved
+    (links followed, os.path.samefile for the rest), so ``x`` and ``./d/../x`` are one
+    file. An input that is not an existing file (a preset name) cannot be overwritten."""
+    ins = [(flag, p) for flag, p in inputs if p and path_exists(Path(p), regular=True)]
+    outs = [(flag, p) for flag, p in outputs if p]
+    dirs = [(flag, p) for flag, p in folders if p]
+    for i, (flag, out) in enumerate(outs):
+        where = f"{flag} {show_path(out)}"
+        for other, path in ins + outs[:i]:
+            if _same_file(out, path):
+                kind = "output" if (other, path) in outs else "input"
+                raise BadInput(where, f"a file apart from the {kind} {other} (it names the "
+                               "same file, which the output would overwrite)", has_got=False)
+        for other, folder in dirs:
+            top, inside = _resolved(folder), _resolved(out)
+            if inside == top or inside.startswith(top.rstrip(os.sep) + os.sep):
+                raise BadInput(where, f"a path outside {other} {show_path(folder)} (the "
+                               "command owns that folder's files)", has_got=False)
+
+
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
     """Write `text` (str as UTF-8, or bytes) to `path` through `atomic_output`."""
     data = text.encode("utf-8") if isinstance(text, str) else text
@@ -363,7 +456,7 @@ class Fields:
         if allowed is not None:
             unknown = sorted(set(map(str, data)) - set(allowed))
             if unknown:
-                raise BadInput(f"{where}.{one_line(unknown[0], 40)}",
+                raise BadInput(f"{where}.{key_name(unknown[0])}",
                                f"one of the known keys {sorted(allowed)}", "an unknown key",
                                has_got=False)
 

@@ -28,8 +28,8 @@ from typing import IO, Any
 
 import torch
 
-from hyperpipe.core.errors import BadInput
-from hyperpipe.core.files import atomic_output, write_atomic
+from hyperpipe.core.errors import BadInput, one_line
+from hyperpipe.core.files import atomic_output, open_lock_file, write_atomic
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan
 
@@ -63,7 +63,7 @@ def complete_steps(root: str | os.PathLike) -> list[int]:
     steps = []
     for d in base.glob("step-*"):
         tail = d.name[len("step-"):]
-        if tail.isdigit() and (d / MANIFEST).is_file():
+        if tail.isascii() and tail.isdigit() and len(tail) <= 18 and (d / MANIFEST).is_file():
             steps.append(int(tail))
     return sorted(steps)
 
@@ -159,12 +159,12 @@ def claim_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int
     lock file: keep it open for the whole run (closing it, or exiting, unlocks)."""
     base = Path(root)
     base.mkdir(parents=True, exist_ok=True)
-    lock = open(base / LOCK, "a+")      # noqa: SIM115 - held open for the run
+    lock = open_lock_file(base / LOCK)  # never through a planted link or special file
     try:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         lock.seek(0)
-        holder = lock.read().strip() or "unknown"
+        holder = one_line(lock.read(40).strip(), 40) or "unknown"
         lock.close()
         raise BadInput(f"--checkpoint {base}", "a directory no other run is using; "
                        f"process {holder} holds {base / LOCK}", has_got=False) from None

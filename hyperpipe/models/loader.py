@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperpipe.core import limits
-from hyperpipe.core.errors import BadInput, one_line
+from hyperpipe.core.errors import BadInput, key_name
 from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
 from hyperpipe.models.presets import PRESETS
 from hyperpipe.models.spec import (
@@ -42,7 +42,7 @@ class _Fields(Fields):
         if allowed is not None:
             unknown = sorted(set(map(str, data)) - set(allowed))
             if unknown:
-                raise BadInput(self.at(one_line(unknown[0], 40)),
+                raise BadInput(self.at(key_name(unknown[0])),
                                f"one of the known keys {sorted(allowed)}",
                                "an unknown key", has_got=False)
 
@@ -158,6 +158,12 @@ def _load_synthetic(data: dict, where: str) -> ModelSpec:
     for row in rows:
         values = defaults if row is None else {**defaults, **_synthetic_values(row)}
         layers.append(_synthetic_layer(values, row or f, seq_len, DTYPE_BYTES[dtype]))
+    if not any(layer.fwd_flops_per_sample or layer.i_flops_per_sample
+               or layer.w_flops_per_sample or layer.activation_bytes_per_sample
+               or layer.stash_bytes_per_sample or layer.params for layer in layers):
+        # Nothing to time: every stage would take 0 s and every speed divide by it.
+        raise BadInput(f.at("layers"), "at least one layer with FLOPs, activation bytes "
+                       "or parameters above 0", has_got=False)
     return ModelSpec(name=f.string("name", "synthetic"), layers=tuple(layers),
                      seq_len=seq_len, dtype=dtype, config=None)
 

@@ -124,7 +124,7 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
     ar = {str(k): _fit(v, f"{where}: allreduce.{k}")
           for k, v in Fields(top.raw("allreduce", {}), top.at("allreduce")).data.items()}
     of = Fields(top.raw("overhead", {}), top.at("overhead"))
-    overhead = {str(k): _seconds(of.raw(str(k)), of.at(str(k))) for k in of.data}
+    overhead = {str(k): of.number(str(k), at_most=MAX_FIT_S) for k in of.data}
     for k in overhead:
         if k.count("|") != 1:
             raise BadInput(f"{where}: overhead.{k}", "a key DEVICE_TYPE|OP", k)

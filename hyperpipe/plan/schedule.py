@@ -25,7 +25,9 @@ from hyperpipe.core.errors import BadInput
 
 OPS = ("F", "B", "I", "W")
 PLACEMENTS = ("loop", "v")
-_ACTION_RE = re.compile(r"(\d+)([FBIW])(\d+)")
+# ASCII digits only, at most 9 of each (every stage and micro-batch limit is below 10^9):
+# int() of a 5,000-digit string raises ValueError, and \d matches non-ASCII digits.
+_ACTION_RE = re.compile(r"([0-9]{1,9})([FBIW])([0-9]{1,9})")
 
 
 class ScheduleError(BadInput):

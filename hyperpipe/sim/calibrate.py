@@ -130,6 +130,24 @@ def _rel_rmse(pred: list[float], ys: list[float]) -> float:
     return float(np.sqrt(np.mean((np.asarray(pred) - np.asarray(ys)) ** 2)) / mean)
 
 
+def _check_events(trace: Trace, plan: Plan, where: str) -> None:
+    """BadInput for an event the trace's own plan cannot have made: a device not in the
+    plan, a send or receive to one, or a compute action on a stage its device lacks."""
+    devices = set(plan.devices)
+    stages = {(d, k) for pipe in plan.pipelines for k, stage in enumerate(pipe.stages)
+              for d in stage.devices}
+    for i, e in enumerate(trace.events):
+        if e.device not in devices:
+            raise BadInput(f"{where}: events[{i}][0]", "a device of the plan in meta.plan",
+                           e.device)
+        if e.op in ("send", "recv") and e.peer and e.peer not in devices:
+            raise BadInput(f"{where}: events[{i}][7]", "a device of the plan in meta.plan",
+                           e.peer)
+        if e.op in COMPUTE_OPS and (e.device, e.stage) not in stages:
+            raise BadInput(f"{where}: events[{i}][2]", "a stage the plan in meta.plan puts "
+                           "on the event's device", e.stage)
+
+
 def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
                      device_types: dict[str, str], base: CostModel | None) -> list[_Sample]:
     stage_of: dict[tuple[str, int], tuple[tuple[int, int], int]] = {}
@@ -348,6 +366,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         plan = plan_from_dict(trace.meta["plan"], where=f"{where}: meta.plan")
         model, cluster = plan.load_model(), plan.load_cluster()
         dtypes = {d: cluster.device(d).type.name for d in plan.devices}
+        _check_events(trace, plan, where)
         base_cost = None if base is None else CostModel(model, cluster, base)
         samples += _compute_samples(trace, plan, model, dtypes, base_cost)
         with_cluster.append((trace, cluster))

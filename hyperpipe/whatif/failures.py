@@ -14,6 +14,7 @@ re-plans on the cluster without the node most likely to fail (the lowest MTBF).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -124,6 +125,8 @@ def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, 
             raise BadInput("storage_bandwidth", "the bandwidth checkpoints are written at "
                            "(e.g. '20 GB/s'), or `checkpoint_write_time`", has_got=False)
         write_s = size / o.storage_bandwidth_bytes_per_s
+    # Before the search: even the most reliable node fails too often for any progress.
+    _check_trains(write_s, o.restart_s, max(n.mtbf_s for n in base.nodes if n.mtbf_s))
     c = planning.constraints()
     workers = planning.workers if backend is None else 1
     plan = planning.plan
@@ -137,12 +140,28 @@ def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, 
     if not failing:
         raise BadInput("failures", "an mtbf on a node the plan uses", has_got=False)
     mtbf = combined_mtbf_s([n.mtbf_s for n in failing])
+    _check_trains(write_s, o.restart_s, mtbf)
     ckpt = Checkpointing(write_s, o.restart_s)
     rows = _interval_rows(ckpt, mtbf, o.intervals_s)
     failed = min(failing, key=lambda n: n.mtbf_s).name       # ties: the first in the plan
     replan, error, text = _replan(spec, base, failed, c, profile, workers, backend)
     return FailureStudy(spec.name, base.name, today, nodes, mtbf, size, ckpt, rows, failed,
                         replan, error, describe_plan(plan, base), text)
+
+
+# Restart plus checkpoint write over the MTBF above which the job never trains: the
+# goodput is about e^-50 or less whatever the interval: a table of zeros, not an answer.
+MAX_DOWNTIME_OVER_MTBF = 50.0
+
+
+def _check_trains(write_s: float, restart_s: float, mtbf_s: float) -> None:
+    """BadInput when failures come so often that the job makes no progress."""
+    if not (math.isfinite(write_s) and write_s + restart_s
+            <= MAX_DOWNTIME_OVER_MTBF * mtbf_s):
+        raise BadInput("failures", f"an MTBF of the plan's nodes ({duration(mtbf_s)}) of "
+                       f"at least 1/{MAX_DOWNTIME_OVER_MTBF:g} of restart time "
+                       f"({duration(restart_s)}) + checkpoint write time "
+                       f"({duration(write_s)}); else the job never trains", has_got=False)
 
 
 def _interval_rows(ckpt: Checkpointing, mtbf_s: float, given: tuple[float, ...]

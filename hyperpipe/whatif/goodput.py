@@ -57,8 +57,11 @@ def expected_goodput(interval_s: float, ckpt: Checkpointing, mtbf_s: float) -> f
     2006's expected wall time, inverted)."""
     if interval_s <= 0:
         return 0.0
-    wall_per_work = (mtbf_s * math.exp(ckpt.restart_s / mtbf_s)
-                     * math.expm1((interval_s + ckpt.write_s) / mtbf_s) / interval_s)
+    r, x = ckpt.restart_s / mtbf_s, (interval_s + ckpt.write_s) / mtbf_s
+    if r > 700.0 or x > 700.0:
+        # math.exp would raise OverflowError; the goodput is below e^-700 anyway
+        return 0.0
+    wall_per_work = mtbf_s * math.exp(r) * math.expm1(x) / interval_s   # inf: goodput 0
     return 1.0 / wall_per_work
 
 

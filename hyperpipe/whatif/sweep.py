@@ -79,7 +79,8 @@ def set_path(doc: dict, key: str, value: str) -> None:
         last = i == len(parts) - 1
         if isinstance(node, list):
             match = [x for x in node if isinstance(x, dict) and x.get("name") == part]
-            if not match and part.isdigit() and int(part) < len(node):
+            if not match and part.isascii() and part.isdigit() and len(part) < 10 \
+                    and int(part) < len(node):
                 match = [node[int(part)]]
             if not match:
                 names = [x.get("name") for x in node if isinstance(x, dict)]

@@ -49,7 +49,8 @@ def check_vary(key: str, values: list[str], doc: dict) -> None:
             items = doc.get("nodes", []) if level == "nodes" else doc.get("device_types", {})
             names = [str(n.get("name")) for n in items if isinstance(n, dict)] \
                 if level == "nodes" else list(items)
-            if part not in names and not (level == "nodes" and part.isdigit()):
+            if part not in names and not (level == "nodes" and part.isascii()
+                                          and part.isdigit()):
                 if level == "device_types":
                     level = "device"     # a new device type: allowed, fields follow
                     continue
