@@ -94,8 +94,10 @@ def _measure(opts: CalibrateOptions):
     if not opts.model:
         raise BadInput("--model", "a model to profile with --measure", has_got=False)
     sizes = int_list(opts.micro_batches, "--micro-batches")
+    from hyperpipe.cli.run_console import host_available_bytes
     from hyperpipe.exec.profiler import measure_profile
     return measure_profile(opts.model, opts.cluster, micro_batches=sizes,
                            emulate=not opts.no_emulate, emulation_scale=opts.emulation_scale,
                            progress=True if opts.progress else None,
-                           log=lambda line: print(line, flush=True))
+                           log=lambda line: print(line, flush=True),
+                           host_bytes=host_available_bytes())

@@ -91,5 +91,6 @@ def _devices() -> str:
 def _schedules() -> str:
     from hyperpipe.plan.kinds import GENERATED_KINDS, schedule_kind
     kinds = [schedule_kind(name) for name in GENERATED_KINDS]
-    rows = [[k.name, "v >= 1" if k.takes_chunks else "1", k.description] for k in kinds]
+    rows = [[k.name, "v >= 1" if k.takes_chunks else str(k.default_chunks), k.description]
+            for k in kinds]
     return _table(["schedule", "chunks per device", "what it does"], rows)

@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import signal
 import sys
-import threading
 
 from hyperpipe.cli import (
     calibrate,
@@ -24,7 +23,14 @@ from hyperpipe.cli import (
     simulate,
     whatif,
 )
-from hyperpipe.cli.output import EXIT_BAD_INPUT, EXIT_OK
+from hyperpipe.cli.output import (
+    EXIT_BAD_INPUT,
+    EXIT_ERROR,
+    EXIT_OK,
+    StdoutFailed,
+    guarded_stdout,
+)
+from hyperpipe.core import stopping
 from hyperpipe.core.errors import BadInput, InfeasiblePlan, Stopped
 
 # In the order `hyperpipe --help` lists them.
@@ -54,47 +60,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_STOP_SIGNALS = ("SIGTERM", "SIGHUP")
-
-
-def _raise_stopped(signum: int, frame: object) -> None:
-    for name in _STOP_SIGNALS:          # clean-up runs once, not interrupted by a repeat
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-    raise Stopped(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """The command line. SIGTERM and SIGHUP stop it as Ctrl-C does (exit 128 + signal)."""
+    """The command line. SIGINT, SIGTERM and SIGHUP stop it at any moment (exit 128 +
+    signal: 130, 143, 129), one line on stderr, no traceback (`core.stopping`)."""
     with sigterm_as_exit():
         return _main(argv)
 
 
 @contextlib.contextmanager
 def sigterm_as_exit():
-    """While the block runs, SIGTERM and SIGHUP raise `errors.Stopped` (a
-    KeyboardInterrupt), so that `finally` blocks (the safe writer's temp-file clean-up,
-    stopping ranks) run on a kill too; a Stopped that leaves the block becomes
-    SystemExit(128 + signal), 143 for SIGTERM. Only the main thread can set handlers;
+    """While the block runs, SIGINT, SIGTERM and SIGHUP raise `errors.Stopped` (a
+    KeyboardInterrupt) at a safe point (`core.stopping`), so that `finally` blocks (the
+    safe writer's temp-file clean-up, stopping ranks) run on a kill too; a Stopped that
+    leaves the block becomes SystemExit(128 + signal), 143 for SIGTERM, and so does a
+    signal that came too late to be raised. Only the main thread can set handlers;
     elsewhere this does nothing."""
-    saved = {}
-    if threading.current_thread() is threading.main_thread():
-        for name in _STOP_SIGNALS:
-            if hasattr(signal, name):
-                sig = getattr(signal, name)
-                saved[sig] = signal.signal(sig, _raise_stopped)
+    ours = stopping.install()
     try:
-        yield
-    except Stopped as exc:
-        raise SystemExit(128 + exc.signum) from None
+        with stopping.armed():
+            yield
+    except KeyboardInterrupt as exc:
+        code = stopping.exit_status(exc)
+        print(f"hyperpipe: stopped by {signal.Signals(code - 128).name}", file=sys.stderr)
+        raise SystemExit(code) from None
     finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+        late = stopping.pending() if ours else None
+        if ours:
+            stopping.uninstall()
+    if late is not None:
+        print(f"hyperpipe: stopped by {signal.Signals(late).name}", file=sys.stderr)
+        raise SystemExit(128 + late)
 
 
 def _main(argv: list[str] | None) -> int:
     try:
-        ns = build_parser().parse_args(argv)
-        return int(ns.run(ns.options(ns)) or 0)
+        with guarded_stdout():
+            ns = build_parser().parse_args(argv)
+            code = int(ns.run(ns.options(ns)) or 0)
+            sys.stdout.flush()           # a full stdout fails here, not at exit
+            return code
+    except StdoutFailed as exc:
+        print(f"hyperpipe: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except BadInput as exc:
         print(f"hyperpipe: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT

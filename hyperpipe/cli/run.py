@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hyperpipe.cli import args as ca
 from hyperpipe.cli.flags import add_progress, command
-from hyperpipe.cli.output import EXIT_ERROR, EXIT_OK
+from hyperpipe.cli.output import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 from hyperpipe.core.errors import BadInput, Stopped
 from hyperpipe.core.files import check_distinct
 
@@ -100,6 +100,9 @@ def parse_fault(text: str | None, steps: int) -> tuple | None:
     return fault
 
 
+_BAD_INPUT = "BadInput: "        # how a rank's report names a BadInput (exec.launch)
+
+
 def run(opts: RunCommandOptions) -> int:
     fault = parse_fault(opts.inject_fault, opts.steps)
     check_distinct([("--plan", opts.plan)], [("--trace", opts.trace),
@@ -121,6 +124,10 @@ def run(opts: RunCommandOptions) -> int:
     try:
         result = run_plan(plan, options, monitor)
     except RunFailed as exc:
+        if exc.cause.startswith(_BAD_INPUT):     # a rank read a bad file (a rank file)
+            print(f"hyperpipe: error: {exc.cause[len(_BAD_INPUT):]} (read by rank "
+                  f"{exc.rank} on {exc.device})", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(f"hyperpipe: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt as exc:

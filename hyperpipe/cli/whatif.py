@@ -148,7 +148,7 @@ def run(opts: WhatIfOptions) -> int:
         if opts.failures.failures:
             return _failures(opts, planning, backend)
         from hyperpipe.whatif.sweep import SweepOptions, whatif
-        model, cluster, profile = _workload(opts)
+        model, cluster, profile = _workload(opts, plan)
         result = whatif(model, cluster, SweepOptions(
             planning, vary=opts.vary, pool=opts.pool,
             progress=True if opts.progress else None), profile=profile, backend=backend,
@@ -156,12 +156,15 @@ def run(opts: WhatIfOptions) -> int:
     return _report_sweep(result, opts)
 
 
-def _workload(opts: WhatIfOptions):
-    """The cluster and model loaded, and the profile checked against them."""
+def _workload(opts: WhatIfOptions, plan=None):
+    """The cluster and model loaded, the profile checked against them, and today's plan
+    (if any) checked as simulate checks it."""
     from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.models import load_model
     cluster = load_cluster(opts.workload.cluster)
     model = load_model(opts.workload.model, where="--model")
+    if plan is not None:
+        plan.check(model, cluster)
     return model, cluster, load_checked_profile(opts.profile, model, cluster)
 
 
@@ -184,7 +187,7 @@ def _failures(opts: WhatIfOptions, planning: Planning, backend: Any) -> int:
     """The failure study of today's plan (or the best plan) on the cluster, reported."""
     from hyperpipe.whatif.failures import failure_whatif, format_failures, plot_failures
     options = _failure_options(opts.failures, planning)
-    model, cluster, profile = _workload(opts)
+    model, cluster, profile = _workload(opts, planning.plan)
     study = failure_whatif(model, cluster, options, profile=profile, backend=backend)
     if opts.plot:
         plot_failures(study, opts.plot)
@@ -205,13 +208,14 @@ def _failure_options(flags: FailureFlags, planning: Planning) -> FailureOptions:
     def quantity(flag: str, dimension: str):
         value = getattr(flags, flag[2:].replace("-", "_"))
         return None if value is None else parse_quantity(value, dimension, where=flag,
-                                                         allow_zero=False)
+                                                         allow_zero=False, need_unit=True)
     restart = quantity("--restart-time", "time")
     if restart is None:
         raise BadInput("--restart-time", "the time from a failure to training again with "
                        "--failures (e.g. '10 min')", has_got=False)
     intervals = tuple(parse_quantity(v, "time", where="--checkpoint-interval",
-                                     allow_zero=False) for v in flags.checkpoint_interval)
+                                     allow_zero=False, need_unit=True)
+                      for v in flags.checkpoint_interval)
     return FailureOptions(
         planning, restart_s=restart,
         storage_bandwidth_bytes_per_s=quantity("--storage-bandwidth", "bandwidth"),

@@ -26,7 +26,7 @@ from typing import Any
 
 from hyperpipe.cluster.catalog import DeviceType, builtin_device_types
 from hyperpipe.core import limits
-from hyperpipe.core.errors import BadInput
+from hyperpipe.core.errors import BadInput, printable
 from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
 
 
@@ -268,7 +268,7 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
         link_bandwidth_bytes_per_s=f.quantity("link_bandwidth", "bandwidth",
                                               base.link_bandwidth_bytes_per_s),
         link_latency_s=f.quantity("link_latency", "time", base.link_latency_s, positive=False),
-        price_per_hour=f.number("price_per_hour", base.price_per_hour)
+        price_per_hour=f.quantity("price_per_hour", "price", positive=False)
         if f.has("price_per_hour") else base.price_per_hour,
         source=f.string("source", base.source or "user-defined"),
         # A catalog type given another memory size keeps the catalog's reserve rule;
@@ -351,7 +351,7 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
                            "the whole cluster (hyperpipe.core.limits)", f"{total_devices} so far")
         slowdown = _slowdown(nf, count)
         mtbf = nf.quantity("mtbf", "time") if nf.has("mtbf") else None
-        base_name = nf.string("name", f"n{len(nodes)}")
+        base_name = printable(nf.string("name", f"n{len(nodes)}"))   # shown everywhere
         for r in range(repeat):
             node_name = base_name if repeat == 1 else f"{base_name}{r}"
             if "/" in node_name or node_name in names:
@@ -360,7 +360,7 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
             nodes.append(Node(node_name, dev_name, count, intra, nic, price, nics, slowdown,
                               mtbf))
     used = {n.device_type for n in nodes}
-    return Cluster(name=str(top.raw("name", name)),
+    return Cluster(name=printable(top.raw("name", name)),
                    device_types={k: v for k, v in catalog.items() if k in used},
                    nodes=tuple(nodes), inter_node=inter, source=json.loads(json.dumps(data)))
 

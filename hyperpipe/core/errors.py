@@ -71,6 +71,13 @@ def key_name(key: object) -> str:
     return f"(a key of {len(text)} characters, not shown)"
 
 
+def printable(text: str) -> str:
+    """`text` with control characters escaped (``\\x1b``, ``\\n``), as a name from a
+    user's file is kept, so that no report, table or figure carries a terminal escape
+    or a line break of a name."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def one_line(text: str, limit: int) -> str:
     """`text` with control characters escaped (a file name with a newline must not
     split the one-line error) and its middle cut out beyond `limit` characters."""

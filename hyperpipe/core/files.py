@@ -31,7 +31,7 @@ from typing import IO, Any
 
 import yaml
 
-from hyperpipe.core import limits
+from hyperpipe.core import limits, stopping
 from hyperpipe.core.errors import BadInput, key_name, one_line
 from hyperpipe.core.units import parse_quantity
 
@@ -99,7 +99,12 @@ def load_document(path: str | os.PathLike) -> Any:
     else:
         _check_yaml_events(text, where)
         try:
-            data = yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 (a safe loader)
+            loader = _UniqueKeyLoader(text)
+            loader.where = where
+            try:
+                data = loader.get_single_data()
+            finally:
+                loader.dispose()
         except yaml.YAMLError as exc:
             raise BadInput(where, f"valid YAML ({_yaml_problem(exc)})", has_got=False
                            ) from None
@@ -117,8 +122,18 @@ def _parse_json(text: str, where: str) -> Any:
                            f"an integer of {len(digits.lstrip('-'))} digits")
         return int(digits)
 
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise BadInput(where, f"each key once in an object (key {key_name(key)} "
+                               "is repeated)", has_got=False)
+            out[key] = value
+        return out
+
     try:
-        return json.loads(text, parse_constant=constant, parse_int=integer)
+        return json.loads(text, parse_constant=constant, parse_int=integer,
+                          object_pairs_hook=unique)
     except json.JSONDecodeError as exc:
         raise BadInput(where, f"valid JSON ({exc.msg} at line {exc.lineno})",
                        has_got=False) from None
@@ -128,6 +143,33 @@ def _parse_json(text: str, where: str) -> Any:
 
 
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _UniqueKeyLoader(_SAFE_LOADER):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing a mapping that repeats a key (YAML says keys are unique;
+    PyYAML would keep the last silently). Keys brought in by a merge (``<<``) may be
+    overridden, as YAML allows."""
+
+    where = "YAML"
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    repeated = key in seen
+                    seen.add(key)
+                except TypeError:                  # an unhashable key: refused later
+                    continue
+                if repeated:
+                    raise BadInput(self.where, f"each key once in a mapping (key "
+                                   f"{key_name(key)} is repeated at line "
+                                   f"{key_node.start_mark.line + 1})", has_got=False)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -294,13 +336,15 @@ def atomic_output(path: str | os.PathLike) -> Iterator[IO[bytes]]:
                 os.unlink(tmp)
 
 
+@stopping.shield     # a stop waits until the caller holds the name, to remove it
 def _create_temp(p: Path) -> tuple[int, Path]:
     """A new file beside `p` under an unpredictable name, created exclusively (never
     through a planted file or symlink), mode 0666 less the umask like any new file."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
         | getattr(os, "O_CLOEXEC", 0)
+    short = os.fsdecode(os.fsencode(p.name)[:180])     # bytes: NAME_MAX counts bytes
     for _ in range(100):
-        tmp = p.with_name(f".{p.name[:180]}.{secrets.token_hex(8)}.tmp")
+        tmp = p.with_name(f".{short}.{secrets.token_hex(8)}.tmp")
         try:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
@@ -433,9 +477,22 @@ def figure_format(path: str | os.PathLike) -> str:
     return suffix
 
 
+def plain_text_figures() -> None:
+    """Figures made from now on draw every text as written: a `$...$` in a user's name
+    or --vary value is not parsed as matplotlib mathtext (which fails on most of them,
+    after all the work). Call before the figure's texts are made."""
+    import matplotlib
+    matplotlib.rcParams["text.parse_math"] = False
+
+
 def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110) -> None:
     """Save a matplotlib figure through `atomic_output`, in the format its suffix names
-    (PNG, SVG or PDF; figure_format)."""
+    (PNG, SVG or PDF; figure_format). Every text is drawn as written: a `$...$` in a
+    name or a --vary value is not matplotlib mathtext (which fails on most of them)."""
+    plain_text_figures()
+    from matplotlib.text import Text
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
     with atomic_output(path) as f:     # its refusals (special files...) come first
         fig.savefig(f, dpi=dpi, format=figure_format(path))
 

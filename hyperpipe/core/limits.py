@@ -28,6 +28,7 @@ MAX_NODE_DEVICES = 1024              # devices of one node entry
 MAX_NODE_REPEAT = 4096               # `repeat` of one node entry
 MAX_CLUSTER_DEVICES = 65_536         # devices of a whole cluster
 MAX_LAYERS = 10_000                  # layers of a model (GPT-3 175B has 96 blocks)
+MAX_CUT_UNITS = MAX_LAYERS + 2       # layers a plan cuts: the blocks, embedding and head
 MAX_MODEL_DIM = 2**24                # d_model, ffn_hidden, heads, vocab_size, seq_len
 MAX_PARAMS_PER_LAYER = 10**13        # parameters of one synthetic layer
 MAX_GLOBAL_BATCH = 65_536           # samples per iteration (GPT-3: 1536, Llama 3: 2048)
@@ -35,11 +36,19 @@ MAX_MICROBATCHES = 65_536            # micro-batches of one pipeline
 MAX_PIPELINE_DEVICES = 4096          # devices (ranks) of one pipeline
 MAX_CHUNKS = 64                      # stages per device (interleaved schedules)
 MAX_SCHEDULE_ACTIONS = 200_000       # devices x chunks x micro-batches x 3 of a schedule
+MAX_DRAWN_ACTIONS = 4096             # actions of one schedule drawing (--format png:
+MAX_DRAWN_RANKS = 256                # ranks of one; a bar takes ~7 ms, a rank 50 pixels)
 MAX_WORKERS = 64                     # search / what-if worker processes
 MAX_TOP = 1000                       # plans listed by search --top
 MAX_VARIANTS = 4096                  # variants of one what-if sweep
+# A search's tables hold a cost per range of layers [i, j) and its enumeration grows with
+# the devices: layers^2 x devices bounds its time and memory (2,048 layers on 4 devices:
+# about a minute and 1.4 GB; GPT-3 175B's 98 layers on 1,024 devices: 9.8M).
+MAX_SEARCH_SIZE = 2**24
 MAX_STEPS = 1_000_000                # training steps of one run
 MAX_THREADS = 256                    # CPU threads per rank
-MAX_SEED = 2**63 - 1                 # torch.manual_seed takes a signed 64-bit value
+# The data stream seeds torch with seed * 2**24 + step (exec.data), which must fit the
+# signed 64-bit value torch.manual_seed takes: 2**39 seeds, steps below 2**24.
+MAX_SEED = 2**39 - 1
 MAX_TIMEOUT_S = 86_400.0             # any wait of a run: one day
 MAX_EMULATION_SCALE = 1000.0         # compute stretch of an emulated run

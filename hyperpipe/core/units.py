@@ -55,17 +55,18 @@ def _unit_factor(word: str) -> tuple[str, float] | None:
 
 
 def parse_quantity(value: object, dimension: str, *, where: str,
-                   allow_zero: bool = True) -> float:
+                   allow_zero: bool = True, need_unit: bool = False) -> float:
     """Return `value` in SI base units of `dimension` (one of DIMENSIONS).
 
     `value` is a number (already SI) or a string such as ``"600 GB/s"``. Raises BadInput
-    naming `where` for a wrong unit, a negative or non-finite number, or a non-number.
+    naming `where` for a wrong unit, a negative or non-finite number, or a non-number;
+    with `need_unit` (command-line flags), also for a number without its unit.
     """
     if dimension not in DIMENSIONS:
         raise ValueError(f"unknown dimension {dimension!r}")
     if isinstance(value, bool):
         raise BadInput(where, f"a {dimension} quantity", value)
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not need_unit:
         number = float(value)
     elif isinstance(value, str):
         match = _QUANTITY.match(value)
@@ -73,6 +74,9 @@ def parse_quantity(value: object, dimension: str, *, where: str,
             raise BadInput(where, f"a {dimension} quantity such as {_EXAMPLE[dimension]!r}", value)
         number = float(match.group(1))
         word = match.group(2)
+        if need_unit and not word:
+            raise BadInput(where, f"a {dimension} quantity with its unit, such as "
+                           f"{_EXAMPLE[dimension]!r}", value)
         if word:
             unit = _unit_factor(word)
             if unit is None or unit[0] != dimension:

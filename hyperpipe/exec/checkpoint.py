@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import IO, Any
 
@@ -186,6 +187,19 @@ def save_rank(root: str | os.PathLike, step: int, rank: int, state: dict[str, An
     """Write one rank's state through the safe writer (`files.atomic_output`)."""
     with atomic_output(rank_file(root, step, rank)) as f:
         torch.save(state, f)
+
+
+def remove_temporaries(root: str | os.PathLike) -> None:
+    """Remove the temporary files of rank files and manifests that stopped ranks left in
+    the step directories (a rank killed mid-write cannot remove its own). Call only
+    once every rank of the run is gone."""
+    for pattern in ("step-*/.rank-*.pt.*.tmp", "step-*/.manifest.json.*.tmp"):
+        for tmp in Path(root).glob(pattern):
+            try:
+                if stat.S_ISREG(tmp.lstat().st_mode):
+                    tmp.unlink()
+            except OSError:
+                pass
 
 
 def write_manifest(root: str | os.PathLike, step: int, fp: str, devices: list[str]) -> None:

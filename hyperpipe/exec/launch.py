@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hyperpipe.core import stopping
 from hyperpipe.core.errors import BadInput, HyperPipeError
 from hyperpipe.core.files import atomic_output, write_atomic
 from hyperpipe.exec import checkpoint, watchdog
@@ -139,6 +140,15 @@ def torchrun_env() -> tuple[int, int, int, int] | None:
         raise BadInput("RANK / WORLD_SIZE / LOCAL_RANK (environment)", "integers",
                        {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
                        ) from None
+    # torchrun's own ranges: a rank of the world, a local rank of the local world
+    for name, value, low, high in (("WORLD_SIZE", world, 1, None),
+                                   ("RANK", rank, 0, world - 1),
+                                   ("LOCAL_WORLD_SIZE", local_world, 1, world),
+                                   ("LOCAL_RANK", local_rank, 0, local_world - 1)):
+        if value < low or (high is not None and value > high):
+            upto = "" if high is None else f" and at most {high}"
+            raise BadInput(f"{name} (environment)", f"an integer of at least {low}{upto}",
+                           os.environ.get(name, value))
     return rank, world, local_rank, local_world
 
 
@@ -147,9 +157,13 @@ def _run_local(prep: Prepared, options: RunOptions, monitor: Monitor | None) -> 
     world = len(prep.plan.devices)
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
     # the watchdog fires before the peers' receive timeouts, so it names the silent rank
-    results = launch_local(_plan_rank, (prep, options, use_cuda), prep.plan.devices,
-                           watchdog_s=max(3.0, min(options.timeout_s, WATCHDOG_S)),
-                           monitor=monitor)
+    try:
+        results = launch_local(_plan_rank, (prep, options, use_cuda), prep.plan.devices,
+                               watchdog_s=max(3.0, min(options.timeout_s, WATCHDOG_S)),
+                               monitor=monitor)
+    finally:                    # every rank is gone: what a killed one was writing goes
+        if options.checkpoint_dir:
+            checkpoint.remove_temporaries(options.checkpoint_dir)
     if results[0] is None:
         raise RunFailed(0, prep.plan.devices[0], "exited without a result")
     return results[0]
@@ -183,8 +197,9 @@ def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
                  for r in range(world)]
         started_at = time.time()
         try:
-            for p in procs:
-                p.start()
+            with stopping.held():   # a stop waits until every rank has a pid to stop
+                for p in procs:
+                    p.start()
             collector = Collector(run_dir / EVENTS, world, monitor)
             _watch(procs, devices, run_dir, watchdog_s, started_at, collector.poll)
             collector.poll()
@@ -203,15 +218,21 @@ def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_d
            launcher_pid: int) -> None:
     """Body of one local child process: rendezvous on a file, loopback sockets only."""
     die_with_parent(launcher_pid)
+    # Ctrl-C reaches the whole process group: the launcher stops us (SIGTERM), which
+    # raises Stopped at a safe point here so that `finally` blocks (a checkpoint's
+    # temporary file) run; the report it leaves is never printed.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopping.install(("SIGTERM", "SIGHUP"))
     os.environ[RUN_DIR_ENV] = run_dir
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["NCCL_SOCKET_IFNAME"] = "lo"
     try:
-        watchdog.start_heartbeat(run_dir, rank)
-        store = dist.FileStore(os.path.join(run_dir, "store"), world)
-        result = target(rank, world, store, *args)
-        with atomic_output(Path(run_dir) / f"result-{rank}.pkl") as f:
-            pickle.dump(result, f)
+        with stopping.armed():
+            watchdog.start_heartbeat(run_dir, rank)
+            store = dist.FileStore(os.path.join(run_dir, "store"), world)
+            result = target(rank, world, store, *args)
+            with atomic_output(Path(run_dir) / f"result-{rank}.pkl") as f:
+                pickle.dump(result, f)
     except BaseException as exc:  # every failure must reach the launcher
         report = {"time": time.time(), "rank": rank, "cause": _cause(exc),
                   "secondary": _lost_peer(exc), "traceback": traceback.format_exc()}
@@ -281,7 +302,8 @@ def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = W
     Blame, in this order: the earliest failure a rank reported of its own (not the echo
     of a lost peer), else a rank still running that stopped answering (no heartbeat:
     `watchdog`), else the first rank seen dead without a report (killed by a signal,
-    out of memory), else the earliest lost-peer report."""
+    out of memory), else the earliest lost-peer report. A report written after the
+    launcher began stopping the ranks answers that stop and is not a cause."""
     died_at: dict[int, float] = {}
     quiet: dict[int, float] = {}
     while True:
@@ -311,6 +333,7 @@ def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = W
     unresponsive = watchdog.silent_ranks(run_dir, procs, started_at, watchdog.BLAME_SILENCE_S)
     pids = {r: p.pid for r, p in enumerate(procs)}
     states = {r: watchdog.describe(s, pids[r]) for r, s in unresponsive.items()}
+    stopped_at = time.time()
     _stop(procs)
     codes = {r: p.exitcode for r, p in enumerate(procs)}
     reports = {}
@@ -319,7 +342,8 @@ def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = W
             rep = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        reports[rep["rank"]] = rep
+        if rep["time"] < stopped_at:        # later ones answer our own stop signal
+            reports[rep["rank"]] = rep
     own = [rep for rep in reports.values() if not rep["secondary"]]
     if not own and states:
         rank = max(unresponsive, key=unresponsive.get)       # silent the longest

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from hyperpipe.core.errors import BadInput
 from hyperpipe.core.progress import Progress
 from hyperpipe.exec import compute
 from hyperpipe.exec.emulation import compute_clock, compute_s
@@ -227,16 +228,49 @@ def emulated_profile(native: Profile, factors: dict[str, float]) -> Profile:
                    dict(native.overhead), prov)
 
 
+FP32 = 4                      # bytes per value: the profile runs in fp32 on this CPU
+STATE_VALUES = 4              # per parameter: weight, gradient, Adam's two moments
+
+
+def profile_memory_bytes(model: ModelSpec, micro_batches: tuple[int, ...]) -> float:
+    """Predicted peak bytes of `profile_layers`: the larger of one layer's F/I/W/B at the
+    largest micro-batch (its stash held twice, input, output and their gradients, weights
+    and gradients) and the optimizer timing's state of every layer."""
+    mb = max(micro_batches)
+    layer_peak = 0.0
+    for layer in {layer.kind: layer for layer in model.layers}.values():
+        cost = layer.cost(mb, model.seq_len, FP32)
+        layer_peak = max(layer_peak, 2 * cost.stash_bytes + 4 * cost.send_bytes
+                         + 2 * FP32 * layer.params)
+    state = STATE_VALUES * FP32 * sum(layer.params for layer in model.layers)
+    return max(layer_peak, state)
+
+
+def check_profile_memory(model: ModelSpec, micro_batches: tuple[int, ...],
+                         host_bytes: float | None) -> None:
+    """BadInput (before anything is allocated) when `profile_memory_bytes` is over the
+    host's available bytes (None: unknown, not checked)."""
+    need = profile_memory_bytes(model, micro_batches)
+    if host_bytes is not None and need > host_bytes:
+        raise BadInput("--micro-batches", f"sizes whose profile of {model.name} fits this "
+                       f"host: predicted {need / 1e9:.1f} GB at micro-batch "
+                       f"{max(micro_batches)}, and this host has {host_bytes / 1e9:.1f} GB "
+                       "available", max(micro_batches))
+
+
 def measure_profile(model_ref, cluster_ref=None, *, micro_batches: tuple[int, ...] = (1, 2, 4),
                     emulate: bool = True, emulation_scale: float = 1.0,
-                    progress: bool | None = None, log=None) -> Profile:
+                    progress: bool | None = None, log=None,
+                    host_bytes: float | None = None) -> Profile:
     """`hyperpipe calibrate --measure`: profile `model_ref` here, with entries for every
     device type of `cluster_ref` stretched as the executor emulates them (or a single
-    ``local`` type when no cluster is given)."""
+    ``local`` type when no cluster is given). `host_bytes`: the memory available here;
+    a profile predicted not to fit it is BadInput before any work."""
     from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.exec.emulation import emulation_factors
     from hyperpipe.models import load_model
     model = load_model(model_ref)
+    check_profile_memory(model, tuple(micro_batches), host_bytes)
     if cluster_ref is None:
         factors = {"local": 1.0}
     else:

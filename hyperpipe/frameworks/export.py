@@ -112,6 +112,8 @@ def export(plan: Plan, framework: str) -> str:
     if framework not in FRAMEWORKS:
         raise BadInput("to", f"one of {', '.join(FRAMEWORKS)}", framework)
     spec = plan.load_model()
+    # The same check simulate and run make: a plan they refuse is not exported either.
+    plan.check(spec, plan.load_cluster())
     lay = layout_of(plan)
     text = {"torchtitan": _torchtitan, "megatron": _megatron,
             "deepspeed": _deepspeed}[framework](lay, spec)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperpipe.core import limits
-from hyperpipe.core.errors import BadInput, key_name
+from hyperpipe.core.errors import BadInput, key_name, printable
 from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
 from hyperpipe.models.presets import PRESETS
 from hyperpipe.models.spec import (
@@ -130,7 +130,7 @@ def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
     check_config(values, f.at)
     config = GPTConfig(**values)
     dtype = f.choice("dtype", list(DTYPE_BYTES), dtype)
-    return gpt_spec(f.string("name", name), config, dtype)
+    return gpt_spec(printable(f.string("name", name)), config, dtype)
 
 
 def _load_synthetic(data: dict, where: str) -> ModelSpec:
@@ -164,7 +164,7 @@ def _load_synthetic(data: dict, where: str) -> ModelSpec:
         # Nothing to time: every stage would take 0 s and every speed divide by it.
         raise BadInput(f.at("layers"), "at least one layer with FLOPs, activation bytes "
                        "or parameters above 0", has_got=False)
-    return ModelSpec(name=f.string("name", "synthetic"), layers=tuple(layers),
+    return ModelSpec(name=printable(f.string("name", "synthetic")), layers=tuple(layers),
                      seq_len=seq_len, dtype=dtype, config=None)
 
 

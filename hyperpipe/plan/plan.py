@@ -288,9 +288,9 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
             sf = Fields(rs, f"{pf.where}.stages[{k}]", _STAGE_KEYS)
             layers = sf.items("layers")
             if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                           and 0 <= x <= limits.MAX_LAYERS for x in layers):
+                                           and 0 <= x <= limits.MAX_CUT_UNITS for x in layers):
                 raise BadInput(sf.at("layers"),
-                               f"[start, end] with integers from 0 to {limits.MAX_LAYERS}",
+                               f"[start, end] with integers from 0 to {limits.MAX_CUT_UNITS}",
                                layers)
             devices = sf.items("devices")
             if not devices or not all(isinstance(d, str) for d in devices):
@@ -411,6 +411,11 @@ def check_actions(plan: Plan, where: str) -> None:
         sched = schedule_for(plan, q)
         names = [pipe.stages[d].devices[0] for d in range(sched.num_devices)]
         used.update(names)
+        count = sum(len(row) for row in sched.actions)
+        if count > limits.MAX_SCHEDULE_ACTIONS:      # as for a generated kind's schedule
+            raise BadInput(f"{where}: schedule.actions", f"at most "
+                           f"{limits.MAX_SCHEDULE_ACTIONS} actions per pipeline "
+                           "(hyperpipe.core.limits)", f"{count} in pipeline {q}")
         try:
             validate(sched)
         except ScheduleError as err:

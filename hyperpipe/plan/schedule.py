@@ -373,21 +373,30 @@ def progress_order(schedule: Schedule, deps: dict[Action, tuple[Action, ...]] | 
                    ) -> tuple[list[Action], list[int]]:
     """Run every rank's list in order, each action once its dependencies are done.
 
-    Returns the actions in the order they could run (each after its dependencies) and
-    how far each rank got: a rank short of the end of its list is stuck."""
+    Returns the actions in the order they could run (each after its dependencies, and
+    after the earlier actions of its rank) and how far each rank got: a rank short of
+    the end of its list is stuck. O(actions): a rank whose next action waits parks on
+    the first dependency not done, and is woken when that one runs."""
     deps = dependencies(schedule) if deps is None else deps
     done: set[Action] = set()
     order: list[Action] = []
     cursor = [0] * schedule.num_devices
-    moved = True
-    while moved:
-        moved = False
-        for d, row in enumerate(schedule.actions):
-            while cursor[d] < len(row) and all(x in done for x in deps[row[cursor[d]]]):
-                done.add(row[cursor[d]])
-                order.append(row[cursor[d]])
-                cursor[d] += 1
-                moved = True
+    parked: dict[Action, list[int]] = {}        # action -> the ranks waiting for it
+    ready = list(range(schedule.num_devices))
+    ready.reverse()                             # rank 0 first
+    while ready:
+        d = ready.pop()
+        row = schedule.actions[d]
+        while cursor[d] < len(row):
+            a = row[cursor[d]]
+            waits = next((x for x in deps[a] if x not in done), None)
+            if waits is not None:
+                parked.setdefault(waits, []).append(d)
+                break
+            done.add(a)
+            order.append(a)
+            cursor[d] += 1
+            ready.extend(parked.pop(a, ()))
     return order, cursor
 
 

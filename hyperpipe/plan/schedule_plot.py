@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import save_figure
 from hyperpipe.plan.schedule import (
     Action,
@@ -53,8 +55,18 @@ def unit_times(schedule: Schedule) -> dict[Action, tuple[float, float]]:
 
 def draw_schedule(schedule: Schedule, path: str | os.PathLike, *, title: str | None = None) -> None:
     """Draw `schedule` to `path` (rank 0 on top, time in units); the format follows the
-    suffix (.png, .svg, .pdf)."""
+    suffix (.png, .svg, .pdf). BadInput, before any drawing, over the drawing bounds
+    (`limits.MAX_DRAWN_RANKS`, `limits.MAX_DRAWN_ACTIONS`)."""
+    actions = sum(len(row) for row in schedule.actions)
+    if actions > limits.MAX_DRAWN_ACTIONS or schedule.num_devices > limits.MAX_DRAWN_RANKS:
+        raise BadInput("schedule drawing", f"at most {limits.MAX_DRAWN_RANKS} ranks and "
+                       f"{limits.MAX_DRAWN_ACTIONS} actions (hyperpipe.core.limits; the text "
+                       "formats have no such bound)",
+                       f"{schedule.num_devices} ranks, {actions} actions")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from hyperpipe.core.files import plain_text_figures
+    plain_text_figures()        # names and --vary values drawn as written
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -119,6 +131,9 @@ def draw_timed_schedules(panels: list[tuple[str, list[str], list]], path: str | 
     Used to put a synthesised schedule under the best fixed kind's.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from hyperpipe.core.files import plain_text_figures
+    plain_text_figures()        # names and --vary values drawn as written
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 

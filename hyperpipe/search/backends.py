@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import re
 import signal
 import threading
 import time
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
+from hyperpipe.core import stopping
 from hyperpipe.core.errors import BadInput
 
 BACKENDS = ("local", "ray")
@@ -128,6 +130,21 @@ class RayBackend:
         return lambda: ray.get(refs)
 
 
+_RAY_ADDRESS = re.compile(r"(?:ray://)?(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
+                          r":([0-9]{1,5})")
+
+
+def check_ray_address(address: str) -> None:
+    """BadInput unless `address` reads as Ray's ``auto``, ``HOST:PORT`` or
+    ``ray://HOST:PORT`` (Ray itself answers a malformed one with a traceback)."""
+    if address in ("auto", "local"):
+        return
+    match = _RAY_ADDRESS.fullmatch(address)
+    if match is None or not 1 <= int(match[1]) <= 65535:
+        raise BadInput("ray_address", "'auto', HOST:PORT or ray://HOST:PORT (a port of "
+                       "1 to 65535)", address)
+
+
 def import_ray():
     """The `ray` module, or BadInput saying how to install it (exit 2)."""
     try:
@@ -146,6 +163,8 @@ def make_backend(name: str, *, workers: int = 1, address: str | None = None,
             raise BadInput("ray_address", "`backend` ray with it", has_got=False)
         return LocalBackend(workers)
     if name == "ray":
+        if address is not None:
+            check_ray_address(address)
         import_ray()
         return RayBackend(address, num_cpus)
     raise BadInput("backend", f"one of {list(BACKENDS)}", name)
@@ -197,6 +216,7 @@ def die_with_parent(parent_pid: int) -> None:
     parent (SIGKILL, the OOM killer) tells its workers nothing, and they would block on
     their task queue for ever: on Linux the kernel sends SIGKILL when the parent goes
     (PR_SET_PDEATHSIG), and everywhere a daemon thread checks every POLL_S seconds."""
+    stopping.quiet_child()                 # Ctrl-C: the parent reports, not each worker
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

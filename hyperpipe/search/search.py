@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan
@@ -260,7 +261,14 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
 
 
 def _check_constraints(model, cluster, c: SearchConstraints) -> None:
-    """Fixed dimensions the cluster or model cannot have: bad input, not infeasible."""
+    """Fixed dimensions the cluster or model cannot have, and a search too big to run
+    (`limits.MAX_SEARCH_SIZE`, checked before any work): bad input, not infeasible."""
+    layers, devices = model.num_layers, len(cluster.devices)
+    if layers * layers * devices > limits.MAX_SEARCH_SIZE:
+        most = math.isqrt(limits.MAX_SEARCH_SIZE // devices)
+        raise BadInput("search", f"a model of at most {most} layers on {devices} devices "
+                       f"(layers^2 x devices at most {limits.MAX_SEARCH_SIZE}: "
+                       "hyperpipe.core.limits.MAX_SEARCH_SIZE)", f"{layers} layers")
     largest = max(n.count for n in cluster.nodes)
     if c.tp is not None and c.tp > largest:
         raise BadInput("tp", f"at most the largest node's {largest} devices (tensor "

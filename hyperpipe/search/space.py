@@ -189,18 +189,26 @@ def type_groups(types: list[str]) -> Iterator[list[tuple[str, ...]]]:
 
 
 def dp_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
-               pp: int | None, dp: int | None) -> Iterator[tuple[int, dict[str, int]]]:
+               pp: int | None, dp: int | None, max_dp: int | None = None
+               ) -> Iterator[tuple[int, dict[str, int]]]:
     """(replicas, units of each type per pipeline) for one group of types with `counts`
     units each. Every type in the group gives each pipeline at least one unit; a pipeline
     has at most num_layers / chunks devices. Without a fixed pp each pipeline takes all
-    it can (units // replicas); with one, every split of pp units over the types."""
+    it can (units // replicas); with one, every split of pp units over the types.
+
+    `max_dp`: the most replicas the batch allows (global batch / micro-batch). Without a
+    fixed pp, when no count of replicas up to it can take all the units (more devices
+    than its pipelines have stages: one node of 512 devices for an 8-layer model), each
+    pipeline takes as many units as it has stages instead, the rest unused."""
     most = min(counts.values())
+    taken = False                       # some recipe within max_dp takes all units
     for d in range(1, most + 1):
         if dp is not None and d > dp:
             break
         if pp is None:
             recipe = {t: n // d for t, n in counts.items()}
             if sum(recipe.values()) * chunks <= num_layers:
+                taken = taken or max_dp is None or d <= max_dp
                 yield d, recipe
             continue
         if pp * chunks > num_layers:
@@ -208,6 +216,24 @@ def dp_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
         caps = [counts[t] // d for t in counts]
         for ks in _compositions(pp, caps):
             yield d, dict(zip(counts, ks, strict=True))
+    if pp is None and not taken:
+        yield from _subset_recipes(counts, num_layers // chunks, min(
+            most, dp or most, max_dp or most))
+
+
+def _subset_recipes(counts: dict[str, int], stages: int, replicas: int
+                    ) -> Iterator[tuple[int, dict[str, int]]]:
+    """(replicas, units per type) with `stages` units per pipeline at most: each type's
+    share (units // replicas) cut, the largest first, until the pipeline fits."""
+    for d in range(1, replicas + 1):
+        recipe = {t: n // d for t, n in counts.items()}
+        while sum(recipe.values()) > stages:
+            t = max(recipe, key=recipe.__getitem__)
+            if recipe[t] == 1:
+                break
+            recipe[t] -= min(sum(recipe.values()) - stages, recipe[t] - 1)
+        if sum(recipe.values()) <= stages:
+            yield d, recipe
 
 
 def _compositions(total: int, caps: list[int]) -> Iterator[tuple[int, ...]]:

@@ -282,7 +282,7 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
         for kind, v, mb in configs:
             big_m = c.global_batch // mb
             for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,
-                                               chunks=v, pp=c.pp, dp=c.dp):
+                                               chunks=v, pp=c.pp, dp=c.dp, max_dp=big_m):
                 phase.seen += 1
                 p = sum(recipe.values())
                 m = -(-big_m // dp)

@@ -84,6 +84,9 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
     .svg or .pdf). `window` = (start_s, end_s) from each trace's start, or
     `microbatches` = K (the first K micro-batches and what happens meanwhile), zoom in."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from hyperpipe.core.files import plain_text_figures
+    plain_text_figures()        # names and --vary values drawn as written
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 

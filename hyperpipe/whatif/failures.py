@@ -264,6 +264,9 @@ def plot_failures(study: FailureStudy, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from hyperpipe.core.files import plain_text_figures
+    plain_text_figures()        # names and --vary values drawn as written
     import numpy as np
 
     from hyperpipe.core.files import save_figure

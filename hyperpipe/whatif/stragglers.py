@@ -85,6 +85,9 @@ def plot_stragglers(result: WhatIfResult, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from hyperpipe.core.files import plain_text_figures
+    plain_text_figures()        # names and --vary values drawn as written
+
     from hyperpipe.core.files import save_figure
 
     rows = result.rows

@@ -115,6 +115,13 @@ def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int
             check_vary(key, values, cluster.source)
     if pool:
         types = list(dict.fromkeys(n.device_type for n in cluster.nodes))
+        size = 2 ** len(types) - 1             # counted before a subset is built
+        for _, values in axes:
+            size *= len(values)
+        if size > limits.MAX_VARIANTS:
+            raise BadInput("pool", f"a sweep of at most {limits.MAX_VARIANTS} variants "
+                           f"(hyperpipe.core.limits); {len(types)} device types give "
+                           f"2^{len(types)} - 1 subsets", f"{size} variants")
         subsets = [s for r in range(len(types), 0, -1)
                    for s in itertools.combinations(types, r)]
         axes.append(("use", ["+".join(s) for s in subsets]))
@@ -301,6 +308,9 @@ def plot_whatif(result: WhatIfResult, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from hyperpipe.core.files import plain_text_figures
+    plain_text_figures()        # names and --vary values drawn as written
 
     keys = list(dict.fromkeys(k for r in result.rows for k, _ in r.settings))
     if len(keys) == 1:                 # one parameter: its values on the axis, it below

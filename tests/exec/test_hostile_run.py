@@ -43,7 +43,7 @@ def no_ranks(monkeypatch):
 
 @pytest.mark.parametrize("case", ["trace-in-proc", "trace-is-fifo", "chrome-is-dir",
                                   "checkpoint-is-file", "checkpoint-under-file",
-                                  "checkpoint-in-proc", "seed-2**63"])
+                                  "checkpoint-in-proc", "seed-2**63", "seed-2**39"])
 def test_run_inputs_are_checked_before_any_rank_starts(case, plan_path, tmp_path, capsys,
                                                        no_ranks):
     (tmp_path / "file").write_text("x")
@@ -54,7 +54,9 @@ def test_run_inputs_are_checked_before_any_rank_starts(case, plan_path, tmp_path
              "checkpoint-is-file": ["--checkpoint", tmp_path / "file"],
              "checkpoint-under-file": ["--checkpoint", tmp_path / "file" / "ck"],
              "checkpoint-in-proc": ["--checkpoint", "/proc/hyperpipe-ck"],
-             "seed-2**63": ["--seed", str(2**63)]}[case]
+             "seed-2**63": ["--seed", str(2**63)],
+             # issue 33, case 15: seed * 2**24 + step must fit torch's signed 64 bits
+             "seed-2**39": ["--seed", str(2**39)]}[case]
     rc, _, err = cli(capsys, ["run", "--plan", plan_path, "--no-emulate", *extra])
     assert_one_line(rc, err, 2)
     assert temp_files(tmp_path) == []
@@ -108,7 +110,8 @@ def test_empty_and_corrupt_rank_files_name_the_file(plan_path, tmp_path, capsys,
     assert_one_line(rc, err, 2, "rank-00001.pt", "empty")
     rank1.write_bytes(b"\x80\x02garbage" * 10)
     rc, _, err = cli(capsys, resume)
-    assert_one_line(rc, err, 1, "rank 1 (n/1) failed", "rank-00001.pt")
+    # issue 33, case 18: a corrupt file is bad input (2), whichever process reads it
+    assert_one_line(rc, err, 2, "rank 1 on n/1", "rank-00001.pt")
 
 
 def _pids_alive(pids) -> list[int]:

@@ -98,3 +98,93 @@ def test_sigkill_of_the_launcher_leaves_no_rank_behind(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left behind 30 s after SIGKILL: {left}"
+
+
+def test_ctrl_c_to_the_process_group_is_one_line_and_130(tmp_path):
+    """Issue 33 case 12: Ctrl-C reaches every process of the group; only the launcher
+    speaks (the ranks' reports are never printed), exit 130, nothing left."""
+    proc = start_run(tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        left = wait_gone(proc.pid, 10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert not left, f"processes left behind: {left}"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert [x for x in err.splitlines() if x.strip()] == \
+        [x for x in err.splitlines() if x.startswith("hyperpipe: stopped by SIGINT")], err
+
+
+SLOW_WRITER = '''
+import pathlib, time
+from hyperpipe.core.files import atomic_output
+
+def target(rank, world, store, folder):
+    out = pathlib.Path(folder) / "step-00000001" / f"rank-{rank:05d}.pt"
+    with atomic_output(out) as f:
+        f.write(b"x" * 1000)
+        (pathlib.Path(folder) / f"ready-{rank}").write_text("")
+        for _ in range(600):
+            time.sleep(0.1)
+'''
+
+LAUNCHER = '''
+import sys
+import slow_writer
+from hyperpipe.cli.main import sigterm_as_exit
+from hyperpipe.exec.launch import launch_local
+
+if __name__ == "__main__":
+    with sigterm_as_exit():
+        launch_local(slow_writer.target, (sys.argv[1],), ["n/0", "n/1"])
+'''
+
+
+def test_sigterm_while_ranks_write_checkpoints_leaves_no_temporary(tmp_path):
+    """Issue 33 case 17: ranks stopped half-way through writing their checkpoint files
+    remove the temporaries (`.rank-*.pt.*.tmp`)."""
+    (tmp_path / "slow_writer.py").write_text(SLOW_WRITER)
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    ckpt = tmp_path / "ckpt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "launcher.py"), str(ckpt)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not all((ckpt / f"ready-{r}").exists() for r in range(2)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"ranks did not start writing: {proc.communicate()}")
+        time.sleep(0.1)
+    assert len(list(ckpt.glob("step-*/.rank-*.pt.*.tmp"))) == 2      # both mid-write
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        left = wait_gone(proc.pid, 10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    assert not left
+    assert list(ckpt.rglob("*.tmp")) == [], err
+
+
+def test_sigterm_in_the_first_seconds_always_ends_well():
+    """Issue 33 case 2, a handful of the trials of experiments/signal_trials.py: SIGTERM
+    early in `run` and `calibrate --measure` (torch still importing) exits 143, without
+    a traceback, a process or a temporary file left."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[2] / "experiments" / "signal_trials.py"
+    spec = importlib.util.spec_from_file_location("signal_trials", path)
+    trials = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trials)
+    problems = {}
+    for kind in ("run", "calibrate"):
+        for delay in (0.15, 0.3, 0.5, 0.9):
+            problem = trials.trial(kind, delay)
+            if problem not in (None, "early"):
+                problems[kind, delay] = problem
+    assert not problems
