@@ -18,6 +18,14 @@ from hyperpipe.cli import main
 # 2 cores) wall time says more about the neighbours than about the case.
 CASE_TIME_LIMIT_S = 30.0
 
+# The smallest plan that runs for real: tiny-gpt over two ranks of one node.
+CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 2}]}
+PLAN = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": CLUSTER,
+        "global_batch": 2, "schedule": "gpipe",
+        "pipelines": [{"micro_batch": 1, "num_microbatches": 2,
+                       "stages": [{"layers": [0, 4], "devices": ["n/0"]},
+                                  {"layers": [4, 8], "devices": ["n/1"]}]}]}
+
 
 def cli(capsys, argv: list[str]) -> tuple[int, str, str]:
     """Run ``hyperpipe ARGV`` in this process; return (exit status, stdout, stderr)."""

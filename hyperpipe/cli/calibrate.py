@@ -63,11 +63,10 @@ def add_parser(sub) -> None:
 def run(opts: CalibrateOptions) -> int:
     if opts.measure == bool(opts.traces):
         raise BadInput("calibrate", "either --trace FILE... or --measure --model M", has_got=False)
-    from hyperpipe.core.files import check_distinct, check_writable
-    check_distinct([*(("--trace", t) for t in opts.traces), ("--base", opts.base),
-                    ("--model", opts.model), ("--cluster", opts.cluster)],
-                   [("--out", opts.out)])
-    check_writable(opts.out)              # before the fit or the measurement
+    from hyperpipe.core.files import check_outputs
+    check_outputs([*(("--trace", t) for t in opts.traces), ("--base", opts.base),
+                   ("--model", opts.model), ("--cluster", opts.cluster)],
+                  [("--out", opts.out)])        # before the fit or the measurement
     profile = _fit(opts) if opts.traces else _measure(opts)
     profile.save(opts.out)
     fits = profile.compute

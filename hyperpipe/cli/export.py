@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hyperpipe.cli.flags import as_flags, command
 from hyperpipe.cli.output import EXIT_OK
-from hyperpipe.core.files import check_distinct
+from hyperpipe.core.files import check_outputs
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
 def run(opts: ExportOptions) -> int:
     from hyperpipe.frameworks.export import export
     from hyperpipe.plan.plan import load_plan
-    check_distinct([("--plan", opts.plan)], [("--out", opts.out)])
+    check_outputs([("--plan", opts.plan)], [("--out", opts.out)])
     plan = load_plan(opts.plan)
     with as_flags():
         text = export(plan, opts.framework)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import os
 import signal
 import sys
 
@@ -31,7 +33,7 @@ from hyperpipe.cli.output import (
     guarded_stdout,
 )
 from hyperpipe.core import stopping
-from hyperpipe.core.errors import BadInput, InfeasiblePlan, Stopped
+from hyperpipe.core.errors import BadInput, HyperPipeError, InfeasiblePlan, Stopped
 
 # In the order `hyperpipe --help` lists them.
 COMMANDS = (schedule, simulate, demo, calibrate, run, search, whatif, listing, export)
@@ -108,9 +110,22 @@ def _main(argv: list[str] | None) -> int:
     except InfeasiblePlan as exc:
         print(f"hyperpipe: infeasible: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except HyperPipeError as exc:       # a failure the library explains in words
+        print(f"hyperpipe: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
         print(f"hyperpipe: stopped by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as exc:
+        if exc.errno not in _HOST_LIMITS:
+            raise
+        print(f"hyperpipe: error: {os.strerror(exc.errno)} (a limit of this host)",
+              file=sys.stderr)
+        return EXIT_ERROR
+
+
+# Errors that say the host ran out of something, not that the program is wrong.
+_HOST_LIMITS = (errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EFBIG, errno.ENOMEM)

@@ -15,7 +15,7 @@ from hyperpipe.cli import args as ca
 from hyperpipe.cli.flags import add_progress, command
 from hyperpipe.cli.output import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 from hyperpipe.core.errors import BadInput, Stopped
-from hyperpipe.core.files import check_distinct
+from hyperpipe.core.files import check_outputs
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ _BAD_INPUT = "BadInput: "        # how a rank's report names a BadInput (exec.la
 
 def run(opts: RunCommandOptions) -> int:
     fault = parse_fault(opts.inject_fault, opts.steps)
-    check_distinct([("--plan", opts.plan)], [("--trace", opts.trace),
+    check_outputs([("--plan", opts.plan)], [("--trace", opts.trace),
                    ("--chrome", opts.chrome)], [("--checkpoint", opts.checkpoint)])
     from hyperpipe.exec import RunFailed, RunOptions, run_plan
     from hyperpipe.exec.launch import torchrun_env

@@ -13,7 +13,7 @@ from hyperpipe.cli import args as ca
 from hyperpipe.cli.flags import command
 from hyperpipe.cli.output import EXIT_OK, write_text
 from hyperpipe.core.errors import BadInput
-from hyperpipe.core.files import check_distinct
+from hyperpipe.core.files import check_outputs
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
 def run(opts: ScheduleOptions) -> int:
     from hyperpipe.plan.kinds import KINDS, generate
     from hyperpipe.plan.schedule import validate
-    check_distinct([("--plan", opts.plan)], [("--out", opts.out)])
+    check_outputs([("--plan", opts.plan)], [("--out", opts.out)])
     if opts.plan or (opts.kind in KINDS and KINDS[opts.kind].carries_actions):
         if not opts.plan:
             raise BadInput("--kind synth", "--plan P (synth builds a schedule for a plan)",

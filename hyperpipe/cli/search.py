@@ -27,7 +27,7 @@ from hyperpipe.cli.flags import (
 )
 from hyperpipe.cli.inputs import load_checked_profile
 from hyperpipe.cli.output import EXIT_OK, print_json
-from hyperpipe.core.files import check_distinct
+from hyperpipe.core.files import check_outputs
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def run(opts: SearchOptions) -> int:
     from hyperpipe.search.search import SearchConstraints, search
     from hyperpipe.sim.costmodel import CostModel
     w, m = opts.workload, opts.memory
-    check_distinct([("--cluster", w.cluster), ("--model", w.model),
+    check_outputs([("--cluster", w.cluster), ("--model", w.model),
                     ("--profile", opts.profile.path)], [("--out", opts.out)])
     model, cluster = load_model(w.model, where="--model"), load_cluster(w.cluster)
     profile = load_checked_profile(opts.profile, model, cluster)

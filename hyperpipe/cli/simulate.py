@@ -22,7 +22,7 @@ from hyperpipe.cli.flags import (
 from hyperpipe.cli.inputs import load_checked_profile
 from hyperpipe.cli.output import EXIT_OK, print_json
 from hyperpipe.core.errors import BadInput
-from hyperpipe.core.files import check_distinct
+from hyperpipe.core.files import check_outputs
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def run(opts: SimulateOptions) -> int:
     from hyperpipe.sim.costmodel import CostModel
     from hyperpipe.sim.simulator import SimOptions, simulate
     from hyperpipe.sim.summary import describe
-    check_distinct([("--plan", opts.plan), ("--cluster", opts.cluster),
+    check_outputs([("--plan", opts.plan), ("--cluster", opts.cluster),
                     ("--model", opts.model), ("--profile", opts.profile.path)],
                    [("--trace", opts.trace), ("--chrome", opts.chrome),
                     ("--timeline", opts.timeline)])

@@ -29,7 +29,7 @@ from hyperpipe.cli.flags import (
 from hyperpipe.cli.inputs import load_checked_profile
 from hyperpipe.cli.output import EXIT_OK, print_json
 from hyperpipe.core.errors import BadInput
-from hyperpipe.core.files import check_distinct
+from hyperpipe.core.files import check_outputs
 
 if TYPE_CHECKING:
     from hyperpipe.whatif.failures import FailureOptions
@@ -130,7 +130,7 @@ def run(opts: WhatIfOptions) -> int:
     from hyperpipe.plan.plan import load_plan
     from hyperpipe.whatif.variants import Planning
     ca.check_vary_size(list(opts.vary))
-    check_distinct([("--cluster", opts.workload.cluster), ("--model", opts.workload.model),
+    check_outputs([("--cluster", opts.workload.cluster), ("--model", opts.workload.model),
                     ("--profile", opts.profile.path), ("--plan", opts.plan)],
                    [("--plot", opts.plot)])
     plan = load_plan(opts.plan) if opts.plan else None

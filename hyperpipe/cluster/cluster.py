@@ -316,9 +316,9 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     catalog = builtin_device_types()
     if top.has("device_types"):
         types = top.sub("device_types")
-        for type_name in types.data:
-            catalog[str(type_name)] = _device_type(
-                str(type_name), types.sub(str(type_name), _DEVICE_KEYS), catalog)
+        for type_name in types.data:        # names escaped as kept: shown everywhere
+            catalog[printable(type_name)] = _device_type(
+                printable(type_name), types.sub(str(type_name), _DEVICE_KEYS), catalog)
     inter = _link(top, "inter_node", Link(12.5e9, 5e-6))  # default 100 Gbit/s, 5 us
     nodes: list[Node] = []
     names: set[str] = set()
@@ -328,7 +328,7 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
         raise BadInput(top.at("nodes"), "a non-empty list of nodes", raw_nodes)
     for i, raw in enumerate(raw_nodes):
         nf = Fields(raw, f"{where}: nodes[{i}]", _NODE_KEYS)
-        dev_name = nf.string("device")
+        dev_name = printable(nf.string("device"))
         if dev_name not in catalog:
             raise BadInput(nf.at("device"), f"a known device type ({', '.join(sorted(catalog))}) "
                            "or one defined under device_types", dev_name)

@@ -81,7 +81,7 @@ def printable(text: str) -> str:
 def one_line(text: str, limit: int) -> str:
     """`text` with control characters escaped (a file name with a newline must not
     split the one-line error) and its middle cut out beyond `limit` characters."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    text = printable(text)
     if len(text) > limit:
         keep = (limit - 5) // 2
         text = f"{text[:keep]}[...]{text[-keep:]}"

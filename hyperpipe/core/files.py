@@ -13,7 +13,7 @@ the target's folder (O_EXCL | O_NOFOLLOW, unpredictable name), fsynced, renamed 
 target, and removed on any exit before that. A target that exists and is not a regular
 file (symlink, FIFO, device such as /dev/null, directory) is refused with BadInput, never
 replaced nor written through: one rule is easier to trust than a list of exceptions.
-A lock file (`open_lock_file`) follows the same rule. `check_distinct` refuses, before
+A lock file (`open_lock_file`) follows the same rule. `check_outputs` refuses, before
 any work, an output that names one of the command's inputs or another of its outputs.
 """
 
@@ -433,13 +433,15 @@ def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def check_distinct(inputs: Iterable[PathArg], outputs: Iterable[PathArg],
-                   folders: Iterable[PathArg] = ()) -> None:
+def check_outputs(inputs: Iterable[PathArg], outputs: Iterable[PathArg],
+                  folders: Iterable[PathArg] = ()) -> None:
     """Raise BadInput (before any work) when an output path names one of the command's
     inputs or another of its outputs, or lies inside a folder the command owns (a run's
     --checkpoint DIR). Each argument is (flag, path or None); paths are compared resolved
     (links followed, os.path.samefile for the rest), so ``x`` and ``./d/../x`` are one
-    file. An input that is not an existing file (a preset name) cannot be overwritten."""
+    file. An input that is not an existing file (a preset name) cannot be overwritten.
+    Then each output must be writable (`check_writable`), so that a long command never
+    fails at its last step for want of a folder."""
     ins = [(flag, p) for flag, p in inputs if p and path_exists(Path(p), regular=True)]
     outs = [(flag, p) for flag, p in outputs if p]
     dirs = [(flag, p) for flag, p in folders if p]
@@ -455,6 +457,11 @@ def check_distinct(inputs: Iterable[PathArg], outputs: Iterable[PathArg],
             if inside == top or inside.startswith(top.rstrip(os.sep) + os.sep):
                 raise BadInput(where, f"a path outside {other} {show_path(folder)} (the "
                                "command owns that folder's files)", has_got=False)
+    for flag, out in outs:
+        try:
+            check_writable(out)
+        except BadInput as exc:
+            raise BadInput(f"{flag} {exc.where}", exc.expected, has_got=False) from None
 
 
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:

@@ -66,6 +66,7 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
                 raise BadInput(f"model {spec.name}: layers[{i}].hidden", "a width (needed to "
                                "run a synthetic model for real)", has_got=False)
     world = len(plan.devices)
+    preflight.check_open_files(world)
     if options.inject_fault is not None and options.inject_fault[0] >= world:
         raise BadInput("--inject-fault", f"a rank below {world} (the plan has {world} "
                        "devices)", options.inject_fault[0])

@@ -23,7 +23,7 @@ from typing import Any
 
 from hyperpipe.cluster.cluster import Cluster, cluster_from_dict
 from hyperpipe.core import limits
-from hyperpipe.core.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.errors import BadInput, InfeasiblePlan, printable
 from hyperpipe.core.progress import Progress
 from hyperpipe.models import ModelSpec, load_model
 from hyperpipe.plan.plan import Plan
@@ -189,7 +189,8 @@ def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile
         if not isinstance(batch, int) or not 1 <= batch <= limits.MAX_GLOBAL_BATCH:
             raise BadInput("vary global_batch", "positive integers of at most "
                            f"{limits.MAX_GLOBAL_BATCH} (hyperpipe.core.limits)", batch)
-        tasks.append(VariantTask(tuple((k, str(v)) for k, v in combo), spec, variant,
+        shown = tuple((printable(k), printable(v)) for k, v in combo)    # as printed
+        tasks.append(VariantTask(shown, spec, variant,
                                  replace(c, global_batch=batch), profile, one, plan))
     given = VariantTask((), model, cluster, c, profile, one, None)
     base_needed = needs_base(tasks, given)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hostile import (
+    PLAN,
     assert_one_line,
     clean_case,  # noqa: F401 (autouse: no temp file, no process)
     cli,
@@ -19,14 +20,8 @@ from hostile import (
 
 import hyperpipe.exec.launch as launch
 from hyperpipe.core.errors import BadInput
-from hyperpipe.core.files import check_distinct
+from hyperpipe.core.files import check_outputs
 
-CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 2}]}
-PLAN = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": CLUSTER,
-        "global_batch": 2, "schedule": "gpipe",
-        "pipelines": [{"micro_batch": 1, "num_microbatches": 2,
-                       "stages": [{"layers": [0, 4], "devices": ["n/0"]},
-                                  {"layers": [4, 8], "devices": ["n/1"]}]}]}
 CLUSTERS = Path(__file__).resolve().parents[2] / "hyperpipe" / "data" / "clusters"
 WORKLOAD = ["--model", "tiny-gpt", "--global-batch", "4"]
 CASES = {
@@ -89,15 +84,15 @@ def test_an_output_never_overwrites_an_input_or_another_output(case, tmp_path, c
         ["p.json", "link.json", "c.yaml", "c.pdf", "m.yaml", "t.json", "ck"])
 
 
-def test_check_distinct(tmp_path):
+def test_check_outputs(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text("{}")
-    check_distinct([("--plan", a), ("--model", "tiny-gpt"), ("--cluster", None)],
+    check_outputs([("--plan", a), ("--model", "tiny-gpt"), ("--cluster", None)],
                    [("--trace", b), ("--chrome", tmp_path / "c.json"), ("--out", None)],
                    [("--checkpoint", tmp_path / "ck")])
-    check_distinct([("--plan", tmp_path / "missing.json")], [("--out", tmp_path / "m.json")])
+    check_outputs([("--plan", tmp_path / "missing.json")], [("--out", tmp_path / "m.json")])
     (tmp_path / "ck2").mkdir()
-    check_distinct([], [("--trace", tmp_path / "ck2x" / "t.json")],
+    check_outputs([], [("--trace", tmp_path / "ck2x" / "t.json")],
                    [("--checkpoint", tmp_path / "ck2")])
     link = tmp_path / "link.json"
     link.symlink_to(a)
@@ -109,4 +104,4 @@ def test_check_distinct(tmp_path):
                                                              tmp_path / "ck")],
              "outside --checkpoint")):
         with pytest.raises(BadInput, match=words):
-            check_distinct(inputs, outputs, folders)
+            check_outputs(inputs, outputs, folders)

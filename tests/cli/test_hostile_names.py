@@ -62,3 +62,34 @@ def test_dollar_vary_values_are_drawn_as_written(tmp_path, capsys):
                                 "--plot", tmp_path / "w.png"])
     assert rc == 0, err
     assert (tmp_path / "w.png").stat().st_size > 0
+
+
+def test_device_type_names_are_printed_escaped(tmp_path, capsys):
+    """A device type named with an escape and a line break (defined under device_types,
+    used by a node) reaches neither search's nor whatif's table raw."""
+    kind = f"gpu{ESC}\nFAKE3"
+    cluster = _write(tmp_path, "c.json", {
+        "device_types": {kind: {"base": "A100-80GB"}},
+        "nodes": [{"name": "n", "device": kind, "count": 2}]})
+    for argv in (["search", "--cluster", cluster, "--model", "tiny-gpt", "--global-batch",
+                  "4"],
+                 ["whatif", "--cluster", cluster, "--model", "tiny-gpt", "--global-batch",
+                  "4", "--vary", "inter_node.bandwidth=10 Gbit/s,100 Gbit/s"]):
+        rc, out, err = cli(capsys, argv)
+        assert rc == 0, err
+        _clean(out + err)
+        assert "gpu\\x1b[31m\\nFAKE3" in out
+
+
+def test_vary_values_are_printed_escaped(tmp_path, capsys):
+    """A --vary value naming a model file whose name holds an escape is shown escaped in
+    the table and on the plot's labels."""
+    model = _write(tmp_path, f"m{ESC}.json", {**MODEL, "name": "plain"})
+    rc, out, err = cli(capsys, ["whatif", "--cluster",
+                                _write(tmp_path, "c.json", {"nodes": CLUSTER["nodes"]}),
+                                "--model", "tiny-gpt", "--global-batch", "4",
+                                "--vary", f"model=tiny-gpt,{model}",
+                                "--plot", tmp_path / "w.png"])
+    assert rc == 0, err
+    _clean(out + err)
+    assert "m\\x1b[31m.json" in out

@@ -12,13 +12,7 @@ import subprocess
 import sys
 
 import pytest
-
-CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 2}]}
-PLAN = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": CLUSTER,
-        "global_batch": 2, "schedule": "gpipe",
-        "pipelines": [{"micro_batch": 1, "num_microbatches": 2,
-                       "stages": [{"layers": [0, 4], "devices": ["n/0"]},
-                                  {"layers": [4, 8], "devices": ["n/1"]}]}]}
+from hostile import CLUSTER, PLAN
 
 COMMANDS = {
     "list": ["list", "devices"],

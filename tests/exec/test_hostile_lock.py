@@ -11,6 +11,7 @@ import stat
 
 import pytest
 from hostile import (
+    PLAN,
     assert_one_line,
     clean_case,  # noqa: F401 (autouse: no temp file, no process)
     cli,
@@ -21,12 +22,6 @@ import hyperpipe.exec.launch as launch
 from hyperpipe.core.errors import BadInput
 from hyperpipe.exec import checkpoint
 
-CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 2}]}
-PLAN = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": CLUSTER,
-        "global_batch": 2, "schedule": "gpipe",
-        "pipelines": [{"micro_batch": 1, "num_microbatches": 2,
-                       "stages": [{"layers": [0, 4], "devices": ["n/0"]},
-                                  {"layers": [4, 8], "devices": ["n/1"]}]}]}
 KINDS = ["symlink", "dangling-symlink", "hardlink", "fifo", "directory"]
 
 

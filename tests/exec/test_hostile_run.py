@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 from hostile import (
+    PLAN,
     assert_one_line,
     clean_case,  # noqa: F401 (autouse: no temp file, no process)
     cli,
@@ -17,13 +18,6 @@ from hostile import (
 )
 
 import hyperpipe.exec.launch as launch
-
-CLUSTER = {"nodes": [{"name": "n", "device": "A100-80GB", "count": 2}]}
-PLAN = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": CLUSTER,
-        "global_batch": 2, "schedule": "gpipe",
-        "pipelines": [{"micro_batch": 1, "num_microbatches": 2,
-                       "stages": [{"layers": [0, 4], "devices": ["n/0"]},
-                                  {"layers": [4, 8], "devices": ["n/1"]}]}]}
 
 
 @pytest.fixture
