@@ -33,26 +33,53 @@ n_rows=3`; then MosaicML's MPT 1B to 30B on one DGX A100 (a current stack: Flash
 bf16, FSDP), with a second, in-sample null model (their own mean MFU) and a line
 `mosaic_mape=X mosaic_max_ape=Y n_rows=5`; then BLOOM-176B (another stack, tensor
 parallelism 4, like the layouts the search picks at this scale) and a line
-`bloom_error=E` (signed). Megatron's point-to-point sends block their sender
-(`SimOptions.blocking_p2p`).
+`bloom_error=E` (signed). Each plan names the stack it ran on (plan `stack` and
+`runtime`): Megatron-LM's 1F1B of the time waits for its sends (`p2p: blocking`), and
+its "local" DDP reduces the gradients after the last micro-batch.
 
-Run: python experiments/published.py
+Every block prints its null model beside it, per row and as a MAPE, with four decimals,
+and says whether the simulator beats it; a summary table closes the run. With
+`--no-sustained-ratio` the catalog's burst-only GEMM measurements are used as measured,
+without the H200's sustained/burst ratio (`hyperpipe.cluster.catalog.SUSTAINED_OVER_BURST`,
+a cross-device assumption): the sensitivity table of docs/accuracy.md.
+
+Run: python experiments/published.py [--no-sustained-ratio]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
-from hyperpipe.cluster.cluster import cluster_ref, load_cluster
+from hyperpipe.cluster.cluster import Cluster, cluster_ref, load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 
 SEQ, VOCAB = 2048, 51200
+OPTIONS = SimOptions(trace=False)
+# Megatron-LM of the time (2021-2022): 1F1B waits for its sends; "local" DDP reduces the
+# gradients after the last micro-batch (run_table_1.sh's DDP column says which).
+MEGATRON_2021 = {"p2p": "blocking", "overlap_grad_reduce": False}
+USE_SUSTAINED_RATIO = [True]     # main() sets it from --no-sustained-ratio
+
+
+def as_measured(cluster: Cluster) -> Cluster:
+    """`cluster`, with each catalog GEMM curve built from a burst measurement taken as
+    measured (`GemmCurve.sustained_scale` undone) when --no-sustained-ratio is given."""
+    if USE_SUSTAINED_RATIO[0]:
+        return cluster
+    types = {}
+    for name, t in cluster.device_types.items():
+        g = t.gemm
+        if g is not None and g.sustained_scale != 1.0:
+            g = replace(g, measured=g.measured / g.sustained_scale, sustained_scale=1.0)
+        types[name] = replace(t, gemm=g)
+    return replace(cluster, device_types=types)
 
 
 def eq3_flops(batch: int, layers: int, hidden: int, vocab: int,
@@ -129,11 +156,11 @@ RUNS = (
 def dgx_cluster(nodes: int, device: str = "A100-80GB", nic: str = "200 Gbit/s"):
     """`nodes` DGX nodes of 8 `device`s on NVSwitch (the catalog's link), one `nic` per
     GPU (DGX A100: 8 x 200 Gbit/s HDR; DGX H100: 8 x 400 Gbit/s ConnectX-7)."""
-    return load_cluster({
+    return as_measured(load_cluster({
         "name": f"dgx-{device.lower()}-{nodes}",
         "nodes": [{"name": "dgx", "device": device, "count": 8, "repeat": nodes,
                    "nics": {"count": 8, "bandwidth": nic}}],
-        "inter_node": {"bandwidth": nic, "latency": "5 us"}})
+        "inter_node": {"bandwidth": nic, "latency": "5 us"}}))
 
 
 def model_of(run: Run):
@@ -144,10 +171,11 @@ def model_of(run: Run):
 
 
 def plan_of(run: Run, model, cluster, recompute: str = "full",
-            sequence_parallel: bool = False, distributed_optimizer: bool = False):
+            sequence_parallel: bool = False, distributed_optimizer: bool = False, *,
+            stack: str = "megatron-lm", runtime: dict | None = None):
     """Megatron's layout: tensor-parallel ranks innermost (one node for tp=8), then data
     parallel, then pipeline; blocks split evenly over the p·v stages, the embedding on
-    the first, the head on the last."""
+    the first, the head on the last; on `stack` with the `runtime` overrides."""
     tp, pp, dp, v = run.tp, run.pp, run.dp, run.chunks
     devices = [d.name for d in cluster.devices]
     per_stage = run.layers // (pp * v)
@@ -169,6 +197,7 @@ def plan_of(run: Run, model, cluster, recompute: str = "full",
                            "global_batch": run.global_batch,
                            "schedule": {"kind": kind, "chunks": v},
                            "distributed_optimizer": distributed_optimizer,
+                           "stack": stack, "runtime": runtime or {},
                            "pipelines": pipelines})
 
 
@@ -198,10 +227,10 @@ def selective_flops(run: Run, vocab: int = VOCAB) -> float:
 
 
 def print_row(run: Run, mode: str, pub: float, m, null: float) -> float:
-    """One out-of-sample row; returns the signed error."""
+    """One out-of-sample row (errors as signed fractions); returns the signed error."""
     err = m.iteration_time_s / pub - 1
     print(f"{run.name:>8} {run.gpus:5d} {mode:>14} {pub:12.3f} "
-          f"{m.iteration_time_s:12.3f} {err:+7.1%} {null:+8.1%} MFU {m.mfu:6.1%} "
+          f"{m.iteration_time_s:12.3f} {err:+8.4f} {null:+9.4f} MFU {m.mfu:6.1%} "
           f"{max(m.peak_memory_bytes.values()) / 1e9:8.1f} GB "
           f"{'yes' if not m.oom else 'NO':>4}")
     return err
@@ -218,10 +247,8 @@ def later_runs(mean_x: float) -> tuple[list[float], list[float]]:
         model = model_of(run)
         cluster = dgx_cluster(-(-gpus // 8))
         for mode, pub, sp in (("full", full_s, False), ("selective", sel_s, True)):
-            plan = plan_of(run, model, cluster, mode, sp)
-            m = simulate(plan, CostModel(model, cluster),
-                         SimOptions(trace=False, overlap_dp_allreduce=False,
-                                    blocking_p2p=True)).metrics
+            plan = plan_of(run, model, cluster, mode, sp, runtime=MEGATRON_2021)
+            m = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
             flops = run.hardware_flops() if mode == "full" else selective_flops(run)
             null = flops / (mean_x * 1e12 * gpus) / pub - 1
             errors.append(abs(print_row(run, mode + (" + SP" if sp else ""), pub, m, null)))
@@ -252,11 +279,11 @@ def bloom_run() -> tuple[float, float, object]:
                         "seq_len": SEQ, "dtype": "bf16", "attention": "eager",
                         "dropout": 0.0})
     nodes = b["tp"] * b["pp"] * b["dp"] // 8
-    cluster = load_cluster({
+    cluster = as_measured(load_cluster({
         "name": f"jean-zay-{nodes}",
         "nodes": [{"name": "jz", "device": "A100-80GB", "count": 8, "repeat": nodes,
                    "nics": {"count": 4, "bandwidth": "100 Gbit/s"}}],
-        "inter_node": {"bandwidth": "100 Gbit/s", "latency": "5 us"}})
+        "inter_node": {"bandwidth": "100 Gbit/s", "latency": "5 us"}}))
     tp, pp, dp = b["tp"], b["pp"], b["dp"]
     devices = [d.name for d in cluster.devices]
     blocks = [6] * 10 + [5] * 2
@@ -273,9 +300,8 @@ def bloom_run() -> tuple[float, float, object]:
     plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": model.to_dict(),
                            "cluster": cluster_ref(cluster), "global_batch": b["global_batch"],
                            "schedule": {"kind": "1f1b"}, "distributed_optimizer": True,
-                           "pipelines": pipelines})
-    m = simulate(plan, CostModel(model, cluster),
-                 SimOptions(trace=False, overlap_dp_allreduce=False, blocking_p2p=True)).metrics
+                           "stack": "megatron-deepspeed", "pipelines": pipelines})
+    m = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
     flops = eq3_flops(b["global_batch"], b["layers"], b["hidden"], b["vocab"])
     return flops / (b["tflops_per_gpu"] * 1e12 * tp * pp * dp), m.iteration_time_s, m
 
@@ -306,9 +332,8 @@ def mtnlg_runs(mean_x: float) -> tuple[list[float], list[float]]:
     for nodes, pub, tflops in MTNLG:
         run = Run("530B", 128, 20480, 105, 8, 35, 8 * nodes, 1920, 1, None, "local", tflops)
         cluster = dgx_cluster(nodes)
-        m = simulate(plan_of(run, model, cluster), CostModel(model, cluster),
-                     SimOptions(trace=False, overlap_dp_allreduce=False,
-                                blocking_p2p=True)).metrics
+        m = simulate(plan_of(run, model, cluster, stack="megatron-deepspeed"),
+                     CostModel(model, cluster), OPTIONS).metrics
         null = run.hardware_flops() / (mean_x * 1e12 * run.gpus) / pub - 1
         errors.append(abs(print_row(run, "full", pub, m, null)))
         nulls.append(abs(null))
@@ -340,9 +365,9 @@ def nemo_runs(mean_x: float) -> tuple[list[float], list[float]]:
         gpus = 8 * nodes
         run = Run("175B", 96, 12288, 96, 4, 8, gpus, 16 * nodes, 1, 1)
         cluster = dgx_cluster(nodes, "H100-SXM", "400 Gbit/s")
-        plan = plan_of(run, model, cluster, "selective", True, distributed_optimizer=True)
-        m = simulate(plan, CostModel(model, cluster),
-                     SimOptions(trace=False, grad_bytes_per_param=2.0)).metrics
+        plan = plan_of(run, model, cluster, "selective", True, distributed_optimizer=True,
+                       runtime={"grad_reduce_dtype": "bf16"})
+        m = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
         null = selective_flops(run, 50688) / (mean_x * 989 / 312 * 1e12 * gpus) / pub - 1
         errors.append(abs(print_row(run, "selective + SP", pub, m, null)))
         nulls.append(abs(null))
@@ -389,9 +414,9 @@ def mosaic_runs(mean_x: float) -> tuple[list[float], list[float]]:
                             "seq_len": SEQ, "dtype": "bf16", "attention": "flash",
                             "dropout": 0.0, "bias": False})
         mode = "full" if ckpt else "none"
-        plan = plan_of(run, model, cluster, mode, distributed_optimizer=True)
-        m = simulate(plan, CostModel(model, cluster),
-                     SimOptions(trace=False, grad_bytes_per_param=2.0)).metrics
+        plan = plan_of(run, model, cluster, mode, distributed_optimizer=True,
+                       runtime={"grad_reduce_dtype": "bf16"})
+        m = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
         pub = run.global_batch * SEQ / tokens_per_s
         flops = eq3_flops(run.global_batch, run.layers, run.hidden, MPT_VOCAB, ckpt)
         null = flops / (mean_x * 1e12 * run.gpus) / pub - 1
@@ -399,8 +424,19 @@ def mosaic_runs(mean_x: float) -> tuple[list[float], list[float]]:
         nulls.append(abs(null))
         own.append(abs(mfu / mean_mfu - 1))
     print(f"null model (these runs' own mean MFU, in-sample): "
-          f"mape={sum(own) / len(own):.3f} max_ape={max(own):.3f}")
+          f"mape={mean(own):.4f} max_ape={max(own):.4f}; simulator beats it: "
+          f"{'yes' if mean(errors) < mean(own) else 'no'}")
+    SUMMARY.append(("MosaicML, against its own mean MFU (in-sample null)", mean(errors),
+                    mean(own)))
     return errors, nulls
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+# (block, simulator MAPE, null model's MAPE), filled as the blocks print
+SUMMARY: list[tuple[str, float, float]] = []
 
 
 def block(title: str, key: str, rows: Callable[[], tuple[list[float], list[float]]],
@@ -408,32 +444,42 @@ def block(title: str, key: str, rows: Callable[[], tuple[list[float], list[float
           ) -> None:
     """An out-of-sample block: title and header, then `rows()` (a `*_runs` function,
     which prints its rows and returns their |errors| and its null model's), then the
-    null model's line and `<key>_mape=X <key>_max_ape=Y n_rows=N`."""
+    null model's line, whether the simulator beats it, and `<key>_mape=X
+    <key>_max_ape=Y <key>_null_mape=Z n_rows=N`."""
     print(f"out of sample, {title}:")
     print(f"{'run':>8} {'GPUs':>5} {'recompute':>14} {'published s':>12} "
-          f"{'predicted s':>12} {'error':>7} {'null err':>8}")
+          f"{'predicted s':>12} {'error':>8} {'null err':>9}")
     errors, nulls = rows()
-    print(f"null model ({null}): mape={sum(nulls) / len(nulls):.3f} "
-          f"max_ape={max(nulls):.3f}")
-    print(f"{key}_mape={sum(errors) / len(errors):.4f} {key}_max_ape={max(errors):.4f} "
-          f"n_rows={len(errors)}")
+    print(f"null model ({null}, out of sample): mape={mean(nulls):.4f} "
+          f"max_ape={max(nulls):.4f}; simulator beats it: "
+          f"{'yes' if mean(errors) < mean(nulls) else 'no'}")
+    print(f"{key}_mape={mean(errors):.4f} {key}_max_ape={max(errors):.4f} "
+          f"{key}_null_mape={mean(nulls):.4f} n_rows={len(errors)}")
+    SUMMARY.append((title.split(" (")[0], mean(errors), mean(nulls)))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-sustained-ratio", action="store_true",
+                        help="take burst-only GEMM measurements as measured (sensitivity)")
+    args = parser.parse_args(argv)
+    USE_SUSTAINED_RATIO[0] = not args.no_sustained_ratio
+    if args.no_sustained_ratio:
+        print("catalog GEMM curves WITHOUT the sustained/burst ratio (sensitivity run)")
     mean_x = sum(r.tflops_per_gpu for r in RUNS) / len(RUNS)
     print(f"{'run':>8} {'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'v':>2} {'mb':>3} "
-          f"{'published s':>12} {'predicted s':>12} {'error':>7} {'null err':>8} "
+          f"{'published s':>12} {'predicted s':>12} {'error':>8} {'null err':>9} "
           f"{'peak GB':>8} {'fits':>4} {'sim s':>6}")
     errors, null_errors, n_oom = [], [], 0
     for run in RUNS:
         model = model_of(run)
         cluster = dgx_cluster(run.gpus // 8)
-        plan = plan_of(run, model, cluster)
+        # Megatron's 1F1B of the time blocks its sender (batch_isend_irecv, wait,
+        # cuda.synchronize); torch DDP overlaps the reduction, "local" DDP does not
+        plan = plan_of(run, model, cluster, runtime={
+            "p2p": "blocking", "overlap_grad_reduce": run.ddp == "torch"})
         t0 = time.perf_counter()
-        # Megatron's p2p blocks its sender (batch_isend_irecv, wait, cuda.synchronize)
-        options = SimOptions(trace=False, overlap_dp_allreduce=run.ddp == "torch",
-                             blocking_p2p=True)
-        result = simulate(plan, CostModel(model, cluster), options)
+        result = simulate(plan, CostModel(model, cluster), OPTIONS)
         wall = time.perf_counter() - t0
         m = result.metrics
         pub = run.published_s()
@@ -446,10 +492,12 @@ def main() -> int:
         null_errors.append(abs(null))
         print(f"{run.name:>8} {run.gpus:5d} {run.tp:2d} {run.pp:3d} {run.dp:3d} "
               f"{run.chunks:2d} {run.micro_batch:3d} {pub:12.3f} {m.iteration_time_s:12.3f} "
-              f"{err:+7.1%} {null:+8.1%} {peak / 1e9:8.1f} {'yes' if fits else 'NO':>4} "
+              f"{err:+8.4f} {null:+9.4f} {peak / 1e9:8.1f} {'yes' if fits else 'NO':>4} "
               f"{wall:6.2f}")
-    print(f"null model (mean published TFLOP/s per GPU, in-sample): "
-          f"mape={sum(null_errors) / len(null_errors):.3f} max_ape={max(null_errors):.3f}")
+    print(f"null model (mean published TFLOP/s per GPU, in-sample: it sees the answers): "
+          f"mape={mean(null_errors):.4f} max_ape={max(null_errors):.4f}; simulator beats "
+          f"it: {'yes' if mean(errors) < mean(null_errors) else 'no'}")
+    SUMMARY.append(("Table 1 (in-sample null)", mean(errors), mean(null_errors)))
     block("Korthikanti et al. 2022 table 5 (dp 1)", "korthikanti", partial(later_runs, mean_x))
     block("NeMo Megatron GPT-3 175B on DGX H100 (tp 4, pp 8, v 12)", "nemo",
           partial(nemo_runs, mean_x), "Table 1's mean TFLOP/s per GPU x H100/A100 peak")
@@ -459,14 +507,23 @@ def main() -> int:
           "with the distributed optimizer: peak and fits are not FSDP's)", "mosaic",
           partial(mosaic_runs, mean_x))
     pub, pred, m = bloom_run()
+    bloom_null = BLOOM["tflops_per_gpu"] / mean_x - 1
     print(f"out of sample, BLOOM-176B (Megatron-DeepSpeed, tp 4, 384 GPUs): published "
           f"{pub:.1f} s, predicted {pred:.1f} s, MFU {m.mfu:.1%}, peak "
           f"{max(m.peak_memory_bytes.values()) / 1e9:.1f} GB (reported ~60), "
-          f"{'fits' if not m.oom else 'OUT OF MEMORY'}; null model (Table 1's mean "
-          f"TFLOP/s per GPU) {BLOOM['tflops_per_gpu'] / mean_x - 1:+.1%}")
-    print(f"bloom_error={pred / pub - 1:+.4f}")
-    print(f"published_mape={sum(errors) / len(errors):.4f} "
-          f"published_max_ape={max(errors):.4f} n_rows={len(RUNS)} n_oom={n_oom}")
+          f"{'fits' if not m.oom else 'OUT OF MEMORY'}")
+    print(f"null model (Table 1's mean TFLOP/s per GPU, out of sample): error "
+          f"{bloom_null:+.4f}; simulator beats it: "
+          f"{'yes' if abs(pred / pub - 1) < abs(bloom_null) else 'no'}")
+    print(f"bloom_error={pred / pub - 1:+.4f} bloom_null_error={bloom_null:+.4f}")
+    SUMMARY.append(("BLOOM-176B (1 run, |error|)", abs(pred / pub - 1), abs(bloom_null)))
+    print("summary (MAPE, four decimals):")
+    print(f"  {'block':<58} {'simulator':>9} {'null':>7}  beats null")
+    for name, sim, null_mape in SUMMARY:
+        print(f"  {name:<58} {sim:9.4f} {null_mape:7.4f}  "
+              f"{'yes' if sim < null_mape else 'NO'}")
+    print(f"published_mape={mean(errors):.4f} published_max_ape={max(errors):.4f} "
+          f"published_null_mape={mean(null_errors):.4f} n_rows={len(RUNS)} n_oom={n_oom}")
     return 0
 
 

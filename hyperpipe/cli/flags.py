@@ -18,6 +18,7 @@ from typing import Any
 
 from hyperpipe.cli import args as ca
 from hyperpipe.core.errors import BadInput, short
+from hyperpipe.plan.stack import STACKS
 
 
 def command(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -87,6 +88,13 @@ def add_profile(p: argparse.ArgumentParser) -> None:
                    "if it was measured on another model or lacks a device type")
 
 
+def add_stack(p: argparse.ArgumentParser, what: str) -> None:
+    """`--stack`: the training stack (`hyperpipe.plan.stack.STACKS`) `what` runs on."""
+    p.add_argument("--stack", choices=list(STACKS), help=f"the training stack {what} runs "
+                   "on: how it sends between stages and reduces gradients (default: the "
+                   "plan's, or megatron-lm)")
+
+
 def add_progress(p: argparse.ArgumentParser, bar: str = "progress bar on stderr") -> None:
     p.add_argument("--progress", action="store_true",
                    help=f"{bar} even when it is not a terminal")
@@ -139,7 +147,7 @@ FLAG_OF = {
     "top": "--top", "backend": "--backend", "ray_address": "--ray-address",
     "allow_profile_mismatch": "--allow-profile-mismatch", "window": "--window",
     "microbatches": "--microbatches", "trace": "--trace", "steps": "--steps", "to": "--to",
-    "vary": "--vary", "failures": "--failures",
+    "vary": "--vary", "failures": "--failures", "stack": "--stack",
     "mtbf": "--mtbf", "storage_bandwidth": "--storage-bandwidth",
     "checkpoint_size": "--checkpoint-size", "checkpoint_write_time": "--checkpoint-write-time",
     "restart_time": "--restart-time", "checkpoint_interval": "--checkpoint-interval",

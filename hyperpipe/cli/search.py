@@ -20,6 +20,7 @@ from hyperpipe.cli.flags import (
     add_memory,
     add_profile,
     add_progress,
+    add_stack,
     add_workload,
     as_flags,
     command,
@@ -48,6 +49,7 @@ class SearchOptions:
     progress: bool
     json: bool
     backend: BackendOptions
+    stack: str | None = None      # the stack every plan runs on (None: megatron-lm)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SearchOptions:
@@ -56,7 +58,7 @@ class SearchOptions:
                    memory=MemoryOptions.from_namespace(ns), objective=ns.objective,
                    top=ns.top, workers=ns.workers, profile=ProfileOptions.from_namespace(ns),
                    out=ns.out, progress=ns.progress, json=ns.json,
-                   backend=BackendOptions.from_namespace(ns))
+                   backend=BackendOptions.from_namespace(ns), stack=ns.stack)
 
 
 def add_parser(sub) -> None:
@@ -71,6 +73,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tp", type=ca.TENSOR_PARALLEL,
                    help="fix the tensor-parallel degree of every stage")
     add_memory(p, "fix")
+    add_stack(p, "every plan")
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
     p.add_argument("--top", type=ca.TOP, default=5, help="plans to list")
     p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
@@ -98,7 +101,8 @@ def run(opts: SearchOptions) -> int:
                               schedule=opts.schedule, pp=opts.pp, dp=opts.dp, tp=opts.tp,
                               chunks=opts.chunks, objective=opts.objective,
                               recompute=m.recompute, sequence_parallel=m.sequence_parallel,
-                              distributed_optimizer=m.distributed_optimizer)
+                              distributed_optimizer=m.distributed_optimizer,
+                              **({"stack": opts.stack} if opts.stack else {}))
     with opened_backend(opts.backend, opts.workers) as backend, as_flags():
         result = search(model, cluster, c, profile=profile, top=opts.top,
                         workers=opts.workers, progress=opts.progress, backend=backend)

@@ -16,6 +16,7 @@ from hyperpipe.cli.flags import (
     add_json,
     add_memory,
     add_profile,
+    add_stack,
     as_flags,
     command,
 )
@@ -47,6 +48,7 @@ class SimulateOptions:
     memory: MemoryOptions
     profile: ProfileOptions
     no_overlap: bool              # all-reduce gradients after the backward
+    stack: str | None             # the plan's stack overridden (None: the plan's)
     json: bool
     timeline: str | None          # picture file
     window: str | None            # START:END seconds, with timeline
@@ -61,6 +63,7 @@ class SimulateOptions:
         return cls(plan=ns.plan, cluster=ns.cluster, model=ns.model, shape=shape,
                    memory=MemoryOptions.from_namespace(ns),
                    profile=ProfileOptions.from_namespace(ns), no_overlap=ns.no_overlap,
+                   stack=ns.stack,
                    json=ns.json, timeline=ns.timeline, window=ns.window,
                    microbatches=ns.microbatches, trace=ns.trace, chrome=ns.chrome)
 
@@ -83,8 +86,10 @@ def add_parser(sub) -> None:
     p.add_argument("--chunks", type=ca.CHUNKS, help="stages per device (interleaved; default 1)")
     add_memory(p, "plan options:")
     add_profile(p)
+    add_stack(p, "the plan")
     p.add_argument("--no-overlap", action="store_true",
-                   help="all-reduce gradients after the backward, not during it")
+                   help="all-reduce gradients after the backward, not during it (the "
+                   "plan's runtime.overlap_grad_reduce: false)")
     add_json(p, "print the metrics as one JSON object")
     p.add_argument("--timeline", type=ca.path, help="write a timeline here (.png, .svg, .pdf)")
     p.add_argument("--window", metavar="START:END", help="with --timeline: draw only this "
@@ -106,10 +111,12 @@ def run(opts: SimulateOptions) -> int:
                    [("--trace", opts.trace), ("--chrome", opts.chrome),
                     ("--timeline", opts.timeline)])
     plan, model, cluster = _plan_model_cluster(opts)
+    plan = plan.on_stack(opts.stack, **({"overlap_grad_reduce": False} if opts.no_overlap
+                                        else {}))
     window = _timeline_window(opts)
     cost = CostModel(model, cluster, load_checked_profile(opts.profile, model, cluster,
                                                           plan.devices))
-    result = simulate(plan, cost, SimOptions(overlap_dp_allreduce=not opts.no_overlap))
+    result = simulate(plan, cost, SimOptions())
     if opts.trace:
         result.trace.save(opts.trace)
     if opts.chrome:

@@ -21,6 +21,7 @@ from hyperpipe.cli.flags import (
     add_json,
     add_profile,
     add_progress,
+    add_stack,
     add_workload,
     as_flags,
     command,
@@ -73,6 +74,7 @@ class WhatIfOptions:
     backend: BackendOptions
     plan: str | None              # today's plan file
     failures: FailureFlags
+    stack: str | None = None      # the stack every plan runs on (None: the plan's)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> WhatIfOptions:
@@ -81,7 +83,7 @@ class WhatIfOptions:
                    workers=ns.workers, profile=ProfileOptions.from_namespace(ns),
                    plot=ns.plot, json=ns.json, progress=ns.progress,
                    backend=BackendOptions.from_namespace(ns), plan=ns.plan,
-                   failures=FailureFlags.from_namespace(ns))
+                   failures=FailureFlags.from_namespace(ns), stack=ns.stack)
 
 
 def add_parser(sub) -> None:
@@ -97,6 +99,7 @@ def add_parser(sub) -> None:
     p.add_argument("--micro-batch", type=ca.BATCH, help="fix the micro-batch size")
     p.add_argument("--schedule", help="fix the schedule kind")
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
+    add_stack(p, "every plan (today's too)")
     p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
     add_profile(p)
     p.add_argument("--plot", type=ca.path, help="write a plot of the sweep here (.png, .svg, "
@@ -134,6 +137,9 @@ def run(opts: WhatIfOptions) -> int:
                     ("--profile", opts.profile.path), ("--plan", opts.plan)],
                    [("--plot", opts.plot)])
     plan = load_plan(opts.plan) if opts.plan else None
+    if plan is not None and opts.stack:
+        plan = plan.on_stack(opts.stack)
+    stack = opts.stack or (plan.stack if plan is not None else None)
     if opts.failures.failures:
         if opts.vary or opts.pool:
             raise BadInput("whatif --failures", "no --vary/--pool with it (one cluster)",
@@ -143,7 +149,8 @@ def run(opts: WhatIfOptions) -> int:
                        has_got=False)
     planning = Planning(global_batch=opts.workload.global_batch, micro_batch=opts.micro_batch,
                         schedule=opts.schedule, objective=opts.objective,
-                        workers=opts.workers, plan=plan)
+                        workers=opts.workers, plan=plan,
+                        **({"stack": stack} if stack else {}))
     with opened_backend(opts.backend, opts.workers) as backend, as_flags():
         if opts.failures.failures:
             return _failures(opts, planning, backend)

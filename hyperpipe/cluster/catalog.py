@@ -1,24 +1,39 @@
 """The built-in catalog of device types, from vendor spec sheets and public measurements.
 
-Each entry gives peak *dense* FP16/BF16 tensor FLOP/s (no structured sparsity), memory,
+Each entry gives peak *dense* tensor FLOP/s (no structured sparsity) for every dtype the
+part computes in (`peaks`: fp32 without tensor cores, tf32, fp16, bf16, fp8), memory,
 memory bandwidth and the typical intra-node link, with the document it comes from, and
 how fast real work runs on it, each figure from a public source and never fitted to the
 benchmarks that report this simulator's accuracy:
 
-* `gemm`: a `GemmCurve`, the fraction of peak a GEMM of shape (M, N, K) reaches;
+* `gemm`: a `GemmCurve`, the fraction of peak a GEMM of shape (M, N, K) reaches, through
+  one published matmul measurement at the rate the part sustains (power-limited parts
+  such as the 70 W T4 sustain far less than their boost-clock peak);
 * `mem_efficiency`: the fraction of memory bandwidth streaming kernels reach (the rate
   of memory-bound work: norms, softmax, dropout, activations, optimizer);
+* `kernel_floor_s`: the least time one kernel takes however small its work (launch);
 * `collective_efficiency` / `nic_efficiency`: NCCL all-reduce bus bandwidth over the
   nominal intra-node link / NIC bandwidth, from published nccl-tests runs.
 
+`peak_flops` is the fp16/bf16 dense peak (the headline, used for MFU); a model's `dtype`
+picks its own entry through `DeviceType.peak_for`. A dtype the part lacks falls back
+along `DTYPE_FALLBACK` (bf16 -> fp16: a V100 or T4 trains a bf16 model in fp16 mixed
+precision at the fp16 tensor rate; fp8 -> bf16; tf32 -> fp32), so the built-in clusters
+that mix V100s with bf16 presets keep working; a file's table that has neither the dtype
+nor its fallback is refused with a clear error.
+
 Device types defined from scratch in a cluster file take their figures as achievable
-(no curve, all fractions 1: the flat roofline with `efficiency`); a type based on a
-catalog entry keeps its curve unless it sets `efficiency`.
+(no curve, no floor, all fractions 1: the flat roofline with `efficiency`); a type based
+on a catalog entry keeps its curve unless it sets `efficiency`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+
+from hyperpipe.core.errors import BadInput
 
 DEFAULT_EFFICIENCY = 0.5  # why: Megatron-LM reports 40-52% of peak on A100 for GPT-3 sizes
 
@@ -54,19 +69,42 @@ NIC_COLLECTIVE_EFFICIENCY = 0.96
 # Sustained over burst matmul rate: on H200 the power-saturated rate (MSMF) was 702.9
 # TFLOP/s against a boost-clock burst (MAMF) of 828.0 on the same search (stas00/
 # ml-engineering, compute/accelerator/benchmarks/README.md, "alone vs all-8
-# concurrent"): 0.849. Training runs at the saturated clock, so burst-only (MAMF)
-# figures below are scaled by it.
+# concurrent"): 0.849. Training runs at the saturated clock, so burst-only figures below
+# (MAMF, and the median-of-100 runs of mag-/gpu_benchmark) are scaled by it. This is ONE
+# measurement on ONE part applied to others whose sustained rate nobody published (A100,
+# H100, MI250X, L4, RTX 3090/4090, RTX A6000, L40S): a cross-device ASSUMPTION, not a
+# measurement of those parts. docs/accuracy.md gives each published block with and
+# without it. Parts whose sustained rate was measured (H200, T4, MI300X) do not use it.
 SUSTAINED_OVER_BURST = 702.9 / 828.0
 
-# Median sustained large-GEMM fraction of the measured parts below (A100 0.73, H100
-# 0.68, H200 0.71, MI250X 0.65, MI300X 0.60): the ceiling for parts without a public
-# measurement.
+# Median sustained large-GEMM fraction of the measured data-centre parts (A100 0.73,
+# H100 0.68, H200 0.71, MI250X 0.65, MI300X 0.60): the ceiling for parts without a
+# public measurement.
 UNMEASURED_GEMM_FRACTION = 0.68
+
+# The least time one kernel takes, however little work it has: back-to-back launches of
+# a short kernel on a V100 ran at 3.8 us per kernel, of which 2.9 us was the kernel
+# itself, i.e. the launch rate bounds short kernels (NVIDIA Technical Blog, A. Gray,
+# "Getting Started with CUDA Graphs", 2019). Framework work between kernels (Python,
+# autograd, the engine's bookkeeping) is the stack's, not the device's, and is not here.
+KERNEL_FLOOR_S = 3.8e-6
+
+# Training dtypes a peak table may name, and what a part without one computes in.
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+DTYPE_FALLBACK: Mapping[str, str] = MappingProxyType({"bf16": "fp16", "fp8": "bf16",
+                                                      "tf32": "fp32"})
+# The headline peak of a table: its first entry in this order (the fp16/bf16 peak).
+HEADLINE_ORDER = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
 
 @dataclass(frozen=True)
 class GemmCurve:
     """Fraction of peak reached by a GEMM C[M,N] = A[M,K] B[K,N], from its shape.
+
+    Shape convention: (M, N, K) with K the reduction (inner) dimension, everywhere in
+    HyperPipe. Sources print shapes their own way; `printed` keeps the source's string
+    and `reduction_at` the position of the reduction dimension in it (0-based), so that
+    `at` can be checked against the source (tests/cluster/test_gemm_points.py).
 
     Model (NVIDIA, "Matrix Multiplication Background User's Guide", 2023, ch. 2-3):
     cuBLAS splits C into output tiles (typically 256x128 on A100) that run in waves of
@@ -81,15 +119,25 @@ class GemmCurve:
 
     `ceiling` is set so that the curve passes through a published measurement:
     `measured` (fraction of peak) at the shape `at` (M, N, K), divided by the curve's
-    fill · depth there. Batched GEMMs (attention) count M·N·batch towards the waves.
+    fill · depth there. Where the measurement is the best of a search whose largest
+    shape is known (`search_max`), no shape of the search ran faster, so the ceiling is
+    the measurement over the curve's fill · depth at that largest shape instead (the
+    curve then stays at or below the measurement over the whole search; a power-limited
+    part's best shape is often a small one, and a curve through it alone would promise
+    large GEMMs a rate the search never saw). Batched GEMMs (attention) count M·N·batch
+    towards the waves.
     """
 
     measured: float                      # sustained fraction of peak at shape `at`
-    at: tuple[int, int, int]             # (M, N, K) of that measurement
+    at: tuple[int, int, int]             # (M, N, K) of that measurement, K the reduction
     sms: int                             # streaming multiprocessors / compute units
     tile_area: int = 256 * 128           # output elements per tile (cuBLAS, A100)
     k_fill: int = 128                    # K elements of pipeline fill/drain per tile
     source: str = ""
+    printed: str = ""                    # the shape as the source printed it, "AxBxC"
+    reduction_at: int = 2                # index of the reduction dimension in `printed`
+    search_max: tuple[int, int, int] | None = None   # largest shape of a best-of search
+    sustained_scale: float = 1.0         # factor applied to a burst measurement (<1)
 
     def _shape_factor(self, m: float, n: float, k: float, batch: float = 1) -> float:
         waves = m * n * batch / (self.tile_area * self.sms)
@@ -98,7 +146,10 @@ class GemmCurve:
     @property
     def ceiling(self) -> float:
         """The large-GEMM asymptote (fraction of peak, at most 1)."""
-        return min(1.0, self.measured / self._shape_factor(*self.at))
+        at = self._shape_factor(*self.at)
+        if self.search_max is not None:
+            at = max(at, self._shape_factor(*self.search_max))
+        return min(1.0, self.measured / at)
 
     def efficiency(self, m: float, n: float, k: float, batch: float = 1) -> float:
         """Fraction of peak FLOP/s for an (M, N, K) GEMM, `batch` of them at once."""
@@ -107,12 +158,24 @@ class GemmCurve:
         return self.ceiling * self._shape_factor(m, n, k, batch)
 
 
+def shape_from_printed(printed: str, reduction_at: int) -> tuple[int, int, int]:
+    """(M, N, K), K the reduction, of a shape printed as three numbers "AxBxC" whose
+    reduction dimension is at index `reduction_at`; the other two keep their order (M
+    then N)."""
+    dims = [int(x) for x in printed.split("x")]
+    if len(dims) != 3 or not 0 <= reduction_at <= 2:
+        raise ValueError(f"a shape 'AxBxC' and a reduction index 0-2, got {printed!r}, "
+                         f"{reduction_at}")
+    k = dims.pop(reduction_at)
+    return dims[0], dims[1], k
+
+
 @dataclass(frozen=True)
 class DeviceType:
     """One kind of accelerator. All quantities in SI base units."""
 
     name: str
-    peak_flops: float                 # dense FP16/BF16 tensor FLOP/s
+    peak_flops: float                 # dense FP16/BF16 tensor FLOP/s (the headline)
     memory_bytes: float
     mem_bandwidth_bytes_per_s: float
     efficiency: float = DEFAULT_EFFICIENCY
@@ -125,6 +188,11 @@ class DeviceType:
     mem_efficiency: float = DEFAULT_MEM_EFFICIENCY
     collective_efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY
     nic_efficiency: float = NIC_COLLECTIVE_EFFICIENCY   # collectives over the NICs
+    # Peak of each dtype the part computes in, over `peak_flops` ((dtype, ratio) pairs;
+    # ratios so that scaling `peak_flops`, as stragglers do, scales every dtype). Empty:
+    # one peak for every dtype (a type defined in a file by one number).
+    peak_ratios: tuple[tuple[str, float], ...] = ()
+    kernel_floor_s: float = 0.0                 # least time of one kernel (catalog: launch)
 
     @staticmethod
     def reserve_for(memory_bytes: float) -> float:
@@ -132,30 +200,112 @@ class DeviceType:
         return RUNTIME_FIXED_BYTES + FRAGMENTATION_FRACTION * memory_bytes
 
     @property
+    def peaks(self) -> dict[str, float]:
+        """Dense FLOP/s per dtype the part computes in (empty: one peak for all)."""
+        return {d: self.peak_flops * r for d, r in self.peak_ratios}
+
+    def peak_for(self, dtype: str) -> float:
+        """Dense FLOP/s of GEMMs in `dtype` ("fp32", "tf32", "fp16", "bf16", "fp8"):
+        the table's entry, else its `DTYPE_FALLBACK` chain's; `peak_flops` for a type
+        without a table. Raises BadInput if the chain ends without an entry."""
+        if not self.peak_ratios:
+            return self.peak_flops
+        ratios = dict(self.peak_ratios)
+        d: str | None = dtype
+        while d is not None and d not in ratios:
+            d = DTYPE_FALLBACK.get(d)
+        if d is None:
+            raise BadInput(f"device type {self.name}: peak_flops",
+                           f"an entry for the model's dtype {dtype} or its fallback "
+                           f"({' -> '.join(_chain(dtype))})", ", ".join(ratios))
+        return self.peak_flops * ratios[d]
+
+    @property
     def achievable_flops(self) -> float:
         return self.peak_flops * self.efficiency
+
+    def achievable_flops_for(self, dtype: str) -> float:
+        """`peak_for(dtype)` at the flat `efficiency` (the roofline without a curve)."""
+        return self.peak_for(dtype) * self.efficiency
 
     @property
     def achievable_mem_bandwidth_bytes_per_s(self) -> float:
         return self.mem_bandwidth_bytes_per_s * self.mem_efficiency
 
 
-def _d(name, tflops, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None):
-    return DeviceType(name=name, peak_flops=tflops * 1e12, memory_bytes=mem_gb * 1e9,
+def _chain(dtype: str) -> list[str]:
+    """`dtype` and the dtypes it falls back to, in order."""
+    out = [dtype]
+    while out[-1] in DTYPE_FALLBACK:
+        out.append(DTYPE_FALLBACK[out[-1]])
+    return out
+
+
+def peak_ratios(peaks: Mapping[str, float]) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """(headline peak, ratios) of a dtype -> FLOP/s table: the headline is the first of
+    `HEADLINE_ORDER` it has, the ratios are every entry over it."""
+    head = next(peaks[d] for d in HEADLINE_ORDER if d in peaks)
+    return head, tuple((d, peaks[d] / head) for d in DTYPES if d in peaks)
+
+
+def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None):
+    """A catalog entry; `peaks` in TFLOP/s per dtype, dense."""
+    head, ratios = peak_ratios({d: v * 1e12 for d, v in peaks.items()})
+    return DeviceType(name=name, peak_flops=head, memory_bytes=mem_gb * 1e9,
                       mem_bandwidth_bytes_per_s=bw_gbs * 1e9,
                       link_bandwidth_bytes_per_s=link_gbs * 1e9,
                       link_latency_s=latency_us * 1e-6, source=source, gemm=gemm,
-                      runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9))
+                      runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9),
+                      peak_ratios=ratios, kernel_floor_s=KERNEL_FLOOR_S)
 
 
 _MAMF = ("stas00/ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul "
          "FLOPS comparison table' (BF16 torch.matmul, best shape of a search)")
+# The v1 table's shapes were printed "MxNxK" by the original mamf-finder.py, whose
+# benchmark_mm made A = randn(m, n), B = randn(n, k): the MIDDLE number is the reduction
+# (the Chinese copy of that README and code, BBuf/how-to-optim-algorithm-in-cuda, keeps
+# it: "N is the reduce dimension so that (MxN)*(NxK)=(MxK)"). The script later renamed
+# its arguments (A = randn(m, k), B = randn(n, k).t(): K last is the reduction), and the
+# README re-printed the same v1 measurements as MxNxK with K last (A100 SXM 267.9 @
+# 6912x2048x16384, H100 792.1 @ 6144x2816x17920, MI250X 147.0 @ 1024x19968x14080,
+# MI300X 781.9 @ 4096x4864x10240).
+_V1_REDUCTION_AT = 1
+# mag-/gpu_benchmark (README "Stats", bf16 torch.mm, median of 100 iterations after 50
+# warm-up, L2 flushed before each; its mamf-finder.py: A = randn(m, n), B = randn(n, k),
+# so the middle printed number is the reduction too): the best of an Optuna search over
+# its default ranges, 1024 to 20480 in every dimension.
+_MAG = "mag-/gpu_benchmark README.md 'Stats' (bf16 torch.mm, median of 100, L2 flushed)"
+_MAG_SEARCH_MAX = (20480, 20480, 20480)
 
 
-def _burst(fraction: float, at: tuple[int, int, int], sms: int, note: str) -> GemmCurve:
-    """A curve through a burst (MAMF) measurement, scaled to the sustained clock."""
-    return GemmCurve(fraction * SUSTAINED_OVER_BURST, at, sms,
-                     source=f"{_MAMF}: {note}; x{SUSTAINED_OVER_BURST:.3f} sustained/burst")
+def _cube_of(printed: str) -> tuple[int, int, int]:
+    """The least search box a best shape `printed` implies: mamf-finder's usage examples
+    search every dimension over the same range, which reached at least the shape's
+    largest dimension."""
+    d = max(int(x) for x in printed.split("x"))
+    return d, d, d
+
+
+def _burst(tflops: float, peak_tflops: float, printed: str, sms: int, source: str,
+           note: str, reduction_at: int = _V1_REDUCTION_AT,
+           search_max: tuple[int, int, int] | None = None) -> GemmCurve:
+    """A curve through a burst best-of-search measurement (`tflops` at the shape
+    `printed`, no shape up to `search_max` faster; default: the cube of its largest
+    dimension), scaled to the sustained clock by `SUSTAINED_OVER_BURST` (a cross-device
+    assumption)."""
+    return GemmCurve(tflops / peak_tflops * SUSTAINED_OVER_BURST,
+                     shape_from_printed(printed, reduction_at), sms,
+                     source=f"{source}: {note} {tflops} of {peak_tflops} TFLOP/s @ {printed}; "
+                            f"x{SUSTAINED_OVER_BURST:.3f} sustained/burst (assumed)",
+                     printed=printed, reduction_at=reduction_at,
+                     search_max=search_max or _cube_of(printed),
+                     sustained_scale=SUSTAINED_OVER_BURST)
+
+
+def _mag(tflops: float, peak_tflops: float, printed: str, sms: int, note: str
+         ) -> GemmCurve:
+    """A curve through a mag-/gpu_benchmark best-of-search point (burst)."""
+    return _burst(tflops, peak_tflops, printed, sms, _MAG, note, search_max=_MAG_SEARCH_MAX)
 
 
 def _unmeasured(sms: int) -> GemmCurve:
@@ -164,78 +314,135 @@ def _unmeasured(sms: int) -> GemmCurve:
                      source="no public measurement: median of the measured parts")
 
 
-# SM / CU counts: NVIDIA Volta, Ampere (GA100, GA102), Ada, Hopper whitepapers; AMD CDNA2
-# and CDNA3 whitepapers (MI250X: 110 CUs per GCD, MAMF measured on one GCD).
+# SM / CU counts: NVIDIA Volta, Turing (TU102, TU104), Ampere (GA100, GA102), Ada,
+# Hopper whitepapers; AMD CDNA2 and CDNA3 whitepapers (MI250X: 110 CUs per GCD, MAMF
+# measured on one GCD).
 # Cross-check, not a fit: whole training steps on A100-80GB with FlashAttention
 # reach 71-79% of peak in hardware FLOPs (MosaicML llm-foundry, scripts/train/benchmarking/
 # README.md: 13B-70B with activation checkpointing, HFU 71.1-79.3%), so the large-GEMM
-# ceiling this curve gives (~0.79) is not above what real kernels sustain.
-_A100 = _burst(0.859, (6912, 16384, 2048), 108, "A100 SXM 267.9 of 312 TFLOP/s")
+# ceiling this curve gives is not far above what real kernels sustain.
+_A100 = _burst(267.9, 312, "6912x16384x2048", 108, _MAMF, "A100 SXM")
 # H200: the sustained (MSMF) rate itself, 702.9 of 989 TFLOP/s (same source, "alone" row);
 # its shape is not printed there, so a large one is assumed.
 _H200 = GemmCurve(702.9 / 989, (8192, 8192, 8192), 132,
                   source=f"{_MAMF}: H200 MSMF 702.9 of 989 TFLOP/s (sustained)")
-_MI250X = _burst(0.767, (1024, 14080, 19968), 110, "MI250X 147.0 of 191.5 TFLOP/s per GCD")
+# MI250X: 383 TFLOP/s are two GCDs; one matmul runs on one (191.5).
+_MI250X = _burst(147.0, 191.5, "1024x14080x19968", 110, _MAMF, "MI250X (1 GCD)")
 # MI300X reaches its power cap within one kernel (no boost burst, same source), so its
 # MAMF is already the sustained rate.
-_MI300X = GemmCurve(0.601, (4096, 10240, 4864), 304,
-                    source=f"{_MAMF}: MI300X 781.9 of 1300 TFLOP/s (power-capped: sustained)")
+_MI300X = GemmCurve(781.9 / 1300, shape_from_printed("4096x10240x4864", _V1_REDUCTION_AT),
+                    304, printed="4096x10240x4864", reduction_at=_V1_REDUCTION_AT,
+                    search_max=_cube_of("4096x10240x4864"),
+                    source=f"{_MAMF}: MI300X 781.9 of 1300 TFLOP/s @ 4096x10240x4864 "
+                           "(power-capped: sustained)")
+# T4: a 70 W part whose clock the power cap pulls far below its 1590 MHz boost under
+# continuous matmuls: cuBLAS FP16 4096^3 ran at about 24 TFLOP/s of its 65 (NVIDIA
+# Developer Forums, "About GPU peak performance", 2023, answer by R. Crovella: "power
+# capping ... expected behavior for approximately continuous matrix multiply
+# operations on a T4"). Already sustained: no burst scaling. Turing tiles 128x128.
+_T4 = GemmCurve(24 / 65, (4096, 4096, 4096), 40, tile_area=128 * 128,
+                source="NVIDIA Developer Forums 'About GPU peak performance' (2023): "
+                       "T4 cuBLAS FP16 4096^3 ~24 of 65 TFLOP/s at its 70 W power cap "
+                       "(sustained)", printed="4096x4096x4096")
 
 
 # NVLink figures are total bidirectional in NVIDIA's sheets; we store one direction (half).
 # PCIe figures: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction.
+# Peaks are dense (without sparsity) in TFLOP/s; fp32 is the non-tensor (CUDA core) rate
+# that an fp32 GEMM runs at when TF32 is off (PyTorch's default for matmul since 1.12,
+# torch.backends.cuda.matmul.allow_tf32 = False, "TensorFloat-32 (TF32) on Ampere (and
+# later) devices" in PyTorch's CUDA semantics notes). GeForce parts: the tensor rate with
+# FP32 accumulate (what cuBLAS uses for fp16/bf16 GEMMs), half their FP16-accumulate one.
 _CATALOG: tuple[DeviceType, ...] = (
-    _d("V100-16GB", 125, 16, 900, 150,
-       "NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS tensor, 900 GB/s HBM2, NVLink 300 GB/s",
+    _d("V100-16GB", {"fp32": 15.7, "fp16": 125}, 16, 900, 150,
+       "NVIDIA Tesla V100 datasheet (SXM2): 15.7 TFLOPS single, 125 TFLOPS tensor, "
+       "900 GB/s HBM2, NVLink 300 GB/s; no bf16/tf32",
        gemm=_unmeasured(80)),
-    _d("V100-32GB", 125, 32, 900, 150,
-       "NVIDIA Tesla V100 datasheet (SXM2 32GB): 125 TFLOPS tensor, 900 GB/s, NVLink 300 GB/s",
+    _d("V100-32GB", {"fp32": 15.7, "fp16": 125}, 32, 900, 150,
+       "NVIDIA Tesla V100 datasheet (SXM2 32GB): 15.7 TFLOPS single, 125 TFLOPS tensor, "
+       "900 GB/s, NVLink 300 GB/s; no bf16/tf32",
        gemm=_unmeasured(80)),
-    _d("A100-40GB", 312, 40, 1555, 300,
-       "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, NVLink 600 GB/s",
+    _d("A100-40GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 40, 1555, 300,
+       "NVIDIA A100 datasheet (SXM4 40GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
+       "dense, 1,555 GB/s, NVLink 600 GB/s",
        gemm=_A100),
-    _d("A100-80GB", 312, 80, 2039, 300,
-       "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, NVLink 600 GB/s",
+    _d("A100-80GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80, 2039, 300,
+       "NVIDIA A100 datasheet (SXM4 80GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
+       "dense, 2,039 GB/s, NVLink 600 GB/s",
        gemm=_A100),
-    _d("H100-SXM", 989, 80, 3350, 450,
-       "NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 sparse), 3.35 TB/s, "
-       "NVLink 900 GB/s",
-       gemm=_burst(0.801, (6144, 17920, 2816), 132, "H100 SXM 792.1 of 989 TFLOP/s")),
-    _d("H100-PCIe", 756, 80, 2000, 64,
-       "NVIDIA H100 datasheet (PCIe): 756 TFLOPS BF16 dense (1,513 sparse), 2 TB/s, "
-       "PCIe Gen5 128 GB/s", latency_us=5.0,
+    _d("H100-SXM", {"fp32": 67, "tf32": 494.5, "fp16": 989, "bf16": 989, "fp8": 1979},
+       80, 3350, 450,
+       "NVIDIA H100 datasheet (SXM5): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 FP8 "
+       "TFLOPS dense (half the sparse figures), 3.35 TB/s, NVLink 900 GB/s",
+       gemm=_burst(792.1, 989, "6144x17920x2816", 132, _MAMF, "H100 SXM")),
+    _d("H100-PCIe", {"fp32": 51, "tf32": 378, "fp16": 756, "bf16": 756, "fp8": 1513},
+       80, 2000, 64,
+       "NVIDIA H100 datasheet (PCIe): 51 FP32, 378 TF32, 756 BF16/FP16, 1,513 FP8 TFLOPS "
+       "dense, 2 TB/s, PCIe Gen5 128 GB/s", latency_us=5.0,
        gemm=_unmeasured(114)),
-    _d("H200", 989, 141, 4800, 450,
-       "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e, 4.8 TB/s, "
-       "NVLink 900 GB/s",
+    _d("H200", {"fp32": 67, "tf32": 494.5, "fp16": 989, "bf16": 989, "fp8": 1979},
+       141, 4800, 450,
+       "NVIDIA H200 datasheet (SXM): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 FP8 "
+       "TFLOPS dense, 141 GB HBM3e, 4.8 TB/s, NVLink 900 GB/s",
        gemm=_H200),
-    _d("L4", 121, 24, 300, 32,
-       "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense (242 sparse), 24 GB GDDR6, 300 GB/s, "
-       "PCIe Gen4 x16 64 GB/s", latency_us=5.0,
-       gemm=_unmeasured(58)),
-    _d("T4", 65, 16, 320, 16,
-       "NVIDIA T4 datasheet: 65 TFLOPS FP16 mixed precision, 16 GB GDDR6, 320 GB/s, "
-       "PCIe Gen3 x16 32 GB/s", latency_us=5.0,
-       gemm=_unmeasured(40)),
-    _d("A10", 125, 24, 600, 32,
-       "NVIDIA A10 datasheet: 125 TFLOPS BF16 dense (250 sparse), 24 GB GDDR6, 600 GB/s, "
-       "PCIe Gen4 64 GB/s", latency_us=5.0,
+    _d("L4", {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121, "fp8": 242.5},
+       24, 300, 32,
+       "NVIDIA L4 datasheet: 30.3 FP32, 120/242/485 TF32/BF16/FP8 TFLOPS with sparsity "
+       "(half dense), 24 GB GDDR6, 300 GB/s, 72 W, PCIe Gen4 x16 64 GB/s", latency_us=5.0,
+       gemm=_mag(91.4, 121, "1024x6016x1792", 58, "NVIDIA L4")),
+    _d("T4", {"fp32": 8.1, "fp16": 65}, 16, 320, 16,
+       "NVIDIA T4 datasheet: 8.1 TFLOPS single, 65 TFLOPS FP16 mixed precision, "
+       "16 GB GDDR6, 320 GB/s, 70 W, PCIe Gen3 x16 32 GB/s; no bf16/tf32", latency_us=5.0,
+       gemm=_T4),
+    _d("A10", {"fp32": 31.2, "tf32": 62.5, "fp16": 125, "bf16": 125}, 24, 600, 32,
+       "NVIDIA A10 datasheet: 31.2 FP32, 62.5 TF32, 125 BF16/FP16 TFLOPS dense (half "
+       "the sparse figures), 24 GB GDDR6, 600 GB/s, 150 W, PCIe Gen4 64 GB/s",
+       latency_us=5.0, gemm=_unmeasured(72)),
+    _d("RTX-3090", {"fp32": 35.6, "tf32": 35.6, "fp16": 71, "bf16": 71}, 24, 936, 32,
+       "NVIDIA Ampere GA102 whitepaper (appendix): RTX 3090 35.6 FP32, 35.6 TF32, 71 "
+       "FP16/BF16 tensor TFLOPS with FP32 accumulate (dense), 24 GB GDDR6X, 936 GB/s, "
+       "PCIe Gen4", latency_us=5.0,
+       gemm=_mag(78.0, 71, "5248x15040x1024", 82, "GeForce RTX 3090")),
+    _d("RTX-4090", {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2,
+                    "fp8": 330.3}, 24, 1008, 32,
+       "NVIDIA Ada Lovelace whitepaper (appendix): RTX 4090 82.6 FP32, 82.6 TF32, 165.2 "
+       "FP16/BF16, 330.3 FP8 tensor TFLOPS with FP32 accumulate (dense), 24 GB GDDR6X, "
+       "1,008 GB/s, PCIe Gen4", latency_us=5.0,
+       gemm=_mag(178.8, 165.2, "14336x4096x4096", 128, "GeForce RTX 4090")),
+    _d("Titan-RTX", {"fp32": 16.3, "fp16": 130.5}, 24, 672, 16,
+       "NVIDIA Turing whitepaper (appendix) and Titan RTX page: 16.3 FP32, 130.5 FP16 "
+       "tensor TFLOPS with FP32 accumulate (full rate on Titan), 24 GB GDDR6, 672 GB/s, "
+       "280 W, PCIe Gen3; no bf16/tf32", latency_us=5.0,
        gemm=_unmeasured(72)),
-    _d("RTX-3090", 71, 24, 936, 32,
-       "NVIDIA Ampere GA102 whitepaper: RTX 3090 71 TFLOPS FP16 tensor with FP32 accumulate, "
-       "24 GB GDDR6X, 936 GB/s, PCIe Gen4", latency_us=5.0,
-       gemm=_unmeasured(82)),
-    _d("RTX-4090", 165.2, 24, 1008, 32,
-       "NVIDIA Ada Lovelace whitepaper: RTX 4090 165.2 TFLOPS FP16 tensor with FP32 "
-       "accumulate (dense), 24 GB GDDR6X, 1,008 GB/s, PCIe Gen4", latency_us=5.0,
-       gemm=_unmeasured(128)),
-    _d("MI250X", 383, 128, 3200, 50,
-       "AMD Instinct MI250X datasheet: 383 TFLOPS FP16/BF16 dense, 128 GB HBM2e, 3.2 TB/s, "
-       "Infinity Fabric links 50 GB/s each",
+    _d("RTX-2080Ti", {"fp32": 13.4, "fp16": 53.8}, 11, 616, 16,
+       "NVIDIA Turing whitepaper (appendix): RTX 2080 Ti (reference clocks) 13.4 FP32, "
+       "53.8 FP16 tensor TFLOPS with FP32 accumulate (107.6 with FP16 accumulate), 11 GB "
+       "GDDR6, 616 GB/s, 250 W, PCIe Gen3; no bf16/tf32", latency_us=5.0,
+       gemm=_unmeasured(68)),
+    _d("A6000", {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8}, 48, 768, 32,
+       "NVIDIA RTX A6000 datasheet: 38.7 FP32, 77.4 TF32, 154.8 BF16/FP16 tensor TFLOPS "
+       "dense (half the sparse figures), 48 GB GDDR6, 768 GB/s, 300 W, PCIe Gen4",
+       latency_us=5.0,
+       gemm=_mag(131.2, 154.8, "9856x12480x13248", 84, "NVIDIA RTX A6000")),
+    _d("A40", {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7}, 48, 696, 32,
+       "NVIDIA A40 datasheet: 37.4 FP32, 74.8 TF32, 149.7 BF16/FP16 tensor TFLOPS dense "
+       "(half the sparse figures), 48 GB GDDR6, 696 GB/s, 300 W, PCIe Gen4",
+       latency_us=5.0, gemm=_unmeasured(84)),
+    _d("L40S", {"fp32": 91.6, "tf32": 183, "fp16": 362.05, "bf16": 362.05, "fp8": 733},
+       48, 864, 32,
+       "NVIDIA L40S datasheet: 91.6 FP32, 183 TF32, 362.05 BF16/FP16, 733 FP8 tensor "
+       "TFLOPS dense (half the sparse figures), 48 GB GDDR6, 864 GB/s, 350 W, PCIe Gen4",
+       latency_us=5.0,
+       gemm=_mag(252.0, 362.05, "4416x3776x3072", 142, "NVIDIA L40S")),
+    # AMD: an fp32 GEMM runs on the matrix cores (MFMA FP32), so fp32 is the matrix rate.
+    _d("MI250X", {"fp32": 95.7, "fp16": 383, "bf16": 383}, 128, 3200, 50,
+       "AMD Instinct MI250X datasheet: 95.7 FP32 matrix, 383 TFLOPS FP16/BF16 dense, "
+       "128 GB HBM2e, 3.2 TB/s, Infinity Fabric links 50 GB/s each",
        gemm=_MI250X),
-    _d("MI300X", 1307.4, 192, 5300, 448,
-       "AMD Instinct MI300X datasheet: 1,307.4 TFLOPS FP16/BF16 dense, 192 GB HBM3, 5.3 TB/s, "
-       "Infinity Fabric 896 GB/s aggregate",
+    _d("MI300X", {"fp32": 163.4, "tf32": 653.7, "fp16": 1307.4, "bf16": 1307.4,
+                  "fp8": 2614.9}, 192, 5300, 448,
+       "AMD Instinct MI300X datasheet: 163.4 FP32 matrix, 653.7 TF32, 1,307.4 FP16/BF16, "
+       "2,614.9 FP8 TFLOPS dense, 192 GB HBM3, 5.3 TB/s, Infinity Fabric 896 GB/s aggregate",
        gemm=_MI300X),
 )
 

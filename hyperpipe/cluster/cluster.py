@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hyperpipe.cluster.catalog import DeviceType, builtin_device_types
+from hyperpipe.cluster.catalog import DTYPES, DeviceType, builtin_device_types, peak_ratios
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, printable
 from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
@@ -247,19 +247,19 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
                        base_name)
     base = catalog.get(base_name) if base_name else None
     if base is None:
-        peak = f.quantity("peak_flops", "flops")
+        peak, ratios = _peaks(f, None)
         mem = f.quantity("memory", "bytes")
         # A type defined from scratch takes its figures as achievable: no GEMM curve,
         # full memory and link bandwidth (the closed forms of the tests rely on it).
         base = DeviceType(name=name, peak_flops=peak, memory_bytes=mem,
                           mem_bandwidth_bytes_per_s=1e12, source="user-defined",
                           mem_efficiency=1.0, collective_efficiency=1.0,
-                          nic_efficiency=1.0)
+                          nic_efficiency=1.0, peak_ratios=ratios)
     # An explicit `efficiency` replaces the base's GEMM curve by that flat fraction.
     gemm = None if f.has("efficiency") else base.gemm
+    peak, ratios = _peaks(f, base)
     return replace(
-        base, name=name, gemm=gemm,
-        peak_flops=f.quantity("peak_flops", "flops", base.peak_flops),
+        base, name=name, gemm=gemm, peak_flops=peak, peak_ratios=ratios,
         memory_bytes=f.quantity("memory", "bytes", base.memory_bytes),
         mem_bandwidth_bytes_per_s=f.quantity("mem_bandwidth", "bandwidth",
                                              base.mem_bandwidth_bytes_per_s),
@@ -276,6 +276,29 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
         runtime_reserve_bytes=f.quantity("runtime_reserve", "bytes", _reserve(base, f),
                                          positive=False),
     )
+
+
+def _peaks(f: Fields, base: DeviceType | None
+           ) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """(`peak_flops`, `peak_ratios`) of a device type entry. `peak_flops` is one quantity
+    (the fp16/bf16 dense peak: on a catalog base the other dtypes keep their ratio to it;
+    on a type defined from scratch it is the peak of every dtype) or a table per dtype
+    (`{fp32: "19.5 TFLOP/s", tf32: ..., fp16: ..., bf16: ..., fp8: ...}`, which replaces
+    the base's; a model's dtype missing from it falls back as `DTYPE_FALLBACK` says)."""
+    if not f.has("peak_flops"):
+        if base is None:
+            raise BadInput(f.at("peak_flops"), "a FLOP/s quantity or a table per dtype",
+                           has_got=False)
+        return base.peak_flops, base.peak_ratios
+    if not isinstance(f.raw("peak_flops"), dict):
+        peak = f.quantity("peak_flops", "flops")
+        return peak, (base.peak_ratios if base is not None else ())
+    table = f.sub("peak_flops", DTYPES)
+    peaks = {d: table.quantity(d, "flops") for d in DTYPES if table.has(d)}
+    if not peaks:
+        raise BadInput(f.at("peak_flops"), f"a table with at least one of {', '.join(DTYPES)}",
+                       f.raw("peak_flops"))
+    return peak_ratios(peaks)
 
 
 def _reserve(base: DeviceType, f: Fields) -> float:

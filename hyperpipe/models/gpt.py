@@ -14,6 +14,12 @@ and then filled from its own torch.Generator, so a stage [start, end) built alon
 exactly the weights of the same layers of the whole model, and the global RNG is not
 touched. Modules are fp32 on the CPU; under ``with torch.device("meta")`` they stay on
 the meta device without values (for counting parameters of big models).
+
+Tied embeddings (`GPTConfig.tie_embeddings`): the head's ``lm_head.weight`` is the
+embedding's ``wte.weight``. A stage holding both shares the one Parameter; a stage
+holding the head alone starts its own copy from the embedding's initial values, and the
+executor sums the two copies' gradients every step (`hyperpipe.exec.tied`), so that both
+stay equal to the single matrix of the whole model.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Embedding(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.seq_len = c.seq_len
+        self.tied = c.tie_embeddings        # the head reuses `wte.weight`
         self.wte = nn.Embedding(c.vocab_size, c.d_model)
         self.wpe = nn.Embedding(c.seq_len, c.d_model) if c.position == "learned" else None
         self.drop = nn.Dropout(c.dropout)
@@ -159,8 +166,9 @@ class Head(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.ln_f = _norm(c)
-        # Untied from the embedding: pipeline stages must not share weights, and the two
-        # usually live on different devices (GPT-2 ties them; we count both).
+        self.tied = c.tie_embeddings        # `lm_head.weight` is the embedding's
+        # With tied embeddings `build_layer` gives it the embedding's initial values and
+        # `build_stage` the embedding's very Parameter when both sit in one stage.
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
@@ -249,14 +257,36 @@ def build_layer(spec: ModelSpec, index: int, seed: int) -> nn.Module:
     gen.manual_seed((seed * _SEED_STRIDE + index) % 2**63)
     n_layer = spec.config.n_layer if spec.config is not None else spec.num_layers
     _init(module, gen, n_layer)
+    if isinstance(module, Head) and spec.tied_params:
+        with torch.no_grad():           # the embedding's initial V x D matrix
+            module.lm_head.weight.copy_(build_layer(spec, 0, seed).wte.weight)
     return module
 
 
 def build_stage(spec: ModelSpec, start: int, end: int, seed: int) -> StageModule:
-    """Layers [start, end) of `spec` as one module."""
+    """Layers [start, end) of `spec` as one module; with tied embeddings and both ends
+    in it, the head's weight is the embedding's Parameter itself."""
     if not 0 <= start < end <= spec.num_layers:
         raise ValueError(f"layer range [{start}, {end}) of a {spec.num_layers}-layer model")
-    return StageModule({i: build_layer(spec, i, seed) for i in range(start, end)}, start, end)
+    layers = {i: build_layer(spec, i, seed) for i in range(start, end)}
+    last = spec.num_layers - 1
+    if spec.tied_params and start == 0 and end == spec.num_layers:
+        layers[last].lm_head.weight = layers[0].wte.weight
+    return StageModule(layers, start, end)
+
+
+def tied_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The copies of a tied embedding matrix `module` (a stage) holds: its embedding's
+    ``wte.weight`` and its head's ``lm_head.weight``, each once (one Parameter when the
+    stage holds both). Empty for an untied model."""
+    out: list[nn.Parameter] = []
+    for m in module.modules():
+        if isinstance(m, Embedding) and getattr(m, "tied", False):
+            out.append(m.wte.weight)
+        if isinstance(m, Head) and getattr(m, "tied", False):
+            out.append(m.lm_head.weight)
+    seen: set[int] = set()
+    return [p for p in out if not (id(p) in seen or seen.add(id(p)))]
 
 
 def build_model(spec: ModelSpec, seed: int) -> StageModule:

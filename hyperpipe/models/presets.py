@@ -6,6 +6,8 @@ GPT-2 1024, GPT-3 2048, Llama 2 4096, Llama 3 8192. All presets train in bf16 ex
 default); set `dropout: 0.1` to model the original GPT-2/3 runs. Attention is `flash`
 (a fused kernel that keeps no s x s scores) everywhere except `tiny-gpt` (`eager`, as its
 CPU module runs); set `attention: eager` to model the Megatron papers' runs.
+Embeddings are tied (the head reuses the token embedding) as GPT-2 and GPT-3 ship them,
+untied for Llama and for `tiny-gpt`.
 """
 
 from __future__ import annotations
@@ -25,25 +27,35 @@ class Preset:
 
 def _gpt2(n_layer: int, n_head: int, d_model: int) -> Preset:
     # GPT-2 vocabulary: 50257 byte-level BPE tokens; context 1024 (Radford et al. 2019).
+    # Tied embeddings: the released checkpoints have no separate head (Hugging Face
+    # transformers models/gpt2/modeling_gpt2.py, GPT2LMHeadModel `_tied_weights_keys =
+    # ["lm_head.weight"]`; openai/gpt-2 src/model.py computes the logits with `wte`).
     return Preset(GPTConfig(vocab_size=50257, n_layer=n_layer, n_head=n_head,
-                            d_model=d_model, seq_len=1024))
+                            d_model=d_model, seq_len=1024, tie_embeddings=True))
 
 
 def _gpt3(n_layer: int, n_head: int, d_model: int) -> Preset:
     # GPT-3 keeps GPT-2's tokenizer and learned positions; context 2048. Its alternating
     # locally banded sparse attention is not modelled (dense everywhere, as in Megatron).
+    # Tied embeddings as GPT-2 ("the same model and architecture as GPT-2", Brown et al.
+    # 2020, sec. 2.1), and as Megatron-LM trains it by default (tied unless
+    # `--untie-embeddings-and-output-weights`, megatron/training/arguments.py).
     return Preset(GPTConfig(vocab_size=50257, n_layer=n_layer, n_head=n_head,
-                            d_model=d_model, seq_len=2048))
+                            d_model=d_model, seq_len=2048, tie_embeddings=True))
 
 
 def _llama(n_layer: int, n_head: int, d_model: int, ffn: int, *, vocab: int = 32000,
            n_kv_head: int | None = None, seq_len: int = 4096,
            rope_theta: float = 10000.0) -> Preset:
-    # Llama: RMSNorm, SwiGLU, RoPE, no biases (Touvron et al. 2023).
+    # Llama: RMSNorm, SwiGLU, RoPE, no biases (Touvron et al. 2023); an untied output
+    # head (`"tie_word_embeddings": false` in meta-llama/Llama-2-7b-hf and
+    # Meta-Llama-3-8B config.json; a separate `output` Linear in meta-llama/llama
+    # llama/model.py).
     return Preset(GPTConfig(vocab_size=vocab, n_layer=n_layer, n_head=n_head,
                             d_model=d_model, seq_len=seq_len, ffn_hidden=ffn,
                             n_kv_head=n_kv_head, mlp="swiglu", norm="rmsnorm",
-                            position="rope", bias=False, rope_theta=rope_theta))
+                            position="rope", bias=False, rope_theta=rope_theta,
+                            tie_embeddings=False))
 
 
 PRESETS: Mapping[str, Preset] = MappingProxyType({
@@ -75,7 +87,9 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
     # Ours: 8 layers in all (embedding, 6 blocks, head); byte-level vocabulary so it
     # needs no tokenizer; one micro-batch of 2 x 64 tokens takes milliseconds per block
     # on one CPU thread. fp32 because it runs on CPUs; eager attention because its CPU
-    # module computes the scores explicitly (hyperpipe.models.gpt) and keeps them.
+    # module computes the scores explicitly (hyperpipe.models.gpt) and keeps them;
+    # untied, so that no weight spans stages (set `tie_embeddings: true` to run the tie).
     "tiny-gpt": Preset(GPTConfig(vocab_size=256, n_layer=6, n_head=4, d_model=128,
-                                 seq_len=64, attention="eager"), dtype="fp32"),
+                                 seq_len=64, attention="eager", tie_embeddings=False),
+                       dtype="fp32"),
 })

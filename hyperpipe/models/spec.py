@@ -12,7 +12,7 @@ model from a name, file or dict is `hyperpipe.models.loader`.
 >>> from hyperpipe.models import load_model
 >>> spec = load_model("gpt2-small")
 >>> spec.num_layers, spec.params
-(14, 163037184)
+(14, 124439808)
 >>> spec.layer_cost(1, micro_batch=8).fwd_flops / 1e12    # one block, 8 x 1024 tokens
 0.141733920768
 """
@@ -72,6 +72,10 @@ class GPTConfig:
     bias: bool = True               # biases in linears and layernorms (GPT: yes, Llama: no)
     rope_theta: float = 10000.0     # RoPE base (Su et al. 2021); Llama 3 uses 500000
     attention: str = "flash"        # one of ATTENTION_KINDS: fused kernels are the default today
+    # The head's output projection reuses the token embedding's V x h matrix (GPT-2,
+    # OPT, Megatron-LM's GPT default: its flag is `--untie-embeddings-and-output-weights`);
+    # False: the head has its own (Llama). Absent from a model file: true.
+    tie_embeddings: bool = True
 
     def __post_init__(self):
         if self.ffn_hidden is None:
@@ -104,8 +108,9 @@ def check_config(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
             or not 0 <= dropout < 1:
         raise BadInput(at("dropout"), "a number in [0, 1)", dropout)
-    if not isinstance(v["bias"], bool):
-        raise BadInput(at("bias"), "true or false", v["bias"])
+    for key in ("bias", "tie_embeddings"):
+        if not isinstance(v[key], bool):
+            raise BadInput(at(key), "true or false", v[key])
     theta = v["rope_theta"]
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0 \
             or theta == float("inf"):
@@ -293,8 +298,10 @@ class HeadLayer:
 
     FLOPs: the LM head 2bshV forward, the same again for I and for W (a weight matmul).
     Stash: norm input and output 2·bsh·d, and the fp32 logits b·s·V·4 that cross-entropy
-    keeps (its softmax). Untied from the embedding (see `hyperpipe.models.gpt`), so it
-    counts its own V·h parameters. Sends nothing: the loss ends the forward.
+    keeps (its softmax). It counts its own V·h parameters even with tied embeddings
+    (`GPTConfig.tie_embeddings`): a stage holding the head without the embedding keeps a
+    copy; `ModelSpec.params` and `CostModel.stage_params` count the matrix once where
+    both sit together. Sends nothing: the loss ends the forward.
     """
 
     config: GPTConfig
@@ -404,7 +411,17 @@ class ModelSpec:
 
     @property
     def params(self) -> int:
-        return sum(layer.params for layer in self.layers)
+        """Distinct parameters: a tied embedding matrix counted once."""
+        return sum(layer.params for layer in self.layers) - self.tied_params
+
+    @property
+    def tied_params(self) -> int:
+        """Parameters of the token-embedding matrix that the head reuses as its output
+        projection (V x h), 0 when the embeddings are untied or the model is synthetic.
+        The head layer still counts it: a pipeline stage holding the head alone keeps
+        its own copy."""
+        c = self.config
+        return c.vocab_size * c.d_model if c is not None and c.tie_embeddings else 0
 
     @property
     def dtype_bytes(self) -> int:

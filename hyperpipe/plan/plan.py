@@ -33,6 +33,17 @@ from hyperpipe.plan.kinds import (
     schedule_kind,
 )
 from hyperpipe.plan.schedule import Action, Schedule, ScheduleError, stage_rank, validate
+from hyperpipe.plan.stack import (
+    DEFAULT_STACK,
+    GRAD_REDUCE_DTYPES,
+    NO_OVERRIDES,
+    P2P_KINDS,
+    RUNTIME_KEYS,
+    STACKS,
+    Runtime,
+    RuntimeOverrides,
+    resolve_runtime,
+)
 
 ActionLists = tuple[tuple[str, tuple[Action, ...]], ...]     # (device, its actions), sorted
 
@@ -107,8 +118,23 @@ class Plan:
     # Adam moments) sharded over the data-parallel replicas that hold the same layers.
     distributed_optimizer: bool = False
     actions: ActionLists | None = None   # a kind that carries actions: its lists
+    # The training stack it runs on (`hyperpipe.plan.stack.STACKS`) and the runtime
+    # choices it overrides; `runtime_settings` resolves the two.
+    stack: str = DEFAULT_STACK
+    runtime: RuntimeOverrides = NO_OVERRIDES
     base_dir: Path | None = field(default=None, compare=False)
     source: str = field(default="plan", compare=False)   # the file it came from, for errors
+
+    # ------------------------------------------------------------------ stack
+    def runtime_settings(self) -> Runtime:
+        """How the plan's stack runs it: the stack's defaults with the plan's overrides."""
+        return resolve_runtime(self.stack, self.runtime)
+
+    def on_stack(self, stack: str | None = None, **overrides: Any) -> Plan:
+        """This plan on `stack` (None: its own) with the runtime `overrides` given
+        (``p2p``, ``overlap_grad_reduce``, ``grad_reduce_dtype``) over its own."""
+        runtime = RuntimeOverrides(**{**self.runtime.given(), **overrides})
+        return replace(self, stack=self.stack if stack is None else stack, runtime=runtime)
 
     # ------------------------------------------------------------------ shape
     def num_devices(self, pipeline: int = 0) -> int:
@@ -128,7 +154,10 @@ class Plan:
             "cluster": self.cluster,
             "global_batch": self.global_batch,
             "schedule": self._schedule_dict(),
+            "stack": self.stack,
         }
+        if self.runtime.given():
+            out["runtime"] = self.runtime.given()
         if self.distributed_optimizer:
             out["distributed_optimizer"] = True
         out["pipelines"] = [
@@ -239,7 +268,7 @@ class Plan:
 
 
 _TOP_KEYS = ("format", "model", "cluster", "global_batch", "schedule", "pipelines", "notes",
-             "distributed_optimizer")
+             "distributed_optimizer", "stack", "runtime")
 _STAGE_KEYS = ("layers", "devices", "tp", "recompute", "sequence_parallel")
 
 
@@ -249,6 +278,20 @@ def _flag(f: Fields, key: str) -> bool:
     if not isinstance(value, bool):
         raise BadInput(f.at(key), "true or false", value)
     return value
+
+
+def _runtime(top: Fields) -> RuntimeOverrides:
+    """The plan's optional ``runtime`` overrides (each key optional)."""
+    if not top.has("runtime"):
+        return NO_OVERRIDES
+    rf = top.sub("runtime", RUNTIME_KEYS)
+    p2p = rf.choice("p2p", P2P_KINDS) if rf.has("p2p") else None
+    overlap = rf.raw("overlap_grad_reduce", None)
+    if overlap is not None and not isinstance(overlap, bool):
+        raise BadInput(rf.at("overlap_grad_reduce"), "true or false", overlap)
+    dtype = rf.choice("grad_reduce_dtype", GRAD_REDUCE_DTYPES) \
+        if rf.has("grad_reduce_dtype") else None
+    return RuntimeOverrides(p2p, overlap, dtype)
 
 
 def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = None) -> Plan:
@@ -310,10 +353,11 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
             pf.positive_int("num_microbatches", at_most=limits.MAX_MICROBATCHES),
             tuple(stages)))
     global_batch = top.positive_int("global_batch", at_most=limits.MAX_GLOBAL_BATCH)
+    stack = top.choice("stack", list(STACKS), DEFAULT_STACK)
     return Plan(model=model, cluster=cluster, global_batch=global_batch,
                 schedule=kind, chunks=chunks, pipelines=tuple(pipelines), actions=actions,
                 distributed_optimizer=_flag(top, "distributed_optimizer"), base_dir=base_dir,
-                source=where)
+                source=where, stack=stack, runtime=_runtime(top))
 
 
 def load_plan(path: str | Path) -> Plan:

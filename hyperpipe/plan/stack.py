@@ -1,12 +1,145 @@
-"""Defaults of the training stack that the simulator and the executor share.
+"""The training stack a plan runs on, and the defaults the simulator and executor share.
 
-Both the simulated and the real data-parallel gradient reduction read their defaults
-from here, so that a simulated plan and its real run bucket the gradients alike.
+A plan names its stack (``"stack": "megatron-lm" | "megatron-deepspeed" | "torchtitan"``;
+absent: megatron-lm) and may override three of its runtime choices (``"runtime": {"p2p":
+"async" | "blocking", "overlap_grad_reduce": true | false, "grad_reduce_dtype": "fp32" |
+"bf16"}``). `STACKS` holds each stack's defaults, read from the framework's own code
+(cited per entry); `resolve_runtime` turns (stack, overrides) into the one `Runtime` that
+the simulator, the analytic tier and the search price a plan by. Both the simulated and
+the real data-parallel gradient reduction read their bucket size from here, so that a
+simulated plan and its real run bucket the gradients alike.
+
+A per-micro-batch engine overhead (DeepSpeed's pipeline engine interprets one instruction
+list per micro-batch step in Python) is not modelled: no public measurement of its size
+was found, and it is never fitted to a published run.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
 
 # Bytes of gradient per data-parallel all-reduce bucket: PyTorch DDP's default
 # (`DistributedDataParallel(bucket_cap_mb=25)`, torch/nn/parallel/distributed.py),
 # which Megatron-LM's and torchtitan's DDP wrappers keep unless told otherwise.
 DDP_BUCKET_BYTES = 25e6
+
+P2P_KINDS = ("async", "blocking")
+GRAD_REDUCE_DTYPES = ("fp32", "bf16")
+# Bytes per gradient element that data parallelism moves, per `grad_reduce_dtype`.
+GRAD_REDUCE_BYTES: Mapping[str, float] = MappingProxyType({"fp32": 4.0, "bf16": 2.0})
+RUNTIME_KEYS = ("p2p", "overlap_grad_reduce", "grad_reduce_dtype")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How a stack executes a plan, as far as its cost depends on it."""
+
+    p2p: str = "async"
+    """"async": a send runs beside the sender's next actions (one at a time per stage
+    pair and direction); "blocking": the sender's stream waits until its send is
+    delivered before its next action."""
+
+    overlap_grad_reduce: bool = True
+    """True: data-parallel gradient buckets are reduced during each stage's last
+    backward; False: after the rank's last action (the pipeline flush)."""
+
+    grad_reduce_dtype: str | None = None
+    """"fp32" (4 bytes per gradient) or "bf16" (2 bytes); None: the model dtype's rule
+    (`hyperpipe.sim.costmodel.GRAD_BYTES_PER_PARAM`: fp32 main grads for bf16, fp16
+    grads for fp16)."""
+
+    allreduce_sharded_grads: tuple[str, ...] = ()
+    """Model dtypes for which the distributed optimizer (ZeRO-1) reduces gradients with a
+    full all-reduce before each rank updates its shard (then all-gathers the weights),
+    instead of a reduce-scatter. Not overridable from a plan."""
+
+    def grad_bytes_per_param(self, model_dtype_grad_bytes: float) -> float:
+        """Bytes per gradient element reduced: the `grad_reduce_dtype`'s, or
+        `model_dtype_grad_bytes` (the model dtype's rule) when it is None."""
+        if self.grad_reduce_dtype is None:
+            return model_dtype_grad_bytes
+        return GRAD_REDUCE_BYTES[self.grad_reduce_dtype]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A training framework's defaults: its name, runtime and what they come from."""
+
+    name: str
+    runtime: Runtime
+    source: str
+
+
+STACKS: Mapping[str, Stack] = MappingProxyType({
+    # Megatron-LM (NVIDIA/Megatron-LM, megatron/core): gradients in DDP buckets
+    # (megatron/core/distributed/param_and_grad_buffer.py) reduced during the backward
+    # with `--overlap-grad-reduce` (DistributedDataParallelConfig.overlap_grad_reduce,
+    # which NVIDIA's recipes set); sends overlapped with compute under
+    # `--overlap-p2p-communication` (on by default for the interleaved schedule:
+    # `_communicate(wait_on_reqs=False)` in megatron/core/pipeline_parallel/
+    # p2p_communication.py; the non-interleaved 1F1B of megatron/core/pipeline_parallel/
+    # schedules.py waits on its requests, so plans replaying Megatron's 1F1B of the time,
+    # such as Table 1 of Narayanan et al. 2021, set `runtime.p2p: blocking`); bf16
+    # training reduces fp32 main grads (`accumulate_allreduce_grads_in_fp32`, forced for
+    # bf16 in megatron/training/arguments.py), fp16 training fp16 grads; the distributed
+    # optimizer reduce-scatters (megatron/core/optimizer/distrib_optimizer.py).
+    "megatron-lm": Stack("megatron-lm", Runtime("async", True, None, ()),
+                         "NVIDIA/Megatron-LM megatron/core"),
+    # Megatron-DeepSpeed on DeepSpeed's pipeline engine (microsoft/DeepSpeed
+    # deepspeed/runtime/pipe/schedule.py `TrainSchedule`, engine.py `PipelineEngine`):
+    # SendActivation/RecvGrad "The communication is blocking"; `ReduceTiedGrads`,
+    # `ReduceGrads`, `OptimizerStep` run after the last micro-batch's step (no overlap
+    # with the backward); with bf16 `_exec_reduce_grads` calls `_bf16_reduce_grads`,
+    # which all-reduces the BF16_Optimizer's fp32 gradients in full even with ZeRO
+    # stage 1 (`buffered_allreduce_fallback`), each rank then steps its partition and
+    # all-gathers the weights; with fp16 the gradients travel in the engine's
+    # `communication_data_type`, fp16 (the model dtype's rule in both cases).
+    "megatron-deepspeed": Stack("megatron-deepspeed",
+                                Runtime("blocking", False, None, ("bf16",)),
+                                "microsoft/DeepSpeed deepspeed/runtime/pipe"),
+    # torchtitan (pytorch/torchtitan) on torch.distributed.pipelining: Schedule1F1B and
+    # the others send with `batch_isend_irecv` and wait for a send only before the next
+    # one (torch/distributed/pipelining/schedules.py, "Clear previous chunk's forward
+    # sends"); the data-parallel gradient sync runs inside the last micro-batch's
+    # backward (`backward_maybe_with_nosync(last_backward=...)`, pipelining/stage.py);
+    # reductions in fp32 (torchtitan/config/job_config.py `mixed_precision_reduce =
+    # "float32"`). FSDP's sharding of weights (ZeRO-3) is not modelled here.
+    "torchtitan": Stack("torchtitan", Runtime("async", True, "fp32", ()),
+                        "pytorch/torchtitan, torch/distributed/pipelining"),
+})
+DEFAULT_STACK = "megatron-lm"
+
+
+@dataclass(frozen=True)
+class RuntimeOverrides:
+    """The plan's ``runtime`` field: each choice given overrides the stack's; None keeps
+    the stack's default."""
+
+    p2p: str | None = None
+    overlap_grad_reduce: bool | None = None
+    grad_reduce_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        for key, value, options in (("p2p", self.p2p, P2P_KINDS),
+                                    ("grad_reduce_dtype", self.grad_reduce_dtype,
+                                     GRAD_REDUCE_DTYPES),
+                                    ("overlap_grad_reduce", self.overlap_grad_reduce,
+                                     (True, False))):
+            if value is not None and value not in options:
+                raise ValueError(f"runtime {key} must be one of {options}, got {value!r}")
+
+    def given(self) -> dict[str, Any]:
+        """The overrides that are set, as the plan's JSON writes them."""
+        return {k: getattr(self, k) for k in RUNTIME_KEYS if getattr(self, k) is not None}
+
+
+NO_OVERRIDES = RuntimeOverrides()
+
+
+def resolve_runtime(stack: str, overrides: RuntimeOverrides = NO_OVERRIDES) -> Runtime:
+    """The runtime a plan on `stack` runs with: the stack's defaults, then `overrides`."""
+    base = STACKS[stack].runtime
+    return replace(base, **overrides.given())

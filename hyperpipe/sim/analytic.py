@@ -6,10 +6,14 @@ hop's share of the pipeline's transfers per micro-batch and T = max(max_r t_r, c
 gpipe and 1f1b take m T + (sum_r t_r - max_r t_r) + the link times; interleaved-1f1b
 divides the fill by v; zb-h1 fills with the non-bottleneck ranks' F + I - W; zb-v,
 dualpipe-v and synth replay the orders for min(m, 2p) micro-batches (exact on free
-links), then T per further micro-batch. Each stage's data-parallel all-reduce (ring
-flows in buckets, overlapped with its last backward) and optimizer step follow; a hop
-serves the rings that cross it one after another at best. Peak memory: static state
-plus the in-flight count times one micro-batch's stash.
+links), then T per further micro-batch. When the plan's stack sends blocking, each send
+is part of its sender's action (its link time added to that F or backward, none left
+on the link). Each stage's data-parallel all-reduce (ring flows in buckets, overlapped
+with its last backward or after the flush, as the stack says) and optimizer step
+follow; a hop serves the rings that cross it one after another at best; with tied
+embeddings the first and last stage then all-reduce the embedding's gradient before
+their optimizer steps. Peak memory: static state plus the in-flight count times one
+micro-batch's stash.
 
 Left out (the simulator has them): link sharing between replicas' point-to-point
 traffic and with the all-reduces, and for the closed-form kinds the exact interleaving
@@ -40,7 +44,8 @@ from hyperpipe.sim.analytic_cache import (
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import peak_in_flight
 from hyperpipe.sim.metrics import Metrics, RankUse, summarize
-from hyperpipe.sim.network import bucket_count, p2p_edges, p2p_spec, ring_spec
+from hyperpipe.sim.network import bucket_count, p2p_edges, p2p_spec, ring_spec, tie_spec
+from hyperpipe.sim.options import Execution, execution_of
 from hyperpipe.sim.replay import schedule_makespan_s
 from hyperpipe.sim.replicas import shape_classes, stage_holding
 
@@ -76,35 +81,55 @@ class ClassEstimate(NamedTuple):
 
 
 def estimate(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = None,
-             bucket_bytes: float = DDP_BUCKET_BYTES, overlap_dp_allreduce: bool = True,
-             include_optimizer: bool = True) -> Metrics:
-    """Closed-form metrics of one iteration of `plan` (see the module doc).
+             bucket_bytes: float = DDP_BUCKET_BYTES, include_optimizer: bool = True
+             ) -> Metrics:
+    """Closed-form metrics of one iteration of `plan` (see the module doc), on the
+    plan's stack (`options.execution_of`).
 
     Fast: no events, one pass over each distinct pipeline's stages. Per-device and
     per-ring look-ups are kept between plans in the cost model's own cache
     (`AnalyticCache.of`), or in `cache` when a caller passes one.
     """
     cache = cache_for(cost, cache)
+    ex = execution_of(plan, cost)
     classes, own = _classes(plan, cost, cache)
     shards = len(plan.pipelines) if plan.distributed_optimizer else 1
-    per_class = [_class_estimate(plan, cost, members, own.get(members[0]), shards, cache)
+    per_class = [_class_estimate(plan, cost, members, own.get(members[0]), shards, cache,
+                                 ex.blocking_p2p)
                  for members in classes]
     ready = {(c, s): at for c, e in enumerate(per_class) for s, at in e.ready.items()}
     rank_devices = {(c, s): devices for c, e in enumerate(per_class)
                     for s, devices in e.stage_devices.items()}
     done = _allreduce_done(plan, cost, classes, ready, rank_devices, cache, bucket_bytes,
-                           overlap_dp_allreduce)
+                           ex)
     pipeline_s = max(e.span_s for e in per_class)
     iteration = pipeline_s
     for c, e in enumerate(per_class):
         stages = plan.pipelines[classes[c][0]].stages
-        for end, mine in e.rank_ends:
-            t = end
-            for s in sorted(mine, key=lambda s, c=c: ready[(c, s)].end_s):
+        tie = tie_spec(cost, plan, classes[c], ex.grad_bytes_per_param)
+        tied = (0, len(stages) - 1) if tie is not None else ()
+
+        def finish(end: float, mine: list[int], tie_done: float, c=c, stages=stages,
+                   tied=tied) -> tuple[float, dict[int, float]]:
+            """When a rank is done, and when it reached each tied stage."""
+            t, reached = end, {}
+            for s in sorted(mine, key=lambda s: ready[(c, s)].end_s):
                 t = max(t, done.get((c, s), 0.0))
+                if s in tied:
+                    reached[s] = t
+                    t = max(t, tie_done)
                 if include_optimizer:
                     t += _optimizer_s(cost, stages[s], shards, cache)
-            iteration = max(iteration, t)
+            return t, reached
+
+        tie_done = 0.0
+        if tie is not None:     # both ends reduced over data parallelism, then the tie
+            arrivals = [at for end, mine in e.rank_ends
+                        for at in finish(end, mine, 0.0)[1].values()]
+            tie_done = max(arrivals) + tie.time_s
+            iteration = max(iteration, tie_done)
+        for end, mine in e.rank_ends:
+            iteration = max(iteration, finish(end, mine, tie_done)[0])
     extra = {"tier": "analytic", "pipeline_s": pipeline_s, "replica_classes": classes}
     ranks = [r for e in per_class for r in e.ranks]
     return summarize(plan, cost, iteration, ranks, extra, cache)
@@ -142,10 +167,11 @@ def _learn_devices(plan: Plan, cost: CostModel, cache: AnalyticCache) -> None:
 
 
 def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
-                    sched: Schedule | None, shards: int, cache: AnalyticCache
-                    ) -> ClassEstimate:
+                    sched: Schedule | None, shards: int, cache: AnalyticCache,
+                    blocking: bool = False) -> ClassEstimate:
     """The pipeline of one replica class: its span, each rank's use, when each stage's
-    gradients are ready. `sched`: kind synth's own orders, else None."""
+    gradients are ready. `sched`: kind synth's own orders, else None. `blocking`: each
+    send is waited out by its sender (`_blocking`)."""
     v, kind = plan.chunks, plan.schedule
     pipe = plan.pipelines[members[0]]
     st, m, b = pipe.stages, pipe.num_microbatches, pipe.micro_batch
@@ -158,8 +184,11 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     sizes = [_stage_bytes(cost, s, b, cache) for s in st]
     crossed = [_link(cost, x, y, sizes[k].send_bytes, cache)
                for k, (x, y) in enumerate(pairwise(st))]
+    whole_b = None          # a split kind's replayed B's, when the sends are folded in
+    if blocking:
+        times, crossed, whole_b = _blocking(cost, pipe, times, crossed)
     work = [sum(times.f[s] + times.b[s] for s in homes[r]) for r in range(p)]
-    span = _span_s(cost, pipe, times, sched, v, crossed, work)
+    span = _span_s(cost, pipe, times, sched, v, crossed, work, whole_b)
     # The last backward wave leaves stage s after the stages below it have run
     # theirs: a rank's chunks end their backwards (and start their rings) apart.
     below = [0.0, *accumulate(times.b)]
@@ -200,10 +229,34 @@ def _op_times(cost: CostModel, pipe: PipelinePlan, kind: str, sched: Schedule | 
     return OpTimes(t_f, t_i, t_w, t_b, t_b, False)
 
 
+def _blocking(cost: CostModel, pipe: PipelinePlan, times: OpTimes,
+              crossed: list[LinkCost]) -> tuple[OpTimes, list[LinkCost], list[float]]:
+    """Blocking sends (the sender waits until its message is delivered): each link time
+    joins the action that sends it (F of stage k sends to k + 1; its B or I to k - 1),
+    the message arriving as that longer action ends, so no link delay is left between
+    them; the hops stay as busy. Returns the new times, links and (for the replay) each
+    stage's B with its send."""
+    n = len(times.f)
+    fwd = [crossed[k].fwd_s if k < n - 1 else 0.0 for k in range(n)]
+    bwd = [crossed[k - 1].bwd_s if k > 0 else 0.0 for k in range(n)]
+
+    def plus(xs: list[float] | None, add: list[float]) -> list[float] | None:
+        return None if xs is None else [x + a for x, a in zip(xs, add, strict=True)]
+
+    b = plus(times.b, bwd)
+    new = OpTimes(plus(times.f, fwd), plus(times.i, bwd), times.w, b,
+                  times.w if times.split else b, times.split)
+    whole_b = plus([_stage_s(cost, s, pipe.micro_batch, "B") for s in pipe.stages], bwd) \
+        if times.split else b
+    return new, [LinkCost(0.0, 0.0, c.busy) for c in crossed], whole_b
+
+
 def _span_s(cost: CostModel, pipe: PipelinePlan, times: OpTimes, sched: Schedule | None,
-            v: int, crossed: list[LinkCost], work: list[float]) -> float:
+            v: int, crossed: list[LinkCost], work: list[float],
+            whole_b: list[float] | None = None) -> float:
     """The pipeline's compute makespan: the replayed orders, then the period per further
-    micro-batch; or the closed form (see the module doc)."""
+    micro-batch; or the closed form (see the module doc). `whole_b`: each stage's B time
+    for the replay (None: `times.b`, or B priced afresh for a split kind)."""
     m = pipe.num_microbatches
     links = [(c.fwd_s, c.bwd_s) for c in crossed]
     top = max(range(len(work)), key=work.__getitem__)
@@ -213,13 +266,14 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, times: OpTimes, sched: Schedule
     period = max([work[top], *per_hop.values()])
     if sched is not None:
         # the order itself, replayed on free links; the rest at the period
-        b_s = times.b if not times.split else \
+        b_s = whole_b if whole_b is not None else times.b if not times.split else \
             [_stage_s(cost, s, pipe.micro_batch, "B") for s in pipe.stages]
         return schedule_makespan_s(sched, times.f, times.i, times.w, b_s, links) + \
             (m - sched.num_microbatches) * period
     link_sum = sum(fwd + bwd for fwd, bwd in links)
     if times.split:
-        fill = sum(times.f[r] + times.i[r] - times.w[r] for r in range(len(work))
+        # a rank's W's fill its bubble at best: never less than no bubble at all
+        fill = sum(max(times.f[r] + times.i[r] - times.w[r], 0.0) for r in range(len(work))
                    if r != top) + link_sum / v
     else:
         fill = (sum(work) - work[top] + link_sum) / v
@@ -293,12 +347,12 @@ def _params(cost: CostModel, layers: tuple[int, int], cache: AnalyticCache) -> f
 def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
                     ready: dict[tuple[int, int], GradReady],
                     rank_devices: dict[tuple[int, int], Devices], cache: AnalyticCache,
-                    bucket_bytes: float, overlap: bool) -> dict[tuple[int, int], float]:
+                    bucket_bytes: float, ex: Execution) -> dict[tuple[int, int], float]:
     """When each (class, stage)'s gradient all-reduce ends: per layer range held by one
     stage in every replica, the ring flow's time (`_ring`) in buckets, and not before
     its busiest hop has served every ring that crosses it (`_served`); with `overlap`
     the buckets stream during the last backward (bucket j ready after (j+1)/k of it)."""
-    grad_bytes = cost.dp_sync_bytes_per_param(plan.distributed_optimizer)
+    grad_bytes, overlap = ex.dp_sync_bytes_per_param, ex.overlap_dp_allreduce
     pipes = plan.pipelines
     done: dict[tuple[int, int], float] = {}
     if len(pipes) == 1:

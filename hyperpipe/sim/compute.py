@@ -1,14 +1,16 @@
 """Analytic compute time of one layer's pass on one device, op by op.
 
 Owns the shape-dependent part of the cost model: each GEMM of the pass
-(`hyperpipe.models.ops`) takes the larger of its FLOPs over the peak times the device's
-`GemmCurve` efficiency at its (M, N, K), and its operand bytes over the achievable memory
-bandwidth (thin GEMMs are memory-bound); the memory-bound kernels' bytes over the
+(`hyperpipe.models.ops`) takes the larger of its FLOPs over the peak of the model's
+dtype (`DeviceType.peak_for`: an fp32 model runs at the fp32 rate, not the fp16 tensor
+rate) times the device's `GemmCurve` efficiency at its (M, N, K), and its operand bytes
+over the achievable memory bandwidth (thin GEMMs are memory-bound), and at least the
+device's `kernel_floor_s` (a kernel's launch); the memory-bound kernels' bytes over the
 achievable memory bandwidth are ADDED (they run between the GEMMs, not under them).
 
 Devices without a GEMM curve, and layers without shapes (synthetic), keep the flat
 roofline: max(FLOPs / (peak · efficiency), bytes / bandwidth). A calibration profile,
-when present, overrides all of this in `CostModel`.
+when present, overrides all of this in `CostModel`. Every function here is pure.
 """
 
 from __future__ import annotations
@@ -18,18 +20,23 @@ from hyperpipe.models.ops import PassWork
 
 
 def gemm_time_s(dev: DeviceType, m: float, n: float, k: float, batch: float,
-                dtype_bytes: int) -> float:
-    """Seconds of one (batched) GEMM on `dev`: compute at the curve's efficiency, or its
-    operand traffic at the achievable bandwidth, whichever is longer."""
+                dtype_bytes: int, dtype: str | None = None) -> float:
+    """Seconds of one (batched) GEMM on `dev` in `dtype` (None: the fp16/bf16 headline
+    peak): compute at the curve's efficiency, or its operand traffic at the achievable
+    bandwidth, whichever is longer, and never less than one kernel's floor."""
     flops = 2.0 * m * n * k * batch
     eff = dev.gemm.efficiency(m, n, k, batch) if dev.gemm is not None else dev.efficiency
+    peak = dev.peak_flops if dtype is None else dev.peak_for(dtype)
     io = (m * k + k * n + m * n) * batch * dtype_bytes
-    return max(flops / (dev.peak_flops * eff), io / dev.achievable_mem_bandwidth_bytes_per_s)
+    return max(flops / (peak * eff), io / dev.achievable_mem_bandwidth_bytes_per_s,
+               dev.kernel_floor_s)
 
 
-def pass_time_s(dev: DeviceType, work: PassWork, dtype_bytes: int) -> float:
+def pass_time_s(dev: DeviceType, work: PassWork, dtype_bytes: int,
+                dtype: str | None = None) -> float:
     """Seconds of one pass: its GEMMs one after another, plus its memory-bound bytes."""
-    t = sum(gemm_time_s(dev, g.m, g.n, g.k, g.batch, dtype_bytes) for g in work.gemms)
+    t = sum(gemm_time_s(dev, g.m, g.n, g.k, g.batch, dtype_bytes, dtype)
+            for g in work.gemms)
     return t + work.mem_bytes / dev.achievable_mem_bandwidth_bytes_per_s
 
 

@@ -12,7 +12,8 @@ caller goes through this one interface, so nothing else needs to know which was 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple, TypeVar
@@ -21,6 +22,7 @@ from hyperpipe.cluster.cluster import Cluster, Link, Route
 from hyperpipe.models import ModelSpec
 from hyperpipe.models.ops import layer_work
 from hyperpipe.plan.profile import Profile
+from hyperpipe.plan.stack import DEFAULT_STACK, Runtime, resolve_runtime
 from hyperpipe.sim.compute import pass_time_s
 
 # Bytes per parameter as Megatron-LM keeps them, per training dtype: (kept on every
@@ -43,6 +45,18 @@ ADAM_STEP_BYTES_PER_PARAM = 28
 _T = TypeVar("_T")
 
 BACKWARD_OPS = {"I": ("i_flops",), "W": ("w_flops",), "B": ("i_flops", "w_flops")}
+
+
+def shared_bandwidths_bytes_per_s(routes: Sequence[Route]) -> list[float]:
+    """Each route's bandwidth (bytes/s) while every one of `routes` carries one stream at
+    the same time: a hop (one direction of a port or of a NIC) is shared equally among the
+    streams crossing it, so a route gets the least, over its hops, of the hop's bandwidth
+    / the streams on it (inf for a route without hops). Alone on its hops a route keeps
+    its own bandwidth; k GPUs of a node sending across nodes through one NIC get the
+    NIC's bandwidth / k each, through k NICs (one each, rail-optimised) all of it."""
+    load = Counter(hop.name for route in routes for hop in route.hops)
+    return [min((hop.bandwidth_bytes_per_s / load[hop.name] for hop in route.hops),
+                default=float("inf")) for route in routes]
 
 
 def op_flops(model: ModelSpec, layer: int, micro_batch: int, op: str) -> float:
@@ -141,7 +155,8 @@ class CostModel:
                 return t
         mem = self.model.layer_cost(layer, micro_batch).mem_bytes / tp
         mem *= {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}[op]
-        return max(flops / dev.achievable_flops, mem / dev.mem_bandwidth_bytes_per_s)
+        return max(flops / dev.achievable_flops_for(self.model.dtype),
+                   mem / dev.mem_bandwidth_bytes_per_s)
 
     def _op_time_s(self, layer: int, dev, micro_batch: int, op: str, tp: int,
                    sequence_parallel: bool) -> float | None:
@@ -159,7 +174,7 @@ class CostModel:
                 if work is None:
                     table[key] = None
                     break
-                total += pass_time_s(dev, work, self.model.dtype_bytes)
+                total += pass_time_s(dev, work, self.model.dtype_bytes, self.model.dtype)
             else:
                 table[key] = total
         return table[key]
@@ -285,8 +300,11 @@ class CostModel:
           Yuan 2009).
         * Several devices on each of several nodes: hierarchical (NCCL's multi-node
           ring/tree over rails): intra-node reduce-scatter ((k-1)/k · bytes), an
-          inter-node ring of each device's 1/k shard over its own NIC rail
-          (2(n-1)/n · bytes/k), intra-node all-gather ((k-1)/k · bytes).
+          inter-node ring of each device's 1/k shard on its rail (2(n-1)/n · bytes/k),
+          intra-node all-gather ((k-1)/k · bytes). The k rails run at once and share
+          the NICs of their node (`shared_bandwidths_bytes_per_s`): on a node of k
+          devices and c NICs each rail gets a NIC's bandwidth / (k/c), so one NIC moves
+          all k shards, 2(n-1)/n · bytes over its bandwidth.
 
         Achievable bus bandwidth = link bandwidth x the device type's
         `collective_efficiency` (NVLink/PCIe) or `nic_efficiency` (network), from
@@ -313,7 +331,6 @@ class CostModel:
         else:
             groups = list(per_node.values())
             k_max = max(len(g) for g in groups)
-            k_min = min(len(g) for g in groups)
             intra_edges = [(g[i], g[(i + 1) % len(g)]) for g in groups if len(g) > 1
                            for i in range(len(g))]
             bw_in, lat_in = self._bus(intra_edges)
@@ -323,35 +340,48 @@ class CostModel:
             rails = [[g[r % len(g)] for g in groups] for r in range(k_max)]
             bw_out, lat_out = self._bus([(rail[i], rail[(i + 1) % nodes])
                                          for rail in rails for i in range(nodes)])
-            shard = nbytes / k_min
+            shard = nbytes / k_max          # each rail's; a smaller node's devices carry
             t = 2 * phase + 2 * (nodes - 1) / nodes * shard / bw_out + \
                 2 * (nodes - 1) * lat_out
         table[key] = t
         return t
 
     def _bus(self, edges: list[tuple[str, str]]) -> tuple[float, float]:
-        """(achievable bus bandwidth, latency) of the slowest of `edges`: each route's
-        bandwidth x the sender's collective (intra-node) or NIC efficiency."""
+        """(achievable bus bandwidth, latency) of the slowest of `edges`, which all carry
+        a stream at once: each route's bandwidth, shared on every hop among the edges
+        crossing it (`shared_bandwidths_bytes_per_s`: the rails of a node sharing its
+        NICs), x the sender's collective (intra-node) or NIC efficiency."""
+        costed = [self.route(a, b) for a, b in edges]
+        shared = shared_bandwidths_bytes_per_s([c.route for c in costed])
         bw, lat = float("inf"), 0.0
-        for a, b in edges:
-            route, link = self.route(a, b)
+        for (a, _), (route, link), own_bw in zip(edges, costed, shared, strict=True):
             if not route.hops:
                 continue
             dev = self.cluster.device(a).type
             eff = dev.nic_efficiency if route.link_class == "inter" else \
                 dev.collective_efficiency
-            bw = min(bw, link.bandwidth_bytes_per_s * eff)
+            share = own_bw / route.bandwidth_bytes_per_s      # 1 when nothing shares
+            bw = min(bw, link.bandwidth_bytes_per_s * share * eff)
             lat = max(lat, link.latency_s)
         return bw, lat
 
     # ---------------------------------------------------------------- memory and optimizer
     def stage_params(self, layers: tuple[int, int]) -> int:
-        """Parameters of layers [a, b), from prefix sums over the model's layers."""
+        """Parameters of layers [a, b), from prefix sums over the model's layers. With
+        tied embeddings a range holding both the embedding and the head counts their
+        shared matrix once; a stage holding one of them holds its own copy (Megatron's
+        last pipeline stage keeps `shared_embedding_or_output_weight`)."""
         prefix = self._tables.param_prefix
         if prefix is None:
             prefix = self._tables.param_prefix = [0, *itertools.accumulate(
                 layer.params for layer in self.model.layers)]
-        return prefix[layers[1]] - prefix[layers[0]]
+        both = layers[0] == 0 and layers[1] == self.model.num_layers
+        return prefix[layers[1]] - prefix[layers[0]] - (self.tied_params() if both else 0)
+
+    def tied_params(self) -> int:
+        """Parameters of the embedding matrix the head reuses (`ModelSpec.tied_params`;
+        0 when untied): what the first and last stage all-reduce the gradient of."""
+        return self.model.tied_params
 
     @property
     def state_bytes_per_param(self) -> float:
@@ -365,15 +395,25 @@ class CostModel:
         """Bytes per parameter of the gradients data parallelism reduces."""
         return GRAD_BYTES_PER_PARAM[self.model.dtype]
 
-    def dp_sync_bytes_per_param(self, distributed_optimizer: bool = False) -> float:
+    def dp_sync_bytes_per_param(self, distributed_optimizer: bool = False,
+                                runtime: Runtime | None = None) -> float:
         """Bytes per parameter that the data-parallel gradient sync moves, in all-reduce
-        terms: the gradients' all-reduce; with the distributed optimizer a reduce-scatter
-        of the gradients and an all-gather of the updated weights (Megatron's
-        distributed optimizer, ZeRO-1), each carrying (n-1)/n of its tensor, half of a
-        ring all-reduce of the same size: (grad + weight bytes) / 2 all-reduced."""
+        terms, on the stack `runtime` describes (None: megatron-lm's defaults): the
+        gradients' all-reduce (`Runtime.grad_bytes_per_param`, the model dtype's rule
+        unless the runtime names a dtype); with the distributed optimizer a
+        reduce-scatter of the gradients and an all-gather of the updated weights
+        (Megatron's distributed optimizer, ZeRO-1), each carrying (n-1)/n of its tensor,
+        half of a ring all-reduce of the same size: (grad + weight bytes) / 2; on a stack
+        that all-reduces the gradients in full before the sharded step
+        (`Runtime.allreduce_sharded_grads`: DeepSpeed's pipeline engine with bf16),
+        grad + weight bytes / 2."""
+        rt = runtime if runtime is not None else resolve_runtime(DEFAULT_STACK)
+        grad = rt.grad_bytes_per_param(self.grad_bytes_per_param)
         if not distributed_optimizer:
-            return self.grad_bytes_per_param
-        return (self.grad_bytes_per_param + self.model.dtype_bytes) / 2
+            return grad
+        if self.model.dtype in rt.allreduce_sharded_grads:
+            return grad + self.model.dtype_bytes / 2
+        return (grad + self.model.dtype_bytes) / 2
 
     def state_bytes(self, layers: tuple[int, int], tp: int = 1, dp_shards: int = 1) -> float:
         """Weights, gradients and optimizer state of a stage, per device of its TP group;

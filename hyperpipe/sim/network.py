@@ -329,3 +329,40 @@ def tp_spec(cost, devices: tuple[str, ...], time_s: float, latency_s: float
     if not hops:
         return FlowSpec((), 0.0, time_s, 0.0)
     return FlowSpec(tuple(hops.items()), max(time_s - latency_s, 0.0), latency_s, 0.0)
+
+
+def tie_rings(plan, members: list[int]) -> list[list[str]]:
+    """The device pairs that all-reduce a tied embedding's gradient for the pipelines
+    `members` of `plan`: tensor-parallel rank i of the first stage with rank i of the
+    last (modulo each group's size), per pipeline, as Megatron's embedding group pairs
+    them (megatron/core/parallel_state.py `_EMBEDDING_GROUP`: the first and last
+    pipeline rank); pairs on one device left out (nothing moves)."""
+    rings = []
+    for q in members:
+        stages = plan.pipelines[q].stages
+        first, last = stages[0].devices, stages[-1].devices
+        for i in range(max(len(first), len(last))):
+            pair = [first[i % len(first)], last[i % len(last)]]
+            if pair[0] != pair[1]:
+                rings.append(pair)
+    return rings
+
+
+def tie_spec(cost, plan, members: list[int], grad_bytes_per_param: float
+             ) -> FlowSpec | None:
+    """The tied-embedding gradient all-reduce of the pipelines `members` as one flow
+    (`ring_spec` over `tie_rings`): each pair moves the embedding's slice of its
+    tensor-parallel rank, `cost.tied_params()` / tp elements of `grad_bytes_per_param`
+    bytes (Megatron's `_allreduce_word_embedding_grads` all-reduces the main grad of
+    `shared_embedding_or_output_weight`, megatron/core/distributed/
+    finalize_model_grads.py). None without tied embeddings, with one stage, or when
+    every pair shares a device."""
+    tied = cost.tied_params()
+    stages = plan.pipelines[members[0]].stages
+    if not tied or len(stages) < 2:
+        return None
+    rings = tie_rings(plan, members)
+    if not rings:
+        return None
+    tp = max(len(stages[0].devices), len(stages[-1].devices))
+    return ring_spec(cost, rings, tied * grad_bytes_per_param / tp)

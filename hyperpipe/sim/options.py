@@ -1,21 +1,41 @@
-"""What a simulation models beyond the plan: `SimOptions`, shared by the simulator and
-the programs it prepares (`hyperpipe.sim.program`). Sizes in bytes."""
+"""What a simulation models beyond the plan (`SimOptions`), and what it takes from the
+plan's training stack (`Execution`, mapped from the plan's ``stack`` and ``runtime`` in
+`execution_of`, the one place: the simulator, the programs it prepares
+(`hyperpipe.sim.program`) and the analytic tier all read it). Sizes in bytes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.stack import DDP_BUCKET_BYTES
+from hyperpipe.sim.costmodel import CostModel
 
 
 @dataclass(frozen=True)
 class SimOptions:
-    overlap_dp_allreduce: bool = True     # buckets start during the last backward
     bucket_bytes: float = DDP_BUCKET_BYTES   # gradient bytes per all-reduce bucket
     include_optimizer: bool = True
-    grad_bytes_per_param: float | None = None   # None: the cost model's (bf16: fp32, 4)
     trace: bool = True                    # False: skip building the Trace (search)
     check_plan: bool = True               # Plan.check against model and cluster first
     validate_schedule: bool = True        # validate a user-given schedule first
     collapse_replicas: bool = True        # simulate replicas that move alike once
-    blocking_p2p: bool = False            # sender waits for its send (Megatron-LM's p2p)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How the plan's stack runs it, in the simulator's terms."""
+
+    blocking_p2p: bool               # a sender's stream waits out its send
+    overlap_dp_allreduce: bool       # buckets start during the last backward
+    dp_sync_bytes_per_param: float   # bytes per parameter of the data-parallel sync
+    grad_bytes_per_param: float      # bytes per gradient element reduced (tied embeddings)
+
+
+def execution_of(plan: Plan, cost: CostModel) -> Execution:
+    """The plan's stack and runtime overrides (`Plan.runtime_settings`) as the simulator
+    and the analytic tier price them."""
+    rt = plan.runtime_settings()
+    return Execution(rt.p2p == "blocking", rt.overlap_grad_reduce,
+                     cost.dp_sync_bytes_per_param(plan.distributed_optimizer, rt),
+                     rt.grad_bytes_per_param(cost.grad_bytes_per_param))

@@ -1,7 +1,9 @@
 """What the simulator runs, built from a plan before the first event: one program per
 pipeline rank (a `Step` per action: duration, box to wait for, box to send, flow, stash
-change), the message boxes and channel queues of each simulated pipeline, and the
-gradient all-reduce segments of each layer range (times in seconds, sizes in bytes).
+change), the message boxes and channel queues of each simulated pipeline, the gradient
+all-reduce segments of each layer range, and with tied embeddings each pipeline's
+embedding-gradient all-reduce between its first and last stage (times in seconds, sizes
+in bytes).
 
 Box k*m + j holds micro-batch j's message on channel k: channel k < n_st is the forward
 out of stage k, channel n_st + k the backward out of stage k + 1 (n_st stages, m
@@ -25,9 +27,10 @@ from hyperpipe.sim.network import (
     p2p_edges,
     p2p_spec,
     ring_spec,
+    tie_spec,
     tp_spec,
 )
-from hyperpipe.sim.options import SimOptions
+from hyperpipe.sim.options import Execution, SimOptions
 from hyperpipe.sim.replicas import stage_holding
 
 NEVER = float("inf")       # a message's arrival time before it is known
@@ -103,6 +106,21 @@ class Pipe:
         # Per channel: when its current message lands (NEVER: not known), its queue.
         self.busy_until: list[float] = []
         self.queue: list[deque[int]] = []
+        self.tie: Tie | None = None                      # tied embeddings' all-reduce
+
+
+class Tie:
+    """The all-reduce of a pipeline's two copies of a tied embedding's gradient, between
+    its first and last stage's devices (every member of its replica class at once), once
+    both ranks have their gradients reduced over data parallelism (Megatron's
+    `finalize_model_grads`: the data-parallel sync, then `_allreduce_embedding_grads`);
+    the optimizer steps of those two stages wait for it."""
+
+    def __init__(self, stages: tuple[int, int], spec: FlowSpec, peers: tuple[str, str]):
+        self.stages, self.spec, self.peers = stages, spec, peers
+        self.arrived = 0                    # ranks that reached it
+        self.event: simpy.Event | None = None   # fires when it is done
+        self.start_s = self.done_s = 0.0
 
 
 class Segment:
@@ -117,8 +135,8 @@ class Segment:
         self.done_s = 0.0
 
 
-def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pipe:
-    """Fill `pipe` with its ranks' programs, message boxes and channel queues."""
+def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe:
+    """Fill `pipe` with its ranks' programs, message boxes, channel queues and tie."""
     pp = plan.pipelines[pipe.index]
     stages, n_st, m, mb = pp.stages, len(pp.stages), pp.num_microbatches, pp.micro_batch
     sched = pipe.schedule
@@ -140,7 +158,7 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
             dur, wait, send, spec, delta, tp = sh
             program.append(Step(dur, wait + j if wait >= 0 else -1,
                                 send + j if send >= 0 else -1, send // m, spec, delta, -1, tp))
-        rank.grad_order = _grad_order(rank, opt.overlap_dp_allreduce)
+        rank.grad_order = _grad_order(rank, ex.overlap_dp_allreduce)
         static = cost.device_static_bytes(
             [stages[s] for s in rank_stages(d, sched.num_devices, sched.chunks,
                                             sched.placement)], mb,
@@ -148,7 +166,18 @@ def prepare_pipe(plan: Plan, cost: CostModel, opt: SimOptions, pipe: Pipe) -> Pi
         rank.timeline = [(0.0, static)]
         pipe.ranks.append(rank)
     _prepare_boxes(pipe, n_st, m, fwd, bwd)
+    pipe.tie = prepare_tie(plan, cost, ex, pipe)
     return pipe
+
+
+def prepare_tie(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Tie | None:
+    """The tied-embedding all-reduce of `pipe`'s class (`network.tie_spec`; None without
+    tied embeddings, or when first and last stage share their devices)."""
+    spec = tie_spec(cost, plan, pipe.members, ex.grad_bytes_per_param)
+    if spec is None:
+        return None
+    stages = plan.pipelines[pipe.index].stages
+    return Tie((0, len(stages) - 1), spec, (stages[0].devices[0], stages[-1].devices[0]))
 
 
 def op_shape(cost: CostModel, stages: tuple[StagePlan, ...], s: int, op: str, mb: int,
@@ -220,12 +249,11 @@ def boundary_flow(plan: Plan, cost: CostModel, pipe: Pipe, a: int, b: int
     return p2p_spec(cost, edges, nbytes, {h: counts[h] for h in own})
 
 
-def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, pipes: list[Pipe]
-                        ) -> list[Segment]:
+def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, ex: Execution,
+                        pipes: list[Pipe]) -> list[Segment]:
     """The gradient all-reduce segments of every layer range, registered on the pipes."""
     segments: list[Segment] = []
-    grad_bytes = opt.grad_bytes_per_param or \
-        cost.dp_sync_bytes_per_param(plan.distributed_optimizer)
+    grad_bytes = ex.dp_sync_bytes_per_param
     cuts = sorted({s.layers[1] for p in pipes
                    for s in plan.pipelines[p.index].stages})
     simulated_nodes = {cost.cluster.device(dev).node for p in pipes

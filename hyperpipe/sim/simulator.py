@@ -5,10 +5,12 @@ analytic tier), a `Trace` of every action, send, all-reduce bucket and optimizer
 (a rank's actions on its tensor-parallel group's first device, timed as on idle links),
 and each used device's memory over time. Modelled: one compute stream per pipeline
 rank running its schedule row in order; point-to-point sends as flows over the
-route's hops, overlapped with compute (or waited out with `blocking_p2p`), one at a
-time per stage pair and direction; data-parallel ring all-reduces per layer range in
-DDP buckets, overlapped with the last backward; the optimizer step; memory as static
-state plus one stash per in-flight micro-batch. Replicas that move alike
+route's hops, overlapped with compute (or waited out when the plan's stack sends
+blocking: `options.execution_of`), one at a time per stage pair and direction;
+data-parallel ring all-reduces per layer range in DDP buckets, overlapped with the last
+backward (or after the flush, as the stack says); with tied embeddings the first and
+last stage's all-reduce of the embedding's gradient; the optimizer step; memory as
+static state plus one stash per in-flight micro-batch. Replicas that move alike
 (`replicas.replica_classes`) are simulated once, by their first member. Times in
 seconds, sizes in bytes. Deterministic: SimPy orders events by (time, priority,
 insertion) and nothing here iterates over a set or reads a clock. A schedule that
@@ -44,13 +46,14 @@ from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import peak_of
 from hyperpipe.sim.metrics import Metrics, RankUse, summarize
 from hyperpipe.sim.network import Network, p2p_edges
-from hyperpipe.sim.options import SimOptions
+from hyperpipe.sim.options import SimOptions, execution_of
 from hyperpipe.sim.program import (
     NEVER,
     Pipe,
     Rank,
     Segment,
     Step,
+    Tie,
     prepare_collectives,
     prepare_pipe,
 )
@@ -94,6 +97,7 @@ class _Engine:
     def __init__(self, plan: Plan, cost: CostModel, options: SimOptions,
                  schedule: Schedule | None):
         self.plan, self.cost, self.opt = plan, cost, options
+        self.ex = ex = execution_of(plan, cost)
         self.env = simpy.Environment()
         self.net = Network(self.env, on_delay=self._delayed)
         self.pipes: list[Pipe] = []
@@ -113,14 +117,14 @@ class _Engine:
                 key = (p, m) if plan.actions is None else members[0]
                 sched = schedules.get(key) or schedule_for(plan, members[0])
                 schedules[key] = sched
-            self.pipes.append(prepare_pipe(plan, cost, options, Pipe(members[0], members, sched)))
-        self.segments = prepare_collectives(plan, cost, options, self.pipes)
+            self.pipes.append(prepare_pipe(plan, cost, ex, Pipe(members[0], members, sched)))
+        self.segments = prepare_collectives(plan, cost, options, ex, self.pipes)
 
     # ------------------------------------------------------------------ processes
     def _rank_process(self, rank: Rank):
         env, pipe, opt = self.env, rank.pipe, self.opt
         eta, waiters, busy_until = pipe.eta, pipe.waiters, pipe.busy_until
-        overlap, blocking = opt.overlap_dp_allreduce, opt.blocking_p2p
+        overlap, blocking = self.ex.overlap_dp_allreduce, self.ex.blocking_p2p
         timeline, starts = rank.timeline, rank.starts
         _, current = timeline[0]
         timeout, arrive, delivered = env.timeout, self._arrive, self._delivered
@@ -190,11 +194,17 @@ class _Engine:
         if not overlap:
             for s in rank.grad_order:
                 self._report(pipe, s, env.now, 0.0)
-        if opt.include_optimizer:
-            for s in rank.grad_order:
-                if pipe.pending.get(s, 0) > 0:
-                    ev = pipe.reduce_wait[s] = env.event()
-                    yield ev
+        tie = pipe.tie
+        for s in rank.grad_order:
+            tied = tie is not None and s in tie.stages
+            if not (opt.include_optimizer or tied):
+                continue
+            if pipe.pending.get(s, 0) > 0:
+                ev = pipe.reduce_wait[s] = env.event()
+                yield ev
+            if tied:
+                yield self._tie_arrive(tie)
+            if opt.include_optimizer:
                 st = self.plan.pipelines[pipe.index].stages[s]
                 dt = self.cost.optimizer_time_s(
                     st.layers, self.cost.cluster.device(st.devices[0]).type.name, st.tp,
@@ -297,6 +307,22 @@ class _Engine:
         pipe.wake[box] = None
         pipe.busy_until[box // pipe.m] = NEVER
 
+    def _tie_arrive(self, tie: Tie) -> simpy.Event:
+        """A rank holding one end of a tied embedding has its gradients reduced: the
+        all-reduce starts once both ends are there; the event fires when it is done."""
+        if tie.event is None:
+            tie.event = self.env.event()
+        tie.arrived += 1
+        if tie.arrived == 2:
+            tie.start_s = self.env.now
+            spec = tie.spec
+            self.net.start(spec.hops, spec.work_s, spec.latency_s, self._tie_done, tie)
+        return tie.event
+
+    def _tie_done(self, tie: Tie) -> None:
+        tie.done_s = self.env.now
+        tie.event.succeed()
+
     def _report(self, pipe: Pipe, stage: int, start_s: float, dur_s: float) -> None:
         for seg in pipe.segments.get(stage, ()):
             seg.reports.append((start_s, dur_s))
@@ -338,7 +364,8 @@ class _Engine:
         plan, cost = self.plan, self.cost
         cluster = cost.cluster
         iteration = max([r.end_s for p in self.pipes for r in p.ranks]
-                        + [seg.done_s for seg in self.segments])
+                        + [seg.done_s for seg in self.segments]
+                        + [p.tie.done_s for p in self.pipes if p.tie is not None])
         timelines: dict[str, list[tuple[float, float]]] = {}
         uses: list[RankUse] = []
         for pipe in self.pipes:
@@ -413,6 +440,14 @@ class _Engine:
                 events.extend(TraceEvent(dev, "allreduce", s, j, t0, t1,
                                          seg.full.nbytes if j < seg.k - 1 else seg.last.nbytes)
                               for j, t0, t1 in seg.log)
+        for pipe in self.pipes:               # tied embeddings: micro-batch -1
+            tie = pipe.tie
+            if tie is not None and tie.arrived == 2:
+                a, b = tie.peers
+                events += [TraceEvent(a, "allreduce", tie.stages[0], -1, tie.start_s,
+                                      tie.done_s, tie.spec.nbytes, b),
+                           TraceEvent(b, "allreduce", tie.stages[1], -1, tie.start_s,
+                                      tie.done_s, tie.spec.nbytes, a)]
         return Trace(tuple(events), meta)
 
     def _check_finished(self) -> None:

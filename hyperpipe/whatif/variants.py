@@ -11,6 +11,7 @@ from typing import Any
 from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.models import ModelSpec
 from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.stack import DEFAULT_STACK
 from hyperpipe.search.evaluate import Candidate
 from hyperpipe.search.search import SearchConstraints
 
@@ -26,10 +27,12 @@ class Planning:
     objective: str = "throughput"           # or "cost"
     workers: int = 1                        # processes per search (local backend)
     plan: Plan | None = None                # today's plan, kept against re-planning
+    stack: str = DEFAULT_STACK              # the stack every plan runs on
 
     def constraints(self) -> SearchConstraints:
         return SearchConstraints(global_batch=self.global_batch, micro_batch=self.micro_batch,
-                                 schedule=self.schedule, objective=self.objective)
+                                 schedule=self.schedule, objective=self.objective,
+                                 stack=self.stack)
 
 
 @dataclass(frozen=True)

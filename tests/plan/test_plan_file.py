@@ -24,7 +24,7 @@ def test_plan_round_trip_and_check(tmp_path):
     path.write_text(json.dumps(PLAN))
     plan = load_plan(path)
     plan.check(plan.load_model(), plan.load_cluster())
-    assert plan.to_dict() == PLAN
+    assert plan.to_dict() == {**PLAN, "stack": "megatron-lm"}     # written: its stack too
     plan.save(tmp_path / "again.json")
     assert load_plan(tmp_path / "again.json") == plan
     assert plan.devices == ["a100/0", "v100/0"]

@@ -29,7 +29,8 @@ def test_old_plan_gets_the_defaults_and_writes_as_before():
     assert not plan.distributed_optimizer
     assert [(s.recompute, s.sequence_parallel) for s in plan.pipelines[0].stages] == \
         [("none", False), ("none", False)]
-    assert plan.to_dict() == PLAN
+    # as before, plus the stack it runs on (absent: megatron-lm), which plans now carry
+    assert plan.to_dict() == {**PLAN, "stack": "megatron-lm"}
 
 
 def test_new_plan_fields_round_trip():

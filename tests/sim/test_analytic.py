@@ -71,9 +71,10 @@ def test_allreduce_estimate_against_simulation(n, pp, bucket, overlap, tolerance
     model = synthetic(4, params=3_000_000)
     cluster = load_cluster(cluster_dict(n, pp))
     cost = CostModel(model, cluster)
-    plan = uniform_plan(model, cluster, pp=pp, dp=n, micro_batch=1, global_batch=4 * n)
-    sim = simulate(plan, cost, SimOptions(bucket_bytes=bucket, overlap_dp_allreduce=overlap))
-    est = estimate(plan, cost, bucket_bytes=bucket, overlap_dp_allreduce=overlap)
+    plan = uniform_plan(model, cluster, pp=pp, dp=n, micro_batch=1, global_batch=4 * n
+                        ).on_stack(overlap_grad_reduce=overlap)
+    sim = simulate(plan, cost, SimOptions(bucket_bytes=bucket))
+    est = estimate(plan, cost, bucket_bytes=bucket)
     assert sim.metrics.extra["phases"]["dp_allreduce_end_s"] > \
         sim.metrics.extra["phases"]["pipeline_s"]          # the all-reduce matters here
     assert est.iteration_time_s == pytest.approx(sim.metrics.iteration_time_s, rel=tolerance)
@@ -108,7 +109,7 @@ def _two_replica_plan(model, cluster, replicas):
                       for stages in replicas]})
 
 
-QUIET = {"bucket_bytes": 1e12, "overlap_dp_allreduce": False, "include_optimizer": False}
+QUIET = {"bucket_bytes": 1e12, "include_optimizer": False}
 
 
 def test_mixed_tp_sync_estimate_is_the_closed_form():
@@ -120,7 +121,8 @@ def test_mixed_tp_sync_estimate_is_the_closed_form():
     cluster = load_cluster(cluster_dict(2, 2, bandwidth=bw, latency=lat))
     cost = CostModel(model, cluster)
     plan = _two_replica_plan(model, cluster, [[((0, 2), ["n0/0"])],
-                                              [((0, 2), ["n1/0", "n1/1"])]])
+                                              [((0, 2), ["n1/0", "n1/1"])]]
+                             ).on_stack(overlap_grad_reduce=False)
     est = estimate(plan, cost, **QUIET)
     sync = est.iteration_time_s - est.extra["pipeline_s"]
     assert sync == pytest.approx(2 * params * cost.grad_bytes_per_param / bw + 2 * lat,
@@ -140,7 +142,8 @@ def test_rings_of_two_stages_share_their_nic():
     cluster = load_cluster(cluster_dict(2, 2, bandwidth=bw, latency=lat))
     cost = CostModel(model, cluster)
     plan = _two_replica_plan(model, cluster, [
-        [((0, 1), [f"n{r}/0"]), ((1, 2), [f"n{r}/1"])] for r in range(2)])
+        [((0, 1), [f"n{r}/0"]), ((1, 2), [f"n{r}/1"])] for r in range(2)]
+        ).on_stack(overlap_grad_reduce=False)
     sim = simulate(plan, cost, SimOptions(**QUIET))
     last_b = max(e.end_s for e in sim.trace.events if e.op == "B" and e.stage == 1)
     one_stage = params * cost.grad_bytes_per_param / bw

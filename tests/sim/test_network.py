@@ -130,8 +130,8 @@ def test_ring_allreduce_matches_its_formula(n):
     assert spec.time_s == pytest.approx(expected)
     plan = uniform_plan(model, cluster, pp=1, dp=n, micro_batch=1, global_batch=n)
     for overlap in (True, False):
-        result = simulate(plan, cost, SimOptions(bucket_bytes=1e12,
-                                                 overlap_dp_allreduce=overlap))
+        result = simulate(plan.on_stack(overlap_grad_reduce=overlap), cost,
+                          SimOptions(bucket_bytes=1e12))
         reduce = [e for e in result.trace.events if e.op == "allreduce"]
         assert len(reduce) == 1 and reduce[0].duration_s == pytest.approx(expected)
         compute_end = max(e.end_s for e in result.trace.events if e.op in "FB")
@@ -230,7 +230,8 @@ def test_mixed_tp_replicas_sync_each_gradient_once():
         "pipelines": [{"micro_batch": 1, "num_microbatches": 1,
                        "stages": [{"layers": [0, 2], "devices": devices, "tp": len(devices)}]}
                       for devices in (["a/0"], ["b/0", "b/1"])]})
-    result = simulate(plan, cost, SimOptions(bucket_bytes=1e12, overlap_dp_allreduce=False))
+    result = simulate(plan.on_stack(overlap_grad_reduce=False), cost,
+                      SimOptions(bucket_bytes=1e12))
     reduce = [e for e in result.trace.events if e.op == "allreduce"]
     compute_end = max(e.end_s for e in result.trace.events if e.op in "FB")
     sync = max(e.end_s for e in reduce) - compute_end

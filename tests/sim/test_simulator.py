@@ -198,7 +198,8 @@ def _check_against_recurrence(kind, chunks, counts, ranks, *, blocking, m=5):
         t_f = n * LAYER_FLOPS / speed[ranks[stage_rank(k, p, place)][0]]
         dur.update({(k, "F"): t_f, (k, "I"): t_f, (k, "W"): t_f, (k, "B"): 2 * t_f})
     expected = brute_force(generate(kind, p, m, chunks), dur, latency, blocking)
-    result = simulate(plan, CostModel(model, cluster), SimOptions(blocking_p2p=blocking))
+    result = simulate(plan.on_stack(p2p="blocking" if blocking else "async"),
+                      CostModel(model, cluster))
     got = {(e.stage, e.op, e.microbatch): (e.start_s, e.end_s)
            for e in result.trace.events if e.op in COMPUTE_OPS}
     assert got.keys() == expected.keys()
@@ -315,7 +316,8 @@ def test_overlapped_allreduce_is_not_slower_and_mfu_counts_model_flops():
     plan = uniform_plan(model, cluster, pp=2, dp=4, micro_batch=1, global_batch=16)
     cost = CostModel(model, cluster)
     on = simulate(plan, cost, SimOptions(bucket_bytes=1e6)).metrics
-    off = simulate(plan, cost, SimOptions(bucket_bytes=1e6, overlap_dp_allreduce=False)).metrics
+    off = simulate(plan.on_stack(overlap_grad_reduce=False), cost,
+                   SimOptions(bucket_bytes=1e6)).metrics
     assert on.iteration_time_s < off.iteration_time_s
     flops = 16 * 8 * 3 * LAYER_FLOPS                     # samples x layers x (F + I + W)
     assert on.mfu == pytest.approx(flops / (on.iteration_time_s * 8 * FLOPS))

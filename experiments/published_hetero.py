@@ -1,0 +1,255 @@
+"""AMP's measured runs on 16 T4s, simulated: the stock catalog, then calibrated.
+
+Li et al., "AMP: Automatically Finding Model Parallel Strategies with Heterogeneity
+Awareness" (NeurIPS 2022) ran 52 plans of GPT-2 (24 layers, hidden 1024, 16 heads,
+sequence 1024, global batch 32, fp16) with Megatron-LM v1.1.5 on DeepSpeed's pipeline
+engine on four AWS g4dn.12xlarge (4 NVIDIA T4 each on PCIe, one 50 Gbit/s NIC per node)
+and published, per plan, the measured seconds per iteration (5 runs failed) and their
+own cost model's prediction (`experiments/data/amp_homogeneous_results.json`, copied
+from DachengLi1/AMP with its source).
+
+Pass 1 ("amp"): every plan simulated with the stock catalog and no profile, on the
+`megatron-deepspeed` stack with AMP's `fp32_allreduce` (plan runtime
+`grad_reduce_dtype: fp32`). Nothing here is fitted to these rows: the T4's figures
+come from public sources on the T4 (`hyperpipe.cluster.catalog`).
+
+Pass 2 ("calibrated"): the same plans with the per-layer profile AMP measured on the
+same GPUs (`experiments/data/amp_known_cost.json`, AMP's src/known_cost/gpt2_G4_<tp>.npy)
+written into HyperPipe's profile format (`amp_profile`). What the numbers mean, from
+AMP's cost model (src/cost_homo.py: `cur_profile_cost = 3 * np.load(...)`, "We model
+backward time as forward time * 2", `cur_layer = bs * profile_cost[str(mp)][layer]`) and
+profiling script (generate_known_cost.py: micro-batch 1, one profile per model-parallel
+degree): seconds of one layer's FORWARD for ONE sample on a T4 of a tensor-parallel group
+of the file's degree, the layer's tensor-parallel all-reduces included.
+
+Printed: one row per plan (measured, AMP's prediction, both passes, memory verdicts),
+AMP's own prediction as the peer model, and a last line
+
+    amp_mape=X amp_tau=T amp_peer_mape=Y amp_peer_tau=U calibrated_mape=Z
+    calibrated_tau=V failed_predicted=K/N n_rows=R
+
+(fractions; MAPE and Kendall's tau-a over the rows that ran; failed_predicted: the failed
+runs that a pass-1 simulation predicts out of memory or refuses).
+
+Run: python experiments/published_hetero.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hyperpipe.cluster.cluster import Cluster, cluster_ref, load_cluster
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
+from hyperpipe.models import ModelSpec, load_model
+from hyperpipe.plan.plan import Plan, plan_from_dict
+from hyperpipe.plan.profile import Fit, Profile
+from hyperpipe.sim.costmodel import CostModel, op_flops
+from hyperpipe.sim.simulator import SimOptions, simulate
+
+DATA = Path(__file__).resolve().parent / "data"
+RUNS_FILE = DATA / "amp_homogeneous_results.json"
+PROFILE_FILE = DATA / "amp_known_cost.json"
+GLOBAL_BATCH = 32
+NODES, PER_NODE = 4, 4
+# GPT-2's BPE vocabulary (50,257) padded as Megatron-LM v1.1.5 pads it: to a multiple of
+# 128 x the model-parallel size (megatron/tokenizer/tokenizer.py `_vocab_size_with_padding`,
+# `--make-vocab-size-divisible-by 128`).
+GPT2_VOCAB = 50257
+DS_LAYERS = 30      # DeepSpeed's pipeline layers: embedding, no-op, 24 blocks, 2, head, 1
+OPTIONS = SimOptions(trace=False)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One of AMP's plans: its layout, AMP's prediction and the measured time (None:
+    the run failed)."""
+
+    trial: int
+    micro_batch: int
+    tp: int
+    dp: int
+    pp: int
+    partition: tuple[int, ...]
+    amp_predicted_s: float
+    measured_s: float | None
+
+
+def load_rows() -> list[Row]:
+    doc = json.loads(RUNS_FILE.read_text())
+    return [Row(r["trial"], r["micro_batch"], r["tp"], r["dp"], r["pp"],
+                tuple(r["partition"]), r["amp_predicted_s"], r["measured_s"])
+            for r in doc["rows"]]
+
+
+def padded_vocab(tp: int) -> int:
+    step = 128 * tp
+    return -(-GPT2_VOCAB // step) * step
+
+
+def model_for(tp: int) -> ModelSpec:
+    """GPT-2 medium as Megatron-LM v1.1.5 trains it: learned positions, GeLU, biases,
+    dropout 0.1, fused scale-mask-softmax (eager attention), tied output embedding."""
+    return load_model({"kind": "gpt", "name": f"gpt2-medium-amp-tp{tp}",
+                       "vocab_size": padded_vocab(tp), "n_layer": 24, "n_head": 16,
+                       "d_model": 1024, "seq_len": 1024, "dtype": "fp16",
+                       "attention": "eager", "dropout": 0.1, "tie_embeddings": True})
+
+
+def g4dn_cluster() -> Cluster:
+    """Four g4dn.12xlarge: 4 T4 on PCIe (the catalog's T4 link) and one 50 Gbit/s NIC
+    each (AWS EC2 G4 instance specifications)."""
+    return load_cluster({
+        "name": "g4dn-12xlarge-x4",
+        "nodes": [{"name": "g4dn", "device": "T4", "count": PER_NODE, "repeat": NODES}],
+        "inter_node": {"bandwidth": "50 Gbit/s"}})
+
+
+def hp_boundary(ds: int, n_blocks: int = 24) -> int:
+    """A stage boundary over DeepSpeed's 30 layers as one over HyperPipe's embedding,
+    blocks and head: DeepSpeed layers 0-1 are the embedding (and a no-op), 2..25 the
+    blocks, 26-27 a no-op and the final norm (HyperPipe's head holds it), 28 the head,
+    29 a no-op."""
+    if ds <= 0:
+        return 0
+    if ds <= 2:
+        return 1
+    return min(ds - 1, n_blocks + 1) if ds <= 26 else (n_blocks + 1 if ds <= 28
+                                                       else n_blocks + 2)
+
+
+def plan_for(row: Row, model: ModelSpec, cluster: Cluster) -> Plan:
+    """The row's plan on DeepSpeed's topology (`PipeModelDataParallelTopology`: rank =
+    (stage · dp + replica) · tp + tp rank, four ranks per node). A DeepSpeed stage that
+    holds only no-ops maps to no HyperPipe layer: it is left out (its GPU idles)."""
+    bounds = [hp_boundary(b) for b in row.partition]
+    devices = [d.name for d in cluster.devices]
+    pipelines = []
+    for r in range(row.dp):
+        stages = []
+        for k in range(row.pp):
+            a, b = bounds[k], bounds[k + 1]
+            if a == b:
+                continue
+            first = (k * row.dp + r) * row.tp
+            stages.append({"layers": [a, b], "devices": devices[first:first + row.tp],
+                           "tp": row.tp})
+        pipelines.append({"micro_batch": row.micro_batch, "stages": stages,
+                          "num_microbatches": GLOBAL_BATCH // row.dp // row.micro_batch})
+    return plan_from_dict({"format": "hyperpipe.plan/1", "model": model.to_dict(),
+                           "cluster": cluster_ref(cluster), "global_batch": GLOBAL_BATCH,
+                           "schedule": {"kind": "1f1b"}, "stack": "megatron-deepspeed",
+                           "runtime": {"grad_reduce_dtype": "fp32"},
+                           "pipelines": pipelines})
+
+
+def simulate_row(row: Row, cluster: Cluster, profile: Profile | None = None
+                 ) -> tuple[float | None, str]:
+    """(predicted seconds or None, verdict: "fits (peak GB)", "out of memory (...)" or
+    "refused: WHY")."""
+    model = model_for(row.tp)
+    try:
+        plan = plan_for(row, model, cluster)
+        m = simulate(plan, CostModel(model, cluster, profile), OPTIONS).metrics
+    except (BadInput, InfeasiblePlan) as exc:
+        return None, f"refused: {exc}"
+    peak_gb = max(m.peak_memory_bytes.values()) / 1e9
+    if m.oom:
+        return m.iteration_time_s, f"out of memory ({len(m.oom)} GPUs, peak {peak_gb:.1f} GB)"
+    return m.iteration_time_s, f"fits (peak {peak_gb:.1f} GB)"
+
+
+# AMP's 30 profiled layers grouped by the HyperPipe layer that holds them (`hp_boundary`)
+AMP_KINDS = {"embedding": range(0, 2), "block": range(2, 26), "head": range(26, 30)}
+
+
+def amp_profile(tp: int, cluster: Cluster) -> Profile:
+    """AMP's per-layer profile of one tensor-parallel degree in HyperPipe's format.
+
+    AMP measured one micro-batch size (1) per layer: its forward seconds on a T4 of a
+    tensor-parallel group, the group's all-reduces included (`AMP_KINDS` groups the 30
+    layers; the 24 blocks by their mean); AMP's cost model reads the backward as twice
+    the forward. One point cannot split a per-action cost from a per-FLOP one, so the
+    per-FLOP slope is the stock cost model's at that point (its compute seconds per
+    FLOP, micro-batch 1) and the intercept is what the measurement has beyond the stock
+    estimate (compute and tensor-parallel collectives): at micro-batch 1 a layer's op
+    costs exactly what AMP measured, and it grows with the micro-batch as the stock
+    model says compute grows. Profiles exist for tp 1 and 2 (src/known_cost has no
+    G4_4 in the public repository): tp 4 takes the tp-2 profile (a layer's time barely
+    shrank from tp 1 to tp 2: 5.47 to 5.96 ms per block forward)."""
+    doc = json.loads(PROFILE_FILE.read_text())["profiles"]
+    measured = doc[f"gpt2_G4_{min(tp, 2)}"]
+    model = model_for(tp)
+    stock = CostModel(model, cluster)
+    group = tuple(d.name for d in cluster.devices[:tp])
+    compute = {}
+    for kind, ds_layers in AMP_KINDS.items():
+        fwd_s = sum(measured[i] for i in ds_layers)
+        if kind == "block":
+            fwd_s /= len(ds_layers)
+        layer = next(i for i, spec in enumerate(model.layers) if spec.kind == kind)
+        for op, target_s in (("F", fwd_s), ("B", 2 * fwd_s)):
+            flops = op_flops(model, layer, 1, op) / tp
+            compute_s = stock.layer_time_s(layer, "T4", 1, op, tp)
+            total_s = stock.stage_time_s((layer, layer + 1), group, 1, op)
+            slope = compute_s / flops if flops > 0 else 0.0     # the embedding: none
+            comm_s = total_s - compute_s
+            compute[Profile.key("T4", kind, op)] = Fit(
+                target_s - comm_s - slope * flops, slope, samples=1)
+    return Profile(compute=compute, provenance={
+        "source": "DachengLi1/AMP src/known_cost/gpt2_G4_*.npy (experiments/data/"
+                  "amp_known_cost.json)", "model": model.name})
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-a (pairs tied in either count as neither)."""
+    pairs = list(itertools.combinations(range(len(xs)), 2))
+    score = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else
+                 -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0) for i, j in pairs)
+    return score / len(pairs)
+
+
+def mape(pred: list[float], meas: list[float]) -> float:
+    return sum(abs(p / m - 1) for p, m in zip(pred, meas, strict=True)) / len(meas)
+
+
+def main() -> int:
+    rows = load_rows()
+    cluster = g4dn_cluster()
+    print("seconds per iteration: measured, AMP's prediction, HyperPipe stock catalog "
+          "(no profile), HyperPipe with AMP's per-layer profile")
+    print(f"{'trial':>5} {'mb':>3} {'tp':>2} {'dp':>2} {'pp':>2} {'measured':>8} "
+          f"{'AMP':>7} {'stock':>7} {'calib':>7}  stock memory verdict")
+    profiles = {tp: amp_profile(tp, cluster) for tp in sorted({r.tp for r in rows})}
+    ran, failed = [], []
+    for row in rows:
+        stock, verdict = simulate_row(row, cluster)
+        calib, _ = simulate_row(row, cluster, profiles[row.tp])
+        shown = "failed" if row.measured_s is None else f"{row.measured_s:8.2f}"
+        print(f"{row.trial:5d} {row.micro_batch:3d} {row.tp:2d} {row.dp:2d} {row.pp:2d} "
+              f"{shown:>8} {row.amp_predicted_s:7.2f} "
+              f"{stock if stock is not None else float('nan'):7.2f} "
+              f"{calib if calib is not None else float('nan'):7.2f}  {verdict}")
+        (failed if row.measured_s is None else ran).append((row, stock, calib, verdict))
+    meas = [r.measured_s for r, *_ in ran]
+    stock = [s for _, s, _, _ in ran]
+    calib = [c for _, _, c, _ in ran]
+    peer = [r.amp_predicted_s for r, *_ in ran]
+    predicted_failed = sum(1 for *_, v in failed if not v.startswith("fits"))
+    false_alarms = sum(1 for *_, v in ran if not v.startswith("fits"))
+    print(f"failed runs: {len(failed)}; predicted out of memory or refused: "
+          f"{predicted_failed}; runs that ran but were predicted not to: {false_alarms}")
+    print(f"AMP's own cost model (peer): mape={mape(peer, meas):.4f} "
+          f"tau={kendall_tau(peer, meas):.4f}")
+    print(f"amp_mape={mape(stock, meas):.4f} amp_tau={kendall_tau(stock, meas):.4f} "
+          f"amp_peer_mape={mape(peer, meas):.4f} amp_peer_tau={kendall_tau(peer, meas):.4f} "
+          f"calibrated_mape={mape(calib, meas):.4f} "
+          f"calibrated_tau={kendall_tau(calib, meas):.4f} "
+          f"failed_predicted={predicted_failed}/{len(failed)} n_rows={len(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

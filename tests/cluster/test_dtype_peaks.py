@@ -1,0 +1,123 @@
+"""Per-dtype peaks: the catalog's tables, the model dtype picking its entry, fallbacks,
+and `peak_flops` as one quantity or a table in a cluster file."""
+
+from __future__ import annotations
+
+import pytest
+
+from hyperpipe.cluster.catalog import DTYPE_FALLBACK, builtin_device_types
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.core.errors import BadInput
+from hyperpipe.models import load_model
+from hyperpipe.sim.compute import gemm_time_s
+from hyperpipe.sim.costmodel import CostModel
+
+# Dense TFLOP/s from the datasheets / whitepapers the catalog cites (an independent copy).
+SHEETS = {
+    "RTX-3090": {"fp32": 35.6, "fp16": 71, "bf16": 71},
+    "Titan-RTX": {"fp32": 16.3, "fp16": 130.5},
+    "V100-32GB": {"fp32": 15.7, "fp16": 125},
+    "T4": {"fp32": 8.1, "fp16": 65},
+    "A100-80GB": {"fp32": 19.5, "tf32": 156, "bf16": 312},
+    "H100-SXM": {"fp32": 67, "bf16": 989, "fp8": 1979},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHEETS))
+def test_catalog_peaks_match_the_sheets(name):
+    dev = builtin_device_types()[name]
+    for dtype, tflops in SHEETS[name].items():
+        assert dev.peak_for(dtype) == pytest.approx(tflops * 1e12)
+
+
+def test_every_catalog_device_has_fp32_and_a_half_precision_peak_with_a_source():
+    for name, dev in builtin_device_types().items():
+        peaks = dev.peaks
+        assert "fp32" in peaks and "fp16" in peaks, name
+        assert peaks["fp32"] < peaks["fp16"] == dev.peak_flops, name
+        assert "fp32" in dev.source.lower() or "single" in dev.source.lower(), name
+
+
+def test_fp32_model_on_an_rtx_3090_is_priced_at_the_fp32_peak_one_big_gemm():
+    """Closed form: a 16384^3 GEMM in fp32 takes 2 M N K / (35.6 TFLOP/s x the curve's
+    efficiency there), twice the fp16 time (71 / 35.6), not the fp16 tensor rate."""
+    dev = builtin_device_types()["RTX-3090"]
+    m = n = k = 16384
+    eff = dev.gemm.efficiency(m, n, k)
+    fp32 = gemm_time_s(dev, m, n, k, 1, 4, "fp32")
+    assert fp32 == pytest.approx(2 * m * n * k / (35.6e12 * eff))
+    assert fp32 / gemm_time_s(dev, m, n, k, 1, 2, "fp16") == pytest.approx(71 / 35.6)
+
+
+def test_fp32_model_through_the_cost_model():
+    """A synthetic layer (flat roofline: FLOPs / (peak of the dtype x efficiency)) on
+    a catalog RTX 3090: the fp32 model runs at 35.6 TFLOP/s x 0.5, the bf16 one at 71."""
+    cluster = load_cluster({"nodes": [{"name": "n", "device": "RTX-3090", "count": 1}]})
+    for dtype, tflops in (("fp32", 35.6), ("bf16", 71.0)):
+        model = load_model({"kind": "synthetic", "layers": 2, "dtype": dtype,
+                            "fwd_flops_per_sample": 1e12,
+                            "activation_bytes_per_sample": 0, "params_per_layer": 0})
+        t = CostModel(model, cluster).layer_time_s(0, "RTX-3090", 1, "F")
+        assert t == pytest.approx(1e12 / (tflops * 1e12 * 0.5))
+
+
+def test_gpt_block_in_fp32_is_slower_than_in_fp16_by_about_the_peak_ratio():
+    """A large fp32 block is GEMM-bound at the fp32 rate: its forward takes more than
+    (71 / 35.6) x 0.9 of the fp16 one's (the fp32 memory traffic only adds)."""
+    cluster = load_cluster({"nodes": [{"name": "n", "device": "RTX-3090", "count": 1}]})
+    times = {}
+    for dtype in ("fp32", "fp16"):
+        model = load_model({"kind": "gpt", "vocab_size": 1024, "n_layer": 1, "n_head": 32,
+                            "d_model": 4096, "seq_len": 2048, "dtype": dtype})
+        times[dtype] = CostModel(model, cluster).layer_time_s(1, "RTX-3090", 4, "F")
+    assert times["fp32"] / times["fp16"] > 0.9 * 71 / 35.6
+
+
+def test_a_dtype_the_part_lacks_falls_back():
+    t4 = builtin_device_types()["T4"]
+    assert DTYPE_FALLBACK["bf16"] == "fp16"
+    assert t4.peak_for("bf16") == t4.peak_for("fp16") == 65e12
+    assert t4.peak_for("fp8") == 65e12          # fp8 -> bf16 -> fp16
+    assert t4.peak_for("tf32") == t4.peak_for("fp32") == pytest.approx(8.1e12)
+
+
+def _cluster(entry):
+    return load_cluster({"device_types": {"x": entry},
+                         "nodes": [{"name": "n", "device": "x", "count": 1}]})
+
+
+def test_file_peak_table_sets_each_dtype_and_the_headline():
+    dev = _cluster({"peak_flops": {"fp32": "19.5 TFLOP/s", "tf32": "156 TFLOP/s",
+                                   "bf16": "312 TFLOP/s", "fp16": "312 TFLOP/s"},
+                    "memory": "80 GB"}).device_types["x"]
+    assert dev.peak_flops == 312e12
+    assert dev.peak_for("fp32") == pytest.approx(19.5e12)
+    assert dev.peak_for("tf32") == pytest.approx(156e12)
+    assert dev.peak_for("fp8") == pytest.approx(312e12)      # fp8 -> bf16
+
+
+def test_file_one_number_is_every_dtype_for_a_new_type_and_scales_a_catalog_base():
+    dev = _cluster({"peak_flops": "10 TFLOP/s", "memory": "8 GB"}).device_types["x"]
+    assert dev.peak_for("fp32") == dev.peak_for("bf16") == 10e12
+    base = _cluster({"base": "RTX-3090", "peak_flops": "142 TFLOP/s"}).device_types["x"]
+    assert base.peak_for("bf16") == pytest.approx(142e12)
+    assert base.peak_for("fp32") == pytest.approx(71.2e12)   # keeps 35.6 / 71
+
+
+def test_file_table_without_the_models_dtype_is_a_clear_error():
+    cluster = _cluster({"peak_flops": {"fp32": "1 TFLOP/s"}, "memory": "8 GB"})
+    model = load_model({"kind": "synthetic", "layers": 1, "dtype": "bf16",
+                        "fwd_flops_per_sample": 1e9})
+    with pytest.raises(BadInput, match=r"device type x: peak_flops: expected an entry for "
+                                       r"the model's dtype bf16 or its fallback"):
+        CostModel(model, cluster).layer_time_s(0, "x", 1, "F")
+
+
+@pytest.mark.parametrize("table, field", [
+    ({"fp64": "1 TFLOP/s"}, "peak_flops.fp64"),
+    ({}, "peak_flops"),
+    ({"fp32": "fast"}, "peak_flops.fp32"),
+])
+def test_bad_peak_tables_name_the_field(table, field):
+    with pytest.raises(BadInput, match=field.replace(".", r"\.")):
+        _cluster({"peak_flops": table, "memory": "8 GB"})

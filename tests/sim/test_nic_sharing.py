@@ -1,0 +1,123 @@
+"""The GPUs of a node share its NICs: the hierarchical all-reduce and the data-parallel
+sync it prices, in the cost model, the simulator and the analytic tier.
+
+Closed form (derived here, not read off the code). Two nodes (n = 2) of k devices each,
+one data-parallel all-reduce of B bytes per device over all 2k of them, NCCL's
+hierarchical algorithm:
+
+* intra-node reduce-scatter: each device ends with a 1/k shard; a ring of k moves
+  (k-1)/k · B per device over its port, (k-1)/k · B / b_in + (k-1) · λ_in;
+* inter-node: k rails (device r of every node) each all-reduce their B/k shard in a ring
+  of n nodes, 2(n-1)/n · (B/k) per rail, all k rails at once. A node has c NICs of
+  bandwidth b_nic; rail r leaves through NIC r·c // k, so k/c rails share each NIC and
+  each gets b_nic / (k/c): the inter phase takes 2(n-1)/n · (B/k) · (k/c) / b_nic +
+  2(n-1) · λ = 2(n-1)/n · B / (c · b_nic) + 2(n-1) · λ. With one NIC that is all of B
+  through it; with one NIC per device (c = k), 1/k of it;
+* intra-node all-gather: the reduce-scatter's time again.
+
+So one NIC makes the inter phase k times longer than k NICs, and the rest is the same.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from factories import device_type, synthetic_model
+
+from hyperpipe.cli import main as cli_main
+from hyperpipe.cluster.cluster import Hop, Link, Route, load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.sim.analytic import estimate
+from hyperpipe.sim.costmodel import CostModel, shared_bandwidths_bytes_per_s
+from hyperpipe.sim.simulator import SimOptions, simulate
+
+B_IN, LAT_IN = 50e9, 2e-6        # intra-node port, bytes/s and s
+B_NIC, LAT = 1.25e9, 5e-6        # each NIC (10 Gbit/s) and the inter-node latency
+
+
+def two_nodes(k: int, nics: int) -> dict:
+    """Two nodes of k user-defined devices (collective and NIC efficiency 1.0), `nics`
+    NICs of B_NIC each."""
+    node = {"device": "unit", "count": k, "repeat": 2,
+            "intra_link": {"bandwidth": B_IN, "latency": LAT_IN},
+            "nics": {"count": nics, "bandwidth": B_NIC}}
+    return {"name": f"two-{k}x{nics}", "device_types": {"unit": device_type(1e12)},
+            "nodes": [{"name": "n", **node}],
+            "inter_node": {"bandwidth": B_NIC, "latency": LAT}}
+
+
+def closed_form_s(k: int, nics: int, nbytes: float, n: int = 2) -> float:
+    """The module doc's hierarchical all-reduce time."""
+    phase = (k - 1) / k * nbytes / B_IN + (k - 1) * LAT_IN
+    inter = 2 * (n - 1) / n * nbytes / (nics * B_NIC) + 2 * (n - 1) * LAT
+    return 2 * phase + inter
+
+
+def test_streams_share_each_hop_equally():
+    """Two routes through one hop of 10 get 5 each; a route alone keeps its bandwidth."""
+    nic, other, own = Hop("n0:nic-out", 10.0), Hop("n1:nic-in", 10.0), Hop("n1:nic1-in", 4.0)
+    link = Link(10.0, 0.0)
+    a, b = Route((nic, other), link, "inter"), Route((nic, own), link, "inter")
+    assert shared_bandwidths_bytes_per_s([a, b]) == [5.0, 4.0]
+    assert shared_bandwidths_bytes_per_s([a]) == [10.0]
+    assert shared_bandwidths_bytes_per_s([Route((), link, "local")]) == [float("inf")]
+
+
+@pytest.mark.parametrize("k,nics", [(2, 1), (2, 2), (4, 1), (4, 2), (4, 4)])
+def test_hierarchical_allreduce_is_the_closed_form(k, nics):
+    cluster = load_cluster(two_nodes(k, nics))
+    cost = CostModel(synthetic_model(1, fwd_flops_per_sample=1e9), cluster)
+    nbytes = 64e6
+    devices = [d.name for d in cluster.devices]
+    assert cost.allreduce_time_s(devices, nbytes) == pytest.approx(
+        closed_form_s(k, nics, nbytes), rel=1e-12)
+
+
+@pytest.mark.parametrize("nics", [1, 4])
+def test_simulated_and_estimated_sync_is_the_closed_form(nics):
+    """pp 1, dp 8 over two nodes of 4, one bucket, reduced after the backward: the
+    simulator's all-reduce event and the analytic tier's sync phase both take the
+    closed form's time for the gradient bytes (4 per parameter: fp32 main grads)."""
+    k, params = 4, 2_000_000
+    model = synthetic_model(2, fwd_flops_per_sample=1e9, params_per_layer=params,
+                            activation_bytes_per_sample=0, stash_bytes_per_sample=0)
+    cluster = load_cluster(two_nodes(k, nics))
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=1, dp=2 * k, micro_batch=1, global_batch=2 * k
+                        ).on_stack(overlap_grad_reduce=False)
+    expected = closed_form_s(k, nics, 2 * params * 4)
+    sim = simulate(plan, cost, SimOptions(bucket_bytes=1e12, include_optimizer=False))
+    (event,) = [e for e in sim.trace.events if e.op == "allreduce"]
+    assert event.duration_s == pytest.approx(expected, rel=1e-9)
+    est = estimate(plan, cost, bucket_bytes=1e12, include_optimizer=False)
+    assert est.iteration_time_s - est.extra["pipeline_s"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_issue_repro_one_nic_against_four(tmp_path, capsys):
+    """The issue's repro: two nodes of 4 x V100-16GB, inter_node 10 Gbit/s, one or four
+    NICs of 10 Gbit/s; gpt2-medium, pp 1, dp 8, no overlap. Only the inter phase
+    differs: the all-reduces' difference is (1 - 1/4) x 2(n-1)/n x B / (NIC bandwidth x
+    the V100's NIC efficiency), B the gradient bytes per device, summed over buckets
+    (they run one after another, so it adds up exactly)."""
+    times = {}
+    for nics in (1, 4):
+        path = tmp_path / f"nic{nics}.json"
+        path.write_text(json.dumps({
+            "name": f"v100-nic{nics}",
+            "nodes": [{"name": "n", "device": "V100-16GB", "count": 4, "repeat": 2,
+                       "nics": {"count": nics, "bandwidth": "10 Gbit/s"}}],
+            "inter_node": {"bandwidth": "10 Gbit/s", "latency": "5 us"}}))
+        assert cli_main(["simulate", "--cluster", str(path), "--model", "gpt2-medium",
+                         "--pp", "1", "--dp", "8", "--micro-batch", "1", "--global-batch",
+                         "8", "--no-overlap", "--json"]) == 0
+        phases = json.loads(capsys.readouterr().out)["extra"]["phases"]
+        times[nics] = phases["dp_allreduce_end_s"] - phases["pipeline_s"]
+    model = load_model("gpt2-medium")
+    cluster = load_cluster(json.loads((tmp_path / "nic1.json").read_text()))
+    cost = CostModel(model, cluster)
+    nbytes = model.params * cost.grad_bytes_per_param
+    bus = 1.25e9 * cluster.devices[0].type.nic_efficiency
+    assert times[1] - times[4] == pytest.approx(0.75 * nbytes / bus, rel=1e-6)
+    assert times[1] / times[4] > 3.0           # the inter phase dominates on 10 Gbit/s

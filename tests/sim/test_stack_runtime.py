@@ -1,0 +1,98 @@
+"""What the plan's stack changes in the simulator and the analytic tier: blocking sends,
+gradient reduction after the flush, the bytes the data-parallel sync moves."""
+
+from __future__ import annotations
+
+import pytest
+from factories import cluster_doc, device_type, synthetic_model
+
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.plan.stack import resolve_runtime
+from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.sim.analytic import estimate
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import SimOptions, simulate
+
+BW, LAT = 1e9, 1e-5
+LINK = {"bandwidth": BW, "latency": LAT}
+
+
+def nodes(n: int, per_node: int = 1):
+    """n nodes of `per_node` 1 TFLOP/s devices, every link BW, LAT."""
+    return load_cluster(cluster_doc({"unit": device_type(1e12)},
+                                    [(f"n{i}", "unit", per_node) for i in range(n)],
+                                    intra_link=LINK, inter_node=LINK, name="t"))
+
+
+def chain(layers: int = 8, act: float = 1e6, params: int = 0):
+    """1 ms of F, I and W per layer and sample; `act` bytes sent on per sample."""
+    return synthetic_model(layers, fwd_flops_per_sample=1e9, params_per_layer=params,
+                           activation_bytes_per_sample=act, stash_bytes_per_sample=1e3)
+
+
+def test_megatron_deepspeed_is_blocking_sends_and_the_reduction_after_the_flush():
+    model = chain(params=1_000_000)
+    cluster = nodes(2, 2)
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=1, global_batch=8)
+    ds = simulate(plan.on_stack("megatron-deepspeed"), cost).metrics
+    same = simulate(plan.on_stack(p2p="blocking", overlap_grad_reduce=False), cost).metrics
+    lm = simulate(plan, cost).metrics
+    assert ds.iteration_time_s == same.iteration_time_s
+    assert ds.iteration_time_s > lm.iteration_time_s
+
+
+@pytest.mark.parametrize("pp,kind,chunks,tolerance", [
+    (4, "gpipe", 1, 1e-9), (2, "zb-v", 2, 1e-9), (2, "1f1b", 1, 1e-9),
+    (4, "1f1b", 1, 0.02), (4, "zb-h1", 1, 0.01), (2, "interleaved-1f1b", 2, 0.01)])
+def test_analytic_tier_prices_blocking_sends_as_the_simulator(pp, kind, chunks, tolerance):
+    """Sends of 1 ms (1 MB at 1 GB/s) against 1 ms of compute per layer: blocking them
+    lengthens the iteration, and the analytic tier, which folds each send into the
+    action that makes it, follows the simulation."""
+    model = chain()
+    cluster = nodes(pp)
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=pp, micro_batch=1, global_batch=8, schedule=kind,
+                        chunks=chunks)
+    options = SimOptions(include_optimizer=False)
+    blocking = plan.on_stack(p2p="blocking")
+    sim = simulate(blocking, cost, options).metrics.iteration_time_s
+    est = estimate(blocking, cost, include_optimizer=False).iteration_time_s
+    assert est == pytest.approx(sim, rel=tolerance)
+    assert sim > simulate(plan, cost, options).metrics.iteration_time_s
+    assert est > estimate(plan, cost, include_optimizer=False).iteration_time_s
+
+
+@pytest.mark.parametrize("dtype,stack,distributed,expected", [
+    # gradient bytes per parameter; with the distributed optimizer a reduce-scatter of
+    # them and an all-gather of the weights, (grad + weight) / 2 in all-reduce terms,
+    # or, where the stack all-reduces the gradients in full, grad + weight / 2
+    ("bf16", "megatron-lm", False, 4.0), ("bf16", "megatron-lm", True, 3.0),
+    ("bf16", "megatron-deepspeed", False, 4.0), ("bf16", "megatron-deepspeed", True, 5.0),
+    ("bf16", "torchtitan", True, 3.0),
+    ("fp16", "megatron-lm", False, 2.0), ("fp16", "megatron-deepspeed", True, 2.0),
+    ("fp16", "torchtitan", False, 4.0), ("fp16", "torchtitan", True, 3.0),
+])
+def test_sync_bytes_per_parameter(dtype, stack, distributed, expected):
+    cost = CostModel(load_model({"preset": "gpt2-small", "dtype": dtype}), nodes(2))
+    assert cost.dp_sync_bytes_per_param(distributed, resolve_runtime(stack)) == expected
+
+
+def test_grad_reduce_dtype_halves_the_ring():
+    """One bucket, reduced after the backward on a ring of one device per node: the
+    event takes 2(n-1)/n x params x bytes / BW + 2(n-1) latencies, 4 bytes a gradient
+    on torchtitan (fp32 reductions), 2 with `grad_reduce_dtype: bf16`."""
+    params, n = 2_000_000, 4
+    model = chain(layers=2, act=0.0, params=params)
+    cluster = nodes(n)
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=1, dp=n, micro_batch=1, global_batch=n)
+    for runtime, nbytes in (({}, 4), ({"grad_reduce_dtype": "bf16"}, 2)):
+        on = plan.on_stack("torchtitan", overlap_grad_reduce=False, **runtime)
+        trace = simulate(on, cost, SimOptions(bucket_bytes=1e12)).trace
+        (event,) = [e for e in trace.events if e.op == "allreduce"]
+        ring = 2 * (n - 1) / n * 2 * params * nbytes / BW + 2 * (n - 1) * LAT
+        assert event.duration_s == pytest.approx(ring, rel=1e-9)
+        est = estimate(on, cost, bucket_bytes=1e12, include_optimizer=False)
+        assert est.iteration_time_s - est.extra["pipeline_s"] == pytest.approx(ring, rel=1e-9)
