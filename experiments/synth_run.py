@@ -6,6 +6,8 @@ with its best fixed kind for real and calibrate the cost model from that run alo
 Then synthesise a schedule for the same stages from the calibrated costs, run it for
 real and compare its measured step time with its simulated one. The synthesised run
 is out of sample: no figure of its own run went into the costs that predict it.
+Compute follows the layer profile; the A100-V100 link is emulated from the cluster file
+by the link emulator (exec.links), independently of the simulator.
 Losses of the two runs are printed side by side (same seed and data: they must agree;
 tests/test_exec_dist.py checks the synthesised run against a single-process run).
 

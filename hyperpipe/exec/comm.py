@@ -3,7 +3,9 @@ probe (the data-parallel reduction is dataparallel.py's).
 
 Every transfer is asynchronous (isend / irecv) and every wait has a timeout, so a dead
 peer turns into an exception, never a hang. Shapes come from the model spec, so no
-metadata crosses the wire: a receive is a preallocated buffer and a tag.
+metadata crosses the wire: a receive is a preallocated buffer and a tag. With emulated
+links (exec.links) a message carries its flow number too (`stamped`), so that the
+receiver can hold it until its flow has crossed the emulated links.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from hyperpipe.plan.trace import TraceEvent
 
 ACTIVATION, GRADIENT = 0, 1
+STAMP_ELEMENTS = 2          # a float64 flow number, carried as two float32 elements
 PROBE_SIZES_BYTES = (1 << 10, 1 << 14, 1 << 18, 1 << 22)   # 1 KiB .. 4 MiB
 PROBE_REPEATS = 5
 _PROBE_TAG = 1 << 30              # above every message tag of a step
@@ -27,6 +30,18 @@ def message_tag(kind: int, stage: int, microbatch: int, num_microbatches: int) -
     `microbatch`: unique within a step of one pipeline, so receives match sends exactly
     whatever order they are posted in."""
     return (stage * num_microbatches + microbatch) * 2 + kind
+
+
+def stamped(tensor: torch.Tensor, number: int) -> torch.Tensor:
+    """`tensor` flattened (fp32) with a flow number appended, bit-exact."""
+    stamp = torch.tensor([float(number)], dtype=torch.float64).view(torch.float32)
+    return torch.cat([tensor.reshape(-1), stamp.to(tensor.device)])
+
+
+def unstamped(buf: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+    """(payload of `shape`, flow number) of a buffer that `stamped` filled."""
+    number = buf[-STAMP_ELEMENTS:].cpu().view(torch.float64).item()
+    return buf[:-STAMP_ELEMENTS].view(shape), int(number)
 
 
 class PeerFailure(RuntimeError):
@@ -105,31 +120,47 @@ def probe_links(pairs: Sequence[tuple[int, int]], rank: int, devices: Sequence[s
     size in PROBE_SIZES_BYTES, one warm-up round and PROBE_REPEATS timed ones. Each timed
     round becomes a `send` event from a to b (step -1, `bytes` the message size) lasting
     half the round trip. Pairs go one after another in the given (global) order. With
-    `links` (exec.links.LinkEmulation) each round trip takes at least the emulated
-    route's time both ways, as the run's messages do."""
+    `links` (exec.links.Links, the link emulator's client) every message of the probe is
+    a flow over the emulated links, and the pairs take turns with a barrier between them
+    (every rank calls this), so that each pair probes idle links, as a calibration run
+    on a real cluster would."""
     events: list[TraceEvent] = []
     for a, b in pairs:
-        if rank not in (a, b):
-            continue
-        peer = b if rank == a else a
-        for n_bytes in PROBE_SIZES_BYTES:
-            buf = torch.zeros(n_bytes // 4, dtype=torch.float32, device=device)
-            for rep in range(PROBE_REPEATS + 1):
-                what = f"link probe with rank {peer}"
-                if rank == a:
-                    start = clock()
-                    send = dist.isend(buf, peer, tag=_PROBE_TAG)
-                    back = dist.irecv(buf, peer, tag=_PROBE_TAG + 1)
-                    wait(send, timeout_s, what)
-                    wait(back, timeout_s, what)
-                    if links is not None:   # link emulation: the route's time both ways
-                        links.hold(start + 2 * links.transfer_s(a, b, n_bytes))
-                    rtt = clock() - start
-                    if rep:
-                        events.append(TraceEvent(devices[a], "send", -1, rep - 1, start,
-                                                 start + rtt / 2, float(n_bytes),
-                                                 devices[b], -1))
-                else:
-                    wait(dist.irecv(buf, peer, tag=_PROBE_TAG), timeout_s, what)
-                    wait(dist.isend(buf, peer, tag=_PROBE_TAG + 1), timeout_s, what)
+        if rank in (a, b):
+            events += _ping_pong(a, b, rank, devices, clock, timeout_s, device, links)
+        if links is not None:
+            dist.barrier()
+    return events
+
+
+def _ping_pong(a: int, b: int, rank: int, devices: Sequence[str], clock: Callable[[], float],
+               timeout_s: float, device: torch.device, links) -> list[TraceEvent]:
+    events: list[TraceEvent] = []
+    peer = b if rank == a else a
+    for size, n_bytes in enumerate(PROBE_SIZES_BYTES):
+        buf = torch.zeros(n_bytes // 4, dtype=torch.float32, device=device)
+        for rep in range(PROBE_REPEATS + 1):
+            what = f"link probe with rank {peer}"
+            there, back = ("probe", a, b, size, rep, 0), ("probe", a, b, size, rep, 1)
+            if rank == a:
+                start = clock()
+                if links is not None:
+                    links.post(there, a, b, n_bytes)
+                send = dist.isend(buf, peer, tag=_PROBE_TAG)
+                answer = dist.irecv(buf, peer, tag=_PROBE_TAG + 1)
+                wait(send, timeout_s, what)
+                wait(answer, timeout_s, what)
+                if links is not None:
+                    links.deliver(back)
+                rtt = clock() - start
+                if rep:
+                    events.append(TraceEvent(devices[a], "send", -1, rep - 1, start,
+                                             start + rtt / 2, float(n_bytes),
+                                             devices[b], -1))
+            else:
+                wait(dist.irecv(buf, peer, tag=_PROBE_TAG), timeout_s, what)
+                if links is not None:
+                    links.deliver(there)
+                    links.post(back, b, a, n_bytes)
+                wait(dist.isend(buf, peer, tag=_PROBE_TAG + 1), timeout_s, what)
     return events

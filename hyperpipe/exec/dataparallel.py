@@ -7,6 +7,8 @@ micro-batch count (the right weighting for heterogeneous replicas). As PyTorch D
 (Li et al. 2020) and the simulator models, each group's gradients are cut into buckets
 of `bucket_bytes` (fp32, last layer first), each reduced asynchronously once the stage's
 last backward action has produced it; without `overlap`, after the rank's last action.
+With emulated links (exec.links) every collective runs as its ring steps over them
+(exec.collectives), on a worker thread per group; otherwise gloo or NCCL runs it whole.
 
 The optimizer is AdamW on the rank's local tensors (never DTensors). With the
 distributed optimizer (ZeRO stage 1/2 as in Megatron's; Rajbhandari et al. 2020) each
@@ -18,6 +20,8 @@ constructs its DataParallel at the same time, with the same groups in the same o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -25,8 +29,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hyperpipe.exec.comm import wait
-from hyperpipe.exec.links import LinkEmulation
+from hyperpipe.exec.collectives import RingCollectives
+from hyperpipe.exec.comm import PeerFailure, wait
+from hyperpipe.exec.links import Links
 from hyperpipe.exec.tensor_parallel import local
 from hyperpipe.plan.stack import DDP_BUCKET_BYTES
 from hyperpipe.plan.trace import TraceEvent
@@ -47,6 +52,7 @@ class _Bucket:
     shard: nn.Parameter | None = None   # distributed optimizer: this rank's slice
     work: tuple | None = None           # this step: (work, buffer, start time) once started
     ranks: tuple[int, ...] = ()         # the group's global ranks
+    ring: RingCollectives | None = None  # emulated links: the group's collectives
 
     @property
     def padded(self) -> int:
@@ -60,16 +66,20 @@ class DataParallel:
     `groups`: (ranks, layers) of every group of the job (placement.dp_groups);
     `params_by_layer`: this rank's parameters by global layer index. Per step:
     `zero_grad`, then `arm` before each stage's last backward action and `produced`
-    after it, `reduce` after the rank's last action, then `step`.
+    after it, `reduce` after the rank's last action, then `step`. With `links` (the link
+    emulator's client; `nodes[r]`: the node of global rank r) the collectives run as
+    their steps over the emulated links.
     """
 
     def __init__(self, groups: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], rank: int,
                  params_by_layer: dict[int, list[nn.Parameter]], devices: Sequence[str],
                  timeout_s: float, *, lr: float, distributed_optimizer: bool = False,
                  bucket_bytes: float = DDP_BUCKET_BYTES, overlap: bool = True,
-                 links: LinkEmulation | None = None):
+                 links: Links | None = None, nodes: Sequence[str] = (),
+                 apart: Sequence[nn.Parameter] = ()):
+        # `apart`: parameters reduced elsewhere (tied embeddings, exec.tied), kept out
+        # of the buckets and stepped like the others
         self._timeout_s = timeout_s
-        self._links = links
         self.distributed, self.overlap = distributed_optimizer, overlap
         self.params = [p for layer in sorted(params_by_layer) for p in params_by_layer[layer]]
         self._buckets: list[_Bucket] = []
@@ -79,13 +89,16 @@ class DataParallel:
             if rank not in ranks:
                 continue
             params = [p for layer in reversed(layers)
-                      for p in reversed(params_by_layer.get(layer, []))]   # backward order
+                      for p in reversed(params_by_layer.get(layer, []))
+                      if all(p is not q for q in apart)]                  # backward order
             peers = ",".join(devices[r] for r in ranks if r != rank)
+            ring = None if links is None else RingCollectives(
+                ranks, pg, rank, nodes, links, timeout_s, ("dp", tuple(ranks), layers[0]))
             previous = None
             for chunk in _chunks(params, bucket_bytes):
                 b = _Bucket(pg, len(ranks), ranks.index(rank), chunk, peers,
                             sum(local(p).numel() for p in chunk), after=previous,
-                            ranks=tuple(ranks))
+                            ranks=tuple(ranks), ring=ring)
                 if previous is not None:
                     previous.next = b
                 self._buckets.append(b)
@@ -181,10 +194,12 @@ class DataParallel:
         flat = self._flat(self._grads(b.params), b.padded)
         if self.distributed:
             mine = torch.empty(b.padded // b.size, dtype=flat.dtype, device=flat.device)
-            b.work = (dist.reduce_scatter_single(mine, flat, group=b.pg, async_op=True),
+            b.work = (b.ring.reduce_scatter(flat, mine) if b.ring else
+                      dist.reduce_scatter_single(mine, flat, group=b.pg, async_op=True),
                       mine, start)
         else:
-            b.work = (dist.all_reduce(flat, group=b.pg, async_op=True), flat, start)
+            b.work = (b.ring.all_reduce(flat) if b.ring else
+                      dist.all_reduce(flat, group=b.pg, async_op=True), flat, start)
 
     def reduce(self, device_name: str, step: int, clock: Callable[[], float]
                ) -> list[TraceEvent]:
@@ -196,16 +211,9 @@ class DataParallel:
             if b.work is None:
                 self._start(b)
         events = []
-        free_s: dict[int, float] = {}       # link emulation: a group's ring free at
         for b in self._buckets:
             work, buf, start = b.work
-            wait(work, self._timeout_s, f"gradient reduction with {b.peers}")
-            if self._links is not None:     # held until the cluster's ring would be done
-                ring_s = self._links.allreduce_s(b.ranks, b.numel * 4.0)
-                begin = max(start, free_s.get(id(b.pg), 0.0))
-                # a reduce-scatter moves half an all-reduce's bytes
-                free_s[id(b.pg)] = begin + (ring_s / 2 if self.distributed else ring_s)
-                self._links.hold(free_s[id(b.pg)])
+            _wait(work, self._timeout_s, f"gradient reduction with {b.peers}")
             if self.distributed:
                 b.shard.grad = buf
             else:
@@ -231,11 +239,9 @@ class DataParallel:
             return
         for g in self._buckets:
             whole = torch.empty(g.padded, dtype=g.shard.dtype, device=g.shard.device)
-            start = self._clock()
-            wait(dist.all_gather_single(whole, g.shard.detach(), group=g.pg, async_op=True),
-                 self._timeout_s, f"parameter all-gather with {g.peers}")
-            if self._links is not None:     # an all-gather: half an all-reduce's bytes
-                self._links.hold(start + self._links.allreduce_s(g.ranks, g.numel * 4.0) / 2)
+            _wait(g.ring.all_gather(whole, g.shard.detach()) if g.ring else
+                  dist.all_gather_single(whole, g.shard.detach(), group=g.pg, async_op=True),
+                  self._timeout_s, f"parameter all-gather with {g.peers}")
             offset = 0
             for p in g.params:
                 t = local(p)
@@ -276,6 +282,18 @@ class DataParallel:
                 n = g.padded // g.size
                 with torch.no_grad():
                     g.shard.copy_(flat[g.index * n:(g.index + 1) * n])
+
+
+def _wait(work: dist.Work | Future, timeout_s: float, what: str) -> None:
+    """Wait for a collective started by gloo/NCCL (`dist.Work`) or by RingCollectives (a
+    Future); PeerFailure naming `what` if it fails or `timeout_s` passes."""
+    if not isinstance(work, Future):
+        wait(work, timeout_s, what)
+        return
+    try:
+        work.result(timeout=timeout_s)
+    except FutureTimeout:
+        raise PeerFailure(f"{what}: no answer within {timeout_s:g} s") from None
 
 
 def _chunks(params: list[nn.Parameter], bucket_bytes: float) -> list[list[nn.Parameter]]:

@@ -1,10 +1,11 @@
 """One rank's whole job: join the process group, replay every step, gather the result.
 
 `prepare` makes every check that bad input can fail (exit 2) before any rank starts;
-`rank_main` is what each rank runs, started locally by `launch` or by torchrun: build
-the RankRuntime, resume from a checkpoint if asked, align clocks (a barrier, then each
-rank's t0), probe the links, run the steps (checkpointing and injecting faults as
-asked), and all-gather every rank's events into one Trace.
+`rank_main` is what each rank runs, started locally by `launch` or by torchrun: join
+the process group (and, when emulating, reach the link emulator that rank 0 starts:
+exec.links), build the RankRuntime, resume from a checkpoint if asked, align clocks (a
+barrier, then each rank's t0), probe the links, run the steps (checkpointing and
+injecting faults as asked), and all-gather every rank's events into one Trace.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,9 +23,10 @@ import torch.distributed as dist
 
 from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.core.errors import BadInput
-from hyperpipe.exec import checkpoint, preflight
+from hyperpipe.exec import checkpoint, links, preflight
 from hyperpipe.exec.comm import probe_links
 from hyperpipe.exec.emulation import device_factors
+from hyperpipe.exec.fabric import topology
 from hyperpipe.exec.monitor import Reporter, peak_memory_bytes
 from hyperpipe.exec.options import RunOptions, RunResult
 from hyperpipe.exec.placement import adjacent_pairs, check_runnable, placements
@@ -35,6 +38,9 @@ from hyperpipe.plan.trace import Trace, TraceEvent
 TIMEOUT_STEPS = 5.0          # waits last at least this many expected steps
 REFERENCE_BUDGET_S = 4.0     # per rank, for timing its actions before the run
 REFERENCE_WAIT_S = 3600.0    # a rank waiting its turn to time its actions
+# why: with emulated links a data-parallel group's ring steps run on a thread beside
+# the main one; Python's default 5 ms switch interval could hold a step that long
+SWITCH_INTERVAL_S = 2e-4
 BUSY_OPS = ("F", "B", "I", "W", "optimizer")
 
 
@@ -91,7 +97,7 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
     hears of the reference-timing phase and of each step as it ends.
     """
     report = report or (lambda kind, **data: None)
-    plan, spec = prep.plan, prep.spec
+    plan = prep.plan
     torch.set_num_threads(options.threads_per_rank)
     if use_cuda:
         device = torch.device("cuda", local_rank)
@@ -105,8 +111,38 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
     if use_cuda:
         kwargs["device_id"] = device        # NCCL: bind the communicator to our GPU
     dist.init_process_group(backend, rank=rank, timeout=timeout, **kwargs)
-    where = placements(plan)[rank]
     emulated = options.emulate and not use_cuda
+    emulator = None
+    if emulated and rank == 0:
+        emulator = links.start(topology(prep.cluster, plan.devices))
+    try:
+        client = _links_client(emulator, rank, options.timeout_s) if emulated else None
+        try:
+            return _run_rank(prep, options, rank, device, emulated, client, report)
+        finally:
+            if client is not None:
+                client.close()
+    finally:
+        if emulator is not None:
+            emulator.stop()
+
+
+def _links_client(emulator: links.Emulator | None, rank: int, timeout_s: float
+                  ) -> links.Links:
+    """This rank's client of the link emulator that rank 0 started (collective)."""
+    where = [None, None] if emulator is None else [emulator.address, emulator.authkey]
+    dist.broadcast_object_list(where, src=0)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    return links.Links(where[0], where[1], rank, timeout_s)
+
+
+def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.device,
+              emulated: bool, client: links.Links | None, report: Reporter) -> RunResult:
+    """The rank's part after joining the job (see the module doc); `client`: its link
+    emulator client when emulating."""
+    plan, spec = prep.plan, prep.spec
+    backend = dist.get_backend()
+    where = placements(plan)[rank]
     factors = device_factors(plan.devices, prep.cluster, options.emulation_scale) \
         if emulated else {d: 1.0 for d in plan.devices}
 
@@ -114,16 +150,13 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
         return time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    link_cost = None
-    if emulated:        # messages and collectives take the cluster's link times (links.py)
-        from hyperpipe.sim.costmodel import CostModel
-        link_cost = CostModel(spec, prep.cluster)
     runtime = RankRuntime(plan, spec, where, seed=options.seed, lr=options.lr, device=device,
                           timeout_s=options.timeout_s, clock=clock,
                           emulation_factor=factors[where.device],
                           bucket_bytes=options.bucket_bytes,
                           overlap_dp_allreduce=options.overlap_dp_allreduce,
-                          link_cost=link_cost)
+                          links=client,
+                          nodes=[prep.cluster.device(d).node for d in plan.devices])
     first_step = 0
     if prep.resume_from is not None:
         state = checkpoint.load_rank(options.checkpoint_dir, prep.resume_from, rank)
@@ -139,8 +172,16 @@ def rank_main(prep: Prepared, options: RunOptions, rank: int, local_rank: int, *
         total = torch.tensor([busy], dtype=torch.float64)
         dist.all_reduce(total)
         runtime.timeout_s = max(options.timeout_s, TIMEOUT_STEPS * float(total.item()))
+        if client is not None:
+            client.timeout_s = runtime.timeout_s
     dist.barrier()
     t0 = time.perf_counter()        # aligned: every rank leaves the barrier together
+    if client is not None:
+        # emulated links need every rank on one machine, so one clock serves all: rank
+        # 0's origin, exact where the barrier's exits differ by scheduling
+        origin = torch.tensor([t0], dtype=torch.float64)
+        dist.broadcast(origin, src=0)
+        t0 = float(origin.item())
     events: list[TraceEvent] = []
     if options.probe_links:
         events += probe_links(adjacent_pairs(plan), rank, plan.devices, clock,

@@ -13,12 +13,18 @@ the order that sender sends, so ordering cannot deadlock and NCCL, which matches
 order, pairs them correctly; sends are asynchronous, reaped between actions, on a
 process group per direction (comm.Channels). After the last action: the data-parallel
 reduction, then AdamW. Every action becomes a TraceEvent on the rank's aligned clock.
+
+With emulated links (exec.links) every message is a flow of the link emulator: posted
+when sent, held at the receiver until it has crossed the emulated links; the
+data-parallel collectives run as their ring steps over them (exec.collectives); a
+tensor-parallel stage's collectives, which run for real inside its compute, add their
+ring steps' link time after each action's compute (`_tp_links`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,14 +32,16 @@ import torch
 import torch.distributed as dist
 
 from hyperpipe.exec import comm, compute, tensor_parallel
+from hyperpipe.exec.collectives import ring_order, timing_ring
 from hyperpipe.exec.data import micro_batch_of, step_batch
 from hyperpipe.exec.dataparallel import DataParallel
 from hyperpipe.exec.emulation import cpu_clock, stretch
-from hyperpipe.exec.links import STAMP_ELEMENTS, LinkEmulation, stamped, unstamped
+from hyperpipe.exec.links import Links
 from hyperpipe.exec.memory import MemoryMeter, state_tensors
 from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups, tp_groups
 from hyperpipe.exec.recompute import apply_recompute
 from hyperpipe.exec.reference import measure_reference, reference_from
+from hyperpipe.exec.tied import TiedEmbedding
 from hyperpipe.models import build_stage
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan, schedule_for
@@ -89,20 +97,21 @@ class RankRuntime:
 
     Every rank of the job constructs its RankRuntime at the same time (the data-parallel
     process groups are created collectively). `clock` returns seconds on the rank's
-    aligned clock; `emulation_factor` stretches compute (1 = native speed).
+    aligned clock; `emulation_factor` stretches compute (1 = native speed); `links` (the
+    link emulator's client, exec.links; None: loopback speed) with `nodes[r]`, the node
+    of global rank r, emulates the cluster's links.
     """
 
     def __init__(self, plan: Plan, spec: ModelSpec, where: RankPlacement, *, seed: int,
                  lr: float, device: torch.device, timeout_s: float,
                  clock: Callable[[], float], emulation_factor: float = 1.0,
                  bucket_bytes: float = DDP_BUCKET_BYTES, overlap_dp_allreduce: bool = True,
-                 link_cost=None):
+                 links: Links | None = None, nodes: Sequence[str] = ()):
         self.plan, self.spec, self.where = plan, spec, where
         self.seed, self.device, self.timeout_s = seed, device, timeout_s
         self.clock, self.factor = clock, emulation_factor
-        # link emulation: a CostModel of the cluster gives each message and collective
-        # the time its route would take (exec.links); None: loopback speed
-        self.links = LinkEmulation(link_cost, plan.devices, clock) if link_cost else None
+        self.links = links
+        self.tp_ring = ring_order(where.tp_ranks, nodes) if links else where.tp_ranks
         self.reference: dict = {}       # (stage, op) or "optimizer" -> seconds (emulation)
         self.devices = plan.devices
         self.name = where.device
@@ -138,11 +147,13 @@ class RankRuntime:
         # bounded so that buffers for every micro-batch are not allocated up front.
         self.window = 2 * len(pipe.stages) + 2
         self.channels = comm.Channels(adjacent_pairs(plan), timeout_s)
+        self.tied = TiedEmbedding(plan, spec, where, [st.module for st in self.stages.values()],
+                                  timeout_s, links=self.links, nodes=nodes)
         self.dp = DataParallel(dp_groups(plan), where.rank, self._params_by_layer(),
                                self.devices, timeout_s, lr=lr,
                                distributed_optimizer=plan.distributed_optimizer,
                                bucket_bytes=bucket_bytes, overlap=overlap_dp_allreduce,
-                               links=self.links)
+                               links=self.links, nodes=nodes, apart=self.tied.params)
         self.memory = MemoryMeter(device, self.params, lambda: state_tensors(
             self.dp.optimizer, self.dp.master_tensors()))
         # the index of each stage's last backward action (B, or W after I): its
@@ -211,6 +222,7 @@ class RankRuntime:
         self.cursor = {src: 0 for src in self.inbox}
         self.outstanding = {src: 0 for src in self.inbox}
         self.sends = comm.PendingSends(self.timeout_s, self.clock)
+        self._tp_actions = 0            # names this step's tensor-parallel ring flows
         self.loss_sum = torch.zeros((), device=self.device)
         ends = [s for s in self.stages.values() if s.is_first or s.is_last]
         self.batch = step_batch(self.spec, self.plan.global_batch, step, self.seed) \
@@ -236,6 +248,7 @@ class RankRuntime:
         if self.tp > 1:
             tensor_parallel.finish_grads(self.params)
         self.events += self.dp.reduce(self.name, step, self.clock)
+        self.tied.reduce()
         t, cpu = self.clock(), cpu_clock()
         self.dp.step()
         # emulated like compute: the optimizer step's speed is the device's too
@@ -343,8 +356,8 @@ class RankRuntime:
             key = (r.kind, r.stage, r.microbatch)
             if until is None and self.outstanding[src] >= self.window:
                 return
-            # with link emulation the message carries its send time (links.stamped)
-            shape = (math.prod(r.shape) + STAMP_ELEMENTS,) if self.links else r.shape
+            # with link emulation the message carries its flow number (comm.stamped)
+            shape = (math.prod(r.shape) + comm.STAMP_ELEMENTS,) if self.links else r.shape
             buf = torch.empty(shape, dtype=torch.float32, device=self.device)
             tag = comm.message_tag(r.kind, r.stage, r.microbatch, self.num_mb)
             group = self.channels.group(src, self.where.rank)
@@ -370,12 +383,11 @@ class RankRuntime:
         comm.wait(work, self.timeout_s, f"waiting for the {what} of stage {stage} "
                   f"micro-batch {mb} from rank {src} ({self.devices[src]})")
         self._sync()
-        if self.links:      # held until the cluster's route would have delivered it
+        if self.links:      # held until its flow has crossed the emulated links
             st = self.stages[stage]
-            buf, sent_s = unstamped(buf, st.in_shape if kind == comm.ACTIVATION
-                                    else st.out_shape)
-            self.links.hold(self.links.arrival_s(src, self.where.rank, sent_s,
-                                                 float(buf.numel() * buf.element_size())))
+            buf, number = comm.unstamped(buf, st.in_shape if kind == comm.ACTIVATION
+                                         else st.out_shape)
+            self.links.deliver(("p2p", src, number))
         self.events.append(self._event("recv", stage, mb, start, self.clock(),
                                        float(buf.numel() * buf.element_size()),
                                        self.devices[src]))
@@ -392,9 +404,15 @@ class RankRuntime:
             if dst == self.where.rank:
                 self.local[(kind, stage, mb)] = tensor
                 continue
-            ev = self._event("send", src_stage, mb, self.clock(), 0.0,
-                             float(tensor.numel() * tensor.element_size()), self.devices[dst])
-            wire = stamped(tensor, self.clock()) if self.links else tensor
+            nbytes = float(tensor.numel() * tensor.element_size())
+            ev = self._event("send", src_stage, mb, self.clock(), 0.0, nbytes,
+                             self.devices[dst])
+            wire = tensor
+            if self.links:      # a flow of the link emulator, one after another per peer
+                number = self.links.number()
+                me = self.where.rank
+                self.links.post(("p2p", me, number), me, dst, nbytes, queue=("p2p", me, dst))
+                wire = comm.stamped(tensor, number)
             self.sends.send(wire, dst, comm.message_tag(kind, stage, mb, self.num_mb),
                             self.channels.group(self.where.rank, dst), ev)
 
@@ -408,8 +426,26 @@ class RankRuntime:
         (cpu_clock): synchronised, then stretched to `factor` times its reference time
         (measure_reference) or, without one, its CPU time."""
         self._sync()
-        return stretch(start, start_cpu, self.factor, self.clock,
-                       reference_s=self.reference.get(key))
+        end = stretch(start, start_cpu, self.factor, self.clock,
+                      reference_s=self.reference.get(key))
+        if self.links and self.tp > 1 and isinstance(key, tuple):
+            end = self._tp_links(*key)
+        return end
+
+    def _tp_links(self, stage: int, op: str) -> float:
+        """The link time of a tensor-parallel action's collectives (run for real inside
+        its compute, over loopback): their ring steps over the emulated links, as one
+        ring of their summed bytes (tensor_parallel.comm_bytes) after the compute; every
+        rank of the group runs the same action, so they meet in the ring. Returns the
+        clock after it."""
+        sp = self.plan.pipelines[self.where.pipeline].stages[stage]
+        nbytes = tensor_parallel.comm_bytes(self.spec, sp.layers, self.micro_batch, op,
+                                            sp.recompute)
+        self._tp_actions += 1
+        timing_ring(self.links, self.tp_ring, self.where.rank, nbytes,
+                    ("tp", self.tp_ring[0], self.step, self._tp_actions),
+                    ("tp", self.tp_ring[0]))
+        return self.clock()
 
     def _event(self, op: str, stage: int, mb: int, start: float, end: float,
                nbytes: float = 0.0, peer: str = "") -> TraceEvent:

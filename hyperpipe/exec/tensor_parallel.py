@@ -151,6 +151,36 @@ def parallelize_stage(layers: list[nn.Module], mesh: DeviceMesh, *, sequence_par
     return out
 
 
+FP32_BYTES = 4       # the executor's tensor-parallel collectives move fp32 on the CPU
+
+
+def comm_bytes(spec, layers: tuple[int, int], micro_batch: int, op: str, recompute: str
+               ) -> float:
+    """Bytes per rank of the all-reduces one action of a tensor-parallel stage runs over
+    its group, in all-reduce terms (the link time that emulation adds after the action's
+    compute, exec.collectives.timing_ring). Megatron's layout (Shoeybi et al. 2019,
+    fig. 3): a block all-reduces its (B, S, D) output twice in F and its input gradient
+    twice in B or I (with sequence parallelism an all-gather and a reduce-scatter
+    instead of each, the same bytes in ring terms); a synthetic layer all-gathers its
+    output in F (half an all-reduce) and all-reduces its input gradient in B or I.
+    Under full recompute a backward redoes the forward's collectives. W runs none."""
+    if op not in ("F", "B", "I"):
+        return 0.0
+    total = 0.0
+    for i in range(*layers):
+        layer = spec.layers[i]
+        width = spec.config.d_model if spec.config is not None else layer.hidden
+        tensor = micro_batch * spec.seq_len * width * FP32_BYTES
+        if layer.kind == "block":
+            forward, backward = 2 * tensor, 2 * tensor
+        elif layer.kind == "synthetic":
+            forward, backward = tensor / 2, tensor
+        else:
+            continue
+        total += forward if op == "F" else backward + (forward if recompute == "full" else 0)
+    return total
+
+
 @torch.no_grad()
 def finish_grads(params: list[nn.Parameter]) -> None:
     """Sum the partial gradients that sequence parallelism leaves on replicated parameters

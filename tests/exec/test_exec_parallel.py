@@ -58,8 +58,9 @@ def single_process(plan, steps: int, seed: int = 0):
 def check(plan, steps: int = 1, **options):
     """Run `plan` for `steps` and compare with the single process: losses, last-step
     gradients and final weights, on every rank holding each layer."""
-    result = run_plan(plan, RunOptions(steps=steps, emulate=False, capture_state=True,
-                                       probe_links=False, lr=LR, **options))
+    result = run_plan(plan, RunOptions(**{"steps": steps, "emulate": False,
+                                          "capture_state": True, "probe_links": False,
+                                          "lr": LR, **options}))
     losses, grads, weights = single_process(plan, steps)
     assert result.losses == pytest.approx(losses, abs=1e-5)
     seen = set()
@@ -134,6 +135,34 @@ def test_everything_together_trains_like_single_process():
             stage((5, 8), devices[2:], recompute="selective")]}
     check(plan_of([pipe((0, 1, 2), 2, 1), pipe((3, 4, 5), 1, 3)],
                   distributed_optimizer=True), steps=2)
+
+
+# two nodes of three, one slow NIC each: every message, ring step and tensor-parallel
+# collective of an emulated run crosses the link emulator (exec.links)
+TWO_NODES = {"nodes": [{"name": "x", "device": "A100-80GB", "count": 3},
+                       {"name": "y", "device": "V100-32GB", "count": 3}],
+             "inter_node": {"bandwidth": "1 Gbit/s", "latency": "100 us"}}
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_emulated_links_train_like_single_process(distributed):
+    # four replicas of one stage over two nodes of two (x/0 x/1 | y/0 y/1): without the
+    # distributed optimizer a hierarchical all-reduce (node, rails, node), with it a ring
+    # reduce-scatter and all-gather; then a tp=2 stage on x feeding y/2: tensor-parallel
+    # ring steps and point-to-point messages over the emulated links
+    def one(device, m):
+        return {"micro_batch": 1, "num_microbatches": m,
+                "stages": [{"layers": [0, 8], "devices": [device]}]}
+    dp = plan_from_dict(plan_doc([one(d, m) for d, m in
+                                  (("x/0", 2), ("x/1", 1), ("y/0", 3), ("y/1", 2))],
+                                 cluster=TWO_NODES, distributed_optimizer=distributed))
+    result = check(dp, steps=2, emulate=True, probe_links=True, bucket_bytes=1e6)
+    assert result.emulated
+    tp = plan_from_dict(plan_doc([{"micro_batch": 2, "num_microbatches": 2, "stages": [
+        {"layers": [0, 5], "devices": ["x/0", "x/1"], "tp": 2,
+         "sequence_parallel": distributed},
+        {"layers": [5, 8], "devices": ["y/2"], "tp": 1}]}], cluster=TWO_NODES))
+    check(tp, steps=2, emulate=True)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2,

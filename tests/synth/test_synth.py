@@ -300,7 +300,7 @@ def test_v_pruning_keeps_the_pick_and_prunes(monkeypatch):
     model, cluster = setup(count=2)
     c = S.SearchConstraints(global_batch=16, micro_batch=1, tp=1)
     pruned = S.search(model, cluster, c)
-    monkeypatch.setattr(S, "v_ruled_out", lambda ctx, cand, best: False)
+    monkeypatch.setattr(S, "ruled_out", lambda ctx, cand, best: False)
     full = S.search(model, cluster, c)
     assert pruned.best.metrics.iteration_time_s == full.best.metrics.iteration_time_s
     sim = [ph for ph in pruned.phases if ph["name"] == "simulate"][0]
