@@ -18,6 +18,7 @@ from hyperpipe.cli import (
     calibrate,
     demo,
     export,
+    import_,
     listing,
     run,
     schedule,
@@ -36,7 +37,8 @@ from hyperpipe.core import stopping
 from hyperpipe.core.errors import BadInput, HyperPipeError, InfeasiblePlan, Stopped
 
 # In the order `hyperpipe --help` lists them.
-COMMANDS = (schedule, simulate, demo, calibrate, run, search, whatif, listing, export)
+COMMANDS = (schedule, simulate, demo, calibrate, run, search, whatif, listing, export,
+            import_)
 
 
 class _Parser(argparse.ArgumentParser):

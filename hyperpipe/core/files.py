@@ -112,6 +112,12 @@ def load_document(path: str | os.PathLike) -> Any:
     return data
 
 
+def read_text(path: str | os.PathLike, cap: int = limits.MAX_YAML_BYTES) -> str:
+    """The text of regular file `path` (UTF-8, undecodable bytes replaced), refusing a
+    file over `cap` bytes, a directory, a FIFO or a device (BadInput naming the file)."""
+    return _read_capped(Path(path), cap).decode("utf-8", errors="replace")
+
+
 def _parse_json(text: str, where: str) -> Any:
     def constant(name: str) -> Any:
         raise BadInput(where, "finite numbers (JSON has no NaN or Infinity)", name)

@@ -1,30 +1,35 @@
 """Take a plan to the framework people train with: torchtitan, Megatron-LM, DeepSpeed.
 
-Each exporter writes what that framework needs to run the plan's partition and lists,
-as ``# cannot express:`` lines, what it cannot: the frameworks build one pipeline layout
-and repeat it over every data-parallel replica, with one micro-batch size and one
-tensor-parallel degree, so a heterogeneous plan (replicas with different layouts,
-micro-batches or devices per stage, stages with different tp) exports its first
-replica's layout with those lines saying what is lost.
+Each exporter writes the files that framework reads to run the plan (`export_files`:
+torchtitan's TOML job config and its schedule CSV, Megatron-LM's launch line, DeepSpeed's
+JSON with Megatron-DeepSpeed's launch line) and lists, as ``# cannot express:`` lines,
+what it cannot: the frameworks build one pipeline layout and repeat it over every
+data-parallel replica, with one micro-batch size and one tensor-parallel degree, so a
+heterogeneous plan (replicas with different layouts, micro-batches or devices per stage,
+stages with different tp) exports its first replica's layout with those lines saying
+what is lost. `hyperpipe import` reads every file written here back into a plan with the
+same partition, degrees, micro-batching and (where the framework runs it) schedule.
 
 Layer numbering: our layers are the pipeline's cut units, half-open ranges
 ``[start, end)``. For a GPT-style model layer 0 is the embedding, layers 1..n the
 transformer blocks (torchtitan ``layers.0`` .. ``layers.{n-1}``, Megatron's decoder
 layers) and layer n+1 the final norm, output projection and loss.
-
-Each exporter writes the format its project documents (stated above each exporter).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from hyperpipe.core.errors import BadInput
+from hyperpipe.frameworks.job import stage_units
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.plan.kinds import KINDS
-from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.kinds import DEFAULT_KIND, KINDS, schedule_kind
+from hyperpipe.plan.plan import Plan, schedule_for
 
 FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
+# The main file's suffix per framework; `export_files` names the others after its stem.
+SUFFIX = {"torchtitan": ".toml", "megatron": ".sh", "deepspeed": ".json"}
 
 
 def _runs_in(kind: str, framework: str) -> bool:
@@ -47,6 +52,8 @@ class Layout:
     num_microbatches: int
     global_batch: int
     schedule: str
+    recompute: str = "none"
+    sequence_parallel: bool = False
     lost: list[str] = field(default_factory=list)
     device_types: list[str] = field(default_factory=list)
 
@@ -75,10 +82,12 @@ def layout_of(plan: Plan) -> Layout:
     if len(recompute) > 1:
         lost.append(f"stages recompute differently {sorted(recompute)}; set recomputation "
                     "per model in the framework")
-    pp = len(first.devices())
+    pp = len(first.stages) // plan.chunks          # pipeline ranks (not devices: tp)
     return Layout(ranges, pp, plan.chunks, first.stages[0].tp, len(plan.pipelines),
                   first.micro_batch, first.num_microbatches, plan.global_batch,
-                  plan.schedule, lost, sorted(_device_types(plan)))
+                  plan.schedule, first.stages[0].recompute,
+                  any(s.sequence_parallel for s in first.stages), lost,
+                  sorted(_device_types(plan)))
 
 
 def replicas_x_stages(replicas: int, stages: int) -> str:
@@ -107,16 +116,21 @@ def _blocks(spec: ModelSpec) -> int:
     return len(spec.layers) - 2
 
 
-def export(plan: Plan, framework: str) -> str:
-    """The text that `framework` needs for `plan` (see the module docstring)."""
+def export_files(plan: Plan, framework: str, main: str | None = None) -> dict[str, str]:
+    """The files `framework` reads to run `plan`, by name: the main one first, named
+    `main` (default ``job`` + `SUFFIX`), the others after its stem (``job.schedule.csv``,
+    ``job.args``); the main file (DeepSpeed: the launch file) starts with the header and
+    the ``# cannot express:`` lines (module docstring)."""
     if framework not in FRAMEWORKS:
         raise BadInput("to", f"one of {', '.join(FRAMEWORKS)}", framework)
+    main = main or f"job{SUFFIX[framework]}"
+    stem = main.rsplit(".", 1)[0] if "." in main else main
     spec = plan.load_model()
     # The same check simulate and run make: a plan they refuse is not exported either.
     plan.check(spec, plan.load_cluster())
     lay = layout_of(plan)
-    text = {"torchtitan": _torchtitan, "megatron": _megatron,
-            "deepspeed": _deepspeed}[framework](lay, spec)
+    files, lost = {"torchtitan": _torchtitan, "megatron": _megatron,
+                   "deepspeed": _deepspeed}[framework](plan, lay, spec, stem, main)
     head = [f"# {framework} settings for plan {plan.source} ({spec.name}, "
             f"{replicas_x_stages(lay.dp, len(lay.stages))}, schedule {lay.schedule}; "
             "our layer ranges are half-open [start, end))"]
@@ -124,10 +138,30 @@ def export(plan: Plan, framework: str) -> str:
         head.append(f"# note: device types differ ({', '.join(lay.device_types)}): start "
                     "the ranks so that each gets the plan's device for its stage (rank "
                     "order = stage order within a replica, replicas one after another)")
-    head += [f"# cannot express: {line}" for line in lay.lost + text[1]]
-    return "\n".join(head + [text[0]]).rstrip() + "\n"
+    head += [f"# cannot express: {line}" for line in lay.lost + lost]
+    if framework == "deepspeed":           # JSON has no comments: they go in the launch file
+        args = next(name for name in files if name != main)
+        files[args] = "\n".join(head) + "\n" + files[args]
+    else:
+        files[main] = "\n".join(head) + "\n" + files[main]
+    return files
 
 
+def export(plan: Plan, framework: str) -> str:
+    """The export as one text for stdout: the main file, then each other file headed by
+    ``# ==> NAME <==`` (as comment lines after a TOML, so that it stays one TOML)."""
+    files = export_files(plan, framework)
+    names = list(files)
+    out = files[names[0]].rstrip() + "\n"
+    for name in names[1:]:
+        body = files[name].rstrip()
+        if framework == "torchtitan":
+            body = "\n".join(f"# {line}" for line in body.splitlines())
+        out += f"# ==> {name} <==\n{body}\n"
+    return out
+
+
+# ---------------------------------------------------------------- torchtitan
 def torchtitan_fqns(stage: tuple[int, int], n_blocks: int) -> list[str]:
     """torchtitan module names of our half-open layer range `stage`."""
     names = []
@@ -141,147 +175,268 @@ def torchtitan_fqns(stage: tuple[int, int], n_blocks: int) -> list[str]:
     return names
 
 
-# Format: torchtitan, ``[parallelism]`` of its TOML job config: ``pipeline_parallel_degree``,
-#   ``pipeline_parallel_schedule`` (a torch.distributed.pipelining schedule class name),
-#   ``pipeline_parallel_microbatch_size``, ``tensor_parallel_degree``,
-#   ``data_parallel_replicate_degree``, the split points ``pipeline_parallel_split_points``
-#   (the module that *begins* each stage after the first; older releases) and
-#   ``module_fqns_per_model_part`` (every stage's module names; newer releases). Schedules
-#   without a built-in class go through ``pipeline_parallel_schedule_csv``, which
-#   `hyperpipe schedule --format torch-csv` writes.
-def _torchtitan(lay: Layout, spec: ModelSpec) -> tuple[str, list[str]]:
+def _flavor(spec: ModelSpec) -> str | None:
+    """The torchtitan Llama 3 flavour whose shapes `spec` has, if any."""
+    from hyperpipe.frameworks.torchtitan import LLAMA3_FLAVORS, ffn_hidden
+    c = spec.config
+    for name, (dim, layers, heads, kv, mult, multiple_of, theta, vocab) in \
+            LLAMA3_FLAVORS.items():
+        if (c.d_model, c.n_layer, c.n_head, c.n_kv_head, c.ffn_hidden, c.vocab_size,
+                c.mlp, c.norm, c.position, c.rope_theta, c.bias) == \
+                (dim, layers, heads, kv or heads, ffn_hidden(dim, mult, multiple_of), vocab,
+                 "swiglu", "rmsnorm", "rope", theta, False):
+            return name
+    return None
+
+
+def torchtitan_schedule_class(plan: Plan) -> str:
+    """The pipelining class named beside the CSV: the kind's own where torch has one,
+    else one whose stage placement matches (torchtitan places V stages only for
+    ZBVZeroBubble and DualPipeV; distributed/pipeline_parallel.py, pipeline_module_split)."""
+    kind = schedule_kind(plan.schedule)
+    if kind.torch_schedule is not None:
+        return kind.torch_schedule
+    from hyperpipe.plan.plan import pipeline_placement
+    if pipeline_placement(plan, plan.pipelines[0]) == "v":
+        return "ZBVZeroBubble"
+    return "PipelineScheduleMulti" if plan.chunks > 1 else "PipelineScheduleSingle"
+
+
+# Format: torchtitan's TOML job config (pytorch/torchtitan torchtitan/config/job_config.py,
+#   the TOML releases up to 0.2.2): [model] name/flavor, [training] local_batch_size,
+#   global_batch_size, seq_len, mixed_precision_param, [parallelism] the degrees,
+#   pipeline_parallel_schedule (+ pipeline_parallel_schedule_csv, which torchtitan replays
+#   with torch's _PipelineScheduleRuntime), pipeline_parallel_microbatch_size and
+#   module_fqns_per_model_part, [activation_checkpoint] mode.
+def _torchtitan(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
+                ) -> tuple[dict[str, str], list[str]]:
     n = _blocks(spec)
     lost = []
-    parts = [torchtitan_fqns(s, n) for s in lay.stages]
-    splits = []
-    for s in lay.stages[1:]:
-        first = torchtitan_fqns(s, n)[0]
-        if not first.startswith("layers."):
-            lost.append(f"pipeline_parallel_split_points: a stage starting at {first} (only "
-                        "a transformer block can begin a stage there); use "
-                        "module_fqns_per_model_part")
-        splits.append(first)
-    lines = ["[parallelism]", f"pipeline_parallel_degree = {lay.pp}"]
-    known = KINDS.get(lay.schedule)    # torch.distributed.pipelining's name for the kind
-    sched = None if known is None else known.torch_schedule
-    if sched is not None:
-        lines.append(f'pipeline_parallel_schedule = "{sched}"')
-    else:
-        lines += ['pipeline_parallel_schedule = "PipelineScheduleMulti"' if lay.chunks > 1
-                  else 'pipeline_parallel_schedule = "PipelineScheduleSingle"',
-                  'pipeline_parallel_schedule_csv = "schedule.csv"',
-                  f"# write schedule.csv with: hyperpipe schedule --kind {lay.schedule} "
-                  f"--devices {lay.pp} --microbatches {lay.num_microbatches} "
-                  f"--chunks {lay.chunks} --format torch-csv --out schedule.csv"]
-    lines += [f"pipeline_parallel_microbatch_size = {lay.micro_batch}",
-              f"tensor_parallel_degree = {lay.tp}",
-              f"data_parallel_replicate_degree = {lay.dp}",
-              "# older torchtitan releases:",
-              "pipeline_parallel_split_points = [" + ", ".join(f'"{s}"' for s in splits) + "]",
-              "# newer releases (split points are deprecated there):",
-              "module_fqns_per_model_part = ["]
-    lines += ["  [" + ", ".join(f'"{x}"' for x in p) + "]," for p in parts]
-    lines += ["]", "", "[training]", f"global_batch_size = {lay.global_batch}",
-              f"seq_len = {spec.config.seq_len}"]
-    return "\n".join(lines), lost
+    flavor = _flavor(spec)
+    if flavor is None:
+        lost.append(f"model {spec.name}: torchtitan builds the llama3 flavours only; add "
+                    "one with these shapes (torchtitan/models/llama3 llama3_args), or import "
+                    "back with --model")
+    c = spec.config
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}.get(spec.dtype)
+    if dtype is None:
+        lost.append(f"dtype {spec.dtype}: torchtitan trains in bfloat16 or float32")
+        dtype = "bfloat16"
+    if plan.distributed_optimizer:
+        lost.append("the distributed optimizer as FSDP (data_parallel_shard_degree): "
+                    "torchtitan shards parameters and gradients too")
+    if lay.sequence_parallel != (lay.tp > 1):
+        lost.append("sequence parallelism: torchtitan's tensor parallelism always splits "
+                    "the norms' sequence")
+    if lay.pp == 1 and lay.schedule != DEFAULT_KIND:
+        lost.append(f"schedule {lay.schedule}: with one pipeline stage torchtitan runs no "
+                    "pipeline schedule (forward, then backward, per micro-batch)")
+    replicate, shard = (1, lay.dp) if plan.distributed_optimizer else (lay.dp, 1)
+    mode = {"none": "none", "selective": "selective", "full": "full"}[lay.recompute]
+    local = lay.micro_batch * (lay.num_microbatches if lay.pp > 1 else 1)
+    lines = ["[model]", 'name = "llama3"', f'flavor = "{flavor or spec.name}"', "",
+             # without a pipeline torchtitan accumulates global / (local x dp) steps
+             "[training]", f"local_batch_size = {local}",
+             f"global_batch_size = {lay.global_batch}", f"seq_len = {c.seq_len}",
+             f'mixed_precision_param = "{dtype}"', "",
+             "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
+             f"data_parallel_shard_degree = {shard}",
+             f"tensor_parallel_degree = {lay.tp}",
+             f"pipeline_parallel_degree = {lay.pp}"]
+    files: dict[str, str] = {}
+    csv_name = f"{stem}.schedule.csv"
+    if lay.pp > 1:
+        lines += [f'pipeline_parallel_schedule = "{torchtitan_schedule_class(plan)}"',
+                  f'pipeline_parallel_schedule_csv = "{csv_name}"   # beside this file',
+                  f"pipeline_parallel_microbatch_size = {lay.micro_batch}",
+                  "module_fqns_per_model_part = ["]
+        lines += ["  [" + ", ".join(f'"{x}"' for x in torchtitan_fqns(s, n)) + "],"
+                  for s in lay.stages]
+        lines.append("]")
+    lines += ["", "[activation_checkpoint]", f'mode = "{mode}"']
+    if mode == "selective":
+        lines.append('selective_ac_option = "op"')
+    files[main] = "\n".join(lines) + "\n"
+    if lay.pp > 1:
+        files[csv_name] = schedule_for(plan, 0).to_torch_csv()
+    return files, lost
 
 
+# ---------------------------------------------------------------- Megatron-LM
 def megatron_layout(stages: tuple[tuple[int, int], ...], n_blocks: int) -> str:
     """Megatron-LM's --pipeline-model-parallel-layout for our stages."""
-    out = []
-    for a, b in stages:
-        tok = ""
-        for layer in range(a, b):
-            tok += "E" if layer == 0 else ("t" if layer <= n_blocks else "L")
-        out.append(tok)
-    return "|".join(out)
+    return "|".join(stage_units(stages, n_blocks))
 
 
-# Format: Megatron-LM arguments: ``--pipeline-model-parallel-size``,
-#   ``--tensor-model-parallel-size`` (the data-parallel size is world / (pp x tp)),
-#   ``--num-layers``,
-#   ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the
-#   middle stages share the rest evenly), ``--num-layers-per-virtual-pipeline-stage`` for
-#   interleaving, and ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` a
-#   decoder layer, ``L`` the loss, ``|`` between stages), which states any layout exactly.
-def _megatron(lay: Layout, spec: ModelSpec) -> tuple[str, list[str]]:
-    n = _blocks(spec)
-    lost = []
+def megatron_model_args(spec: ModelSpec, tp: int, lost: list[str]) -> list[str]:
+    """Megatron-LM's flags for the model's shape, precision and attention."""
+    c = spec.config
+    args = [f"--num-layers {c.n_layer}", f"--hidden-size {c.d_model}",
+            f"--num-attention-heads {c.n_head}", f"--ffn-hidden-size {c.ffn_hidden}",
+            f"--seq-length {c.seq_len}", f"--max-position-embeddings {c.seq_len}",
+            f"--vocab-size {c.vocab_size}", "--make-vocab-size-divisible-by 1",
+            f"--hidden-dropout {c.dropout:g}", f"--attention-dropout {c.dropout:g}",
+            f"--attention-backend {'flash' if c.attention == 'flash' else 'unfused'}"]
+    if c.vocab_size % tp:
+        lost.append(f"vocabulary {c.vocab_size}: Megatron-LM pads it to a multiple of tp "
+                    f"({-(-c.vocab_size // tp) * tp})")
+    if c.n_kv_head != c.n_head:
+        args += ["--group-query-attention", f"--num-query-groups {c.n_kv_head}"]
+    if c.mlp == "swiglu":
+        args.append("--swiglu")
+    if c.norm == "rmsnorm":
+        args.append("--normalization RMSNorm")
+    if c.position == "rope":
+        args += ["--position-embedding-type rope", f"--rotary-base {c.rope_theta:g}"]
+    if not c.bias:
+        args.append("--disable-bias-linear")
+    if not getattr(c, "tie_embeddings", True):
+        args.append("--untie-embeddings-and-output-weights")
+    if spec.dtype in ("bf16", "fp16"):
+        args.append(f"--{spec.dtype}")
+    elif spec.dtype != "fp32":
+        lost.append(f"dtype {spec.dtype}: exported as bf16")
+        args.append("--bf16")
+    return args
+
+
+def _recompute_args(recompute: str) -> list[str]:
+    return {"none": [], "selective": ["--recompute-granularity selective"],
+            "full": ["--recompute-granularity full", "--recompute-method uniform",
+                     "--recompute-num-layers 1"]}[recompute]
+
+
+def megatron_split_args(lay: Layout, n: int, lost: list[str]) -> list[str]:
+    """The fewest flags that give Megatron-LM our stages: none for its even split,
+    --num-layers-per-virtual-pipeline-stage for an even interleaved split, uneven first
+    and last stages, else --pipeline-model-parallel-layout (any split)."""
     blocks = [sum(1 for x in range(a, b) if 1 <= x <= n) for a, b in lay.stages]
-    args = [f"--pipeline-model-parallel-size {lay.pp}",
-            f"--tensor-model-parallel-size {lay.tp}",
-            f"--num-layers {n}",
+    even = len(set(blocks)) == 1 and lay.stages[0][0] == 0 and \
+        all(b - a == blocks[0] + (k == 0) + (k == len(blocks) - 1)
+            for k, (a, b) in enumerate(lay.stages))
+    if even and lay.chunks > 1:
+        return [f"--num-layers-per-virtual-pipeline-stage {blocks[0]}"]
+    if even:
+        return []
+    middle = blocks[1:-1]
+    if lay.chunks == 1 and lay.pp > 2 and len(set(middle)) == 1 and blocks[0] >= 1 \
+            and blocks[-1] >= 1:
+        return [f"--decoder-first-pipeline-num-layers {blocks[0]}",
+                f"--decoder-last-pipeline-num-layers {blocks[-1]}"]
+    return [f'--pipeline-model-parallel-layout "{megatron_layout(lay.stages, n)}"']
+
+
+# Format: Megatron-LM arguments (NVIDIA/Megatron-LM megatron/training/arguments.py) after
+#   the torchrun launcher: the model's shape, --tensor/pipeline-model-parallel-size (the
+#   data-parallel size is world / (pp x tp)), the split (`megatron_split_args`), batch,
+#   recompute, sequence parallelism, the distributed optimizer and gradient overlap.
+def _megatron(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
+              ) -> tuple[dict[str, str], list[str]]:
+    n = _blocks(spec)
+    lost: list[str] = []
+    world = lay.dp * lay.pp * lay.tp
+    args = [f"--tensor-model-parallel-size {lay.tp}",
+            f"--pipeline-model-parallel-size {lay.pp}",
+            *megatron_model_args(spec, lay.tp, lost),
             f"--micro-batch-size {lay.micro_batch}",
             f"--global-batch-size {lay.global_batch}",
-            f"--seq-length {spec.config.seq_len}"]
-    if lay.chunks > 1:
-        if len(set(blocks)) > 1:
-            lost.append("--num-layers-per-virtual-pipeline-stage: interleaved stages with "
-                        f"different block counts {blocks}; use the layout below")
-        args.append(f"--num-layers-per-virtual-pipeline-stage {blocks[0]}")
-    elif lay.pp > 1:
-        first, last, middle = blocks[0], blocks[-1], blocks[1:-1]
-        if len(set(middle)) > 1:
-            lost.append(f"--decoder-first/last-pipeline-num-layers: middle stages hold "
-                        f"different block counts {middle}; use the layout below")
-        elif len(set(blocks)) > 1:
-            args += [f"--decoder-first-pipeline-num-layers {first}",
-                     f"--decoder-last-pipeline-num-layers {last}"]
+            *megatron_split_args(lay, n, lost), *_recompute_args(lay.recompute)]
+    if lay.sequence_parallel:
+        args.append("--sequence-parallel")
+    if plan.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    runtime = plan.runtime_settings()
+    if runtime.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if lay.chunks > 1 and runtime.p2p == "blocking":
+        args.append("--no-overlap-p2p-communication")
     if not _runs_in(lay.schedule, "megatron"):
         lost.append(f"schedule {lay.schedule}: Megatron-LM runs 1F1B (interleaved with "
                     "virtual stages)")
-    notes = [f"# data-parallel size = world size / (pp x tp): start {lay.dp * lay.pp * lay.tp} "
-             "ranks", "# releases with custom layouts state the layout exactly instead: "
-             f'--pipeline-model-parallel-layout "{megatron_layout(lay.stages, n)}"']
-    return "\n".join(notes) + "\n" + " \\\n".join(args), lost
+    launch = [f"torchrun --nnodes 1 --nproc-per-node {world} pretrain_gpt.py"] + args
+    text = (f"# {world} ranks; across nodes: torchrun --nnodes N --nproc-per-node "
+            f"{world}/N ...\n" + " \\\n    ".join(launch) + "\n")
+    return {main: text}, lost
 
 
-def deepspeed_parts(stages: tuple[tuple[int, int], ...]) -> list[int]:
-    """DeepSpeed's stage boundaries: stage s holds layers[parts[s]:parts[s+1]]."""
-    return [stages[0][0]] + [b for _, b in stages]
-
-
-def uniform_parts(num_items: int, num_parts: int) -> list[int]:
-    """DeepSpeed's partition_method="uniform" boundaries (ds_utils.partition_uniform, as
-    documented: the remainder goes one each to the first stages)."""
-    parts = [0] * (num_parts + 1)
-    chunk, rest = divmod(num_items, num_parts)
-    for p in range(num_parts):
-        parts[p + 1] = parts[p] + chunk + (1 if p < rest else 0)
-    return parts
-
-
-# Format: DeepSpeed ``PipelineModule(layers=..., num_stages=p, partition_method=...)``:
-#   ``"uniform"`` when the plan is what DeepSpeed's own uniform split gives, else the
-#   explicit boundaries ``parts`` (stage s holds ``layers[parts[s]:parts[s+1]]``, DeepSpeed's
-#   own representation), with the few lines of a subclass that uses them.
-def _deepspeed(lay: Layout, spec: ModelSpec) -> tuple[str, list[str]]:
-    lost = []
+# ---------------------------------------------------------------- DeepSpeed
+# Format: DeepSpeed's JSON (deepspeed/runtime/config.py: train_batch_size,
+#   train_micro_batch_size_per_gpu, gradient_accumulation_steps, zero_optimization.stage,
+#   bf16/fp16, and the `pipeline` section, where `partition` holds explicit boundaries when
+#   none of DeepSpeed's partition methods gives them) and Megatron-DeepSpeed's launch line
+#   (the Megatron flags above, --pp-partition-method, --checkpoint-activations,
+#   --deepspeed --deepspeed_config). Boundaries index GPTModelPipe's layer list
+#   (`hyperpipe.frameworks.deepspeed`).
+def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
+               ) -> tuple[dict[str, str], list[str]]:
+    from hyperpipe.frameworks import deepspeed as ds
+    from hyperpipe.frameworks.job import Notes
+    n = _blocks(spec)
+    lost: list[str] = []
     if lay.chunks > 1:
         lost.append("interleaved stages: DeepSpeed's pipeline holds one stage per rank")
     if not _runs_in(lay.schedule, "deepspeed"):
         lost.append(f"schedule {lay.schedule}: DeepSpeed's TrainSchedule is 1F1B")
-    if lay.tp > 1:
-        lost.append("tensor parallelism: give DeepSpeed a Megatron mpu for tp > 1")
-    parts = deepspeed_parts(lay.stages)
-    uniform = parts == uniform_parts(len(spec.layers), len(lay.stages))
-    lines = ["# layers: one LayerSpec per HyperPipe layer, in order (embedding, blocks, head)",
-             f"num_stages = {len(lay.stages)}",
-             f"parts = {parts}   # stage s holds layers[parts[s]:parts[s+1]]"]
-    if uniform:
-        lines += ['partition_method = "uniform"   # gives exactly these parts',
-                  "model = PipelineModule(layers=layers, num_stages=num_stages, "
-                  "partition_method=partition_method)"]
-    else:
-        lines += ["# DeepSpeed's partition_method has no explicit-boundaries mode: set them",
-                  "class PlannedPipeline(PipelineModule):",
-                  "    def _partition_layers(self, method='uniform'):",
-                  "        super()._partition_layers(method='uniform')",
-                  "        self.parts = parts",
-                  "        self._set_bounds(start=self.parts[self.stage_id],"
-                  " stop=self.parts[self.stage_id + 1])",
-                  "model = PlannedPipeline(layers=layers, num_stages=num_stages)"]
-    lines.append(f'ds_config = {{"train_batch_size": {lay.global_batch}, '
-                 f'"train_micro_batch_size_per_gpu": {lay.micro_batch}, '
-                 f'"gradient_accumulation_steps": {lay.num_microbatches}}}')
-    return "\n".join(lines), lost
+    if lay.recompute == "selective":
+        lost.append("selective recompute: Megatron-DeepSpeed checkpoints whole layers "
+                    "(--checkpoint-activations)")
+    if lay.sequence_parallel:
+        lost.append("sequence parallelism: not in Megatron-DeepSpeed's pipeline engine")
+    half = spec.dtype in ("bf16", "fp16")
+    parts = ds.parts_of(lay.stages, n, half)
+    method = None
+    if lay.chunks > 1:          # the nearest runnable: DeepSpeed's default split of pp stages
+        method = ds.DEFAULT_METHOD
+        parts = list(ds.method_parts(method, n, half, None, lay.pp))
+    for candidate in ("uniform", "type:transformer", "type:transformer|embedding",
+                      "parameters") if method is None else ():
+        weights = ds.spec_weights(spec.to_dict(), half) if candidate == "parameters" else None
+        weights = None if weights is None else tuple(weights)
+        got = list(ds.method_parts(candidate, n, half, weights, len(lay.stages)))
+        try:
+            same = ds.stages_of(got, n, "", Notes()) == lay.stages
+        except BadInput:
+            same = False
+        if same:
+            method = candidate
+            break
+    world = lay.dp * lay.pp * lay.tp
+    bf16_pipe = spec.dtype == "bf16" and lay.pp > 1
+    if bf16_pipe and not plan.distributed_optimizer:
+        lost.append("a whole optimizer state per replica: DeepSpeed's bf16 optimizer under "
+                    "the pipeline engine shards it over the data-parallel ranks")
+    zero = 1 if plan.distributed_optimizer and not bf16_pipe else 0
+    config: dict = {"train_batch_size": lay.global_batch,
+                    "train_micro_batch_size_per_gpu": lay.micro_batch,
+                    "gradient_accumulation_steps": lay.num_microbatches,
+                    "zero_optimization": {"stage": zero}}
+    if half:
+        config[spec.dtype] = {"enabled": True}
+    elif spec.dtype != "fp32":
+        lost.append(f"dtype {spec.dtype}: DeepSpeed trains in fp32, fp16 or bf16")
+    if method is None:
+        config["pipeline"] = {"partition": parts}
+    model_args = megatron_model_args(spec, lay.tp, lost)
+    args = [f"deepspeed --num_nodes 1 --num_gpus {world} pretrain_gpt.py",
+            f"--tensor-model-parallel-size {lay.tp}",
+            f"--pipeline-model-parallel-size {lay.pp}", *model_args,
+            f"--micro-batch-size {lay.micro_batch}",
+            f"--global-batch-size {lay.global_batch}"]
+    if method is not None:
+        args.append(f"--pp-partition-method '{method}'")
+    if lay.recompute != "none":
+        args.append("--checkpoint-activations")
+    args += ["--deepspeed", f"--deepspeed_config {main}", f"--zero-stage {zero}"]
+    notes = [f"# GPTModelPipe's {len(ds.pipe_specs(n, half))} layers split at {parts} "
+             "(stage s holds layers[parts[s]:parts[s+1]])"]
+    if method is None:
+        notes += ["# no partition method gives these parts: they are the JSON's "
+                  "pipeline.partition; build the model so that it uses them:",
+                  "#   class PlannedPipe(GPTModelPipe):",
+                  "#       def _partition_layers(self, method='uniform'):",
+                  "#           self.parts = ds_config['pipeline']['partition']",
+                  "#           stage = self._topo.get_coord(self.global_rank).pipe",
+                  "#           self._set_bounds(start=self.parts[stage], "
+                  "stop=self.parts[stage + 1])"]
+    text = "\n".join(notes) + "\n" + " \\\n    ".join(args) + "\n"
+    return {main: json.dumps(config, indent=1) + "\n", f"{stem}.args": text}, lost

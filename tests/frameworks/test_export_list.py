@@ -1,12 +1,12 @@
 """`hyperpipe export` and `hyperpipe list`.
 
-Export is checked against each framework's documented format (none of torchtitan,
-Megatron-LM or DeepSpeed is installed here): torchtitan's job config is TOML
-(`tomllib` parses it) whose split points name the module that begins each stage;
+Export is checked here against each framework's documented format, without the
+frameworks (tests/frameworks/test_accepted.py runs their own code): torchtitan's job
+config is TOML (`tomllib` parses it) whose model parts name each stage's modules;
 Megatron-LM's flags parse with an argparse parser declaring them as Megatron documents
 them (integers), and its uneven first/last layer counts leave the middle stages an even
-share; DeepSpeed's "uniform" method gives numpy.array_split's boundaries (the remainder
-one each to the first stages, deepspeed.runtime.utils.partition_uniform).
+share; DeepSpeed's JSON holds the batch and, when no partition method gives the stages,
+their boundaries.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tomllib
 from factories import plan_doc
 
 from hyperpipe.cli import main as cli_main
-from hyperpipe.frameworks.export import export
+from hyperpipe.frameworks.export import export, export_files
 from hyperpipe.plan.plan import plan_from_dict
 
 
@@ -41,17 +41,20 @@ def body(text: str) -> list[str]:
     return [x for x in text.splitlines() if x and not x.startswith("#")]
 
 
-def test_torchtitan_export_is_toml_with_split_points_beginning_each_stage():
+def test_torchtitan_export_is_toml_with_the_module_names_of_each_stage():
     text = export(plan_of(UNIFORM), "torchtitan")
     par = tomllib.loads(text)["parallelism"]
     assert par["pipeline_parallel_degree"] == 4
     assert par["pipeline_parallel_schedule"] == "1F1B"
     assert par["data_parallel_replicate_degree"] == 2
+    assert par["pipeline_parallel_schedule_csv"] == "job.schedule.csv"
+    parts = par["module_fqns_per_model_part"]
     # stage s begins at our layer a (a >= 1): torchtitan block a - 1
-    assert par["pipeline_parallel_split_points"] == [f"layers.{a - 1}" for a, _ in UNIFORM[0][1:]]
-    flat = [m for part in par["module_fqns_per_model_part"] for m in part]
+    assert [p[0] for p in parts[1:]] == [f"layers.{a - 1}" for a, _ in UNIFORM[0][1:]]
+    flat = [m for part in parts for m in part]
     assert flat == ["tok_embeddings", *[f"layers.{i}" for i in range(12)], "norm", "output"]
-    assert "cannot express" not in text
+    assert "# ==> job.schedule.csv <==" in text      # the CSV, as comments on stdout
+    assert "cannot express: model" in text           # gpt2-small is no llama3 flavour
 
 
 def test_megatron_export_parses_with_megatron_flags_and_states_uneven_ends():
@@ -62,20 +65,27 @@ def test_megatron_export_parses_with_megatron_flags_and_states_uneven_ends():
                  "micro-batch-size", "global-batch-size", "seq-length",
                  "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"):
         parser.add_argument(f"--{flag}", type=int)
-    args = parser.parse_args(shlex.split(" ".join(body(text)).replace("\\", " ")))
+    words = shlex.split(" ".join(body(text)).replace("\\", " "))
+    args, _ = parser.parse_known_args(words[words.index("pretrain_gpt.py") + 1:])
     assert (args.pipeline_model_parallel_size, args.num_layers) == (4, 12)
     first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
     assert (first, last) == (3, 1) and (12 - first - last) % (4 - 2) == 0
-    assert '"Ettt|tttt|tttt|tL"' in text
+    assert words[:5] == ["torchrun", "--nnodes", "1", "--nproc-per-node", "4"]
 
 
-def test_deepspeed_export_uses_uniform_when_it_matches_else_explicit_parts():
-    text = export(plan_of(UNIFORM), "deepspeed")
-    assert 'partition_method = "uniform"' in text
-    assert "parts = [0, 4, 8, 11, 14]" in text          # np.array_split of 14 into 4
-    uneven = export(plan_of([[(0, 2), (2, 14)]]), "deepspeed")
-    assert "parts = [0, 2, 14]" in uneven and "_partition_layers" in uneven
-    compile("\n".join(body(uneven)), "<deepspeed export>", "exec")   # valid Python
+def test_deepspeed_export_is_deepspeeds_json_and_a_launch_line():
+    """Boundaries index Megatron-DeepSpeed's GPTModelPipe (12 blocks, bf16: 19 entries):
+    our layer a >= 1 starts at entry a + 2, the embedding at 0."""
+    import json as js
+    uneven = export_files(plan_of([[(0, 2), (2, 14)]]), "deepspeed", "ds.json")
+    config = js.loads(uneven["ds.json"])
+    assert config["pipeline"]["partition"] == [0, 2 + 2, 19]
+    assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"],
+            config["gradient_accumulation_steps"]) == (8, 2, 4)
+    assert config["bf16"] == {"enabled": True}
+    launch = uneven["ds.args"]
+    assert "--deepspeed_config ds.json" in launch and "_partition_layers" in launch
+    assert "--pipeline-model-parallel-size 2" in launch
 
 
 def test_heterogeneous_plan_says_what_the_framework_cannot_express(tmp_path, capsys):

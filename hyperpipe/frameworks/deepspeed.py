@@ -1,0 +1,265 @@
+"""A DeepSpeed JSON with its launch arguments read into a `Job` (``import --from
+deepspeed``), and DeepSpeed's pipeline partition of a GPT.
+
+The JSON gives the batch (``train_batch_size``, ``train_micro_batch_size_per_gpu``,
+``gradient_accumulation_steps``), ``zero_optimization.stage``, ``fp16``/``bf16`` and, from
+`hyperpipe export`, the explicit stage boundaries ``pipeline.partition`` (a key of
+DeepSpeed's ``pipeline`` section, deepspeed/runtime/config.py ``get_pipeline_config``);
+the launch arguments are Megatron-DeepSpeed's (the model shape, tp, pp, recompute, read
+by `megatron.read_args`) with ``--pp-partition-method`` and the launcher's world size.
+
+Layer indices are those of Megatron-DeepSpeed's ``GPTModelPipe`` (bigscience-workshop/
+Megatron-DeepSpeed megatron/model/gpt_model.py), the pipeline GPT DeepSpeed users run:
+``[to_float16, EmbeddingPipe, transpose, ParallelTransformerLayerPipe x n, transpose,
+LayerNorm, EmbeddingPipe (tied head), float16_to_fp32]`` (the last only with fp16/bf16).
+Our layer 0 is the first three, block i index i + 2, our head the rest; a stage boundary
+is mapped through each of our layers' weighted entry (its embedding, block or head).
+
+ZeRO: stage 1, and bf16 without ZeRO under the pipeline engine (DeepSpeed's
+BF16_Optimizer partitions the fp32 state over the data-parallel ranks,
+deepspeed/runtime/engine.py ``_do_optimizer_sanity_check`` and bf16_optimizer.py), are
+the distributed optimizer; stage 2 imports as stage 1 (gradients not sharded, said in the
+notes); stages 2 and 3 with pp > 1 are refused as DeepSpeed refuses them
+(deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+parallelism"), and stage 3 without a pipeline imports as stage 1 with a note (sharded
+gradients and parameters are not modelled yet).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import Fields, load_document, read_text
+from hyperpipe.frameworks.job import Job, Notes, framework_kind
+from hyperpipe.frameworks.launch import read_launch
+from hyperpipe.frameworks.megatron import read_args
+
+# Megatron-DeepSpeed's default partition method (bigscience-workshop/Megatron-DeepSpeed
+# megatron/model/gpt_model.py: GPTModelPipe passes partition_method='type:transformer').
+DEFAULT_METHOD = "type:transformer"
+
+_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu",
+         "gradient_accumulation_steps", "zero_optimization", "fp16", "bf16", "pipeline")
+
+
+def pipe_specs(n_blocks: int, half: bool) -> list[str]:
+    """The type names of GPTModelPipe's layer list (module docstring): what DeepSpeed's
+    ``type:`` partition matches and what ``parts`` index."""
+    return (["_to_float16", "EmbeddingPipe", "<lambda>"]
+            + ["ParallelTransformerLayerPipe"] * n_blocks
+            + ["<lambda>", "LayerNorm", "EmbeddingPipe"]
+            + (["float16_to_fp32"] if half else []))
+
+
+def spec_start(layer: int) -> int:
+    """GPTModelPipe's index where our layer `layer` starts (0 for the embedding)."""
+    return 0 if layer == 0 else layer + 2
+
+
+def _anchor(layer: int, n_blocks: int) -> int:
+    """GPTModelPipe's index of our layer's weighted entry."""
+    return 1 if layer == 0 else (layer + 2 if layer <= n_blocks else n_blocks + 5)
+
+
+def parts_of(stages: tuple[tuple[int, int], ...], n_blocks: int, half: bool) -> list[int]:
+    """DeepSpeed's ``parts`` (stage s holds specs[parts[s]:parts[s+1]]) for our stages."""
+    return [spec_start(a) for a, _ in stages] + [len(pipe_specs(n_blocks, half))]
+
+
+def stages_of(parts: list[int], n_blocks: int, where: str, notes: Notes
+              ) -> tuple[tuple[int, int], ...]:
+    """Our stages for DeepSpeed's ``parts``: each of our layers on the stage of its
+    weighted entry; BadInput when a stage would hold none of our layers."""
+    anchors = [_anchor(x, n_blocks) for x in range(n_blocks + 2)]
+    bounds = [sum(1 for a in anchors if a < p) for p in parts[:-1]] + [n_blocks + 2]
+    bounds[0] = 0
+    stages = []
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if b <= a:
+            raise BadInput(where, "stages that each hold a block, the embedding or the head",
+                           f"stage {s} holds none ({parts})")
+        stages.append((a, b))
+    norm = n_blocks + 4                        # the final LayerNorm's index
+    owner = next(s for s in range(len(parts) - 1) if parts[s] <= norm < parts[s + 1])
+    if owner != len(parts) - 2:
+        notes.approximated.append(f"the final norm sits on stage {owner}, priced with the "
+                                  "head on the last")
+    return tuple(stages)
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list[int]:
+    """DeepSpeed's ``partition_uniform`` (deepspeed/runtime/utils.py): equal parts, the
+    first ``num_items mod num_parts`` one larger; with fewer items than parts, one each."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    size, extra = divmod(num_items, num_parts)
+    return [p * size + min(p, extra) for p in range(num_parts + 1)]
+
+
+def partition_balanced(weights: list[int | float], num_parts: int) -> list[int]:
+    """DeepSpeed's ``partition_balanced`` (deepspeed/runtime/utils.py, releases 0.17 on):
+    contiguous parts minimising (heaviest part - lightest part), each split point chosen
+    over the prefixes in order, a later split point winning a tie."""
+    n = len(weights)
+    if n <= num_parts:
+        return partition_uniform(n, num_parts)
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    inf = float("inf")
+    # best[j][i]: (cost, heaviest, lightest, split) of the first i items in j parts
+    best = [[(inf, inf, inf, 0)] * (n + 1) for _ in range(num_parts + 1)]
+    best[0][0] = (0.0, 0.0, inf, 0)
+    for i in range(1, n + 1):
+        for j in range(1, min(i, num_parts) + 1):
+            cur = best[j][i]
+            for k in range(i):
+                _, hi, lo, _ = best[j - 1][k]
+                part = prefix[i] - prefix[k]
+                top, bottom = max(hi, part), min(lo, part)
+                if top - bottom <= cur[0]:
+                    cur = (top - bottom, top, bottom, k)
+            best[j][i] = cur
+    parts = [n]
+    i = n
+    for j in range(num_parts, 0, -1):
+        i = best[j][i][3]
+        parts.append(i)
+    return parts[::-1]
+
+
+@lru_cache(maxsize=64)
+def method_parts(method: str, n_blocks: int, half: bool, weights: tuple[float, ...] | None,
+                 num_stages: int) -> tuple[int, ...]:
+    """``parts`` of DeepSpeed's partition `method` (``uniform``, ``parameters`` with the
+    specs' parameter counts `weights`, ``type:REGEX``) over GPTModelPipe's specs."""
+    specs = pipe_specs(n_blocks, half)
+    method = method.lower()
+    if method == "uniform":
+        return tuple(partition_uniform(len(specs), num_stages))
+    if method == "parameters":
+        return tuple(partition_balanced(list(weights or ()), num_stages))
+    if method.startswith("type:"):
+        regex = re.compile(method.split(":", 1)[1], re.IGNORECASE)
+        return tuple(partition_balanced([1 if regex.search(s) else 0 for s in specs],
+                                        num_stages))
+    raise ValueError(method)
+
+
+def spec_weights(model: dict[str, Any], half: bool) -> tuple[float, ...]:
+    """Parameters of each GPTModelPipe spec, from our model (``parameters`` method)."""
+    from hyperpipe.models import load_model
+
+    spec = load_model(model)
+    layers = spec.layers
+    n = len(layers) - 2
+    embed = layers[0].params
+    norm = layers[-1].params - spec.config.vocab_size * spec.config.d_model
+    out = [0.0, embed, 0.0] + [layers[i].params for i in range(1, n + 1)] + [0.0, norm, embed]
+    return tuple(out + ([0.0] if half else []))
+
+
+def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
+    """The job of DeepSpeed JSON `path` with the launch arguments in `args_path`."""
+    src = str(path)
+    doc = load_document(Path(path))
+    top = Fields(doc, src)
+    if args_path is None:
+        raise BadInput("--args", "the DeepSpeed job's launch arguments (Megatron-DeepSpeed "
+                       "flags: model shape, tp, pp): a DeepSpeed JSON holds no model",
+                       has_got=False)
+    launch = read_launch(read_text(args_path), str(args_path))
+    notes = Notes(unread=launch.launcher_unread)
+    a = launch.args
+    zero = top.sub("zero_optimization").positive_int("stage", 0, allow_zero=True) \
+        if top.has("zero_optimization") else 0
+    half = _enabled(top, "bf16") or _enabled(top, "fp16")
+    job = read_args(a, str(args_path), notes, framework="deepspeed",
+                    world_size=launch.world_size, pipeline_split=False)
+    dtype = "bf16" if _enabled(top, "bf16") else ("fp16" if _enabled(top, "fp16") else "fp32")
+    if job.model["dtype"] != dtype:
+        notes.assumed.append(f"precision {dtype} from the JSON (the arguments say "
+                             f"{job.model['dtype']})")
+    model = {**job.model, "dtype": dtype}
+    n = model["n_layer"]
+    method = a.text("pp-partition-method", DEFAULT_METHOD) or DEFAULT_METHOD
+    a.flag("deepspeed")
+    a.text("deepspeed-config")                       # the JSON, given as FILE
+    a.integer("zero-stage", allow_zero=True)         # the JSON's stage is the one used
+    if a.flag("no-pipeline-parallel") and job.pp > 1:
+        raise BadInput(f"{args_path}: --no-pipeline-parallel", "no pipeline size beside it",
+                       job.pp)
+    section = top.raw("pipeline", {})
+    raw_parts = section.get("partition") if isinstance(section, dict) else None
+    where = f"{src}: pipeline.partition"
+    if isinstance(raw_parts, list):
+        total = len(pipe_specs(n, half))
+        if len(raw_parts) != job.pp + 1 or raw_parts[0] != 0 or raw_parts[-1] != total or \
+                any(not isinstance(x, int) or isinstance(x, bool) for x in raw_parts) or \
+                raw_parts != sorted(raw_parts):
+            raise BadInput(where, f"{job.pp + 1} increasing boundaries from 0 to {total} "
+                           "(GPTModelPipe's layers)", raw_parts)
+        parts = list(raw_parts)
+    else:
+        try:
+            parts = list(method_parts(method, n, half, spec_weights(model, half)
+                                      if method.lower() == "parameters" else None, job.pp))
+        except ValueError:
+            raise BadInput(f"{args_path}: --pp-partition-method", "uniform, parameters or "
+                           "type:REGEX (DeepSpeed's partition methods)", method) from None
+    stages = stages_of(parts, n, where if isinstance(raw_parts, list) else
+                       f"{args_path}: --pp-partition-method", notes)
+    if job.pp > 1 and zero >= 2:
+        raise BadInput(f"{src}: zero_optimization.stage", "0 or 1 with pipeline parallelism "
+                       "(DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3)", zero)
+    if zero >= 2:
+        notes.approximated.append(f"ZeRO stage {zero} as stage 1 (the distributed "
+                                  "optimizer): gradients" + (" and parameters" if zero == 3
+                                                             else "") + " not sharded "
+                                  "(not modelled yet)")
+    dist_opt = zero >= 1 or (dtype == "bf16" and job.pp > 1) or job.distributed_optimizer
+    micro, global_batch, per_replica = _batch(top, job, src)
+    for key in doc:
+        if key not in _KEYS:
+            notes.unread.append(key)
+    notes.unread += a.unread_flags()
+    return replace(job, source=src, model=model, stages=stages, chunks=1,
+                   schedule=framework_kind("deepspeed", 1),
+                   micro_batch=micro, global_batch=global_batch,
+                   samples_per_replica=per_replica, distributed_optimizer=dist_opt)
+
+
+def _enabled(top: Fields, key: str) -> bool:
+    if not top.has(key):
+        return False
+    value = top.sub(key).raw("enabled", False)
+    if value == "auto":
+        raise BadInput(top.at(f"{key}.enabled"), "true or false (the launcher fills 'auto' "
+                       "in; give the value)", value)
+    if not isinstance(value, bool):
+        raise BadInput(top.at(f"{key}.enabled"), "true or false", value)
+    return value
+
+
+def _batch(top: Fields, job: Job, src: str) -> tuple[int, int | None, int | None]:
+    """(micro-batch, global batch or None, samples per replica or None): DeepSpeed's
+    train_batch_size = micro x accumulation steps x data-parallel ranks."""
+    micro = top.positive_int("train_micro_batch_size_per_gpu", job.micro_batch)
+    if micro != job.micro_batch:
+        raise BadInput(top.at("train_micro_batch_size_per_gpu"), f"the arguments' "
+                       f"--micro-batch-size {job.micro_batch}", micro)
+    total = top.positive_int("train_batch_size", job.global_batch) \
+        if top.has("train_batch_size") or job.global_batch is not None else None
+    if job.global_batch is not None and total != job.global_batch:
+        raise BadInput(top.at("train_batch_size"), f"the arguments' --global-batch-size "
+                       f"{job.global_batch}", total)
+    steps = top.positive_int("gradient_accumulation_steps") \
+        if top.has("gradient_accumulation_steps") else None
+    if total is None and steps is None:
+        steps = 1                     # DeepSpeed's default accumulation
+    return micro, total, (micro * steps if total is None and steps is not None else None)

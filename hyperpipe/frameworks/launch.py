@@ -1,0 +1,165 @@
+"""A launch line read as a launcher, a script and the script's arguments.
+
+The text may be one command or a file of arguments: backslash-newline continues a line,
+``#`` starts a comment, and shell variables must already be expanded (``$TP`` is read as
+a value and refused where a number is expected). Tokens before the training script
+(the first ``*.py``) belong to the launcher: torchrun / ``python -m
+torch.distributed.run`` (``--nnodes``, ``--nproc-per-node``), DeepSpeed's launcher
+(``--num_nodes``, ``--num_gpus``) and srun (``--nodes``, ``--ntasks-per-node``), which
+give the world size. Everything after is the script's arguments, read by `Args`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from hyperpipe.core.errors import BadInput
+
+# Launcher flags that give the world size: (nodes flag, processes-per-node flag) per
+# launcher, spelled as each documents them (torch.distributed.run's --nnodes and
+# --nproc-per-node, also with underscores; deepspeed's launcher --num_nodes/--num_gpus;
+# srun's --nodes/-N and --ntasks-per-node).
+_NODES = ("nnodes", "num-nodes", "nodes", "n")
+_PER_NODE = ("nproc-per-node", "num-gpus", "ntasks-per-node")
+
+
+def _flag_name(token: str) -> str:
+    """``--Num_GPUs`` -> ``num-gpus``: Megatron-LM and the launchers accept both spellings."""
+    return token.lstrip("-").replace("_", "-").lower()
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and not re.fullmatch(r"-\d+(\.\d*)?([eE][-+]?\d+)?", token)
+
+
+def _tokens(text: str, where: str) -> list[str]:
+    text = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise BadInput(where, f"a launch line or arguments that split like a shell's ({exc})",
+                       has_got=False) from None
+
+
+def _options(tokens: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Flags to their values (the tokens up to the next flag; ``--x=1`` too), the last
+    of a repeated flag winning, and the tokens before the first flag."""
+    out: dict[str, list[str]] = {}
+    loose: list[str] = []
+    current: str | None = None
+    for tok in tokens:
+        if _is_flag(tok):
+            name, eq, value = tok.partition("=")
+            current = _flag_name(name)
+            out[current] = [value] if eq else []
+        elif current is None:
+            loose.append(tok)
+        else:
+            out[current].append(tok)
+    return out, loose
+
+
+@dataclass
+class Launch:
+    """The launcher's world size (None when the text names no launcher that states it)
+    and the script's arguments."""
+
+    world_size: int | None
+    args: Args
+    launcher_unread: list[str] = field(default_factory=list)
+
+
+def read_launch(text: str, where: str) -> Launch:
+    """Split `text` (module docstring) into the launcher and the script's arguments."""
+    tokens = _tokens(text, where)
+    script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
+    launcher: dict[str, list[str]] = {}
+    if script is not None:
+        launcher, _ = _options(tokens[:script])
+        tokens = tokens[script + 1:]
+    options, loose = _options(tokens)
+    world = None
+    unread = []
+    nodes = next((launcher[k] for k in _NODES if k in launcher), None)
+    per_node = next((launcher[k] for k in _PER_NODE if k in launcher), None)
+    if per_node is not None:
+        count = _int(per_node, where, "launcher processes per node")
+        world = count * (_int(nodes, where, "launcher nodes") if nodes is not None else 1)
+    for key in launcher:
+        # python's own switches (-u, -m) before the script say nothing about the job
+        if key not in _NODES and key not in _PER_NODE and key not in ("u", "m"):
+            unread.append(f"launcher --{key}")
+    args = Args(options, where)
+    if loose:
+        args.unread.append(f"positional {' '.join(loose)[:40]}")
+    return Launch(world, args, unread)
+
+
+def _int(values: list[str] | None, where: str, what: str) -> int:
+    text = values[0] if values else ""
+    text = text.split(":")[-1]          # torchrun's --nnodes MIN:MAX: the most it starts
+    if not text.isdigit() or int(text) < 1:
+        raise BadInput(f"{where}: {what}", "a positive integer (expand shell variables "
+                       "first)", text)
+    return int(text)
+
+
+class Args:
+    """The script's arguments, read flag by flag; `unread_flags` names those nobody read."""
+
+    def __init__(self, options: dict[str, list[str]], where: str):
+        self.options = options
+        self.where = where
+        self.read: set[str] = set()
+        self.unread: list[str] = []
+
+    def has(self, name: str) -> bool:
+        self.read.add(name)
+        return name in self.options
+
+    def flag(self, name: str) -> bool:
+        """A switch (``--bf16``): present or not."""
+        return self.has(name)
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        if not self.has(name):
+            return default
+        values = self.options[name]
+        if len(values) != 1:
+            raise BadInput(f"{self.where}: --{name}", "one value", " ".join(values) or None)
+        return values[0]
+
+    def integer(self, name: str, default: int | None = None, *, required: bool = False,
+                allow_zero: bool = False) -> int | None:
+        value = self.text(name)
+        if value is None:
+            if required:
+                raise BadInput(f"{self.where}: --{name}", "a value (the job must state it)",
+                               has_got=False)
+            return default
+        try:
+            number = int(value.replace("_", ""))
+        except ValueError:
+            number = -1
+        if number < 0 or (number == 0 and not allow_zero):
+            raise BadInput(f"{self.where}: --{name}", "a positive integer (expand shell "
+                           "variables first)", value)
+        return number
+
+    def number(self, name: str, default: float) -> float:
+        value = self.text(name)
+        if value is None:
+            return default
+        try:
+            return float(value)
+        except ValueError:
+            raise BadInput(f"{self.where}: --{name}", "a number", value) from None
+
+    def values(self, name: str) -> list[str]:
+        self.has(name)
+        return list(self.options.get(name, []))
+
+    def unread_flags(self) -> list[str]:
+        return self.unread + [f"--{k}" for k in self.options if k not in self.read]

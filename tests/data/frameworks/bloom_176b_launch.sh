@@ -1,0 +1,65 @@
+python -u -m torch.distributed.run \
+    --nproc_per_node 8 \
+    --nnodes 48 \
+    --rdzv_endpoint $MASTER_ADDR:$MASTER_PORT \
+    --rdzv_backend c10d \
+    --max_restarts 0 \
+    --tee 3 \
+    --node_rank $SLURM_PROCID \
+    `pwd`/pretrain_gpt.py \
+    --tensor-model-parallel-size 4 \
+    --pipeline-model-parallel-size 12 \
+    --pp-partition-method 'type:transformer|embedding' \
+    --num-layers 70 \
+    --hidden-size 14336 \
+    --num-attention-heads 112 \
+    --seq-length 2048 \
+    --max-position-embeddings 2048 \
+    --micro-batch-size 2 \
+    --rampup-batch-size 192 16 9_765_625 \
+    --global-batch-size 2048 \
+    --train-samples 220_000_000 \
+    --tokenizer-type PretrainedFromHF \
+    --tokenizer-name-or-path bigscience-catalogue-data-dev/byte-level-bpe-tokenizer-no-norm-250k-whitespace-and-eos-regex-alpha-v3-dedup-lines-articles \
+    --init-method-std 0.0048 \
+    --embed-layernorm \
+    --bf16 \
+    --seed 42 \
+    --position-embedding-type alibi \
+    --checkpoint-activations \
+    --abort-on-unmet-fused-kernel-constraints \
+    --kill-switch-path $KILL_SWITCH_PATH \
+    --pad-vocab-size-to 250880 \
+    --optimizer adam \
+    --adam-beta1 0.9 \
+    --adam-beta2 0.95 \
+    --adam-eps 1e-8 \
+    --lr 6e-5 \
+    --min-lr 6e-6 \
+    --lr-decay-style cosine \
+    --lr-decay-samples 200_000_000 \
+    --lr-warmup-samples 183_105 \
+    --clip-grad 1.0 \
+    --weight-decay 1e-1 \
+    --exit-duration-in-mins 5990 \
+    --log-interval 1 \
+    --save-interval 100 \
+    --eval-interval 1000 \
+    --eval-iters 1 \
+    --tensorboard-dir $TENSORBOARD_PATH \
+    --tensorboard-queue-size 5 \
+    --log-timers-to-tensorboard \
+    --log-batch-size-to-tensorboard \
+    --log-validation-ppl-to-tensorboard \
+    --save $CHECKPOINT_PATH \
+    --load $CHECKPOINT_PATH \
+    --train-weighted-split-paths-path $TRAIN_DATA_PATH \
+    --valid-weighted-split-paths-path $VALID_DATA_PATH \
+    --num-workers 2 \
+    --valid-num-workers 0 \
+    --data-impl mmap \
+    --distributed-backend nccl \
+    --deepspeed \
+    --deepspeed_config ./ds_config.$SLURM_JOB_ID.json \
+    --zero-stage 0 \
+    --deepspeed-activation-checkpointing

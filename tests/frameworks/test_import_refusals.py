@@ -1,0 +1,101 @@
+"""What `hyperpipe import` refuses (exit 2, one line naming the file and the setting) and
+what it imports with a stated approximation (docs/formats.md, "Importing a framework
+job"): nothing is dropped silently."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from factories import A100_NODE
+from hostile import assert_one_line, cli
+
+MEGATRON = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --num-layers 4 "
+            "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 256 "
+            "--micro-batch-size 1 --global-batch-size 8")
+TOML = """[model]
+name = "llama3"
+flavor = "debugmodel"
+[training]
+local_batch_size = 4
+seq_len = 64
+[parallelism]
+data_parallel_shard_degree = 1
+data_parallel_replicate_degree = 4
+pipeline_parallel_degree = 2
+"""
+DS_JSON = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 8,
+           "zero_optimization": {"stage": 1}, "fp16": {"enabled": True}}
+
+
+def _files(tmp_path, framework: str, change: str) -> list[str]:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(A100_NODE))
+    if framework == "megatron":
+        (tmp_path / "m.sh").write_text(MEGATRON + " " + change)
+        return ["import", "--from", "megatron", str(tmp_path / "m.sh"), "--cluster",
+                str(cluster)]
+    if framework == "torchtitan":
+        (tmp_path / "t.toml").write_text(TOML + change)
+        return ["import", "--from", "torchtitan", str(tmp_path / "t.toml"), "--cluster",
+                str(cluster)]
+    doc = json.loads(json.dumps(DS_JSON))
+    if change:
+        doc["zero_optimization"]["stage"] = int(change)
+    (tmp_path / "d.json").write_text(json.dumps(doc))
+    (tmp_path / "d.args").write_text(MEGATRON)
+    return ["import", "--from", "deepspeed", str(tmp_path / "d.json"), "--args",
+            str(tmp_path / "d.args"), "--cluster", str(cluster)]
+
+
+@pytest.mark.parametrize("framework, change, needle", [
+    ("megatron", "--context-parallel-size 2", "--context-parallel-size"),
+    ("megatron", "--num-experts 8", "mixture-of-experts"),
+    ("megatron", "--expert-model-parallel-size 2", "mixture-of-experts"),
+    ("megatron", "--num-layers $NLS", "--num-layers"),
+    ("megatron", "--pipeline-model-parallel-layout Etx|ttL", "E, t and L"),
+    ("megatron", "--pipeline-model-parallel-layout Ett|tL", "4 blocks"),
+    ("megatron", "--decoder-first-pipeline-num-layers 3 --pipeline-model-parallel-size 3",
+     "first/last"),
+    ("torchtitan", "context_parallel_degree = 2\n", "context_parallel_degree"),
+    ("torchtitan", "expert_parallel_degree = 2\n", "expert_parallel_degree"),
+    ("torchtitan", 'module_fqns_per_model_part = [["tok_embeddings", "layers.0"], '
+     '["layers.2", "layers.3", "layers.4", "layers.5", "norm", "output"]]\n',
+     "module_fqns_per_model_part"),
+    ("deepspeed", "2", "zero_optimization.stage"),
+    ("deepspeed", "3", "ZeRO-3"),
+])
+def test_what_cannot_be_modelled_is_refused_in_one_line(framework, change, needle,
+                                                        tmp_path, capsys):
+    rc, out, err = cli(capsys, _files(tmp_path, framework, change))
+    assert_one_line(rc, err, 2, needle)
+    assert out == ""
+
+
+def test_fsdp_imports_with_its_approximation_named(tmp_path, capsys):
+    toml = TOML.replace("data_parallel_shard_degree = 1", "data_parallel_shard_degree = -1")
+    toml = toml.replace("data_parallel_replicate_degree = 4", "")
+    cluster = _write(tmp_path, "c.json", json.dumps(A100_NODE))
+    rc, out, err = cli(capsys, ["import", "--from", "torchtitan",
+                                str(_write(tmp_path, "f.toml", toml)), "--cluster",
+                                str(cluster)])
+    assert rc == 0, err
+    plan = json.loads(out)
+    assert plan["distributed_optimizer"] is True and len(plan["pipelines"]) == 4
+    line = next(x for x in err.splitlines() if "approximated:" in x)
+    assert "FSDP (data_parallel_shard_degree -1)" in line and "not modelled yet" in line
+    assert any("FSDP" in note for note in plan["notes"])
+
+
+def test_unknown_flags_are_named_not_dropped(tmp_path, capsys):
+    rc, out, err = cli(capsys, _files(tmp_path, "megatron", "--lr 1e-4 --made-up-flag 3"))
+    assert rc == 0, err
+    line = next(x for x in err.splitlines() if "not read" in x)
+    assert "--lr" in line and "--made-up-flag" in line
+    assert line in [f"hyperpipe import: {n}" for n in json.loads(out)["notes"]]
+
+
+def _write(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
