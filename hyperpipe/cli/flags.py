@@ -39,11 +39,15 @@ class Workload:
         return cls(cluster=ns.cluster, model=ns.model, global_batch=ns.global_batch)
 
 
-def add_workload(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", type=ca.path, required=True,
+def add_workload(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """--cluster, --model and --global-batch; `required` False where another option
+    (search's --start) can supply them."""
+    p.add_argument("--cluster", type=ca.path, required=required,
                    help="built-in cluster name or YAML/JSON file")
-    p.add_argument("--model", type=ca.path, required=True, help="preset name or YAML/JSON file")
-    p.add_argument("--global-batch", type=ca.BATCH, required=True, help="samples per iteration")
+    p.add_argument("--model", type=ca.path, required=required,
+                   help="preset name or YAML/JSON file")
+    p.add_argument("--global-batch", type=ca.BATCH, required=required,
+                   help="samples per iteration")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,12 @@
 """`hyperpipe search`: the best plans for a model on a cluster, every option given
 fixing that dimension; prints the ranked plans with baselines and peers (text or JSON)
 and can write the best plan for `simulate`/`run --plan`.
+
+`--start PLAN` searches from a plan the user has (an imported framework job): its model,
+cluster, global batch and stack (with its runtime overrides) are kept unless given as
+options, the plan is simulated beside the search's own as the baseline ``start``, and the
+pick is never slower than it: when no plan of the search beats the start, the start is
+the pick.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from hyperpipe.cli.flags import (
 )
 from hyperpipe.cli.inputs import load_checked_profile
 from hyperpipe.cli.output import EXIT_OK, print_json
+from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import check_outputs
 
 
@@ -50,6 +57,7 @@ class SearchOptions:
     json: bool
     backend: BackendOptions
     stack: str | None = None      # the stack every plan runs on (None: megatron-lm)
+    start: str | None = None      # a plan to search from (its model, cluster, batch, stack)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SearchOptions:
@@ -58,13 +66,18 @@ class SearchOptions:
                    memory=MemoryOptions.from_namespace(ns), objective=ns.objective,
                    top=ns.top, workers=ns.workers, profile=ProfileOptions.from_namespace(ns),
                    out=ns.out, progress=ns.progress, json=ns.json,
-                   backend=BackendOptions.from_namespace(ns), stack=ns.stack)
+                   backend=BackendOptions.from_namespace(ns), stack=ns.stack,
+                   start=ns.start)
 
 
 def add_parser(sub) -> None:
     p = command(sub, "search", "find the best plans for a model on a cluster; any option "
                 "given fixes that dimension")
-    add_workload(p)
+    add_workload(p, required=False)
+    p.add_argument("--start", type=ca.path, metavar="PLAN",
+                   help="search from this plan (e.g. from `hyperpipe import`): its model, "
+                   "cluster, global batch and stack unless given; it is the baseline "
+                   "'start', and the pick is never slower than it")
     p.add_argument("--micro-batch", type=ca.BATCH, help="fix the micro-batch size")
     p.add_argument("--schedule", help="fix the schedule kind (e.g. 1f1b, zb-h1)")
     p.add_argument("--chunks", type=ca.CHUNKS, help="fix the chunks per device (interleaved)")
@@ -86,33 +99,80 @@ def add_parser(sub) -> None:
 
 
 def run(opts: SearchOptions) -> int:
+
     from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.models import load_model
+    from hyperpipe.plan.plan import load_plan
     from hyperpipe.search.report import format_search
     from hyperpipe.search.search import SearchConstraints, search
     from hyperpipe.sim.costmodel import CostModel
     w, m = opts.workload, opts.memory
     check_outputs([("--cluster", w.cluster), ("--model", w.model),
-                    ("--profile", opts.profile.path)], [("--out", opts.out)])
-    model, cluster = load_model(w.model, where="--model"), load_cluster(w.cluster)
+                    ("--profile", opts.profile.path), ("--start", opts.start)],
+                  [("--out", opts.out)])
+    start = load_plan(opts.start) if opts.start else None
+    if start is None:
+        for flag, value in (("--cluster", w.cluster), ("--model", w.model),
+                            ("--global-batch", w.global_batch)):
+            if value is None:
+                raise BadInput(flag, "given (or --start PLAN, whose it then is)", None,
+                               has_got=False)
+    model = load_model(w.model, where="--model") if w.model else start.load_model()
+    cluster = load_cluster(w.cluster) if w.cluster else start.load_cluster()
+    global_batch = w.global_batch or start.global_batch
+    if start is not None:
+        _check_start(start, model, cluster, global_batch, opts.start)
     profile = load_checked_profile(opts.profile, model, cluster)
+    stack = opts.stack or (start.stack if start is not None else None)
     with as_flags():
-        c = SearchConstraints(global_batch=w.global_batch, micro_batch=opts.micro_batch,
+        c = SearchConstraints(global_batch=global_batch, micro_batch=opts.micro_batch,
                               schedule=opts.schedule, pp=opts.pp, dp=opts.dp, tp=opts.tp,
                               chunks=opts.chunks, objective=opts.objective,
                               recompute=m.recompute, sequence_parallel=m.sequence_parallel,
                               distributed_optimizer=m.distributed_optimizer,
-                              **({"stack": opts.stack} if opts.stack else {}))
+                              **({"stack": stack} if stack else {}),
+                              **({"runtime": start.runtime}
+                                 if start is not None and stack == start.stack else {}))
     with opened_backend(opts.backend, opts.workers) as backend, as_flags():
         result = search(model, cluster, c, profile=profile, top=opts.top,
                         workers=opts.workers, progress=opts.progress, backend=backend)
+    cost = CostModel(model, cluster, profile)
+    if start is not None:
+        result = _with_start(result, start, cost, c)
     if opts.out:
         result.best.plan.save(opts.out)
     if opts.json:
         print_json(result.to_dict())
     else:
-        sys.stdout.write(format_search(result, CostModel(model, cluster, profile),
-                                       objective=opts.objective))
+        sys.stdout.write(format_search(result, cost, objective=opts.objective))
         if opts.out:
             print(f"best plan written to {opts.out}")
     return EXIT_OK
+
+
+def _check_start(start, model, cluster, global_batch: int, where: str) -> None:
+    """A start that does not fit the search (another global batch, a device the cluster
+    lacks) is bad input, found before the search runs: it names what differs."""
+    if start.global_batch != global_batch:
+        raise BadInput(f"{where}: global_batch", f"the search's {global_batch}",
+                       start.global_batch)
+    try:
+        start.check(model, cluster)
+    except BadInput as err:
+        raise BadInput(where, f"a plan for the searched model and cluster ({err})",
+                       None, has_got=False) from None
+
+
+def _with_start(result, start, cost, c):
+    """`result` with the start plan (checked by `_check_start`) simulated as the baseline
+    "start" and, when nothing the search found beats it, as the pick."""
+    from dataclasses import replace
+
+    from hyperpipe.search.evaluate import Candidate, rank_key
+    from hyperpipe.sim.simulator import simulate
+    cand = Candidate(start, simulate(start, cost).metrics)
+    baselines = {"start": cand, **result.baselines}
+    if rank_key(c, cand.metrics) < rank_key(c, result.best.metrics):
+        return replace(result, best=cand, ranked=[cand, *result.ranked][:len(result.ranked)],
+                       baselines=baselines)
+    return replace(result, baselines=baselines)

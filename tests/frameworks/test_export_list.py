@@ -133,3 +133,34 @@ def test_readme_links_stay_in_the_repo_and_the_format_examples_load():
     plan.check(plan.load_model(), plan.load_cluster())
     assert plan.pipelines[0].stages[0].layers == (0, 5)
     assert load_model({"preset": "gpt2-medium", "seq_len": 1024, "attention": "eager"})
+
+
+def test_a_lost_feature_comes_with_its_simulated_cost(tmp_path):
+    """The ``# cost:`` line compares the plan with the plan the framework runs from the
+    export, read back by `hyperpipe import` onto the same cluster; the oracle simulates the
+    two itself, and a plan that loses nothing gets no line."""
+    import re
+
+    from hyperpipe.frameworks.importer import import_plan
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import simulate
+    plan = plan_of([[(0, 7), (7, 14)], [(0, 3), (3, 14)]])
+    cost = CostModel(plan.load_model(), plan.load_cluster())
+    ours = simulate(plan, cost).metrics.iteration_time_s
+    files = export_files(plan, "megatron", "job.sh")
+    (tmp_path / "job.sh").write_text(files["job.sh"])
+    runnable, _ = import_plan("megatron", tmp_path / "job.sh", plan.load_cluster(),
+                              model=plan.load_model().to_dict())
+    # replica 1's own layout is dropped: both replicas run replica 0's
+    assert {p.stages[0].layers for p in runnable.pipelines} == {(0, 7)}
+    theirs = simulate(runnable, cost).metrics.iteration_time_s
+    line = next(x for x in files["job.sh"].splitlines() if x.startswith("# cost: "))
+    got = re.search(r"runs ([\d.]+)% (slower|faster) than the plan \(([\d.]+) s vs "
+                    r"([\d.]+) s", line)
+    assert got, line
+    assert float(got[3]) == pytest.approx(theirs, abs=1e-4)
+    assert float(got[4]) == pytest.approx(ours, abs=1e-4)
+    sign = 1 if got[2] == "slower" else -1
+    assert sign * float(got[1]) == pytest.approx(100 * (theirs / ours - 1), abs=0.05)
+    even = plan_of([[(0, 7), (7, 14)], [(0, 7), (7, 14)]])
+    assert "# cost:" not in export(even, "megatron")
