@@ -100,3 +100,27 @@ def plan_doc(pipelines: list[dict], *, schedule: str | dict = "1f1b",
     return {"format": "hyperpipe.plan/1", "model": model, "cluster": cluster,
             "global_batch": sum(p["micro_batch"] * p["num_microbatches"] for p in pipelines),
             "schedule": schedule, "pipelines": pipelines, **top}
+
+
+def single_process(plan: Plan, steps: int, seed: int = 0, lr: float = 1e-3):
+    """The oracle of the executor's parity tests: `plan`'s model trained in one process
+    with AdamW(lr) on the batches the executor draws (`exec.data.step_batch`). Returns
+    the losses of every step, the gradients of the last (by parameter name) and the
+    weights after the last."""
+    import torch
+
+    from hyperpipe.exec.data import step_batch
+    from hyperpipe.models import build_model
+    spec = plan.load_model()
+    model = build_model(spec, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses, grads = [], {}
+    for step in range(steps):
+        x, y = step_batch(spec, plan.global_batch, step, seed)
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        losses.append(loss.item())
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+    return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}

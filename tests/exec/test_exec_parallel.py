@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import plan_doc
+from factories import plan_doc, single_process
 
 from hyperpipe.exec import RunOptions, run_plan
-from hyperpipe.exec.data import step_batch
-from hyperpipe.models import build_model
 from hyperpipe.plan.plan import plan_from_dict
 
 pytestmark = pytest.mark.slow
@@ -38,30 +36,13 @@ def stage(layers, devices, **fields) -> dict:
             "tp": len(devices), **fields}
 
 
-def single_process(plan, steps: int, seed: int = 0):
-    """Losses of every step, gradients of the last, weights after the last."""
-    spec = plan.load_model()
-    model = build_model(spec, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        x, y = step_batch(spec, plan.global_batch, step, seed)
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        losses.append(loss.item())
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        opt.step()
-    return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
 def check(plan, steps: int = 1, **options):
     """Run `plan` for `steps` and compare with the single process: losses, last-step
     gradients and final weights, on every rank holding each layer."""
     result = run_plan(plan, RunOptions(**{"steps": steps, "emulate": False,
                                           "capture_state": True, "probe_links": False,
                                           "lr": LR, **options}))
-    losses, grads, weights = single_process(plan, steps)
+    losses, grads, weights = single_process(plan, steps, lr=LR)
     assert result.losses == pytest.approx(losses, abs=1e-5)
     seen = set()
     for rank_state in result.state:
@@ -174,7 +155,7 @@ def test_nccl_bf16_tensor_parallel_matches_cpu_reference():
     result = run_plan(plan, RunOptions(steps=1, capture_state=True, probe_links=False))
     meta = result.trace.meta
     assert meta["backend"] == "nccl" and meta["precision"] == "bf16-autocast"
-    losses, grads, _ = single_process(plan, 1)
+    losses, grads, _ = single_process(plan, 1, lr=LR)
     assert abs(result.losses[0] - losses[0]) <= BF16_LOSS_TOL
     for rank_state in result.state:
         for name, st in rank_state.items():

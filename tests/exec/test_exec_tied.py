@@ -13,11 +13,9 @@ sum the head's copy would get only its own use's gradient, off by the embedding'
 from __future__ import annotations
 
 import pytest
-import torch
-from factories import plan_doc
+from factories import plan_doc, single_process
 
 from hyperpipe.exec import RunOptions, run_plan
-from hyperpipe.exec.data import step_batch
 from hyperpipe.models import build_model
 from hyperpipe.plan.plan import plan_from_dict
 
@@ -36,30 +34,13 @@ def stage(layers, devices, **fields) -> dict:
             "tp": len(devices), **fields}
 
 
-def single_process(plan, steps: int, seed: int = 0):
-    """Losses of every step, gradients of the last, weights after the last; the head's
-    weight is the embedding's Parameter, so it appears once, as `SHARED`."""
-    spec = plan.load_model()
-    model = build_model(spec, seed)
-    assert model.layers["7"].lm_head.weight is model.layers["0"].wte.weight
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        x, y = step_batch(spec, plan.global_batch, step, seed)
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        losses.append(loss.item())
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        opt.step()
-    return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
 def check(pipelines, kind: str = "1f1b", steps: int = 2, **top):
     plan = plan_from_dict(plan_doc(pipelines, schedule=kind, model=TIED, **top))
+    oracle = build_model(plan.load_model(), 0)        # the head's weight is the embedding's
+    assert oracle.layers["7"].lm_head.weight is oracle.layers["0"].wte.weight
     result = run_plan(plan, RunOptions(steps=steps, emulate=False, capture_state=True,
                                        probe_links=False, lr=LR))
-    losses, grads, weights = single_process(plan, steps)
+    losses, grads, weights = single_process(plan, steps, lr=LR)
     assert result.losses == pytest.approx(losses, abs=1e-5)
     seen = set()
     for rank_state in result.state:
