@@ -30,8 +30,10 @@ model: tensor parallelism 4, pipeline 8, interleaved, distributed optimizer) and
 `nemo_mape=X nemo_max_ape=Y n_rows=5`; then Megatron-Turing NLG 530B on 2240 to 3360
 A100s (Megatron-DeepSpeed, tp 8, pp 35) and a line `mtnlg_mape=X mtnlg_max_ape=Y
 n_rows=3`; then MosaicML's MPT 1B to 30B on one DGX A100 (a current stack: FlashAttention,
-bf16, FSDP), with a second, in-sample null model (their own mean MFU) and a line
-`mosaic_mape=X mosaic_max_ape=Y n_rows=5`; then BLOOM-176B (another stack, tensor
+bf16, FSDP, simulated as zero 3), with a second, in-sample null model (their own mean
+MFU) and a line `mosaic_mape=X mosaic_max_ape=Y n_rows=5`; then Llama 3 405B's three
+layouts of its paper's table 4 (FSDP, tp 8, pp 16, cp 1 and 16 at sequence 131,072) and
+a line `llama3_mape=X llama3_max_ape=Y n_rows=3`; then BLOOM-176B (another stack, tensor
 parallelism 4, like the layouts the search picks at this scale) and a line
 `bloom_error=E` (signed). Each plan names the stack it ran on (plan `stack` and
 `runtime`): Megatron-LM's 1F1B of the time waits for its sends (`p2p: blocking`), and
@@ -172,10 +174,11 @@ def model_of(run: Run):
 
 def plan_of(run: Run, model, cluster, recompute: str = "full",
             sequence_parallel: bool = False, distributed_optimizer: bool = False, *,
-            stack: str = "megatron-lm", runtime: dict | None = None):
+            stack: str = "megatron-lm", runtime: dict | None = None, zero: int | None = None):
     """Megatron's layout: tensor-parallel ranks innermost (one node for tp=8), then data
     parallel, then pipeline; blocks split evenly over the p·v stages, the embedding on
-    the first, the head on the last; on `stack` with the `runtime` overrides."""
+    the first, the head on the last; on `stack` with the `runtime` overrides; `zero`
+    (None: from `distributed_optimizer`) the ZeRO stage."""
     tp, pp, dp, v = run.tp, run.pp, run.dp, run.chunks
     devices = [d.name for d in cluster.devices]
     per_stage = run.layers // (pp * v)
@@ -196,7 +199,8 @@ def plan_of(run: Run, model, cluster, recompute: str = "full",
                            "cluster": cluster_ref(cluster),
                            "global_batch": run.global_batch,
                            "schedule": {"kind": kind, "chunks": v},
-                           "distributed_optimizer": distributed_optimizer,
+                           **({"distributed_optimizer": distributed_optimizer}
+                              if zero is None else {"zero": zero}),
                            "stack": stack, "runtime": runtime or {},
                            "pipelines": pipelines})
 
@@ -380,10 +384,14 @@ def nemo_runs(mean_x: float) -> tuple[list[float], list[float]]:
 # up: MPT (scripts/train/yamls/pretrain/mpt-*.yaml: vocabulary 50,368, GeLU MLP of 4h,
 # LayerNorm, no biases, ALiBi, no dropout; FlashAttention or its Triton kernel), bf16,
 # torch FSDP FULL_SHARD, activation checkpointing as the row says (full recompute here).
-# Published seconds per step = global batch tokens / tokens per second. FSDP shards the
-# weights too and gathers them per micro-batch; the simulator has no FSDP, so the runs
-# are data parallel 8 with the distributed optimizer (bf16 gradients), the nearest it
-# prices: its peak memory is not FSDP's, and FSDP's extra gathers are not counted.
+# Published seconds per step = global batch tokens / tokens per second. Simulated as the
+# FSDP runs they were: data parallel 8, zero 3 (FULL_SHARD: weights gathered per layer
+# in every forward and again in every backward, gradients reduce-scattered every
+# micro-batch: `runtime.reshard_after_forward` true, torchtitan's default without
+# pipelining), on the torchtitan stack (torch FSDP) with bf16 gradient reduction
+# (llm-foundry's `mixed_precision: PURE`). Assumed, not published: Megatron's 18 bytes of
+# state per parameter (bf16 weight, fp32 gradient, fp32 master and Adam moments), sharded
+# over the 8 GPUs; each transformer block one FSDP unit (llm-foundry wraps MPTBlock).
 # (name, layers, hidden, heads, micro-batch, accumulation steps, checkpointing, tokens/s)
 MOSAIC_A100 = (("1B", 24, 2048, 16, 14, 4, False, 164109),
                ("3B", 32, 2560, 20, 10, 2, False, 86491),
@@ -414,7 +422,7 @@ def mosaic_runs(mean_x: float) -> tuple[list[float], list[float]]:
                             "seq_len": SEQ, "dtype": "bf16", "attention": "flash",
                             "dropout": 0.0, "bias": False})
         mode = "full" if ckpt else "none"
-        plan = plan_of(run, model, cluster, mode, distributed_optimizer=True,
+        plan = plan_of(run, model, cluster, mode, zero=3, stack="torchtitan",
                        runtime={"grad_reduce_dtype": "bf16"})
         m = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
         pub = run.global_batch * SEQ / tokens_per_s
@@ -428,6 +436,76 @@ def mosaic_runs(mean_x: float) -> tuple[list[float], list[float]]:
           f"{'yes' if mean(errors) < mean(own) else 'no'}")
     SUMMARY.append(("MosaicML, against its own mean MFU (in-sample null)", mean(errors),
                     mean(own)))
+    return errors, nulls
+
+
+# Out of sample, context parallelism and FSDP at scale: Llama 3 405B (Llama Team, "The
+# Llama 3 Herd of Models", arXiv 2407.21783, 2024; shape in table 3, the `llama3-405b`
+# preset), table 4: (GPUs, TP, CP, PP, DP, sequence, batch size per DP group, TFLOP/s per
+# GPU) = (8192, 8, 1, 16, 64, 8192, 32, 430), (16384, 8, 1, 16, 128, 8192, 16, 400),
+# (16384, 8, 16, 16, 8, 131072, 16, 380): 16M tokens per step each (checked against the
+# SC'24 slide quoted at glennklockwood.com/garden/llama-3.1; BF16 MFU 43/41/38%).
+# Stated, from the paper's sec. 3.3: H100 SXM 80GB in servers of 8 on NVLink, 400 Gbit/s
+# RoCE per GPU (taken as 8 NICs of 400 Gbit/s per node, rail-optimised); ranks ordered
+# [TP, CP, PP, DP], TP innermost; FSDP over DP that does not reshard after forward
+# (zero 3, `runtime.reshard_after_forward` false); an interleaved pipeline schedule
+# with "one Transformer layer each" fewer on the first and last stages: taken as v = 2
+# chunks of 4 layers (the embedding counting as the first stage's fourth layer, the
+# head as the last's), micro-batch 1, so batch size per DP = micro-batches. Assumed,
+# not published: bf16 with Megatron's 18 bytes of state per parameter, fp32 gradient
+# reduction (torchtitan's default), sequence parallelism with TP (as Megatron pairs
+# them), and recompute chosen as the search does, before seeing any time: the first of
+# none, full that fits in memory. Published seconds per step = the model's FLOPs per
+# step (F + I + W as the spec counts them: attention over the whole s x s square) /
+# (TFLOP/s per GPU x GPUs).
+LLAMA3 = ((8192, 1, 16, 64, 8192, 32, 430), (16384, 1, 16, 128, 8192, 16, 400),
+          (16384, 16, 16, 8, 131072, 16, 380))
+
+
+def llama3_plan(model, cluster, cp: int, pp: int, dp: int, m: int, recompute: str):
+    """The Llama 3 layout: tensor rank innermost, then context, pipeline, data parallel;
+    32 stages of 4 layers on 16 ranks (interleaved, v = 2)."""
+    tp, v = 8, 2
+    names = [d.name for d in cluster.devices]
+    per_rank = tp * cp
+    pipelines = []
+    for r in range(dp):
+        stages = []
+        for j in range(pp * v):
+            rank = j % pp
+            first = ((r * pp) + rank) * per_rank
+            stages.append({"layers": [4 * j, 4 * j + 4], "tp": tp, "cp": cp,
+                           "devices": names[first:first + per_rank],
+                           "recompute": recompute, "sequence_parallel": True})
+        pipelines.append({"micro_batch": 1, "num_microbatches": m, "stages": stages})
+    return plan_from_dict({"format": "hyperpipe.plan/1", "model": model.to_dict(),
+                           "cluster": cluster_ref(cluster), "global_batch": dp * m,
+                           "schedule": {"kind": "interleaved-1f1b", "chunks": v},
+                           "zero": 3, "stack": "torchtitan",
+                           "runtime": {"reshard_after_forward": False},
+                           "pipelines": pipelines})
+
+
+def llama3_runs(mean_x: float) -> tuple[list[float], list[float]]:
+    """|error| of each Llama 3 405B layout of table 4, printed as it goes, and of the
+    null model (the model's FLOPs at Table 1's mean TFLOP/s per GPU x H100/A100 peak)."""
+    errors, nulls = [], []
+    for gpus, cp, pp, dp, seq, m, tflops in LLAMA3:
+        model = load_model({"preset": "llama3-405b", "seq_len": seq})
+        cluster = dgx_cluster(gpus // 8, "H100-SXM", "400 Gbit/s")
+        for recompute in ("none", "full"):
+            plan = llama3_plan(model, cluster, cp, pp, dp, m, recompute)
+            metrics = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
+            if not metrics.oom:
+                break
+        flops = dp * m * sum(model.layer_cost(i, 1).fwd_flops + model.layer_cost(i, 1)
+                             .i_flops + model.layer_cost(i, 1).w_flops
+                             for i in range(model.num_layers))
+        pub = flops / (tflops * 1e12 * gpus)
+        null = flops / (mean_x * 989 / 312 * 1e12 * gpus) / pub - 1
+        run = Run(f"cp{cp}-s{seq // 1024}k", 128, 16384, 126, 8, pp, gpus, dp * m, 1, 4)
+        errors.append(abs(print_row(run, recompute, pub, metrics, null)))
+        nulls.append(abs(null))
     return errors, nulls
 
 
@@ -503,9 +581,10 @@ def main(argv: list[str] | None = None) -> int:
           partial(nemo_runs, mean_x), "Table 1's mean TFLOP/s per GPU x H100/A100 peak")
     block("Megatron-Turing NLG 530B (Megatron-DeepSpeed, tp 8, pp 35)", "mtnlg",
           partial(mtnlg_runs, mean_x))
-    block("MosaicML MPT 1B-30B on one DGX A100-80GB (FSDP, simulated as data parallel 8 "
-          "with the distributed optimizer: peak and fits are not FSDP's)", "mosaic",
-          partial(mosaic_runs, mean_x))
+    block("MosaicML MPT 1B-30B on one DGX A100-80GB (FSDP: zero 3 over data parallel 8)",
+          "mosaic", partial(mosaic_runs, mean_x))
+    block("Llama 3 405B on H100 (table 4: tp 8, pp 16, cp 1 and 16, zero 3)", "llama3",
+          partial(llama3_runs, mean_x), "Table 1's mean TFLOP/s per GPU x H100/A100 peak")
     pub, pred, m = bloom_run()
     bloom_null = BLOOM["tflops_per_gpu"] / mean_x - 1
     print(f"out of sample, BLOOM-176B (Megatron-DeepSpeed, tp 4, 384 GPUs): published "

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hyperpipe.cli import args as ca
+from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, short
 from hyperpipe.plan.stack import STACKS
 
@@ -72,6 +73,17 @@ def add_memory(p: argparse.ArgumentParser, verb: str) -> None:
                    help=f"{verb} sequence parallelism on tensor-parallel stages")
     p.add_argument("--distributed-optimizer", action="store_const", const=True,
                    help=f"{verb} the optimizer state sharded over data-parallel replicas")
+
+
+def add_sharding(p: argparse.ArgumentParser, verb: str) -> None:
+    """`--zero` (ZeRO stage, `hyperpipe.plan.plan.ZERO_STAGES`) and `--cp` (context
+    parallel degree of every stage)."""
+    p.add_argument("--zero", type=ca.count(0, 3), metavar="{0,1,2,3}",
+                   help=f"{verb} the ZeRO stage: 1 shards the optimizer state over the "
+                   "data-parallel group, 2 the gradients too, 3 the weights too (FSDP)")
+    p.add_argument("--cp", type=ca.count(1, limits.MAX_CONTEXT_PARALLEL),
+                   help=f"{verb} the context-parallel degree of every stage (the sequence "
+                   "split over cp groups of tp devices, ring attention)")
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,7 @@ FLAG_OF = {
     "allow_profile_mismatch": "--allow-profile-mismatch", "window": "--window",
     "microbatches": "--microbatches", "trace": "--trace", "steps": "--steps", "to": "--to",
     "vary": "--vary", "failures": "--failures", "stack": "--stack",
+    "zero": "--zero", "cp": "--cp",
     "mtbf": "--mtbf", "storage_bandwidth": "--storage-bandwidth",
     "checkpoint_size": "--checkpoint-size", "checkpoint_write_time": "--checkpoint-write-time",
     "restart_time": "--restart-time", "checkpoint_interval": "--checkpoint-interval",

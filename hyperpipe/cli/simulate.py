@@ -16,6 +16,7 @@ from hyperpipe.cli.flags import (
     add_json,
     add_memory,
     add_profile,
+    add_sharding,
     add_stack,
     as_flags,
     command,
@@ -37,6 +38,8 @@ class PlanShape:
     global_batch: int | None = None
     schedule: str | None = None
     chunks: int | None = None
+    zero: int | None = None           # ZeRO stage
+    cp: int | None = None             # context-parallel degree of every stage
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ class SimulateOptions:
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SimulateOptions:
         shape = PlanShape(pp=ns.pp, dp=ns.dp, tp=ns.tp, micro_batch=ns.micro_batch,
-                          global_batch=ns.global_batch, schedule=ns.schedule, chunks=ns.chunks)
+                          global_batch=ns.global_batch, schedule=ns.schedule, chunks=ns.chunks,
+                          zero=ns.zero, cp=ns.cp)
         return cls(plan=ns.plan, cluster=ns.cluster, model=ns.model, shape=shape,
                    memory=MemoryOptions.from_namespace(ns),
                    profile=ProfileOptions.from_namespace(ns), no_overlap=ns.no_overlap,
@@ -85,6 +89,7 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", help="schedule kind (plan options; default 1f1b)")
     p.add_argument("--chunks", type=ca.CHUNKS, help="stages per device (interleaved; default 1)")
     add_memory(p, "plan options:")
+    add_sharding(p, "plan options:")
     add_profile(p)
     add_stack(p, "the plan")
     p.add_argument("--no-overlap", action="store_true",
@@ -153,7 +158,8 @@ def _plan_model_cluster(opts: SimulateOptions):
     shape = {"--pp": s.pp, "--micro-batch": s.micro_batch, "--global-batch": s.global_batch}
     optional = {"--dp": s.dp, "--tp": s.tp, "--schedule": s.schedule, "--chunks": s.chunks,
                 "--recompute": m.recompute, "--sequence-parallel": m.sequence_parallel,
-                "--distributed-optimizer": m.distributed_optimizer}
+                "--distributed-optimizer": m.distributed_optimizer, "--zero": s.zero,
+                "--cp": s.cp}
     if opts.plan:
         given = [k for k, v in {**shape, **optional}.items() if v is not None]
         if given:
@@ -173,15 +179,28 @@ def _plan_model_cluster(opts: SimulateOptions):
     from hyperpipe.plan.kinds import DEFAULT_KIND, default_chunks
     from hyperpipe.search.baselines import uniform_plan
     model, cluster = load_model(opts.model, where="--model"), load_cluster(opts.cluster)
+    if s.zero == 0 and m.distributed_optimizer:
+        raise BadInput("--zero", "1 or more with --distributed-optimizer (it shards the "
+                       "optimizer state: zero 1)", 0)
+    tp, cp = s.tp or 1, s.cp or 1
     with as_flags():
-        plan = uniform_plan(model, cluster, pp=s.pp, dp=s.dp or 1, tp=s.tp or 1,
+        # tp x cp devices per stage, tensor rank innermost, then context rank
+        # (`StagePlan.cp`): a uniform plan of tp x cp wide groups, split below
+        plan = uniform_plan(model, cluster, pp=s.pp, dp=s.dp or 1, tp=tp * cp,
                             micro_batch=s.micro_batch, global_batch=s.global_batch,
                             schedule=s.schedule or DEFAULT_KIND,
                             chunks=s.chunks or default_chunks(s.schedule or DEFAULT_KIND))
-    if m.sequence_parallel and (s.tp or 1) == 1:
+    if cp > 1:
+        from dataclasses import replace
+        plan = plan.with_pipelines([
+            replace(p, stages=tuple(replace(st, tp=tp, cp=cp) for st in p.stages))
+            for p in plan.pipelines])
+        with as_flags():
+            plan.check(model, cluster, where="--cp")
+    if m.sequence_parallel and tp == 1:
         raise BadInput("--sequence-parallel", "tensor parallelism (--tp above 1)", "--tp 1")
     plan = plan.with_memory(recompute=m.recompute, sequence_parallel=m.sequence_parallel,
-                            distributed_optimizer=m.distributed_optimizer)
+                            distributed_optimizer=m.distributed_optimizer, zero=s.zero)
     return plan, model, cluster
 
 

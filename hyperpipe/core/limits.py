@@ -35,15 +35,17 @@ MAX_GLOBAL_BATCH = 65_536           # samples per iteration (GPT-3: 1536, Llama 
 MAX_MICROBATCHES = 65_536            # micro-batches of one pipeline
 MAX_PIPELINE_DEVICES = 4096          # devices (ranks) of one pipeline
 MAX_CHUNKS = 64                      # stages per device (interleaved schedules)
+MAX_CONTEXT_PARALLEL = 1024          # context ranks of one stage (Llama 3 405B: cp 16)
 MAX_SCHEDULE_ACTIONS = 200_000       # devices x chunks x micro-batches x 3 of a schedule
 MAX_DRAWN_ACTIONS = 4096             # actions of one schedule drawing (--format png:
 MAX_DRAWN_RANKS = 256                # ranks of one; a bar takes ~7 ms, a rank 50 pixels)
 MAX_WORKERS = 64                     # search / what-if worker processes
 MAX_TOP = 1000                       # plans listed by search --top
 MAX_VARIANTS = 4096                  # variants of one what-if sweep
-# A search's tables hold a cost per range of layers [i, j) and its enumeration grows with
-# the devices: layers^2 x devices bounds its time and memory (2,048 layers on 4 devices:
-# about a minute and 1.4 GB; GPT-3 175B's 98 layers on 1,024 devices: 9.8M).
+# A search's tables hold a cost per range of layers [i, j) and a pipeline has at most
+# `layers` stages: layers^2 x min(devices, layers) bounds its time and memory
+# (`search.search_size`; 2,048 layers on 4 devices: about a minute and 1.4 GB; GPT-3
+# 175B's 98 layers on any cluster of 98 devices or more: 0.94M).
 MAX_SEARCH_SIZE = 2**24
 MAX_STEPS = 1_000_000                # training steps of one run
 MAX_THREADS = 256                    # CPU threads per rank

@@ -110,11 +110,18 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
     """Raise BadInput for what the real executor cannot run (the plan itself is checked by
     `Plan.check`): a tensor-parallel degree that does not divide the model's heads,
     feed-forward width or (with sequence parallelism) sequence; a layer whose
-    data-parallel replicas differ in tensor-parallel degree."""
+    data-parallel replicas differ in tensor-parallel degree; ZeRO 2/3 and context
+    parallelism, which it does not run yet."""
+    if plan.zero >= 2:
+        raise BadInput(f"{plan.source}: zero", "0 or 1: the executor does not run zero 2/3 "
+                       "or cp yet", plan.zero)
     degree: dict[int, tuple[int, str]] = {}
     for i, pipe in enumerate(plan.pipelines):
         for k, st in enumerate(pipe.stages):
             where = f"{plan.source}: pipelines[{i}].stages[{k}]"
+            if st.cp > 1:
+                raise BadInput(f"{where}.cp", "1: the executor does not run zero 2/3 or cp "
+                               "yet", st.cp)
             for layer in range(*st.layers):
                 seen = degree.setdefault(layer, (st.tp, where))
                 if seen[0] != st.tp:

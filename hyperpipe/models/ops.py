@@ -61,15 +61,20 @@ class PassWork:
 
 
 def layer_work(layer: Layer, op: str, micro_batch: int, seq_len: int, dtype_bytes: int,
-               tp: int = 1, sequence_parallel: bool = False) -> PassWork | None:
+               tp: int = 1, sequence_parallel: bool = False, cp: int = 1
+               ) -> PassWork | None:
     """The work of pass `op` ("F", "I" or "W") of `layer` on one device of a
-    tensor-parallel group of `tp`; None for layers without shapes (synthetic)."""
+    tensor-parallel group of `tp` in context rank of `cp` (the sequence split over cp
+    ranks, ring attention: each rank's queries meet every key, cp steps of s/cp keys);
+    None for layers without shapes (synthetic)."""
     if op not in PASSES:
         raise ValueError(f"op must be one of {PASSES}, got {op!r}")
     args = (layer.config, op, micro_batch, seq_len, dtype_bytes, tp, sequence_parallel) \
         if hasattr(layer, "config") else None
     if isinstance(layer, TransformerBlock):
-        return _block(*args)
+        return _block(*args, cp)
+    if args is not None and cp > 1:             # embedding, head: s/cp tokens per rank
+        args = (*args[:3], seq_len / cp, *args[4:])
     if isinstance(layer, HeadLayer):
         return _head(*args)
     if isinstance(layer, EmbeddingLayer):
@@ -107,25 +112,38 @@ def _weight_gemms(op: str, tokens: float, shapes: list[tuple[float, float]]
 # * elementwise kernels are fused as Megatron fuses them (bias+GeLU, bias+dropout+add);
 #   without sequence parallelism the norms, dropouts and residual adds run on the whole
 #   (T, h) activation on every tensor-parallel rank, with it on T/t tokens.
-def _block(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool) -> PassWork:
-    h, f, a, kv, hd = c.d_model, c.ffn_hidden, c.n_head, c.kv_dim, c.head_dim
-    tokens = b * s
+def attention_gemms(c: GPTConfig, op: str, b: int, s: float, t: int, cp: int = 1
+                    ) -> list[Gemm]:
+    """The attention core's GEMMs (no weights) of pass `op` on one device: b·a/t heads;
+    with context parallelism cp ring steps, each the rank's s/cp queries against s/cp
+    keys, run as one batch of cp x the heads (see the conventions above `_block`)."""
+    a, hd = c.n_head, c.head_dim
+    q = s / cp
+    heads = b * a / t * cp
+    flash = getattr(c, "attention", "flash") == "flash"
+    if op == "F":
+        return [Gemm(q, hd, q, heads)] * 2 if flash else \
+            [Gemm(q, q, hd, heads), Gemm(q, hd, q, heads)]
+    if op == "I":
+        return [Gemm(q, hd, q, heads)] * 5 if flash else \
+            [Gemm(q, q, hd, heads)] + [Gemm(q, hd, q, heads)] * 3
+    return []
+
+
+def _block(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool, cp: int = 1
+           ) -> PassWork:
+    h, f, a, kv = c.d_model, c.ffn_hidden, c.n_head, c.kv_dim
+    tokens = b * s / cp
     swiglu = c.mlp == "swiglu"
     up = (2 if swiglu else 1) * f / t                   # gate and up, or up
     shapes = [(h, (h + 2 * kv) / t), (h / t, h), (h, up), (f / t, h)]
-    gemms = _weight_gemms(op, tokens, shapes)
+    gemms = _weight_gemms(op, tokens, shapes) + attention_gemms(c, op, b, s, t, cp)
     heads = b * a / t
     flash = getattr(c, "attention", "flash") == "flash"
-    if op == "F":
-        gemms += [Gemm(s, hd, s, heads)] * 2 if flash else \
-            [Gemm(s, s, hd, heads), Gemm(s, hd, s, heads)]
-    elif op == "I":
-        gemms += [Gemm(s, hd, s, heads)] * 5 if flash else \
-            [Gemm(s, s, hd, heads)] + [Gemm(s, hd, s, heads)] * 3
     # memory-bound kernels (elements x bytes)
     e_h = tokens * h / (t if sp else 1)                 # norm/dropout/residual activations
     e_f = tokens * f / t                                # MLP hidden, per rank
-    e_s = heads * s * s                                 # attention scores, per rank
+    e_s = heads * s * s / cp                            # attention scores, per rank
     drop = c.dropout > 0
     mask = MASK_BYTES if drop else 0
     rope = c.position == "rope"
@@ -176,4 +194,4 @@ def _embedding(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool
     return PassWork((), tables * tokens * h * 3 * d)   # scatter-add: read dy, read+write row
 
 
-__all__ = ["Gemm", "PassWork", "layer_work", "PASSES"]
+__all__ = ["Gemm", "PassWork", "attention_gemms", "layer_work", "PASSES"]

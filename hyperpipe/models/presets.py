@@ -84,6 +84,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
     # 128256-token vocabulary, GQA with 8 KV heads, ffn 14336, RoPE base 500000.
     "llama3-8b": _llama(32, 32, 4096, 14336, vocab=128256, n_kv_head=8, seq_len=8192,
                         rope_theta=500000.0),
+    # Llama 3 405B: Llama Team, "The Llama 3 Herd of Models" (arXiv 2407.21783, 2024),
+    # table 3: 126 layers, model dimension 16,384, FFN dimension 53,248, 128 attention
+    # heads, 8 key/value heads, vocabulary 128,000 (128,256 in the released config.json,
+    # meta-llama/Llama-3.1-405B, which is what the model computes with), RoPE base
+    # 500,000; pretrained at sequence 8,192, then lengthened to 131,072.
+    "llama3-405b": _llama(126, 128, 16384, 53248, vocab=128256, n_kv_head=8, seq_len=8192,
+                          rope_theta=500000.0),
     # Ours: 8 layers in all (embedding, 6 blocks, head); byte-level vocabulary so it
     # needs no tokenizer; one micro-batch of 2 x 64 tokens takes milliseconds per block
     # on one CPU thread. fp32 because it runs on CPUs; eager attention because its CPU

@@ -54,6 +54,10 @@ PLAN_FORMAT = "hyperpipe.plan/1"
 # scores, softmax and dropout) in the backward; "full" keeps only each block's input and
 # runs the whole block forward again in the backward. The first value is the default.
 RECOMPUTE_KINDS = ("none", "selective", "full")
+# ZeRO stages (Rajbhandari et al. 2020, sec. 5): 0 plain data parallelism; 1 optimizer
+# state sharded over the data-parallel group (Megatron's distributed optimizer); 2 the
+# gradients too; 3 the parameters too (FSDP's FULL_SHARD).
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,11 @@ class StagePlan:
     tp: int = 1
     recompute: str = "none"          # one of RECOMPUTE_KINDS
     sequence_parallel: bool = False  # Korthikanti et al.'s sequence parallelism (tp > 1)
+    # Context parallelism: the sequence split over cp ranks, each a tensor-parallel group
+    # of tp devices; `devices` holds tp x cp names, tensor-parallel rank innermost
+    # (device c·tp + t is tensor rank t of context rank c), as Megatron-LM orders its
+    # ranks (megatron/core/parallel_state.py, order "tp-cp-ep-dp-pp").
+    cp: int = 1
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_KINDS:
@@ -70,6 +79,18 @@ class StagePlan:
                              f"got {self.recompute!r}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs a tensor-parallel stage (tp > 1)")
+        if self.cp < 1:
+            raise ValueError(f"cp must be a positive integer, got {self.cp!r}")
+
+    @property
+    def tp_group(self) -> tuple[str, ...]:
+        """The first context rank's tensor-parallel group (every context rank's group
+        moves alike)."""
+        return self.devices[:self.tp]
+
+    def context_rank(self, c: int) -> tuple[str, ...]:
+        """The tensor-parallel group of context rank `c`."""
+        return self.devices[c * self.tp:(c + 1) * self.tp]
 
     def to_dict(self) -> dict[str, Any]:
         """The stage's JSON form; optional fields only when they differ from the default,
@@ -80,6 +101,8 @@ class StagePlan:
             out["recompute"] = self.recompute
         if self.sequence_parallel:
             out["sequence_parallel"] = True
+        if self.cp != 1:
+            out["cp"] = self.cp
         return out
 
     @property
@@ -116,6 +139,8 @@ class Plan:
     pipelines: tuple[PipelinePlan, ...]
     # ZeRO-1 / Megatron's distributed optimizer: optimizer state (fp32 master weights and
     # Adam moments) sharded over the data-parallel replicas that hold the same layers.
+    # Kept in step with `zero` (`__post_init__`): true exactly when zero >= 1, and
+    # true with zero 0 given means zero 1 (how plans written before `zero` say it).
     distributed_optimizer: bool = False
     actions: ActionLists | None = None   # a kind that carries actions: its lists
     # The training stack it runs on (`hyperpipe.plan.stack.STACKS`) and the runtime
@@ -124,6 +149,16 @@ class Plan:
     runtime: RuntimeOverrides = NO_OVERRIDES
     base_dir: Path | None = field(default=None, compare=False)
     source: str = field(default="plan", compare=False)   # the file it came from, for errors
+    # ZeRO stage (ZERO_STAGES) over each layer range's data-parallel group: the replicas
+    # holding it times each stage's context ranks.
+    zero: int = 0
+
+    def __post_init__(self) -> None:
+        if self.zero not in ZERO_STAGES:
+            raise ValueError(f"zero must be one of {ZERO_STAGES}, got {self.zero!r}")
+        if self.distributed_optimizer and self.zero == 0:
+            object.__setattr__(self, "zero", 1)
+        object.__setattr__(self, "distributed_optimizer", self.zero >= 1)
 
     # ------------------------------------------------------------------ stack
     def runtime_settings(self) -> Runtime:
@@ -132,7 +167,8 @@ class Plan:
 
     def on_stack(self, stack: str | None = None, **overrides: Any) -> Plan:
         """This plan on `stack` (None: its own) with the runtime `overrides` given
-        (``p2p``, ``overlap_grad_reduce``, ``grad_reduce_dtype``) over its own."""
+        (``p2p``, ``overlap_grad_reduce``, ``grad_reduce_dtype``,
+        ``reshard_after_forward``) over its own."""
         runtime = RuntimeOverrides(**{**self.runtime.given(), **overrides})
         return replace(self, stack=self.stack if stack is None else stack, runtime=runtime)
 
@@ -158,8 +194,10 @@ class Plan:
         }
         if self.runtime.given():
             out["runtime"] = self.runtime.given()
-        if self.distributed_optimizer:
+        if self.zero == 1:          # written as before `zero` existed
             out["distributed_optimizer"] = True
+        elif self.zero >= 2:
+            out["zero"] = self.zero
         out["pipelines"] = [
             {"micro_batch": p.micro_batch, "num_microbatches": p.num_microbatches,
              "stages": [s.to_dict() for s in p.stages]}
@@ -182,17 +220,23 @@ class Plan:
         return replace(self, pipelines=tuple(pipelines))
 
     def with_memory(self, recompute: str | None = None, sequence_parallel: bool | None = None,
-                    distributed_optimizer: bool | None = None) -> Plan:
+                    distributed_optimizer: bool | None = None, zero: int | None = None
+                    ) -> Plan:
         """This plan with the given memory options on every stage (sequence parallelism
-        on the tensor-parallel ones) and for the plan; None keeps what it has."""
+        on the tensor-parallel ones) and for the plan; None keeps what it has.
+        `distributed_optimizer` true raises zero 0 to 1 and false sets zero 0; `zero`,
+        when given, wins."""
         def stage(s: StagePlan) -> StagePlan:
             return replace(s, recompute=s.recompute if recompute is None else recompute,
                            sequence_parallel=s.sequence_parallel if sequence_parallel is None
                            else sequence_parallel and s.tp > 1)
         pipes = [replace(p, stages=tuple(map(stage, p.stages))) for p in self.pipelines]
-        do = self.distributed_optimizer if distributed_optimizer is None \
-            else distributed_optimizer
-        return replace(self, pipelines=tuple(pipes), distributed_optimizer=do)
+        z = self.zero
+        if distributed_optimizer is not None:
+            z = max(z, 1) if distributed_optimizer else 0
+        if zero is not None:
+            z = zero
+        return replace(self, pipelines=tuple(pipes), distributed_optimizer=z >= 1, zero=z)
 
     # ------------------------------------------------------------------ resolving refs
     def load_model(self, override: Any = None):
@@ -242,8 +286,14 @@ class Plan:
                     raise BadInput(f"{sw}.layers", "a non-empty half-open range [start, end)",
                                    list(st.layers))
                 pos = b
-                if len(st.devices) != st.tp:
-                    raise BadInput(f"{sw}.devices", f"tp={st.tp} devices", list(st.devices))
+                if len(st.devices) != st.tp * st.cp:
+                    what = f"tp={st.tp} devices" if st.cp == 1 else \
+                        f"tp x cp = {st.tp} x {st.cp} = {st.tp * st.cp} devices"
+                    raise BadInput(f"{sw}.devices", what, list(st.devices))
+                if st.cp > 1 and model.seq_len % (2 * st.cp):
+                    raise BadInput(f"{sw}.cp", f"a cp that splits the sequence "
+                                   f"({model.seq_len}) into 2 x cp equal chunks (causal "
+                                   "load balancing: two chunks per context rank)", st.cp)
                 for d in st.devices:
                     if not cluster.has_device(d):
                         raise BadInput(f"{sw}.devices", f"devices of cluster {cluster.name!r} "
@@ -268,8 +318,8 @@ class Plan:
 
 
 _TOP_KEYS = ("format", "model", "cluster", "global_batch", "schedule", "pipelines", "notes",
-             "distributed_optimizer", "stack", "runtime")
-_STAGE_KEYS = ("layers", "devices", "tp", "recompute", "sequence_parallel")
+             "distributed_optimizer", "zero", "stack", "runtime")
+_STAGE_KEYS = ("layers", "devices", "tp", "recompute", "sequence_parallel", "cp")
 
 
 def _flag(f: Fields, key: str) -> bool:
@@ -291,7 +341,10 @@ def _runtime(top: Fields) -> RuntimeOverrides:
         raise BadInput(rf.at("overlap_grad_reduce"), "true or false", overlap)
     dtype = rf.choice("grad_reduce_dtype", GRAD_REDUCE_DTYPES) \
         if rf.has("grad_reduce_dtype") else None
-    return RuntimeOverrides(p2p, overlap, dtype)
+    reshard = rf.raw("reshard_after_forward", None)
+    if reshard is not None and not isinstance(reshard, bool):
+        raise BadInput(rf.at("reshard_after_forward"), "true or false", reshard)
+    return RuntimeOverrides(p2p, overlap, dtype, reshard)
 
 
 def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = None) -> Plan:
@@ -339,7 +392,9 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
             if not devices or not all(isinstance(d, str) for d in devices):
                 raise BadInput(sf.at("devices"), "a non-empty list of device names "
                                "(NODE/INDEX)", devices)
-            tp = sf.positive_int("tp", len(devices), at_most=limits.MAX_NODE_DEVICES)
+            cp = sf.positive_int("cp", 1, at_most=limits.MAX_CONTEXT_PARALLEL)
+            tp = sf.positive_int("tp", len(devices) // cp or 1,
+                                 at_most=limits.MAX_NODE_DEVICES)
             recompute = sf.choice("recompute", RECOMPUTE_KINDS, "none")
             seq_par = _flag(sf, "sequence_parallel")
             if seq_par and tp == 1:
@@ -347,7 +402,7 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
                                "(sequence parallelism splits tensor-parallel activations)",
                                seq_par)
             stages.append(StagePlan((layers[0], layers[1]), tuple(devices), tp, recompute,
-                                    seq_par))
+                                    seq_par, cp))
         pipelines.append(PipelinePlan(
             pf.positive_int("micro_batch", at_most=limits.MAX_GLOBAL_BATCH),
             pf.positive_int("num_microbatches", at_most=limits.MAX_MICROBATCHES),
@@ -356,8 +411,25 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
     stack = top.choice("stack", list(STACKS), DEFAULT_STACK)
     return Plan(model=model, cluster=cluster, global_batch=global_batch,
                 schedule=kind, chunks=chunks, pipelines=tuple(pipelines), actions=actions,
-                distributed_optimizer=_flag(top, "distributed_optimizer"), base_dir=base_dir,
+                distributed_optimizer=False, zero=_zero(top), base_dir=base_dir,
                 source=where, stack=stack, runtime=_runtime(top))
+
+
+def _zero(top: Fields) -> int:
+    """The plan's ZeRO stage: ``zero`` (0-3), or 1 for ``distributed_optimizer: true``;
+    BadInput when the two disagree."""
+    dist_opt = _flag(top, "distributed_optimizer")
+    if not top.has("zero"):
+        return 1 if dist_opt else 0
+    zero = top.raw("zero")
+    if isinstance(zero, bool) or zero not in ZERO_STAGES:
+        raise BadInput(top.at("zero"), "0, 1, 2 or 3 (ZeRO stage: 1 shards the optimizer "
+                       "state, 2 the gradients too, 3 the parameters too)", zero)
+    if top.has("distributed_optimizer") and dist_opt != (zero >= 1):
+        raise BadInput(top.at("distributed_optimizer"), f"{str(zero >= 1).lower()} with "
+                       f"zero {zero} (zero 1 and up shard the optimizer state), or left out",
+                       dist_opt)
+    return zero
 
 
 def load_plan(path: str | Path) -> Plan:

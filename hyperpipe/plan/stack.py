@@ -1,13 +1,14 @@
 """The training stack a plan runs on, and the defaults the simulator and executor share.
 
 A plan names its stack (``"stack": "megatron-lm" | "megatron-deepspeed" | "torchtitan"``;
-absent: megatron-lm) and may override three of its runtime choices (``"runtime": {"p2p":
+absent: megatron-lm) and may override four of its runtime choices (``"runtime": {"p2p":
 "async" | "blocking", "overlap_grad_reduce": true | false, "grad_reduce_dtype": "fp32" |
-"bf16"}``). `STACKS` holds each stack's defaults, read from the framework's own code
-(cited per entry); `resolve_runtime` turns (stack, overrides) into the one `Runtime` that
-the simulator, the analytic tier and the search price a plan by. Both the simulated and
-the real data-parallel gradient reduction read their bucket size from here, so that a
-simulated plan and its real run bucket the gradients alike.
+"bf16", "reshard_after_forward": true | false}``, the last for ZeRO-3 plans). `STACKS`
+holds each stack's defaults, read from the framework's own code (cited per entry);
+`resolve_runtime` turns (stack, overrides) into the one `Runtime` that the simulator,
+the analytic tier and the search price a plan by. Both the simulated and the real
+data-parallel gradient reduction read their bucket size from here, so that a simulated
+plan and its real run bucket the gradients alike.
 
 A per-micro-batch engine overhead (DeepSpeed's pipeline engine interprets one instruction
 list per micro-batch step in Python) is not modelled: no public measurement of its size
@@ -30,7 +31,7 @@ P2P_KINDS = ("async", "blocking")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 # Bytes per gradient element that data parallelism moves, per `grad_reduce_dtype`.
 GRAD_REDUCE_BYTES: Mapping[str, float] = MappingProxyType({"fp32": 4.0, "bf16": 2.0})
-RUNTIME_KEYS = ("p2p", "overlap_grad_reduce", "grad_reduce_dtype")
+RUNTIME_KEYS = ("p2p", "overlap_grad_reduce", "grad_reduce_dtype", "reshard_after_forward")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ class Runtime:
     """Model dtypes for which the distributed optimizer (ZeRO-1) reduces gradients with a
     full all-reduce before each rank updates its shard (then all-gathers the weights),
     instead of a reduce-scatter. Not overridable from a plan."""
+
+    reshard_after_forward: bool | None = None
+    """ZeRO-3/FSDP: True frees each unit's gathered parameters after its forward and
+    gathers them again for its backward, every micro-batch (FSDP's FULL_SHARD, DeepSpeed
+    ZeRO-3); False keeps them from a stage's first forward to its last backward (one
+    gather and one gradient reduce-scatter per step). None: torchtitan's "default"
+    policy (`apply_fsdp` in torchtitan/models/llama3/infra/parallelize.py): False when
+    the plan pipelines (more than one stage: "to avoid per-microbatch all-gathers"),
+    True otherwise."""
 
     def grad_bytes_per_param(self, model_dtype_grad_bytes: float) -> float:
         """Bytes per gradient element reduced: the `grad_reduce_dtype`'s, or
@@ -106,7 +116,7 @@ STACKS: Mapping[str, Stack] = MappingProxyType({
     # sends"); the data-parallel gradient sync runs inside the last micro-batch's
     # backward (`backward_maybe_with_nosync(last_backward=...)`, pipelining/stage.py);
     # reductions in fp32 (torchtitan/config/job_config.py `mixed_precision_reduce =
-    # "float32"`). FSDP's sharding of weights (ZeRO-3) is not modelled here.
+    # "float32"`). FSDP's sharding (plan `zero` 2/3) is priced by hyperpipe.sim.sharding.
     "torchtitan": Stack("torchtitan", Runtime("async", True, "fp32", ()),
                         "pytorch/torchtitan, torch/distributed/pipelining"),
 })
@@ -121,12 +131,15 @@ class RuntimeOverrides:
     p2p: str | None = None
     overlap_grad_reduce: bool | None = None
     grad_reduce_dtype: str | None = None
+    reshard_after_forward: bool | None = None
 
     def __post_init__(self) -> None:
         for key, value, options in (("p2p", self.p2p, P2P_KINDS),
                                     ("grad_reduce_dtype", self.grad_reduce_dtype,
                                      GRAD_REDUCE_DTYPES),
                                     ("overlap_grad_reduce", self.overlap_grad_reduce,
+                                     (True, False)),
+                                    ("reshard_after_forward", self.reshard_after_forward,
                                      (True, False))):
             if value is not None and value not in options:
                 raise ValueError(f"runtime {key} must be one of {options}, got {value!r}")

@@ -48,6 +48,7 @@ from hyperpipe.sim.network import bucket_count, p2p_edges, p2p_spec, ring_spec, 
 from hyperpipe.sim.options import Execution, execution_of
 from hyperpipe.sim.replay import schedule_makespan_s
 from hyperpipe.sim.replicas import shape_classes, stage_holding
+from hyperpipe.sim.sharding import dp_shards, fsdp_extra_s, ring_attention_extra_s
 
 _DEVICES, _FIRST, _STAGES = attrgetter("devices"), itemgetter(0), attrgetter("stages")
 
@@ -93,9 +94,7 @@ def estimate(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = None,
     cache = cache_for(cost, cache)
     ex = execution_of(plan, cost)
     classes, own = _classes(plan, cost, cache)
-    shards = len(plan.pipelines) if plan.distributed_optimizer else 1
-    per_class = [_class_estimate(plan, cost, members, own.get(members[0]), shards, cache,
-                                 ex.blocking_p2p)
+    per_class = [_class_estimate(plan, cost, members, own.get(members[0]), ex, cache)
                  for members in classes]
     ready = {(c, s): at for c, e in enumerate(per_class) for s, at in e.ready.items()}
     rank_devices = {(c, s): devices for c, e in enumerate(per_class)
@@ -119,7 +118,7 @@ def estimate(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = None,
                     reached[s] = t
                     t = max(t, tie_done)
                 if include_optimizer:
-                    t += _optimizer_s(cost, stages[s], shards, cache)
+                    t += _optimizer_s(cost, stages[s], dp_shards(plan, stages[s]), cache)
             return t, reached
 
         tie_done = 0.0
@@ -167,11 +166,20 @@ def _learn_devices(plan: Plan, cost: CostModel, cache: AnalyticCache) -> None:
 
 
 def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
-                    sched: Schedule | None, shards: int, cache: AnalyticCache,
-                    blocking: bool = False) -> ClassEstimate:
+                    sched: Schedule | None, ex: Execution, cache: AnalyticCache
+                    ) -> ClassEstimate:
     """The pipeline of one replica class: its span, each rank's use, when each stage's
-    gradients are ready. `sched`: kind synth's own orders, else None. `blocking`: each
-    send is waited out by its sender (`_blocking`)."""
+    gradients are ready. `sched`: kind synth's own orders, else None. With blocking
+    sends (`ex.blocking_p2p`) each send is waited out by its sender (`_blocking`);
+    ZeRO-2/3's gathers and scatters join the actions (`sharding.fsdp_extra_s`), and
+    without resharding each stage's first forward gathers its weights once, on the
+    fill's path (added to the span)."""
+    blocking = ex.blocking_p2p
+
+    def add(k: int, op: str) -> float:
+        return fsdp_extra_s(cost, plan, members[0], k, op,
+                            reshard=ex.reshard_after_forward,
+                            grad_bytes_per_param=ex.grad_bytes_per_param)
     v, kind = plan.chunks, plan.schedule
     pipe = plan.pipelines[members[0]]
     st, m, b = pipe.stages, pipe.num_microbatches, pipe.micro_batch
@@ -179,16 +187,20 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     if sched is None and not schedule_kind(kind).closed_form:     # priced off the IR
         # peaks stop growing at m = 2p (tests/test_schedule_v.py), the fill nearly so
         sched = generate(kind, p, min(m, 2 * p), v)
-    times = _op_times(cost, pipe, kind, sched)
+    times = _op_times(cost, pipe, kind, sched, add)
     homes = [rank_stages(r, p, v, pipeline_placement(plan, pipe)) for r in range(p)]
     sizes = [_stage_bytes(cost, s, b, cache) for s in st]
     crossed = [_link(cost, x, y, sizes[k].send_bytes, cache)
                for k, (x, y) in enumerate(pairwise(st))]
     whole_b = None          # a split kind's replayed B's, when the sends are folded in
     if blocking:
-        times, crossed, whole_b = _blocking(cost, pipe, times, crossed)
+        times, crossed, whole_b = _blocking(cost, pipe, times, crossed, add)
     work = [sum(times.f[s] + times.b[s] for s in homes[r]) for r in range(p)]
-    span = _span_s(cost, pipe, times, sched, v, crossed, work, whole_b)
+    span = _span_s(cost, pipe, times, sched, v, crossed, work, whole_b, add)
+    if plan.zero == 3 and not ex.reshard_after_forward:
+        span += sum(fsdp_extra_s(cost, plan, members[0], k, "F", first_forward=True,
+                                 reshard=False, grad_bytes_per_param=ex.grad_bytes_per_param)
+                    for k in range(len(st)))
     # The last backward wave leaves stage s after the stages below it have run
     # theirs: a rank's chunks end their backwards (and start their rings) apart.
     below = [0.0, *accumulate(times.b)]
@@ -202,7 +214,7 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
         rank_ends.append((span - min(below[s] for s in mine), mine))
         stash = sum(sizes[s].stash_bytes for s in mine) / len(mine)
         device_type = cache.device_types[st[r].devices[0]]
-        peak = _static_bytes(cost, [st[s] for s in mine], device_type.name, b, shards,
+        peak = _static_bytes(cost, plan, [st[s] for s in mine], device_type.name, b, ex,
                              cache) + stash * held[r]
         devices = tuple(chain.from_iterable(map(_DEVICES, columns[r])))
         stage_devices.update(dict.fromkeys(mine, devices))
@@ -210,27 +222,33 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     return ClassEstimate(span, ranks, ready, rank_ends, stage_devices)
 
 
-def _op_times(cost: CostModel, pipe: PipelinePlan, kind: str, sched: Schedule | None
-              ) -> OpTimes:
-    """Per-stage F, I, W and backward times of one micro-batch of `pipe`."""
+def _no_add(k: int, op: str) -> float:
+    return 0.0
+
+
+def _op_times(cost: CostModel, pipe: PipelinePlan, kind: str, sched: Schedule | None,
+              add=_no_add) -> OpTimes:
+    """Per-stage F, I, W and backward times of one micro-batch of `pipe`; `add(k, op)`:
+    seconds added to stage k's op (ZeRO-2/3)."""
     st, b = pipe.stages, pipe.micro_batch
-    t_f = [_stage_s(cost, s, b, "F") for s in st]
+    t_f = [_stage_s(cost, s, b, "F") + add(k, "F") for k, s in enumerate(st)]
     split = schedule_kind(kind).splits_backward or (
         sched is not None and schedule_kind(sched.kind).carries_actions
         and any(a.op == "W" for row in sched.actions for a in row))
     t_i = t_w = None
     if split or sched is not None:
-        t_i = [_stage_s(cost, s, b, "I") for s in st]
-        t_w = [_stage_s(cost, s, b, "W") for s in st]
+        t_i = [_stage_s(cost, s, b, "I") + add(k, "I") for k, s in enumerate(st)]
+        t_w = [_stage_s(cost, s, b, "W") + add(k, "W") for k, s in enumerate(st)]
     if split:
         t_b = [i + w for i, w in zip(t_i, t_w, strict=True)]
         return OpTimes(t_f, t_i, t_w, t_b, t_w, True)
-    t_b = [_stage_s(cost, s, b, "B") for s in st]
+    t_b = [_stage_s(cost, s, b, "B") + add(k, "B") for k, s in enumerate(st)]
     return OpTimes(t_f, t_i, t_w, t_b, t_b, False)
 
 
 def _blocking(cost: CostModel, pipe: PipelinePlan, times: OpTimes,
-              crossed: list[LinkCost]) -> tuple[OpTimes, list[LinkCost], list[float]]:
+              crossed: list[LinkCost], add=_no_add
+              ) -> tuple[OpTimes, list[LinkCost], list[float]]:
     """Blocking sends (the sender waits until its message is delivered): each link time
     joins the action that sends it (F of stage k sends to k + 1; its B or I to k - 1),
     the message arriving as that longer action ends, so no link delay is left between
@@ -246,14 +264,15 @@ def _blocking(cost: CostModel, pipe: PipelinePlan, times: OpTimes,
     b = plus(times.b, bwd)
     new = OpTimes(plus(times.f, fwd), plus(times.i, bwd), times.w, b,
                   times.w if times.split else b, times.split)
-    whole_b = plus([_stage_s(cost, s, pipe.micro_batch, "B") for s in pipe.stages], bwd) \
+    whole_b = plus([_stage_s(cost, s, pipe.micro_batch, "B") + add(k, "B")
+                    for k, s in enumerate(pipe.stages)], bwd) \
         if times.split else b
     return new, [LinkCost(0.0, 0.0, c.busy) for c in crossed], whole_b
 
 
 def _span_s(cost: CostModel, pipe: PipelinePlan, times: OpTimes, sched: Schedule | None,
             v: int, crossed: list[LinkCost], work: list[float],
-            whole_b: list[float] | None = None) -> float:
+            whole_b: list[float] | None = None, add=_no_add) -> float:
     """The pipeline's compute makespan: the replayed orders, then the period per further
     micro-batch; or the closed form (see the module doc). `whole_b`: each stage's B time
     for the replay (None: `times.b`, or B priced afresh for a split kind)."""
@@ -267,7 +286,8 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, times: OpTimes, sched: Schedule
     if sched is not None:
         # the order itself, replayed on free links; the rest at the period
         b_s = whole_b if whole_b is not None else times.b if not times.split else \
-            [_stage_s(cost, s, pipe.micro_batch, "B") for s in pipe.stages]
+            [_stage_s(cost, s, pipe.micro_batch, "B") + add(k, "B")
+             for k, s in enumerate(pipe.stages)]
         return schedule_makespan_s(sched, times.f, times.i, times.w, b_s, links) + \
             (m - sched.num_microbatches) * period
     link_sum = sum(fwd + bwd for fwd, bwd in links)
@@ -281,16 +301,18 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, times: OpTimes, sched: Schedule
 
 
 def _stage_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> float:
-    """`CostModel.stage_time_s` of a plan stage, with its recompute and sequence
-    parallelism."""
+    """`CostModel.stage_time_s` of a plan stage, with its recompute, sequence and
+    context parallelism (and the ring exchange it leaves exposed)."""
     return cost.stage_time_s(stage.layers, stage.devices, micro_batch, op, stage.recompute,
-                             stage.sequence_parallel)
+                             stage.sequence_parallel, stage.cp) + \
+        ring_attention_extra_s(cost, stage, micro_batch, op)
 
 
 def _stage_bytes(cost: CostModel, stage: StagePlan, micro_batch: int, cache: AnalyticCache
                  ) -> StageBytes:
     """A stage's stash per micro-batch and bytes sent on, per device."""
-    key = ((stage.layers, stage.tp, stage.recompute, stage.sequence_parallel), micro_batch)
+    key = ((stage.layers, stage.tp, stage.recompute, stage.sequence_parallel, stage.cp),
+           micro_batch)
     got = cache.stage_bytes.get(key)
     if got is None:
         got = cache.stage_bytes[key] = StageBytes(cost.stage_stash_bytes(stage, micro_batch),
@@ -298,15 +320,18 @@ def _stage_bytes(cost: CostModel, stage: StagePlan, micro_batch: int, cache: Ana
     return got
 
 
-def _static_bytes(cost: CostModel, stages: list[StagePlan], type_name: str,
-                  micro_batch: int, shards: int, cache: AnalyticCache) -> float:
-    """`CostModel.device_static_bytes` of a rank's stages, cached by their shape and
-    device type."""
-    key = (tuple((s.layers, s.tp, s.recompute, s.sequence_parallel) for s in stages),
-           type_name, micro_batch, shards)
+def _static_bytes(cost: CostModel, plan: Plan, stages: list[StagePlan], type_name: str,
+                  micro_batch: int, ex: Execution, cache: AnalyticCache) -> float:
+    """`CostModel.device_static_bytes` of a rank's stages, cached by their shape, shards,
+    ZeRO stage and device type."""
+    shards = tuple(dp_shards(plan, s) for s in stages)
+    key = (tuple((s.layers, s.tp, s.recompute, s.sequence_parallel, s.cp) for s in stages),
+           type_name, micro_batch, shards, ex.zero, ex.reshard_after_forward)
     got = cache.static_bytes.get(key)
     if got is None:
-        got = cache.static_bytes[key] = cost.device_static_bytes(stages, micro_batch, shards)
+        got = cache.static_bytes[key] = cost.device_static_bytes(
+            stages, micro_batch, zero=ex.zero, reshard_after_forward=ex.reshard_after_forward,
+            shards_of=lambda s: dp_shards(plan, s))
     return got
 
 
@@ -355,7 +380,7 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
     grad_bytes, overlap = ex.dp_sync_bytes_per_param, ex.overlap_dp_allreduce
     pipes = plan.pipelines
     done: dict[tuple[int, int], float] = {}
-    if len(pipes) == 1:
+    if len(pipes) == 1 and all(s.cp == 1 for s in pipes[0].stages):
         return done
     cuts = sorted({s.layers[1] for members in classes for s in pipes[members[0]].stages})
     # Members of a class share their cuts: the stage holding each layer, once per class.
@@ -418,12 +443,15 @@ def _bucket_ring(cost: CostModel, pipes: tuple[PipelinePlan, ...], classes: list
             got = cache.even_rings[key] = _ring(
                 cost, [list(flat[i::tp]) for i in range(tp)], nbytes, cache)
         return got
-    groups = tuple([pipes[q].stages[k].devices for (_, k), members
-                    in zip(parts, classes, strict=True) for q in members])
+    held = tuple([pipes[q].stages[k] for (_, k), members
+                  in zip(parts, classes, strict=True) for q in members])
+    groups = tuple(st.devices for st in held)
     got = cache.mixed_rings.get((groups, nbytes))
     if got is None:
+        # ring i: tensor rank i (modulo each group's size) of every context rank
         got = cache.mixed_rings[(groups, nbytes)] = _ring(
-            cost, [[g[i % len(g)] for g in groups] for i in range(tp)], nbytes, cache)
+            cost, [[st.devices[c * st.tp + i % st.tp] for st in held for c in range(st.cp)]
+                   for i in range(tp)], nbytes, cache)
     return got
 
 

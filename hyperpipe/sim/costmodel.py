@@ -39,6 +39,16 @@ STATE_BYTES_PER_PARAM: Mapping[str, tuple[float, float]] = MappingProxyType(
 # grads; torch AMP keeps fp32 grads of fp32 weights.
 GRAD_BYTES_PER_PARAM: Mapping[str, float] = MappingProxyType(
     {"fp16": 2.0, "bf16": 4.0, "fp32": 4.0})
+# Bytes per parameter of ZeRO-3's sharded state, all of it split over the data-parallel
+# ranks: Rajbhandari et al. 2020 (ZeRO), fig. 1 and sec. 5.3, (2 + 2 + K) with K = 12 for
+# mixed-precision Adam (half-precision weight and gradient, fp32 master weight and two
+# moments); fp32 training 4 + 4 + 8. No half-precision copy of the weights persists:
+# torch FSDP2 keeps the sharded fp32 parameter as the one the optimizer steps and casts
+# it to `MixedPrecisionPolicy.param_dtype` only in the gathered, transient buffer
+# (torch/distributed/fsdp/_fully_shard/_fsdp_param.py); DeepSpeed ZeRO-3 keeps a
+# half-precision shard, a half-precision gradient shard and the fp32 master shard.
+ZERO3_STATE_BYTES_PER_PARAM: Mapping[str, float] = MappingProxyType(
+    {"fp16": 16.0, "bf16": 16.0, "fp32": 16.0})
 # An Adam step reads and writes the fp32 state and reads the gradient: about 2·12 + 2 + 2.
 ADAM_STEP_BYTES_PER_PARAM = 28
 
@@ -83,19 +93,21 @@ class _Tables:
     """The cost model's look-ups: one table per pure function of its model, cluster and
     profile, keyed by that function's arguments."""
 
-    # (layer, device type, micro-batch, op, tp, sequence parallel) -> seconds
-    layer_s: dict[tuple[int, str, int, str, int, bool], float] = field(default_factory=dict)
-    # (layer spec, device type, micro-batch, op, tp, sequence parallel) -> seconds or None
-    op_s: dict[tuple[object, str, int, str, int, bool], float | None] = \
+    # (layer, device type, micro-batch, op, tp, sequence parallel, cp) -> seconds
+    layer_s: dict[tuple[int, str, int, str, int, bool, int], float] = \
         field(default_factory=dict)
-    # (layers, device type, micro-batch, op, tp, sequence parallel) -> seconds
-    stage_s: dict[tuple[_Layers, str, int, str, int, bool], float] = \
+    # (layer spec, device type, micro-batch, op, tp, sequence parallel, cp) -> seconds
+    # or None
+    op_s: dict[tuple[object, str, int, str, int, bool, int], float | None] = \
         field(default_factory=dict)
-    tp_comm_s: dict[tuple[_Layers, _Devices, int], float] = field(default_factory=dict)
+    # (layers, device type, micro-batch, op, tp, sequence parallel, cp) -> seconds
+    stage_s: dict[tuple[_Layers, str, int, str, int, bool, int], float] = \
+        field(default_factory=dict)
+    tp_comm_s: dict[tuple[_Layers, _Devices, int, int], float] = field(default_factory=dict)
     routes: dict[tuple[str, str], CostedRoute] = field(default_factory=dict)
     allreduce_s: dict[tuple[_Devices, float], float] = field(default_factory=dict)
-    # (layers, micro-batch, tp, recompute, sequence parallel) -> bytes
-    stash_bytes: dict[tuple[_Layers, int, int, str, bool], float] = \
+    # (layers, micro-batch, tp, recompute, sequence parallel, cp) -> bytes
+    stash_bytes: dict[tuple[_Layers, int, int, str, bool, int], float] = \
         field(default_factory=dict)
     param_prefix: list[int] | None = None          # parameters of layers [0, i)
     memos: dict[str, object] = field(default_factory=dict)   # see `CostModel.memo`
@@ -124,20 +136,23 @@ class CostModel:
         return op_flops(self.model, layer, micro_batch, op)
 
     def layer_time_s(self, layer: int, device_type: str, micro_batch: int, op: str,
-                     tp: int = 1, sequence_parallel: bool = False) -> float:
+                     tp: int = 1, sequence_parallel: bool = False, cp: int = 1) -> float:
         """Compute time of `op` of one layer on one device of a tensor-parallel group of tp
-        (seconds; no tensor-parallel communication)."""
+        in a context-parallel group of cp (seconds; no communication). With cp > 1 the
+        device holds s/cp tokens and its ring attention meets every key: 1/cp of the
+        layer's work (with causal load balancing, two chunks per rank, as Megatron-LM's
+        `get_batch_on_this_cp_rank` splits the sequence, every rank gets an equal share)."""
         table = self._tables.layer_s
-        key = (layer, device_type, micro_batch, op, tp, sequence_parallel)
+        key = (layer, device_type, micro_batch, op, tp, sequence_parallel, cp)
         if key not in table:
             table[key] = self._layer_time_s(layer, device_type, micro_batch, op, tp,
-                                            sequence_parallel)
+                                            sequence_parallel, cp)
         return table[key]
 
     def _layer_time_s(self, layer: int, device_type: str, micro_batch: int, op: str,
-                      tp: int, sequence_parallel: bool) -> float:
+                      tp: int, sequence_parallel: bool, cp: int = 1) -> float:
         kind = self.model.layers[layer].kind
-        flops = self.op_flops(layer, micro_batch, op) / tp
+        flops = self.op_flops(layer, micro_batch, op) / (tp * cp)
         if self.profile is not None:
             fit = self.profile.compute.get(Profile.key(device_type, kind, op))
             if fit is not None:
@@ -146,31 +161,31 @@ class CostModel:
                 i = self.profile.compute.get(Profile.key(device_type, kind, "I"))
                 w = self.profile.compute.get(Profile.key(device_type, kind, "W"))
                 if i is not None and w is not None:
-                    return i(self.op_flops(layer, micro_batch, "I") / tp) + \
-                        w(self.op_flops(layer, micro_batch, "W") / tp)
+                    return i(self.op_flops(layer, micro_batch, "I") / (tp * cp)) + \
+                        w(self.op_flops(layer, micro_batch, "W") / (tp * cp))
         dev = self.cluster.device_types[device_type]
         if dev.gemm is not None:
-            t = self._op_time_s(layer, dev, micro_batch, op, tp, sequence_parallel)
+            t = self._op_time_s(layer, dev, micro_batch, op, tp, sequence_parallel, cp)
             if t is not None:
                 return t
-        mem = self.model.layer_cost(layer, micro_batch).mem_bytes / tp
+        mem = self.model.layer_cost(layer, micro_batch).mem_bytes / (tp * cp)
         mem *= {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}[op]
         return max(flops / dev.achievable_flops_for(self.model.dtype),
                    mem / dev.mem_bandwidth_bytes_per_s)
 
     def _op_time_s(self, layer: int, dev, micro_batch: int, op: str, tp: int,
-                   sequence_parallel: bool) -> float | None:
+                   sequence_parallel: bool, cp: int = 1) -> float | None:
         """Op-by-op time of a shaped layer (`hyperpipe.sim.compute`); None if unshaped.
         B is I + W, each counted op by op."""
         spec = self.model.layers[layer]
         table = self._tables.op_s
-        key = (spec, dev.name, micro_batch, op, tp, sequence_parallel)
+        key = (spec, dev.name, micro_batch, op, tp, sequence_parallel, cp)
         if key not in table:
             passes = ("I", "W") if op == "B" else (op,)
             total = 0.0
             for p in passes:
                 work = layer_work(spec, p, micro_batch, self.model.seq_len,
-                                  self.model.dtype_bytes, tp, sequence_parallel)
+                                  self.model.dtype_bytes, tp, sequence_parallel, cp)
                 if work is None:
                     table[key] = None
                     break
@@ -180,40 +195,45 @@ class CostModel:
         return table[key]
 
     def stage_compute_s(self, layers: tuple[int, int], device_type: str, micro_batch: int,
-                        op: str, tp: int = 1, sequence_parallel: bool = False) -> float:
+                        op: str, tp: int = 1, sequence_parallel: bool = False, cp: int = 1
+                        ) -> float:
         """Compute time of `op` over layers [start, end) (no tensor-parallel communication),
         with the profile's per-action overhead, if any, counted once."""
         table = self._tables.stage_s
-        key = (layers, device_type, micro_batch, op, tp, sequence_parallel)
+        key = (layers, device_type, micro_batch, op, tp, sequence_parallel, cp)
         if key not in table:
             overhead = 0.0 if self.profile is None else \
                 self.profile.action_overhead_s(device_type, op)
             table[key] = overhead + sum(
-                self.layer_time_s(i, device_type, micro_batch, op, tp, sequence_parallel)
+                self.layer_time_s(i, device_type, micro_batch, op, tp, sequence_parallel, cp)
                 for i in range(*layers))
         return table[key]
 
     def stage_time_s(self, layers: tuple[int, int], devices: tuple[str, ...],
                      micro_batch: int, op: str, recompute: str = "none",
-                     sequence_parallel: bool = False) -> float:
+                     sequence_parallel: bool = False, cp: int = 1) -> float:
         """Compute plus Megatron-style tensor-parallel collectives of a stage's op; the
         backward op that needs the activations (B, or I when the backward is split) first
         runs the recomputed forward: all of F with its collectives for "full", the
         attention core for "selective" (`recompute_s`). With sequence parallelism each
         all-reduce becomes a reduce-scatter and an all-gather of the same bytes (the same
         ring time), and the norm/dropout work is split over the group. The compute is
-        stretched by the group's `Cluster.slowdown` (a straggler)."""
+        stretched by the group's `Cluster.slowdown` (a straggler). With cp > 1 `devices`
+        holds cp tensor-parallel groups of len(devices)/cp (tensor rank innermost), each
+        on s/cp tokens; the ring-attention exchange is priced apart
+        (`hyperpipe.sim.sharding`)."""
         dtype = self.cluster.device(devices[0]).type.name
-        t = self.stage_compute_s(layers, dtype, micro_batch, op, len(devices),
-                                 sequence_parallel)
+        tp = len(devices) // cp
+        t = self.stage_compute_s(layers, dtype, micro_batch, op, tp, sequence_parallel, cp)
         t *= self.cluster.slowdown(devices)
         if op in ("B", "I") and recompute != "none":
-            t += self.recompute_s(layers, devices, micro_batch, recompute, sequence_parallel)
-        return t + self.tp_comm_s(layers, devices, micro_batch, op)
+            t += self.recompute_s(layers, devices, micro_batch, recompute, sequence_parallel,
+                                  cp)
+        return t + self.tp_comm_s(layers, devices, micro_batch, op, cp)
 
     def recompute_s(self, layers: tuple[int, int], devices: tuple[str, ...],
-                    micro_batch: int, recompute: str, sequence_parallel: bool = False
-                    ) -> float:
+                    micro_batch: int, recompute: str, sequence_parallel: bool = False,
+                    cp: int = 1) -> float:
         """Time of the forward work a backward redoes: with "full" the stage's whole
         forward, tensor-parallel collectives included (Korthikanti et al. 2022, sec. 5:
         the recomputed forward repeats its all-reduces); with "selective" each layer's
@@ -223,53 +243,57 @@ class CostModel:
         if recompute == "full" and all(self.model.recompute_fraction(i, micro_batch, "full")
                                        == 1.0 for i in range(*layers)):
             return self.stage_time_s(layers, devices, micro_batch, "F",
-                                     sequence_parallel=sequence_parallel)
+                                     sequence_parallel=sequence_parallel, cp=cp)
         dtype = self.cluster.device(devices[0]).type.name
-        tp = len(devices)
+        tp = len(devices) // cp
         t = self.cluster.slowdown(devices) * sum(
             self.model.recompute_fraction(i, micro_batch, recompute)
-            * self.layer_time_s(i, dtype, micro_batch, "F", tp, sequence_parallel)
+            * self.layer_time_s(i, dtype, micro_batch, "F", tp, sequence_parallel, cp)
             for i in range(*layers))
         if recompute == "full":
             blocks = [i for i in range(*layers)
                       if self.model.recompute_fraction(i, micro_batch, "full") == 1.0]
             if blocks:
-                t += self.tp_comm_s((blocks[0], blocks[-1] + 1), devices, micro_batch, "F")
+                t += self.tp_comm_s((blocks[0], blocks[-1] + 1), devices, micro_batch, "F",
+                                    cp)
         return t
 
     def stage_tp_comm_s(self, layers: tuple[int, int], devices: tuple[str, ...],
-                        micro_batch: int, op: str, recompute: str = "none"
+                        micro_batch: int, op: str, recompute: str = "none", cp: int = 1
                         ) -> tuple[float, float]:
         """The tensor-parallel collectives inside `stage_time_s`: (seconds on idle links,
         of which latency). Those of the op itself and, with full recompute, those of the
         recomputed forward. The simulator runs them as flows over the group's links."""
-        if len(devices) == 1 or op == "W":
+        if len(devices) == cp or op == "W":
             return 0.0, 0.0
-        t = self.tp_comm_s(layers, devices, micro_batch, op)
+        t = self.tp_comm_s(layers, devices, micro_batch, op, cp)
         if op in ("B", "I") and recompute == "full":
-            t += self.tp_comm_s(layers, devices, micro_batch, "F")
+            t += self.tp_comm_s(layers, devices, micro_batch, "F", cp)
         if t <= 0.0:
             return 0.0, 0.0
         blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind == "block")
         count = 2 * blocks * (2 if op in ("B", "I") and recompute == "full" else 1)
         # latency of one collective: its time for a vanishing message
         lat = 0.0 if self.profile is not None and "*" in self.profile.allreduce else \
-            self.allreduce_time_s(devices, 1e-30)
+            self.allreduce_time_s(devices[:len(devices) // cp], 1e-30)
         return t, min(t, count * lat)
 
     def tp_comm_s(self, layers: tuple[int, int], devices: tuple[str, ...], micro_batch: int,
-                  op: str) -> float:
+                  op: str, cp: int = 1) -> float:
         """Megatron tensor parallelism all-reduces the block output twice in forward and
-        the input gradient twice in backward (Shoeybi et al. 2019, fig. 3); W needs none."""
-        if len(devices) == 1 or op == "W":
+        the input gradient twice in backward (Shoeybi et al. 2019, fig. 3); W needs none.
+        With cp > 1 each context rank's group (the first len(devices)/cp devices stand
+        for all: they move alike on their own ports) reduces its s/cp tokens."""
+        if len(devices) == cp or op == "W":
             return 0.0
         table = self._tables.tp_comm_s
-        key = (layers, devices, micro_batch)
+        key = (layers, devices, micro_batch, cp)
         if key not in table:
             blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind == "block")
             nbytes = self.model.layer_cost(layers[0], micro_batch).send_bytes or \
                 self.model.layer_cost(max(layers[0], 1), micro_batch).send_bytes
-            table[key] = 2 * blocks * self.allreduce_time_s(devices, nbytes)
+            table[key] = 2 * blocks * self.allreduce_time_s(devices[:len(devices) // cp],
+                                                            nbytes / cp)
         return table[key]
 
     # ---------------------------------------------------------------- communication
@@ -291,6 +315,23 @@ class CostModel:
         """Point-to-point time on idle links: latency + bytes / bandwidth (0 on one device)."""
         route, link = self.route(src, dst)
         return 0.0 if not route.hops else link.time_s(nbytes)
+
+    def exchange_time_s(self, edges: list[tuple[str, str]], nbytes: float) -> float:
+        """Each of `edges` (src, dst) sending `nbytes` at the same time (a ring step of
+        point-to-point sends): the slowest edge's latency + bytes over its achievable
+        bandwidth, hops shared among the edges crossing them (`_bus`); 0 when every edge
+        stays on one device."""
+        if not edges or nbytes <= 0:
+            return 0.0
+        bw, lat = self._bus(edges)
+        return 0.0 if bw == float("inf") else lat + nbytes / bw
+
+    def allgather_time_s(self, devices: tuple[str, ...] | list[str], nbytes: float) -> float:
+        """All-gather (or reduce-scatter) of a tensor of `nbytes` in all among `devices`
+        (each holding nbytes/n before, or after): half a ring all-reduce of the same
+        size, (n-1)/n of the bytes over the slowest ring hop (Patarasuk and Yuan 2009;
+        NCCL's ring all-reduce is a reduce-scatter then an all-gather), on idle links."""
+        return self.allreduce_time_s(devices, nbytes) / 2
 
     def allreduce_time_s(self, devices: tuple[str, ...] | list[str], nbytes: float) -> float:
         """All-reduce of `nbytes` per device, as NCCL runs it (seconds on idle links).
@@ -396,7 +437,8 @@ class CostModel:
         return GRAD_BYTES_PER_PARAM[self.model.dtype]
 
     def dp_sync_bytes_per_param(self, distributed_optimizer: bool = False,
-                                runtime: Runtime | None = None) -> float:
+                                runtime: Runtime | None = None, zero: int | None = None,
+                                reshard_after_forward: bool = True) -> float:
         """Bytes per parameter that the data-parallel gradient sync moves, in all-reduce
         terms, on the stack `runtime` describes (None: megatron-lm's defaults): the
         gradients' all-reduce (`Runtime.grad_bytes_per_param`, the model dtype's rule
@@ -406,39 +448,83 @@ class CostModel:
         half of a ring all-reduce of the same size: (grad + weight bytes) / 2; on a stack
         that all-reduces the gradients in full before the sharded step
         (`Runtime.allreduce_sharded_grads`: DeepSpeed's pipeline engine with bf16),
-        grad + weight bytes / 2."""
+        grad + weight bytes / 2.
+
+        `zero` (None: 1 with the distributed optimizer, else 0) 2: the gradients are
+        reduce-scattered during every micro-batch's backward (priced there, `hyperpipe.
+        sim.sharding`), leaving the all-gather of the updated weights: weight bytes / 2.
+        3: the weights are gathered before use (priced in the actions); with
+        `reshard_after_forward` the gradients are reduce-scattered every micro-batch too
+        (nothing left: 0), without it once per step here: grad bytes / 2."""
         rt = runtime if runtime is not None else resolve_runtime(DEFAULT_STACK)
         grad = rt.grad_bytes_per_param(self.grad_bytes_per_param)
-        if not distributed_optimizer:
+        zero = (1 if distributed_optimizer else 0) if zero is None else zero
+        if zero == 2:
+            return self.model.dtype_bytes / 2
+        if zero == 3:
+            return 0.0 if reshard_after_forward else grad / 2
+        if zero == 0:
             return grad
         if self.model.dtype in rt.allreduce_sharded_grads:
             return grad + self.model.dtype_bytes / 2
         return (grad + self.model.dtype_bytes) / 2
 
-    def state_bytes(self, layers: tuple[int, int], tp: int = 1, dp_shards: int = 1) -> float:
+    def state_bytes(self, layers: tuple[int, int], tp: int = 1, dp_shards: int = 1,
+                    zero: int | None = None) -> float:
         """Weights, gradients and optimizer state of a stage, per device of its TP group;
         with the distributed optimizer the fp32 master weights and Adam moments are split
-        over the `dp_shards` data-parallel replicas that hold the same layers."""
+        over the `dp_shards` data-parallel ranks that hold the same layers (ZeRO-1).
+        `zero` (None: ZeRO-1's split over `dp_shards`) 2 splits the gradients too, 3 all
+        of it (`ZERO3_STATE_BYTES_PER_PARAM`); what ZeRO-3 gathers while it computes is
+        `zero3_working_bytes`."""
         kept, shardable = STATE_BYTES_PER_PARAM[self.model.dtype]
-        return self.stage_params(layers) * (kept + shardable / dp_shards) / tp
+        weight = float(self.model.dtype_bytes)
+        grad = kept - weight
+        per_param = {None: kept + shardable / dp_shards, 0: kept + shardable,
+                     1: kept + shardable / dp_shards,
+                     2: weight + (grad + shardable) / dp_shards,
+                     3: ZERO3_STATE_BYTES_PER_PARAM[self.model.dtype] / dp_shards}[zero]
+        return self.stage_params(layers) * per_param / tp
+
+    def zero3_working_bytes(self, layers: tuple[int, int], tp: int = 1,
+                            reshard_after_forward: bool = True) -> float:
+        """Bytes ZeRO-3/FSDP holds unsharded on top of its shards, per device of a TP
+        group. Resharding after forward (FSDP's FULL_SHARD; torchtitan wraps each block in
+        `fully_shard`): the weights of two units (the one computing and the one
+        prefetched) and one unit's unsharded gradient before its reduce-scatter, a unit
+        being one layer (the largest counts). Without it (torchtitan with pipelining):
+        the stage's whole weights, from its first forward to its last backward, and its
+        whole gradient, accumulated unsharded until the last backward
+        (`set_requires_gradient_sync(False)` on the other micro-batches, torch/
+        distributed/pipelining/stage.py `backward_maybe_with_nosync`)."""
+        kept, _ = STATE_BYTES_PER_PARAM[self.model.dtype]
+        weight = float(self.model.dtype_bytes)
+        grad = kept - weight
+        if not reshard_after_forward:
+            return self.stage_params(layers) * kept / tp
+        unit = max(self.model.layers[i].params for i in range(*layers))
+        return unit * (2 * weight + grad) / tp
 
     def stash_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1, *,
-                    recompute: str = "none", sequence_parallel: bool = False) -> float:
+                    recompute: str = "none", sequence_parallel: bool = False, cp: int = 1
+                    ) -> float:
         """Activations one micro-batch keeps from its forward until its backward, per
         device of the stage's tensor-parallel group (Korthikanti et al. 2022; see
-        `TransformerBlock.stash_bytes`)."""
+        `TransformerBlock.stash_bytes`); with context parallelism a rank keeps its s/cp
+        tokens' share, 1/cp of it (every term is linear in the rank's tokens, eager
+        attention's scores too: its s/cp queries against s keys)."""
         table = self._tables.stash_bytes
-        key = (layers, micro_batch, tp, recompute, sequence_parallel)
+        key = (layers, micro_batch, tp, recompute, sequence_parallel, cp)
         if key not in table:
             table[key] = sum(
                 self.model.stash_bytes(i, micro_batch, tp=tp, recompute=recompute,
                                        sequence_parallel=sequence_parallel)
-                for i in range(*layers))
+                for i in range(*layers)) / cp
         return table[key]
 
     def recompute_work_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1, *,
-                             recompute: str = "none", sequence_parallel: bool = False
-                             ) -> float:
+                             recompute: str = "none", sequence_parallel: bool = False,
+                             cp: int = 1) -> float:
         """Bytes a recomputing backward holds on top of the stash, one layer at a time:
         what the recomputed forward of one layer rebuilds before its backward runs (the
         largest over the stage's layers; 0 without recompute)."""
@@ -448,7 +534,7 @@ class CostModel:
                                           sequence_parallel=sequence_parallel)
                    - self.model.stash_bytes(i, micro_batch, tp=tp, recompute=recompute,
                                             sequence_parallel=sequence_parallel)
-                   for i in range(*layers))
+                   for i in range(*layers)) / cp
 
     def runtime_reserve_bytes(self, device_type: str) -> float:
         """Device memory the runtime holds besides tensors (CUDA context, NCCL buffers,
@@ -456,21 +542,35 @@ class CostModel:
         return self.cluster.device_types[device_type].runtime_reserve_bytes
 
     def stage_stash_bytes(self, stage, micro_batch: int) -> float:
-        """`stash_bytes` of a plan stage (`StagePlan`), with its recompute and sequence
-        parallelism."""
+        """`stash_bytes` of a plan stage (`StagePlan`), with its recompute, sequence
+        parallelism and context parallelism."""
         return self.stash_bytes(stage.layers, micro_batch, stage.tp, recompute=stage.recompute,
-                                sequence_parallel=stage.sequence_parallel)
+                                sequence_parallel=stage.sequence_parallel,
+                                cp=getattr(stage, "cp", 1))
 
-    def device_static_bytes(self, stages, micro_batch: int, dp_shards: int = 1) -> float:
+    def device_static_bytes(self, stages, micro_batch: int, dp_shards: int = 1, *,
+                            zero: int | None = None, reshard_after_forward: bool = True,
+                            shards_of=None) -> float:
         """Bytes a device holds all iteration long for the plan stages (`StagePlan`s) it
-        runs: their state, the largest recompute working set among them (one backward
-        runs at a time) and the runtime reserve of its device type."""
+        runs: their state (`state_bytes` with `zero`, over `dp_shards` ranks, or
+        `shards_of(stage)` when given), the largest recompute working set among them (one
+        backward runs at a time), with ZeRO-3 what it holds unsharded
+        (`zero3_working_bytes`: every stage's whole weights and gradient without
+        resharding, else the largest stage's units), and the runtime reserve of its
+        device type."""
         dtype = self.cluster.device(stages[0].devices[0]).type.name
-        state = sum(self.state_bytes(st.layers, st.tp, dp_shards) for st in stages)
+        shards = [dp_shards if shards_of is None else shards_of(st) for st in stages]
+        state = sum(self.state_bytes(st.layers, st.tp, n, zero)
+                    for st, n in zip(stages, shards, strict=True))
         work = max(self.recompute_work_bytes(st.layers, micro_batch, st.tp,
                                              recompute=st.recompute,
-                                             sequence_parallel=st.sequence_parallel)
+                                             sequence_parallel=st.sequence_parallel,
+                                             cp=getattr(st, "cp", 1))
                    for st in stages)
+        if zero == 3:
+            gathered = [self.zero3_working_bytes(st.layers, st.tp, reshard_after_forward)
+                        for st in stages]
+            work += sum(gathered) if not reshard_after_forward else max(gathered)
         return state + work + self.runtime_reserve_bytes(dtype)
 
     def send_bytes(self, layers: tuple[int, int], micro_batch: int) -> float:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.stack import DDP_BUCKET_BYTES
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.sharding import reshard_after_forward
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,17 @@ class Execution:
     overlap_dp_allreduce: bool       # buckets start during the last backward
     dp_sync_bytes_per_param: float   # bytes per parameter of the data-parallel sync
     grad_bytes_per_param: float      # bytes per gradient element reduced (tied embeddings)
+    zero: int = 0                    # the plan's ZeRO stage
+    reshard_after_forward: bool = True   # ZeRO-3: gather again for every backward
 
 
 def execution_of(plan: Plan, cost: CostModel) -> Execution:
     """The plan's stack and runtime overrides (`Plan.runtime_settings`) as the simulator
-    and the analytic tier price them."""
+    and the analytic tier price them (ZeRO-3's resharding: `sharding.
+    reshard_after_forward`)."""
     rt = plan.runtime_settings()
+    reshard = reshard_after_forward(plan)
     return Execution(rt.p2p == "blocking", rt.overlap_grad_reduce,
-                     cost.dp_sync_bytes_per_param(plan.distributed_optimizer, rt),
-                     rt.grad_bytes_per_param(cost.grad_bytes_per_param))
+                     cost.dp_sync_bytes_per_param(plan.distributed_optimizer, rt, plan.zero,
+                                                  reshard),
+                     rt.grad_bytes_per_param(cost.grad_bytes_per_param), plan.zero, reshard)

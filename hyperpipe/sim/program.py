@@ -32,6 +32,7 @@ from hyperpipe.sim.network import (
 )
 from hyperpipe.sim.options import Execution, SimOptions
 from hyperpipe.sim.replicas import stage_holding
+from hyperpipe.sim.sharding import dp_shards, fsdp_extra_s, ring_attention_extra_s
 
 NEVER = float("inf")       # a message's arrival time before it is known
 
@@ -153,21 +154,42 @@ def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe
         for s, op, j in zip(rank.stages, rank.ops, rank.mbs, strict=True):
             sh = shapes.get((s, op))
             if sh is None:
-                sh = shapes[(s, op)] = op_shape(cost, stages, s, op, mb, m, stash[s],
-                                                fwd, bwd)
+                sh = op_shape(cost, stages, s, op, mb, m, stash[s], fwd, bwd)
+                extra = fsdp_extra_s(cost, plan, pipe.index, s, op,
+                                     reshard=ex.reshard_after_forward,
+                                     grad_bytes_per_param=ex.grad_bytes_per_param)
+                sh = shapes[(s, op)] = sh._replace(compute_s=sh.compute_s + extra)
             dur, wait, send, spec, delta, tp = sh
             program.append(Step(dur, wait + j if wait >= 0 else -1,
                                 send + j if send >= 0 else -1, send // m, spec, delta, -1, tp))
+        _first_forward_gathers(plan, cost, ex, pipe.index, rank)
         rank.grad_order = _grad_order(rank, ex.overlap_dp_allreduce)
         static = cost.device_static_bytes(
             [stages[s] for s in rank_stages(d, sched.num_devices, sched.chunks,
                                             sched.placement)], mb,
-            len(plan.pipelines) if plan.distributed_optimizer else 1)
+            zero=plan.zero, reshard_after_forward=ex.reshard_after_forward,
+            shards_of=lambda st: dp_shards(plan, st))
         rank.timeline = [(0.0, static)]
         pipe.ranks.append(rank)
     _prepare_boxes(pipe, n_st, m, fwd, bwd)
     pipe.tie = prepare_tie(plan, cost, ex, pipe)
     return pipe
+
+
+def _first_forward_gathers(plan: Plan, cost: CostModel, ex: Execution, q: int,
+                           rank: Rank) -> None:
+    """ZeRO-3 without resharding: each stage's first forward of the step gathers its
+    weights (`sharding.fsdp_extra_s` with `first_forward`), added to that action."""
+    if plan.zero < 3 or ex.reshard_after_forward:
+        return
+    seen: set[int] = set()
+    for i, (s, op) in enumerate(zip(rank.stages, rank.ops, strict=True)):
+        if op == "F" and s not in seen:
+            seen.add(s)
+            extra = fsdp_extra_s(cost, plan, q, s, "F", first_forward=True,
+                                 reshard=False, grad_bytes_per_param=ex.grad_bytes_per_param)
+            step = rank.program[i]
+            rank.program[i] = step._replace(compute_s=step.compute_s + extra)
 
 
 def prepare_tie(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Tie | None:
@@ -187,13 +209,16 @@ def op_shape(cost: CostModel, stages: tuple[StagePlan, ...], s: int, op: str, mb
     boxes it reads and writes (see the module doc)."""
     n_st, st = len(stages), stages[s]
     dur = cost.stage_time_s(st.layers, st.devices, mb, op, st.recompute,
-                            st.sequence_parallel)
+                            st.sequence_parallel, st.cp)
     # Tensor-parallel collectives run as a flow over the group's links after the
-    # compute (`tp`); the action's own duration is the compute alone.
-    comm_s = cost.stage_tp_comm_s(st.layers, st.devices, mb, op, st.recompute)
-    tp = tp_spec(cost, st.devices, *comm_s)
+    # compute (`tp`; context rank 0's group stands for every context rank's); the
+    # action's own duration is the compute alone, plus context parallelism's exposed
+    # ring exchange (`sharding.ring_attention_extra_s`).
+    comm_s = cost.stage_tp_comm_s(st.layers, st.devices, mb, op, st.recompute, st.cp)
+    tp = tp_spec(cost, st.tp_group, *comm_s)
     if tp is not None:
         dur = max(dur - comm_s[0], 0.0)
+    dur += ring_attention_extra_s(cost, st, mb, op)
     if op == "F":
         return OpShape(dur, (s - 1) * m if s > 0 else -1,
                        s * m if s < n_st - 1 else -1, fwd[s] if s < n_st - 1 else None,
@@ -270,15 +295,18 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, ex: Execut
         start = end
         holders = [stage_holding(plan.pipelines[q].stages, layers[0])
                    for q in range(len(plan.pipelines))]
-        groups = [plan.pipelines[q].stages[k].devices for q, k in enumerate(holders)]
-        tp = max(len(g) for g in groups)
-        # Ring i syncs the i-th of tp slices of the gradients and joins the device of
+        held = [plan.pipelines[q].stages[k] for q, k in enumerate(holders)]
+        tp = max(st.tp for st in held)
+        # Ring i syncs the i-th of tp slices of the gradients and joins the devices of
         # every replica that holds it: tensor-parallel rank i modulo the group's size (a
-        # device of a smaller group is in tp / its size rings, one slice each).
+        # device of a smaller group is in tp / its size rings, one slice each), in every
+        # context rank (context ranks hold the same weights: Megatron-LM reduces over
+        # the data-parallel-with-context-parallel group).
         nbytes = cost.stage_params(layers) * grad_bytes / tp
-        if len(groups) <= 1 or nbytes <= 0:
+        rings = [[st.devices[c * st.tp + i % st.tp] for st in held for c in range(st.cp)]
+                 for i in range(tp)]
+        if len(rings[0]) <= 1 or nbytes <= 0:
             continue
-        rings = [[g[i % len(g)] for g in groups] for i in range(tp)]
         k = bucket_count(nbytes, opt.bucket_bytes)
         bucket = nbytes / k if k == 1 else opt.bucket_bytes
         last = nbytes - bucket * (k - 1)

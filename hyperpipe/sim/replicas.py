@@ -50,7 +50,7 @@ def replica_classes(plan: Plan, cost: CostModel) -> list[list[int]]:
         # Kind synth: each pipeline replays its own lists, so they join the key.
         own = schedule_for(plan, q).actions if plan.actions else None
         key = (own, pipe.micro_batch, pipe.num_microbatches,
-               tuple((s.layers, s.tp, s.recompute, s.sequence_parallel,
+               tuple((s.layers, s.tp, s.cp, s.recompute, s.sequence_parallel,
                       cluster.device(s.devices[0]).type.name, cluster.slowdown(s.devices),
                       tuple(cost.route(a, b).link for a, b in pairwise(s.devices)))
                      for s in st),
@@ -122,6 +122,6 @@ def _all_alike(pipes: Sequence[PipelinePlan], type_names: Mapping[str, str], p: 
 
 _LAYERS, _TP, _DEVICES, _FIRST = (attrgetter("layers"), attrgetter("tp"),
                                   attrgetter("devices"), itemgetter(0))
-_MEMORY_MODE = attrgetter("recompute", "sequence_parallel")
+_MEMORY_MODE = attrgetter("recompute", "sequence_parallel", "cp")
 _MB, _M, _STAGES = (attrgetter("micro_batch"), attrgetter("num_microbatches"),
                     attrgetter("stages"))

@@ -58,6 +58,7 @@ from hyperpipe.sim.program import (
     prepare_pipe,
 )
 from hyperpipe.sim.replicas import replica_classes
+from hyperpipe.sim.sharding import dp_shards
 
 
 @dataclass(frozen=True)
@@ -208,8 +209,7 @@ class _Engine:
                 st = self.plan.pipelines[pipe.index].stages[s]
                 dt = self.cost.optimizer_time_s(
                     st.layers, self.cost.cluster.device(st.devices[0]).type.name, st.tp,
-                    len(self.plan.pipelines) if self.plan.distributed_optimizer else 1,
-                    st.devices)
+                    dp_shards(self.plan, st), st.devices)
                 if dt > 0:
                     t0 = env.now
                     yield timeout(dt)
