@@ -10,7 +10,9 @@ from C. So the handler records the signal and raises only when the interrupted t
 at a safe point and the command is `armed` (inside the block that turns a Stopped into
 an exit status); otherwise it re-delivers the signal to itself a moment later (an
 interval timer, SIGALRM), until it can raise. A signal that comes while a stop is being
-cleaned up is recorded, not raised again, so the clean-up runs to its end.
+cleaned up is recorded, not raised again, so the clean-up runs to its end. A raise that
+Python drops all the same (it lands in a callback C makes, such as logging's at-fork
+hook, and goes to `sys.unraisablehook`) is taken back and raised again a moment later.
 
 `install` goes first, before any heavy import: `python -m hyperpipe` and the
 `hyperpipe` script call it before they import the command's modules.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import sysconfig
 import threading
 from collections.abc import Iterator
@@ -36,6 +39,18 @@ _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # hyperp
 _STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep
                  for k in ("stdlib", "platstdlib")})
 
+
+# Standard-library steps that a raise leaves half done (a thread started but never marked
+# started, a pool with a process it does not know): (file, function). Short, so a stop
+# waits for them; the long waits of a pool (`Future.result`) stay interruptible.
+_FRAGILE = frozenset({
+    ("threading.py", "start"), ("multiprocessing/process.py", "start"),
+    ("multiprocessing/popen_fork.py", "_launch"),
+    ("concurrent/futures/process.py", "submit"),
+    ("concurrent/futures/process.py", "_start_executor_manager_thread"),
+    ("concurrent/futures/process.py", "_adjust_process_count"),
+    ("concurrent/futures/process.py", "_launch_processes"),
+    ("concurrent/futures/process.py", "_spawn_process")})
 
 _SHIELDED: set = set()     # code objects a stop must not interrupt (see `shield`)
 
@@ -55,6 +70,7 @@ class _State:
     armed: int = 0
     held: int = 0
     tries: int = 0
+    hook: object = None                      # sys.unraisablehook before `install`
 
 
 _S = _State()
@@ -69,6 +85,8 @@ def install(names: tuple[str, ...] = SIGNALS) -> bool:
         sig = getattr(signal, name, None)
         if sig is not None and sig not in _S.installed:
             _S.installed[sig] = signal.signal(sig, _handler)
+    if _S.hook is None:
+        _S.hook, sys.unraisablehook = sys.unraisablehook, _unraisable
     return True
 
 
@@ -80,6 +98,8 @@ def uninstall() -> None:
         with contextlib.suppress(TypeError, ValueError):
             signal.signal(sig, old)        # type: ignore[arg-type]
     _S.installed.clear()
+    if _S.hook is not None:
+        sys.unraisablehook, _S.hook = _S.hook, None     # type: ignore[assignment]
     _S.pending, _S.raised, _S.armed, _S.held, _S.tries = None, False, 0, 0, 0
 
 
@@ -132,6 +152,19 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     raise Stopped(signum)
 
 
+def _unraisable(info) -> None:
+    """sys.unraisablehook: a Stopped that Python dropped (raised in a callback from C) is
+    not printed; the stop is raised again at the next safe point. Anything else goes to
+    the hook this one replaced."""
+    if isinstance(info.exc_value, Stopped) and _S.raised:
+        _S.raised = False
+        _S.tries += 1
+        with contextlib.suppress(AttributeError, ValueError):
+            signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+        return
+    (_S.hook or sys.__unraisablehook__)(info)        # type: ignore[operator]
+
+
 def _unsafe(frame: FrameType | None) -> bool:
     """True when raising in `frame` could land in an import, a finaliser or third-party
     code that C called (the last only for the first PATIENCE retries)."""
@@ -139,7 +172,7 @@ def _unsafe(frame: FrameType | None) -> bool:
     while frame is not None:
         code = frame.f_code
         if code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__" \
-                or code in _SHIELDED:
+                or code in _SHIELDED or _fragile(code.co_filename, code.co_name):
             return True
         if innermost and _S.tries < PATIENCE and not _owned(code.co_filename) \
                 and frame.f_globals.get("__name__") != "__main__":
@@ -147,6 +180,11 @@ def _unsafe(frame: FrameType | None) -> bool:
         innermost = False
         frame = frame.f_back
     return False
+
+
+def _fragile(filename: str, name: str) -> bool:
+    return any(name == fn and filename.endswith(os.sep + tail.replace("/", os.sep))
+               for tail, fn in _FRAGILE)
 
 
 def _owned(filename: str) -> bool:

@@ -18,11 +18,10 @@ is mapped through each of our layers' weighted entry (its embedding, block or he
 ZeRO: stage 1, and bf16 without ZeRO under the pipeline engine (DeepSpeed's
 BF16_Optimizer partitions the fp32 state over the data-parallel ranks,
 deepspeed/runtime/engine.py ``_do_optimizer_sanity_check`` and bf16_optimizer.py), are
-the distributed optimizer; stage 2 imports as stage 1 (gradients not sharded, said in the
-notes); stages 2 and 3 with pp > 1 are refused as DeepSpeed refuses them
+the distributed optimizer; stages 2 and 3 import as plan ``zero`` 2 and 3 without a
+pipeline, and with pp > 1 are refused as DeepSpeed refuses them
 (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
-parallelism"), and stage 3 without a pipeline imports as stage 1 with a note (sharded
-gradients and parameters are not modelled yet).
+parallelism").
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hyperpipe.core.errors import BadInput
+from hyperpipe.core.errors import BadInput, key_name
 from hyperpipe.core.files import Fields, load_document, read_text
 from hyperpipe.frameworks.job import Job, Notes, framework_kind
 from hyperpipe.frameworks.launch import read_launch
@@ -42,6 +41,10 @@ from hyperpipe.frameworks.megatron import read_args
 # Megatron-DeepSpeed's default partition method (bigscience-workshop/Megatron-DeepSpeed
 # megatron/model/gpt_model.py: GPTModelPipe passes partition_method='type:transformer').
 DEFAULT_METHOD = "type:transformer"
+
+# Steps of `partition_balanced` (items^2 x parts, ~1 us each in CPython) a command may
+# spend: about 10 s. GPT-3 175B's 104 specs in 104 parts take 1.1M.
+MAX_BALANCED_STEPS = 10**7
 
 _KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu",
          "gradient_accumulation_steps", "zero_optimization", "fp16", "bf16", "pipeline")
@@ -101,13 +104,21 @@ def partition_uniform(num_items: int, num_parts: int) -> list[int]:
     return [p * size + min(p, extra) for p in range(num_parts + 1)]
 
 
+def balanced_steps(num_items: int, num_parts: int) -> int:
+    """The steps `partition_balanced` takes for `num_items` in `num_parts`."""
+    return 0 if num_items <= num_parts else num_items * num_items * num_parts
+
+
 def partition_balanced(weights: list[int | float], num_parts: int) -> list[int]:
     """DeepSpeed's ``partition_balanced`` (deepspeed/runtime/utils.py, releases 0.17 on):
     contiguous parts minimising (heaviest part - lightest part), each split point chosen
-    over the prefixes in order, a later split point winning a tie."""
+    over the prefixes in order, a later split point winning a tie. ValueError past
+    `MAX_BALANCED_STEPS` (`balanced_steps`)."""
     n = len(weights)
     if n <= num_parts:
         return partition_uniform(n, num_parts)
+    if balanced_steps(n, num_parts) > MAX_BALANCED_STEPS:
+        raise ValueError(f"{n} layers in {num_parts} stages: over {MAX_BALANCED_STEPS} steps")
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + w)
@@ -145,10 +156,13 @@ def method_parts(method: str, n_blocks: int, half: bool, weights: tuple[float, .
     if method == "parameters":
         return tuple(partition_balanced(list(weights or ()), num_stages))
     if method.startswith("type:"):
-        regex = re.compile(method.split(":", 1)[1], re.IGNORECASE)
+        try:
+            regex = re.compile(method.split(":", 1)[1], re.IGNORECASE)
+        except re.error as exc:
+            raise ValueError(f"type:REGEX with a valid regular expression ({exc})") from None
         return tuple(partition_balanced([1 if regex.search(s) else 0 for s in specs],
                                         num_stages))
-    raise ValueError(method)
+    raise ValueError("an unknown method")
 
 
 def spec_weights(model: dict[str, Any], half: bool) -> tuple[float, ...]:
@@ -209,29 +223,26 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
         try:
             parts = list(method_parts(method, n, half, spec_weights(model, half)
                                       if method.lower() == "parameters" else None, job.pp))
-        except ValueError:
+        except ValueError as exc:
             raise BadInput(f"{args_path}: --pp-partition-method", "uniform, parameters or "
-                           "type:REGEX (DeepSpeed's partition methods)", method) from None
+                           f"type:REGEX (DeepSpeed's partition methods; {exc}), or the "
+                           "JSON's pipeline.partition", method) from None
     stages = stages_of(parts, n, where if isinstance(raw_parts, list) else
                        f"{args_path}: --pp-partition-method", notes)
     if job.pp > 1 and zero >= 2:
         raise BadInput(f"{src}: zero_optimization.stage", "0 or 1 with pipeline parallelism "
                        "(DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3)", zero)
-    if zero >= 2:
-        notes.approximated.append(f"ZeRO stage {zero} as stage 1 (the distributed "
-                                  "optimizer): gradients" + (" and parameters" if zero == 3
-                                                             else "") + " not sharded "
-                                  "(not modelled yet)")
     dist_opt = zero >= 1 or (dtype == "bf16" and job.pp > 1) or job.distributed_optimizer
     micro, global_batch, per_replica = _batch(top, job, src)
     for key in doc:
         if key not in _KEYS:
-            notes.unread.append(key)
+            notes.unread.append(key_name(key))
     notes.unread += a.unread_flags()
     return replace(job, source=src, model=model, stages=stages, chunks=1,
                    schedule=framework_kind("deepspeed", 1),
                    micro_batch=micro, global_batch=global_batch,
-                   samples_per_replica=per_replica, distributed_optimizer=dist_opt)
+                   samples_per_replica=per_replica, distributed_optimizer=dist_opt,
+                   zero=zero if zero >= 2 else 0)
 
 
 def _enabled(top: Fields, key: str) -> bool:

@@ -82,6 +82,10 @@ def layout_of(plan: Plan) -> Layout:
     if len(recompute) > 1:
         lost.append(f"stages recompute differently {sorted(recompute)}; set recomputation "
                     "per model in the framework")
+    cps = sorted({s.cp for p in plan.pipelines for s in p.stages})
+    if cps != [1]:
+        lost.append(f"context parallelism (cp {', '.join(map(str, cps))}): the export runs "
+                    "without it, one context rank per stage")
     pp = len(first.stages) // plan.chunks          # pipeline ranks (not devices: tp)
     return Layout(ranges, pp, plan.chunks, first.stages[0].tp, len(plan.pipelines),
                   first.micro_batch, first.num_microbatches, plan.global_batch,
@@ -254,9 +258,9 @@ def _torchtitan(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
     if dtype is None:
         lost.append(f"dtype {spec.dtype}: torchtitan trains in bfloat16 or float32")
         dtype = "bfloat16"
-    if plan.distributed_optimizer:
-        lost.append("the distributed optimizer as FSDP (data_parallel_shard_degree): "
-                    "torchtitan shards parameters and gradients too")
+    if plan.distributed_optimizer and plan.zero < 3:
+        lost.append(f"zero {plan.zero} as FSDP (data_parallel_shard_degree): torchtitan "
+                    "shards parameters and gradients too")
     if lay.sequence_parallel != (lay.tp > 1):
         lost.append("sequence parallelism: torchtitan's tensor parallelism always splits "
                     "the norms' sequence")
@@ -377,6 +381,10 @@ def _megatron(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
         args.append("--sequence-parallel")
     if plan.distributed_optimizer:
         args.append("--use-distributed-optimizer")
+    if plan.zero >= 2:
+        lost.append(f"zero {plan.zero}: Megatron-LM's distributed optimizer shards the "
+                    "optimizer state (zero 1) beside a pipeline; gradients and weights stay "
+                    "whole")
     runtime = plan.runtime_settings()
     if runtime.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
@@ -417,11 +425,17 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
     half = spec.dtype in ("bf16", "fp16")
     parts = ds.parts_of(lay.stages, n, half)
     method = None
+    specs = len(ds.pipe_specs(n, half))
     if lay.chunks > 1:          # the nearest runnable: DeepSpeed's default split of pp stages
-        method = ds.DEFAULT_METHOD
+        # (uniform where the balanced split is past its bound, `ds.MAX_BALANCED_STEPS`)
+        method = ds.DEFAULT_METHOD if ds.balanced_steps(specs, lay.pp) <= \
+            ds.MAX_BALANCED_STEPS else "uniform"
         parts = list(ds.method_parts(method, n, half, None, lay.pp))
     for candidate in ("uniform", "type:transformer", "type:transformer|embedding",
                       "parameters") if method is None else ():
+        if candidate != "uniform" and \
+                ds.balanced_steps(specs, len(lay.stages)) > ds.MAX_BALANCED_STEPS:
+            break               # the explicit partition below states the plan's stages
         weights = ds.spec_weights(spec.to_dict(), half) if candidate == "parameters" else None
         weights = None if weights is None else tuple(weights)
         got = list(ds.method_parts(candidate, n, half, weights, len(lay.stages)))
@@ -438,6 +452,12 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
         lost.append("a whole optimizer state per replica: DeepSpeed's bf16 optimizer under "
                     "the pipeline engine shards it over the data-parallel ranks")
     zero = 1 if plan.distributed_optimizer and not bf16_pipe else 0
+    if plan.zero >= 2 and lay.pp > 1:
+        # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with
+        # pipeline parallelism"
+        lost.append(f"zero {plan.zero}: DeepSpeed's pipeline engine runs ZeRO-1 at most")
+    elif plan.zero >= 2:
+        zero = plan.zero
     config: dict = {"train_batch_size": lay.global_batch,
                     "train_micro_batch_size_per_gpu": lay.micro_batch,
                     "gradient_accumulation_steps": lay.num_microbatches,

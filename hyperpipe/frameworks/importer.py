@@ -4,9 +4,8 @@
 `torchtitan.read_torchtitan`, `deepspeed.read_deepspeed`), places it on the cluster in
 the framework's rank order (`job.plan_of`) and returns the plan with the notes: what
 was not read, what was assumed where the job is silent, and what the plan approximates.
-Settings HyperPipe cannot model at all (context parallelism, mixture-of-experts) refuse
-the import with BadInput (exit 2); sharding beyond the distributed optimizer (ZeRO-2/3,
-FSDP) imports as the distributed optimizer with a note.
+Settings the import does not read yet (context parallelism, mixture-of-experts) refuse
+it with BadInput (exit 2); ZeRO-2/3 and FSDP import as the plan's `zero` 2 or 3.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hyperpipe.cluster.cluster import Cluster, cluster_ref
-from hyperpipe.core.errors import BadInput
+from hyperpipe.core.errors import BadInput, printable
 from hyperpipe.models import load_model
 from hyperpipe.plan.kinds import KINDS, schedule_kind
 from hyperpipe.plan.plan import PLAN_FORMAT, Plan, plan_from_dict
@@ -42,6 +42,7 @@ class Notes:
     approximated: list[str] = field(default_factory=list)   # the plan differs: how
 
     def lines(self) -> list[str]:
+        """One line per kind of note, control characters escaped (`errors.printable`)."""
         out = []
         if self.unread:
             out.append("not read (no effect on an iteration's time or memory here, or "
@@ -50,7 +51,7 @@ class Notes:
             out.append("assumed: " + "; ".join(self.assumed))
         if self.approximated:
             out.append("approximated: " + "; ".join(self.approximated))
-        return out
+        return [printable(line) for line in out]
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Job:
     recompute: str = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    zero: int = 0                     # ZeRO stage beyond the distributed optimizer (2, 3)
     stack: str = "megatron-lm"        # the plan's `stack` (hyperpipe.plan.stack.STACKS)
     runtime: dict[str, Any] = field(default_factory=dict)    # the plan's `runtime`
 
@@ -132,7 +134,7 @@ def plan_of(job: Job, cluster: Cluster) -> Plan:
     spec = load_model(job.model, where=f"{src}: model")
     doc = {"format": PLAN_FORMAT, "model": spec.to_dict(), "cluster": cluster_ref(cluster),
            "global_batch": dp * m * job.micro_batch, "schedule": schedule,
-           "distributed_optimizer": job.distributed_optimizer, "stack": job.stack,
+           "zero": max(job.zero, 1 if job.distributed_optimizer else 0), "stack": job.stack,
            "runtime": job.runtime, "pipelines": pipelines}
     plan = plan_from_dict(doc, where=src)
     plan.check(spec, cluster, where=src)

@@ -15,7 +15,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from hyperpipe.core.errors import BadInput
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput, key_name
 
 # Launcher flags that give the world size: (nodes flag, processes-per-node flag) per
 # launcher, spelled as each documents them (torch.distributed.run's --nnodes and
@@ -90,17 +91,21 @@ def read_launch(text: str, where: str) -> Launch:
     for key in launcher:
         # python's own switches (-u, -m) before the script say nothing about the job
         if key not in _NODES and key not in _PER_NODE and key not in ("u", "m"):
-            unread.append(f"launcher --{key}")
+            unread.append(f"launcher --{key_name(key)}")
     args = Args(options, where)
     if loose:
-        args.unread.append(f"positional {' '.join(loose)[:40]}")
+        # each token by `key_name`: a file that is not a launch line (a private file's
+        # `user:$6$hash:...` lines) is never quoted back
+        shown = " ".join(key_name(t) for t in loose[:3])
+        args.unread.append(f"positional {shown}{' ...' if len(loose) > 3 else ''}")
     return Launch(world, args, unread)
 
 
 def _int(values: list[str] | None, where: str, what: str) -> int:
     text = values[0] if values else ""
     text = text.split(":")[-1]          # torchrun's --nnodes MIN:MAX: the most it starts
-    if not text.isdigit() or int(text) < 1:
+    # ASCII digits only: str.isdigit() takes '²', which int() refuses
+    if not re.fullmatch(r"[0-9]{1,18}", text) or int(text) < 1:
         raise BadInput(f"{where}: {what}", "a positive integer (expand shell variables "
                        "first)", text)
     return int(text)
@@ -132,7 +137,8 @@ class Args:
         return values[0]
 
     def integer(self, name: str, default: int | None = None, *, required: bool = False,
-                allow_zero: bool = False) -> int | None:
+                allow_zero: bool = False, at_most: int = limits.MAX_INT) -> int | None:
+        """Flag `name` as an integer in [0 or 1, `at_most`] (`default` when absent)."""
         value = self.text(name)
         if value is None:
             if required:
@@ -146,6 +152,9 @@ class Args:
         if number < 0 or (number == 0 and not allow_zero):
             raise BadInput(f"{self.where}: --{name}", "a positive integer (expand shell "
                            "variables first)", value)
+        if number > at_most:
+            raise BadInput(f"{self.where}: --{name}", f"an integer of at most {at_most} "
+                           "(hyperpipe.core.limits)", number)
         return number
 
     def number(self, name: str, default: float) -> float:
@@ -162,4 +171,4 @@ class Args:
         return list(self.options.get(name, []))
 
     def unread_flags(self) -> list[str]:
-        return self.unread + [f"--{k}" for k in self.options if k not in self.read]
+        return self.unread + [f"--{key_name(k)}" for k in self.options if k not in self.read]

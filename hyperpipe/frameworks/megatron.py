@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
 from hyperpipe.frameworks.job import (
     Job,
@@ -80,7 +81,8 @@ def read_args(a: Args, source: str, notes: Notes, *, framework: str,
         raise BadInput(f"{source}: --num-experts/--expert-model-parallel-size", "a dense "
                        "model: mixture-of-experts is not modelled by HyperPipe yet",
                        experts or ep)
-    n = a.integer("num-layers", required=True)
+    # bounded before the layout lists one unit per layer
+    n = a.integer("num-layers", required=True, at_most=limits.MAX_LAYERS)
     model = model_document(a, source, notes, tp, n)
     chunks, stages = layout(a, source, n, pp) if pipeline_split else (1, ())
     micro = a.integer("micro-batch-size", required=True)
@@ -309,7 +311,8 @@ def parse_layout(text: str, where: str) -> list[list[str]]:
 
     flat = text.replace(",", "").replace(" ", "")
     for _ in range(8):                       # nested repeats unroll inside out
-        if len(flat) > 100_000 or any(int(x) > 100_000 for x in re.findall(r"\*(\d+)", flat)):
+        if len(flat) > 100_000 or any(len(x) > 6 or int(x) > 100_000
+                                      for x in re.findall(r"\*(\d+)", flat)):
             raise BadInput(where, "a layout of at most 100000 units", text[:40])
         new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), flat)
         if new == flat:

@@ -11,10 +11,10 @@ torchtitan's own split of ``pipeline_parallel_layers_per_stage`` and the first/l
 weights), and ``[activation_checkpoint]``.
 
 FSDP and HSDP (``data_parallel_shard_degree`` other than 1, -1 being torchtitan's default:
-every rank left over) import as data parallelism with the distributed optimizer, the
-nearest plan HyperPipe prices (ZeRO-1: parameters and gradients not sharded, FSDP's
-gathers not priced), said in the notes. Context and expert parallelism above 1, which
-HyperPipe does not model yet, refuse the import (exit 2).
+every rank left over) import as ZeRO-3 (plan ``zero: 3``) over the data-parallel ranks;
+HSDP's replicate groups are not told apart from its shard groups (said in the notes).
+Context and expert parallelism above 1, which the import does not read yet, refuse it
+(exit 2).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hyperpipe.core.errors import BadInput
+from hyperpipe.core import limits
+from hyperpipe.core.errors import BadInput, key_name
 from hyperpipe.core.files import read_text
 from hyperpipe.frameworks.job import Job, Notes, ranges_of_units, split_blocks
 from hyperpipe.models.loader import GPT_KEYS
@@ -87,14 +88,17 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
         doc = tomllib.loads(read_text(p))
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(src, f"valid TOML ({exc})", has_got=False) from None
+    except RecursionError:              # tomllib recurses once per nested array or table
+        raise BadInput(src, f"TOML nested at most {limits.MAX_DOCUMENT_DEPTH} levels deep",
+                       has_got=False) from None
     notes = Notes()
-    sec = {name: dict(doc.get(name) or {}) for name in ("model", "training", "parallelism",
-                                                        "activation_checkpoint")}
+    known = ("model", "training", "parallelism", "activation_checkpoint")
     for name, value in doc.items():
-        if name not in sec:
-            notes.unread.append(f"[{name}]")
+        if name not in known:
+            notes.unread.append(f"[{key_name(name)}]")
         elif not isinstance(value, dict):
             raise BadInput(f"{src}: {name}", "a table", value)
+    sec = {name: dict(doc.get(name) or {}) for name in known}
 
     def take(section: str, key: str, default: Any = None) -> Any:
         return sec[section].pop(key, default)
@@ -113,17 +117,16 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
     for key in ("context_parallel_degree", "expert_parallel_degree"):
         degree = integer("parallelism", key, 1)
         if degree != 1:
-            raise BadInput(f"{src}: parallelism.{key}", "1: HyperPipe does not model it yet",
-                           degree)
+            raise BadInput(f"{src}: parallelism.{key}", "1: the import does not read it "
+                           "yet", degree)
     replicate = integer("parallelism", "data_parallel_replicate_degree", 1)
     shard = integer("parallelism", "data_parallel_shard_degree", -1, negative_ok=True)
     sharded = shard != 1
-    if sharded:
-        what = "HSDP" if replicate > 1 else "FSDP"
+    if sharded and replicate > 1:
         notes.approximated.append(
-            f"{what} (data_parallel_shard_degree {shard}) as data parallelism with the "
-            "distributed optimizer (ZeRO-1): parameters and gradients are not sharded and "
-            "FSDP's all-gathers are not priced (not modelled yet)")
+            f"HSDP (data_parallel_replicate_degree {replicate}, data_parallel_shard_degree "
+            f"{shard}) as ZeRO-3 over all {replicate} x {shard} data-parallel ranks: the "
+            "weights are priced as sharded over all of them")
     local = take("training", "local_batch_size", None)
     if local is None and "batch_size" in sec["training"]:
         local = take("training", "batch_size")
@@ -147,25 +150,26 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
                        f"{pp} ranks", len(stages))
     recompute = _recompute(take, src, notes)
     for section, rest in sec.items():
-        notes.unread += [f"{section}.{key}" for key in rest]
+        notes.unread += [f"{section}.{key_name(key)}" for key in rest]
     return Job(framework="torchtitan", source=src, model=model, tp=tp, pp=pp, chunks=chunks,
                micro_batch=micro, schedule=schedule, stages=stages, notes=notes,
                global_batch=global_batch if global_batch > 0 else None,
                samples_per_replica=local,
                dp=replicate * shard if shard > 0 else None, actions=actions,
                recompute=recompute, sequence_parallel=tp > 1,
-               distributed_optimizer=sharded, stack="torchtitan")
+               distributed_optimizer=sharded, zero=3 if sharded else 0, stack="torchtitan")
 
 
 def _model(take, integer, src: str, notes: Notes, n_layer: int | None
            ) -> tuple[dict[str, Any], int]:
     name = take("model", "name", "llama3")
     flavor = take("model", "flavor", "debugmodel")
-    if n_layer is not None and (name != "llama3" or flavor not in LLAMA3_FLAVORS):
+    known = isinstance(flavor, str) and flavor in LLAMA3_FLAVORS
+    if n_layer is not None and (name != "llama3" or not known):
         take("training", "seq_len"), take("training", "mixed_precision_param")
         take("training", "dtype")
         return {}, n_layer                # the importer puts the given model in
-    if name != "llama3" or flavor not in LLAMA3_FLAVORS:
+    if name != "llama3" or not isinstance(flavor, str) or flavor not in LLAMA3_FLAVORS:
         raise BadInput(f"{src}: model", f"name 'llama3' with a flavor of "
                        f"{sorted(LLAMA3_FLAVORS)} (the models HyperPipe knows; or give "
                        "--model)",
@@ -229,8 +233,11 @@ def read_csv_schedule(path: Path, pp: int) -> tuple[tuple[Action, ...], ...]:
             try:
                 row.append(Action.from_str(cell.strip()))
             except ScheduleError:
+                # the cell by `key_name` only: a file that is not a CSV schedule (a
+                # private file's lines) is never quoted back
                 raise BadInput(f"{where}: line {lineno}", "compute actions like 0F0 (stage, "
-                               "F/B/I/W, micro-batch)", cell.strip()) from None
+                               f"F/B/I/W, micro-batch), got {key_name(cell.strip())}",
+                               has_got=False) from None
         rows.append(tuple(row))
     if len(rows) != pp:
         raise BadInput(where, f"one row per pipeline rank ({pp})", f"{len(rows)} rows")
@@ -280,6 +287,8 @@ def _stages(take, integer, src: str, n: int, pp: int, chunks: int
         return ranges_of_units(units, n, where)
     if splits:
         where = f"{src}: parallelism.pipeline_parallel_split_points"
+        if not isinstance(splits, list):
+            raise BadInput(where, "a list of block names such as \"layers.4\"", splits)
         units = ["E"] + ["t"] * n + ["L"]
         cuts = [1 + _block(s, n, where) for s in splits]
         if cuts != sorted(set(cuts)):
@@ -313,7 +322,7 @@ def _unit(name: Any, n: int, where: str) -> str:
 
 
 def _block(name: Any, n: int, where: str) -> int:
-    m = re.fullmatch(r"layers\.(\d+)", str(name))
+    m = re.fullmatch(r"layers\.([0-9]{1,9})", str(name))    # bounded: int() of 5000 digits fails
     if m is None or int(m.group(1)) >= n:
         raise BadInput(where, f"tok_embeddings, layers.0 .. layers.{n - 1}, norm or output",
                        name)

@@ -72,19 +72,26 @@ def test_what_cannot_be_modelled_is_refused_in_one_line(framework, change, needl
     assert out == ""
 
 
-def test_fsdp_imports_with_its_approximation_named(tmp_path, capsys):
+def test_fsdp_imports_as_zero_3_and_hsdp_names_its_approximation(tmp_path, capsys):
     toml = TOML.replace("data_parallel_shard_degree = 1", "data_parallel_shard_degree = -1")
-    toml = toml.replace("data_parallel_replicate_degree = 4", "")
+    fsdp = toml.replace("data_parallel_replicate_degree = 4", "")
     cluster = _write(tmp_path, "c.json", json.dumps(A100_NODE))
     rc, out, err = cli(capsys, ["import", "--from", "torchtitan",
-                                str(_write(tmp_path, "f.toml", toml)), "--cluster",
+                                str(_write(tmp_path, "f.toml", fsdp)), "--cluster",
                                 str(cluster)])
     assert rc == 0, err
     plan = json.loads(out)
-    assert plan["distributed_optimizer"] is True and len(plan["pipelines"]) == 4
+    assert plan["zero"] == 3 and len(plan["pipelines"]) == 4
+    assert not any("FSDP" in note for note in plan.get("notes", []))
+    hsdp = toml.replace("data_parallel_replicate_degree = 4",
+                        "data_parallel_replicate_degree = 2")
+    rc, out, err = cli(capsys, ["import", "--from", "torchtitan",
+                                str(_write(tmp_path, "h.toml", hsdp)), "--cluster",
+                                str(cluster)])
+    assert rc == 0, err
     line = next(x for x in err.splitlines() if "approximated:" in x)
-    assert "FSDP (data_parallel_shard_degree -1)" in line and "not modelled yet" in line
-    assert any("FSDP" in note for note in plan["notes"])
+    assert "HSDP (data_parallel_replicate_degree 2" in line and "ZeRO-3" in line
+    assert json.loads(out)["zero"] == 3
 
 
 def test_unknown_flags_are_named_not_dropped(tmp_path, capsys):
