@@ -41,9 +41,12 @@ def auto_emulation_scale(ranks: int, cores: int) -> float:
 
 def device_factors(devices: list[str], cluster: Cluster, scale: float = 1.0
                    ) -> dict[str, float]:
-    """Device name -> stretch factor of its compute times (its type's factor)."""
+    """Device name -> stretch factor of its compute times: its type's factor times its
+    node's `slowdown` (a straggler computes `slowdown` times slower, as the simulator
+    prices it)."""
     by_type = emulation_factors(cluster, scale)
-    return {d: by_type[cluster.device(d).type.name] for d in devices}
+    return {d: by_type[cluster.device(d).type.name] * cluster.device(d).slowdown
+            for d in devices}
 
 
 def cpu_clock() -> float:

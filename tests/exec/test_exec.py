@@ -106,6 +106,13 @@ def test_emulation_factors_are_speed_ratios_to_the_clusters_fastest():
     by_type = emulation_factors(cluster)
     assert all(f[d] == pytest.approx(2.0 * by_type[cluster.device(d).type.name])
                for d in speed)
+    # a straggler node's devices are stretched by its slowdown on top of their type's
+    from hyperpipe.cluster.cluster import load_cluster
+    straggling = load_cluster({"nodes": [
+        {"name": "a", "device": "A100-80GB", "count": 2},
+        {"name": "s", "device": "A100-80GB", "count": 2, "slowdown": 3.0}]})
+    got = device_factors(["a/0", "s/1"], straggling, 2.0)
+    assert got == pytest.approx({"a/0": 2.0, "s/1": 6.0})
 
 
 def _busy(seconds: float) -> None:

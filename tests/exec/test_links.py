@@ -138,9 +138,12 @@ def test_two_flows_through_one_emulated_hop_take_twice_as_long_as_one():
     assert statistics.median(both) / statistics.median(alone) == pytest.approx(2.0, rel=0.10)
 
 
+ROUNDS = 3      # timed all-reduces per rank: the median round is compared (noise only adds)
+
+
 def _all_reduce_rank(rank, world, store, address, authkey, nodes, nbytes):
-    """One rank: RingCollectives.all_reduce of rank-dependent data; (seconds, whether
-    the sum is right)."""
+    """One rank: ROUNDS RingCollectives.all_reduce calls of rank-dependent data; (seconds
+    of each, whether every sum is right)."""
     import torch.distributed as dist
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
@@ -150,17 +153,20 @@ def _all_reduce_rank(rank, world, store, address, authkey, nodes, nbytes):
                            "test")
     n = int(nbytes // 4)
     base = torch.arange(n, dtype=torch.float32) % 997       # sums exact in fp32
-    data = base * (rank + 1)
     warm = torch.ones(world * 4)
     ring.all_reduce(warm).result(60.0)          # connections and threads up
-    dist.barrier()
-    t0 = time.perf_counter()
-    ring.all_reduce(data).result(60.0)
-    took = time.perf_counter() - t0
+    took, right = [], True
+    for _ in range(ROUNDS):
+        data = base * (rank + 1)
+        dist.barrier()
+        t0 = time.perf_counter()
+        ring.all_reduce(data).result(60.0)
+        took.append(time.perf_counter() - t0)
+        right = right and bool(torch.equal(data, base * 10))
     dist.barrier()
     client.close()
     dist.destroy_process_group()
-    return took, bool(torch.equal(data, base * 10))
+    return took, right
 
 
 @pytest.mark.slow
@@ -176,9 +182,9 @@ def test_ring_all_reduce_of_four_ranks_on_a_shared_nic_takes_its_closed_form(nic
        NICs each rail has its own: 2 (S/4 / B + L) = S/(2B) + 2L;
     3. all-gather inside each node: S/(2 Bi) + Li.
     S = 2 MB: one NIC 0.32 + 0.002 + 0.00004 s, two NICs 0.16 + 0.002 + 0.00004 s. The
-    slowest rank's wall time within 10%; the sum is exact on every rank. (Small S over a
-    slow NIC: the request round trips to the emulator, a fraction of a millisecond per
-    step, stay far below the emulated time.)"""
+    slowest rank's wall time, median of ROUNDS rounds, within 10%; the sum is exact on
+    every rank. (Small S over a slow NIC: the request round trips to the emulator, a
+    fraction of a millisecond per step, stay far below the emulated time.)"""
     from hyperpipe.exec.launch import launch_local
     S, B, L, Bi, Li = 2e6, 50e6 / 8, 1e-3, 100e9, 10e-6
     inter = S / B + 2 * L if nics == 1 else S / (2 * B) + 2 * L
@@ -192,7 +198,8 @@ def test_ring_all_reduce_of_four_ranks_on_a_shared_nic_takes_its_closed_form(nic
     finally:
         emulator.stop()
     assert all(ok for _, ok in out)
-    assert max(t for t, _ in out) == pytest.approx(closed, rel=0.10)
+    slowest = [max(took[r] for took, _ in out) for r in range(ROUNDS)]   # per round
+    assert statistics.median(slowest) == pytest.approx(closed, rel=0.10)
 
 
 @pytest.mark.slow
