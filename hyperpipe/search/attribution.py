@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import schedule_kind
-from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, pipeline_placement
+from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search.baselines import layer_counts
 
 FACTORS = ("device choice", "layer partition", "schedule kind", "micro-batching",
@@ -34,9 +35,11 @@ class FactorGain:
     note: str = ""
 
 
-def _recut(pipe: PipelinePlan, p: int, v: int, weights) -> tuple[StagePlan, ...]:
-    """The pipeline's first p device groups, looped v times, layers by `weights`."""
-    homes = [pipe.stages[k % p] for k in range(p * v)]
+def _recut(pipe: PipelinePlan, p: int, v: int, weights, place: str
+           ) -> tuple[StagePlan, ...]:
+    """The pipeline's first p device groups (its ranks 0 .. p-1 under every placement),
+    v stages each, placed by `place` ("loop" or "v"), layers by `weights`."""
+    homes = [pipe.stages[stage_rank(k, p, place)] for k in range(p * v)]
     n = pipe.stages[-1].layers[1]
     counts = layer_counts(n, [weights(st) for st in homes])
     out, start = [], 0
@@ -44,6 +47,11 @@ def _recut(pipe: PipelinePlan, p: int, v: int, weights) -> tuple[StagePlan, ...]
         out.append(replace(st, layers=(start, start + c)))
         start += c
     return tuple(out)
+
+
+def _place(plan: Plan) -> str:
+    """Where `plan` puts its chunks ("loop" or "v"; read off the stages for synth)."""
+    return pipeline_placement(plan, plan.pipelines[0])
 
 
 def _devices_of(plan: Plan, pipe: PipelinePlan) -> int:
@@ -70,7 +78,7 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
     try:
         pipes = tuple(PipelinePlan(pipe.micro_batch, pipe.num_microbatches,
                                    _recut(pipe, _devices_of(other, pipe), best.chunks,
-                                          _speed(cost, pipe.micro_batch)))
+                                          _speed(cost, pipe.micro_batch), _place(best)))
                       for pipe in other.pipelines)
         out["device choice"] = _with_mb(replace(best, pipelines=pipes),
                                         best.pipelines[0].micro_batch, _recompute_of(best))
@@ -87,7 +95,7 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
             st = tuple(replace(s, layers=o.layers) for s, o in
                        zip(pipe.stages, other.pipelines[0].stages, strict=True))
         else:
-            st = _recut(pipe, _devices_of(best, pipe), best.chunks, rule)
+            st = _recut(pipe, _devices_of(best, pipe), best.chunks, rule, _place(best))
         pipes.append(PipelinePlan(pipe.micro_batch, pipe.num_microbatches, st))
     out["layer partition"] = best.with_pipelines(pipes)
     # schedule kind (and chunks)
@@ -101,7 +109,7 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
                 for s in pipe.stages:
                     share[s.devices] = share.get(s.devices, 0) + s.num_layers
                 st = _recut(pipe, _devices_of(best, pipe), other.chunks,
-                            lambda s, share=share: share[s.devices])
+                            lambda s, share=share: share[s.devices], _place(other))
                 pipes.append(PipelinePlan(pipe.micro_batch, pipe.num_microbatches, st))
             out["schedule kind"] = replace(best, schedule=other.schedule,
                                            chunks=other.chunks, pipelines=tuple(pipes))

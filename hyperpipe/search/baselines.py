@@ -29,7 +29,7 @@ from hyperpipe.plan.kinds import DEFAULT_KIND, schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search import space
-from hyperpipe.search.caches import LayersOn, ReplicaKey
+from hyperpipe.search.caches import LayersOn, ReplicaKey, SketchKey
 from hyperpipe.search.evaluate import estimate, rank_key
 
 if TYPE_CHECKING:
@@ -147,8 +147,9 @@ BASELINE_SHORT_LIST = 3     # per baseline, plans the simulator ranks (best anal
 
 
 def type_subsets(cluster) -> list[tuple[str, ...]]:
-    """Every non-empty subset of the cluster's device types, largest first."""
-    types = list(dict.fromkeys(n.device_type for n in cluster.nodes))
+    """Every non-empty subset of the cluster's device classes (`space.device_classes`:
+    device types, a slowed or otherwise different node apart), largest first."""
+    types = list(space.device_classes(cluster))
     return [s for r in range(len(types), 0, -1) for s in itertools.combinations(types, r)]
 
 
@@ -159,9 +160,10 @@ def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
     schedule kind and chunk count, every micro-batch size. Fixed dimensions as given.
     Yields (the subset, the keyword arguments of `uniform_plan`/`proportional_plan`)."""
     c, cluster, model = ctx.c, ctx.cluster, ctx.model
+    class_of = {nd: cls.name for cls in ctx.classes.values() for nd in cls.nodes}
     for subset in type_subsets(cluster):
-        nodes = [nd for nd in cluster.nodes if nd.device_type in subset]
-        devices = tuple(d.name for d in cluster.devices if d.type.name in subset)
+        nodes = [nd for nd in cluster.nodes if class_of[nd.name] in subset]
+        devices = tuple(d.name for d in cluster.devices if class_of[d.node] in subset)
         n = len(devices)
         for tp in space.tp_options(cluster, model, c):
             if any(nd.count % tp for nd in nodes):
@@ -219,6 +221,17 @@ def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
     to 1024 pipelines). None where building would fail (InfeasiblePlan)."""
     pp, dp, tp, mb = dims["pp"], dims["dp"], dims["tp"], dims["micro_batch"]
     kind, chunks = dims["schedule"], dims["chunks"]
+    # kinds that place their chunks alike build the same stages: one sketch for them
+    key = SketchKey(name, subset, pp, dp, tp, mb, schedule_kind(kind).placement, chunks)
+    if key not in ctx.sketches:
+        ctx.sketches[key] = _sketch(ctx, name, subset, dims)
+    return ctx.sketches[key]
+
+
+def _sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
+            ) -> tuple[bool, float] | None:
+    pp, dp, tp, mb = dims["pp"], dims["dp"], dims["tp"], dims["micro_batch"]
+    kind, chunks = dims["schedule"], dims["chunks"]
     replicas = _replicas(ctx, subset, tuple(dims["devices"]), pp, dp, tp)
     if replicas is None or ctx.model.num_layers < pp * chunks:
         return None
@@ -247,6 +260,15 @@ def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
 
 
 BASELINES = {"uniform": uniform_plan, "proportional": proportional_plan}
+_TUNED = ("tuned over pp, dp, tp, micro-batch, every schedule kind and chunk count and "
+          "every subset of the device classes; its best plan gets the pick's schedule "
+          "synthesis")
+# What each baseline may choose (the search's report and search_quality print it).
+FREEDOMS = {
+    "uniform": "Megatron-LM/DeepSpeed layout: equal layers per stage, devices in rank "
+               "order; " + _TUNED,
+    "proportional": "the same layout with layers in proportion to peak FLOP/s; " + _TUNED,
+}
 
 
 def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
@@ -276,7 +298,8 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
                 phase.pruned += 1
                 continue
             try:
-                plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs)
+                plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs).on_stack(
+                    ctx.c.stack, **ctx.c.runtime.given())
                 key = rank_key(c, estimate(plan, ctx.cost))
             except (InfeasiblePlan, BadInput):   # e.g. a schedule over the action limit
                 phase.infeasible += 1

@@ -32,9 +32,10 @@ class Cache(dict[K, V], Generic[K, V]):
 
 class TimesKey(NamedTuple):
     """What a stage's per-layer times depend on: identical devices are interchangeable,
-    so one table per (device type, intra link, tp, micro-batch, memory mode)."""
+    so one table per (device type, slowdown, intra link, tp, micro-batch, memory mode)."""
 
     device_type: str
+    slowdown: float            # the tp group's slowest member's (`Cluster.slowdown`)
     intra_link: Any            # the node's intra link when tp > 1, else None
     tp: int
     micro_batch: int
@@ -51,7 +52,8 @@ class TableKey(NamedTuple):
 
 class LinkKey(NamedTuple):
     """A link's cost depends only on its class: None (two chunks on one device), (intra
-    link,) or (NIC, NIC); per node, or ("inter", NIC, NIC), under a profile."""
+    link,) or (NIC, NICs, NIC, NICs) (each end's link and its cards); per node, or
+    ("inter", ...) with the same, under a profile."""
 
     route: tuple | None
     micro_batch: int
@@ -115,11 +117,73 @@ class StageShape(NamedTuple):
     sequence_parallel: bool
 
 
+class CapsKey(NamedTuple):
+    """A unit's layer capacities (`bounds.LayerCaps`): its table, and whether a few cheap
+    layers are left out."""
+
+    table: TableKey
+    reduced: bool
+
+
+class RowKey(NamedTuple):
+    """All one pipeline's cut depends on (`templates._row_cut`): its config, in-flight
+    class, tp, whether it has replicas, the first memory mode, the optimizer's shards
+    (with the distributed optimizer) and its row's `SearchContext.row_signature`."""
+
+    kind: str
+    v: int
+    micro_batch: int
+    inflight: InflightKey
+    tp: int
+    replicated: bool
+    start: int
+    shards: int
+    row: tuple
+
+
+class RowCut(NamedTuple):
+    """A row's cut: the memory mode it fits in and the partition."""
+
+    mode: Any                 # space.MemoryMode
+    part: Any                 # partition.Partition
+
+
+class Placement(NamedTuple):
+    """What fixes which units a template's replicas take (`templates._assign`)."""
+
+    tp: int
+    dp: int
+    layout: str
+    order: tuple[str, ...]
+    recipe: tuple[tuple[str, int], ...]
+
+
+class UnitKey(NamedTuple):
+    """The units of `tp` devices of one device class (`space.unit_pools`)."""
+
+    device_class: str
+    tp: int
+
+
 class ReplicaKey(NamedTuple):
     subset: tuple[str, ...]
     pp: int
     dp: int
     tp: int
+
+
+class SketchKey(NamedTuple):
+    """A tuned baseline's grid point as its sketch sees it (`baselines.sketch`): kinds
+    that place their chunks alike build the same stages."""
+
+    name: str
+    subset: tuple[str, ...]
+    pp: int
+    dp: int
+    tp: int
+    micro_batch: int
+    placement: str
+    chunks: int
 
 
 class LayersOn(NamedTuple):
@@ -131,9 +195,11 @@ class LayersOn(NamedTuple):
 
 
 class PeerTableKey(NamedTuple):
-    """A peer planner's table: shared by groups of one device type, size and link."""
+    """A peer planner's table: shared by groups of one device type, slowdown, size and
+    link."""
 
     device_type: str
+    slowdown: float
     tp: int
     intra_link: Any
     micro_batch: int

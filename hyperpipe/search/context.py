@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,19 +18,25 @@ from hyperpipe.search import space
 from hyperpipe.search.caches import (
     BookKey,
     Cache,
+    CapsKey,
     InflightKey,
     LayersOn,
     LinkKey,
     MatrixKey,
     PeerCaches,
+    Placement,
     ReplicaKey,
     RingCost,
+    RowCut,
+    RowKey,
+    SketchKey,
     StageKey,
     StageShape,
     StateStash,
     TableKey,
     TimesKey,
     TotalKey,
+    UnitKey,
 )
 from hyperpipe.search.space import MemoryMode, SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
@@ -59,12 +65,91 @@ class SearchContext:
     matrices: Cache[MatrixKey, np.ndarray] = field(default_factory=Cache)
     stage_costs: Cache[StageKey, P.StageCost] = field(default_factory=Cache)
     cuts: Cache[tuple[StageKey, ...], tuple[int, ...] | None] = field(default_factory=Cache)
-    rings: Cache[tuple[tuple[str, ...], ...], RingCost] = field(default_factory=Cache)
+    rings: Cache[tuple, RingCost] = field(default_factory=Cache)      # by `ring_pattern`
+    row_cuts: Cache[RowKey, RowCut | None] = field(default_factory=Cache)
+    placed_rings: Cache[Placement, list] = field(default_factory=Cache)  # per device slot
+    unit_signs: Cache[tuple[str, ...], tuple] = field(default_factory=Cache)
+    layer_caps: Cache[CapsKey, Any] = field(default_factory=Cache)    # `bounds.LayerCaps`
     totals: Cache[TotalKey, StateStash] = field(default_factory=Cache)
     device_bounds_s: Cache[StageShape, float] = field(default_factory=Cache)
+    stage_ops: Cache[StageShape, dict[str, float]] = field(default_factory=Cache)
     baseline_replicas: Cache[ReplicaKey, dict | None] = field(default_factory=Cache)
     baseline_stage_s: Cache[LayersOn, float] = field(default_factory=Cache)
+    sketches: Cache[SketchKey, tuple | None] = field(default_factory=Cache)
     peers: PeerCaches = field(default_factory=PeerCaches)
+    unit_pools: Cache[int, dict] = field(default_factory=Cache)      # tp -> `pools`
+    fast_units: Cache[UnitKey, tuple[str, ...]] = field(default_factory=Cache)
+
+    @cached_property
+    def classes(self) -> dict[str, space.DeviceClass]:
+        """The cluster's device classes (`space.device_classes`), by name."""
+        return space.device_classes(self.cluster)
+
+    def pools(self, tp: int) -> dict[str, space.UnitPool]:
+        """Per device class, its units of `tp` devices (`space.unit_pools`)."""
+        return self.unit_pools.memo(tp, lambda: space.unit_pools(self.cluster, tp,
+                                                                 self.classes))
+
+    def type_of(self, class_name: str):
+        """The `DeviceType` of a device class."""
+        return self.cluster.device_types[self.classes[class_name].type_name]
+
+    def fastest_unit(self, pool: space.UnitPool) -> tuple[str, ...]:
+        """The unit of `pool` with the least slowdown (the first on ties): bounds use it."""
+        return self.fast_units.memo(UnitKey(pool.type_name, pool.tp), lambda: min(
+            pool.units, key=self.cluster.slowdown))
+
+    @cached_property
+    def class_of_node(self) -> dict[str, str]:
+        """Node name -> the name of its device class."""
+        return {nd: cls.name for cls in self.classes.values() for nd in cls.nodes}
+
+    def _unit_sign(self, unit: tuple[str, ...]) -> tuple:
+        """(class, slowdown, node) of a unit (a tp group inside one node); the node's name
+        is part of what it costs only under a profile (per-node intra-node links)."""
+        if unit not in self.unit_signs:
+            node = self.cluster.device(unit[0]).node
+            self.unit_signs[unit] = (self.class_of_node[node], self.cluster.slowdown(unit),
+                                     node)
+        return self.unit_signs[unit]
+
+    def row_signature(self, row) -> tuple:
+        """What a pipeline's cut depends on in its row of units: each unit's class and
+        slowdown, and which neighbours (the last to the first included, for looped and
+        V placements) share a node. Units of one class on nodes of one class are alike
+        to the cost model (`space.device_classes`), so rows of equal signatures cut
+        alike; under a calibration profile the nodes themselves count."""
+        signs = [self._unit_sign(u) for u in row]
+        nodes = [sg[2] for sg in signs]
+        same = tuple(a == b for a, b in zip(nodes, nodes[1:] + nodes[:1], strict=True))
+        units = tuple((sg[0], sg[1]) for sg in signs)
+        if self.cost.profile is not None:
+            return (units, same, tuple(nodes))
+        return (units, same)
+
+    def ring_pattern(self, groups: tuple[tuple[str, ...], ...]) -> tuple:
+        """A key for an all-reduce over `groups` under which rings that cost the same
+        meet: group by group (the tp group's size sets the rings), each device as (its
+        node's class, its node numbered in order of first appearance, its index). Nodes
+        of one class are alike (links, NICs, rails); under a calibration profile (links
+        fitted per node) the groups themselves."""
+        if self.cost.profile is not None:
+            return groups
+        seen: dict[str, int] = {}
+        out = []
+        for g in groups:
+            mine = []
+            for name in g:
+                dev = self.cluster.device(name)
+                mine.append((self.class_of_node[dev.node],
+                             seen.setdefault(dev.node, len(seen)), dev.index))
+            out.append(tuple(mine))
+        return tuple(out)
+
+    def inflight_key(self, kind: str, p: int, m: int, v: int) -> InflightKey:
+        """The key of `peak_inflight` (m past the point where the counts stop growing
+        is one class)."""
+        return InflightKey(kind, p, m if m <= 3 * p else 2 * p + m % p, v)
 
     @cached_property
     def refs(self) -> tuple:
@@ -88,7 +173,8 @@ class SearchContext:
         mode = mode or MemoryMode()
         dev = self.cluster.device(group[0])
         node = self.cluster.node(dev.node)
-        times = TimesKey(dev.type.name, node.intra_link if len(group) > 1 else None,
+        times = TimesKey(dev.type.name, self.cluster.slowdown(group),
+                         node.intra_link if len(group) > 1 else None,
                          len(group), mb, mode.recompute, mode.sequence_parallel)
         return TableKey(times, shards if mode.distributed_optimizer else 1)
 
@@ -121,9 +207,12 @@ class SearchContext:
         a, b = self.cluster.device(src), self.cluster.device(dst)
         na, nb = self.cluster.node(a.node), self.cluster.node(b.node)
         same = a.node == b.node
+        # a NIC's bandwidth is its node's `nics` figure; which card a device uses does
+        # not change a transfer's idle-link time (every card of a node is alike)
+        inter = (na.nic, na.nics, nb.nic, nb.nics)
         if self.cost.profile is not None:
-            return LinkKey((a.node,) if same else ("inter", na.nic, nb.nic), mb)
-        return LinkKey((na.intra_link,) if same else (na.nic, nb.nic), mb)
+            return LinkKey((a.node,) if same else ("inter", *inter), mb)
+        return LinkKey((na.intra_link,) if same else inter, mb)
 
     def link_of(self, key: LinkKey, src: str, dst: str) -> np.ndarray:
         """Per layer cut, the link cost under `key` (`src`, `dst`: a route it stands for)."""
@@ -150,7 +239,7 @@ class SearchContext:
         (`ScheduleKind.peak_in_flight`, per rank, as the simulator's memory model uses it,
         spread over the rank's v chunks) where it has one, `v_peak_inflight` for the V
         kinds, else read off the schedule IR."""
-        key = InflightKey(kind, p, m if m <= 3 * p else 2 * p + m % p, v)
+        key = self.inflight_key(kind, p, m, v)
         if key not in self.inflight:
             kind_of = schedule_kind(kind)
             if kind_of.placement == "v":

@@ -76,9 +76,9 @@ def refine(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate], budget
 
 
 def polish(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate], budget: int,
-            pool) -> list[Candidate]:
+            pool) -> tuple[list[Candidate], int]:
     """Steepest descent over single-layer moves of the best simulated plans, judged by
-    the simulator, while `budget` actions are left."""
+    the simulator, while `budget` actions are left; with the actions left after it."""
     out = list(ranked)
     for i, cand in enumerate(ranked[:POLISH_TOP]):
         current = cand
@@ -96,4 +96,4 @@ def polish(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate], budge
                 break
             current = best
         out[i] = current
-    return dedupe(sorted(out, key=lambda cand: rank_key(ctx.c, cand.metrics)))
+    return dedupe(sorted(out, key=lambda cand: rank_key(ctx.c, cand.metrics))), budget

@@ -64,6 +64,42 @@ def _header(unit: tuple[str, float]) -> str:
             f"{'MFU':>5}")
 
 
+def competitor_freedoms() -> dict[str, str]:
+    """Per baseline and peer planner, what it may choose (one line each)."""
+    from hyperpipe.search.baselines import FREEDOMS as BASE
+    from hyperpipe.search.peers import FREEDOMS as PEER
+    return {**BASE, **PEER}
+
+
+def idle_lines(result, cluster, unit: tuple[str, float]) -> list[str]:
+    """Which devices the pick leaves idle (by node and type), and the best simulated plan
+    of the search's own that uses them too, against the pick."""
+    used = set(result.best.plan.devices)
+    idle = [d for d in cluster.devices if d.name not in used]
+    if not idle:
+        return ["", f"devices: the pick uses all {len(cluster.devices)}"]
+    groups: dict[str, list[str]] = {}
+    for d in idle:
+        groups.setdefault(d.type.name + (f" (x{d.slowdown:g} slow)" if d.slowdown != 1
+                                         else ""), []).append(d.node)
+    parts = []
+    for name, nodes in groups.items():
+        where = list(dict.fromkeys(nodes))
+        parts.append(f"{len(nodes)} x {name} on {_names(where)}")
+    out = ["", f"devices: the pick uses {len(used)} of {len(cluster.devices)}; idle: "
+           + "; ".join(parts)]
+    alt = result.using_idle
+    if alt is None:
+        out.append("  using them as well: no simulated plan of the search uses them all")
+    else:
+        ratio = alt.metrics.iteration_time_s / result.best.metrics.iteration_time_s
+        out.append(f"  using them as well: the best simulated plan that does takes "
+                   f"{alt.metrics.iteration_time_s / unit[1]:.4g} {unit[0]} per iteration, "
+                   f"{ratio:.3f}x the pick's time")
+        out.append(f"     {describe_plan(alt.plan, cluster)}")
+    return out
+
+
 def why_best(plan: Plan, metrics, cost: CostModel) -> list[str]:
     """The bottleneck stage, the bubble and the memory headroom of a plan."""
     cluster = cost.cluster
@@ -150,6 +186,7 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
     for i, cand in enumerate(result.ranked, 1):
         out.append(f"{i:>3}. {_metrics_row(cand.metrics, unit)}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
+    out += idle_lines(result, cluster, unit)
     out += ["", "baselines and peer planners (each picks its own plan; all judged by the "
             "same simulator):", f"  {'':<13}{_header(unit)}"]
     for name, cand in result.baselines.items():
@@ -164,6 +201,9 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
             if cand.metrics.oom else ""
         out.append(f"  {name:<13}{_metrics_row(cand.metrics, unit)}  -> {versus}{oom}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
+    out += ["", "what each competitor may choose:"]
+    out += [f"  {name:<13}{text}" for name, text in competitor_freedoms().items()
+            if name in result.baselines]
     out += gain_lines(result, cost)
     out += ["", "why the best wins:"] + [f"  {line}" for line in
                                            why_best(best.plan, best.metrics, cost)]

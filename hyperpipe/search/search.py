@@ -45,7 +45,7 @@ from hyperpipe.search.evaluate import (
 )
 from hyperpipe.search.refine import polish, refine
 from hyperpipe.search.space import SearchConstraints
-from hyperpipe.search.synthesis import synthesise_top, v_ruled_out
+from hyperpipe.search.synthesis import ruled_out, synthesise_top
 from hyperpipe.search.templates import (
     KEEP_PER_GROUP,
     PhaseCounts,
@@ -78,6 +78,9 @@ class SearchResult:
     phases: list[dict]             # per phase: name, seen, pruned, infeasible, seconds
     pareto: list[Candidate] = field(default_factory=list)   # (iteration time, cost) front
     simulated: list[Candidate] = field(default_factory=list)  # every feasible plan, ranked
+    # the best simulated plan of the search's own that also uses the devices the pick
+    # leaves idle (None when it leaves none, or no simulated plan uses them all)
+    using_idle: Candidate | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The `search --json` object: best, ranked, baselines, candidates_evaluated,
@@ -140,7 +143,8 @@ def _build_plan(ctx: SearchContext, tpls: tuple[Template, ...]) -> Plan:
     plan = Plan(model=ctx.refs[0], cluster=ctx.refs[1],
                 global_batch=ctx.c.global_batch, schedule=tpls[0].kind,
                 chunks=tpls[0].chunks, pipelines=tuple(pipes),
-                distributed_optimizer=any(t.mode.distributed_optimizer for t in tpls))
+                distributed_optimizer=any(t.mode.distributed_optimizer for t in tpls),
+                stack=ctx.c.stack, runtime=ctx.c.runtime)
     plan.check(ctx.model, ctx.cluster)
     return plan
 
@@ -257,17 +261,41 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
                         search_time_s=time.perf_counter() - start,
                         phases=[p.as_dict() for p in phases],
                         pareto=pareto_front(ranked + list(baselines.values())),
-                        simulated=feasible)
+                        simulated=feasible, using_idle=_using_idle(cluster, feasible))
+
+
+def idle_devices(cluster, plan: Plan) -> list[str]:
+    """The devices of `cluster` that `plan` leaves idle, in cluster order."""
+    used = set(plan.devices)
+    return [d.name for d in cluster.devices if d.name not in used]
+
+
+def _using_idle(cluster, ranked: list[Candidate]) -> Candidate | None:
+    """The best of `ranked` (feasible, best first) that uses every device the first one
+    leaves idle; None when it leaves none or no other does."""
+    idle = set(idle_devices(cluster, ranked[0].plan))
+    if not idle:
+        return None
+    return next((cand for cand in ranked[1:] if idle <= set(cand.plan.devices)), None)
+
+
+def search_size(layers: int, devices: int) -> int:
+    """What bounds a search's time and memory: its tables hold a cost per range of layers
+    (layers^2 per kind of stage) and a pipeline has at most `layers` stages, so
+    layers^2 x min(devices, layers); devices beyond that only add replicas, which the
+    search counts, not tabulates."""
+    return layers * layers * min(devices, layers)
 
 
 def _check_constraints(model, cluster, c: SearchConstraints) -> None:
     """Fixed dimensions the cluster or model cannot have, and a search too big to run
     (`limits.MAX_SEARCH_SIZE`, checked before any work): bad input, not infeasible."""
     layers, devices = model.num_layers, len(cluster.devices)
-    if layers * layers * devices > limits.MAX_SEARCH_SIZE:
-        most = math.isqrt(limits.MAX_SEARCH_SIZE // devices)
+    if search_size(layers, devices) > limits.MAX_SEARCH_SIZE:
+        most = max(n for n in range(1, layers + 1)
+                   if search_size(n, devices) <= limits.MAX_SEARCH_SIZE)
         raise BadInput("search", f"a model of at most {most} layers on {devices} devices "
-                       f"(layers^2 x devices at most {limits.MAX_SEARCH_SIZE}: "
+                       f"(layers^2 x min(devices, layers) at most {limits.MAX_SEARCH_SIZE}: "
                        "hyperpipe.core.limits.MAX_SEARCH_SIZE)", f"{layers} layers")
     largest = max(n.count for n in cluster.nodes)
     if c.tp is not None and c.tp > largest:
@@ -416,11 +444,19 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
             break
         budget -= size
         short.append(cand)
+    # the best plan (by the analytic tier) of those using the most devices, so that the
+    # report can say what the devices the pick leaves idle would bring
+    if runnable:
+        widest = max(len(cand.plan.devices) for cand in runnable)
+        if all(len(cand.plan.devices) < widest for cand in short):
+            short.append(next(c for c in runnable if len(c.plan.devices) == widest))
     names = [(k, i) for k, plans in base_plans.items() for i in range(len(plans))]
-    # the V kinds' candidates last: those a busiest-device bound puts behind the best
-    # simulated plan of the others are not simulated (their IR is the largest: 2 chunks)
+    # the best few of the other kinds first; then the rest (the V kinds' candidates, whose
+    # IR is the largest, among them), each only where a lower bound on any schedule of
+    # its stages (`synthesis.schedule_bound_s`) is below the best simulated so far
     first = [cand for cand in short if schedule_kind(cand.plan.schedule).placement != "v"]
-    later = [cand for cand in short if schedule_kind(cand.plan.schedule).placement == "v"]
+    first, later = first[:n_min], first[n_min:] + \
+        [cand for cand in short if schedule_kind(cand.plan.schedule).placement == "v"]
     todo = [cand.plan for cand in first] + [base_plans[k][i] for k, i in names]
     with Progress(len(todo) + len(later), "search: simulate", enabled=show) as bar:
         metrics = simulate_all(todo, ctx.cost, pool, bar)
@@ -428,7 +464,7 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
         ranked = [Candidate(cand.plan, m) for cand, m in zip(first, metrics[:n], strict=True)]
         best = min((rank_key(ctx.c, c.metrics)[1] for c in ranked if c.metrics.feasible),
                    default=math.inf)
-        keep = [cand for cand in later if not v_ruled_out(ctx, cand, best)]
+        keep = [cand for cand in later if not ruled_out(ctx, cand, best)]
         phase.pruned += len(later) - len(keep)
         bar.advance(len(later) - len(keep))
         ranked += [Candidate(cand.plan, m) for cand, m in
@@ -443,8 +479,9 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
         if k not in baselines or rank_key(ctx.c, m) < rank_key(ctx.c, baselines[k].metrics):
             baselines[k] = cand
     ranked.sort(key=lambda cand: rank_key(ctx.c, cand.metrics))
-    ranked = polish(ctx, phase, ranked, budget, pool)
-    ranked = synthesise_top(ctx, phase, ranked, pool=pool)
+    ranked, budget = polish(ctx, phase, ranked, budget, pool)
+    ranked, baselines = synthesise_top(ctx, phase, ranked, pool=pool, baselines=baselines,
+                                       budget=budget)
     # the search's own pick stays first even where a baseline beats it: the report
     # compares the two honestly
     return ranked, baselines

@@ -1,9 +1,11 @@
 """The search space, declared as small generators of valid factors.
 
 `schedule_options` (kind, chunks), `micro_batches` (divisors of the global batch),
-`tp_options` (degrees that fit a node), `unit_pools` (per device type, its tp groups,
-node by node: only counts per type matter), `type_groups` (every set partition of every
-non-empty subset of the device types), `dp_recipes` (replicas per group and units of
+`tp_options` (degrees that fit a node), `device_classes` (nodes the cost model cannot
+tell apart: same device type, size, links, NICs, slowdowns and price), `unit_pools` (per
+device class, its tp groups, node by node: only counts per class matter), `type_groups`
+(every set partition of every non-empty subset of the device classes: a class left out
+sits idle), `dp_recipes` (replicas per group and units of
 each type per pipeline), `stage_orders` (which type takes which stage), `layouts`
 (which units form which replica: a pipeline's together, or a stage's replicas together
 as in Megatron's rank order) and `memory_modes` (recompute, sequence parallelism, the
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.kinds import GENERATED_KINDS, KINDS, schedule_kind
 from hyperpipe.plan.plan import RECOMPUTE_KINDS
+from hyperpipe.plan.stack import DEFAULT_STACK, NO_OVERRIDES, STACKS, RuntimeOverrides
 
 MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
 MAX_ORDERS = 120              # distinct stage orders enumerated in full below this count
@@ -44,6 +47,8 @@ class SearchConstraints:
     recompute: str | None = None                 # "none", "selective" or "full"
     sequence_parallel: bool | None = None        # on every tensor-parallel stage
     distributed_optimizer: bool | None = None
+    stack: str = DEFAULT_STACK                   # the stack every plan runs on
+    runtime: RuntimeOverrides = NO_OVERRIDES     # its runtime overrides
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "micro_batch", "pp", "dp", "tp", "chunks"):
@@ -52,6 +57,8 @@ class SearchConstraints:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BadInput(name, "a positive integer", value)
+        if self.stack not in STACKS:
+            raise BadInput("stack", f"one of {', '.join(STACKS)}", self.stack)
         if self.objective not in ("throughput", "cost"):
             raise BadInput("objective", "throughput or cost", self.objective)
         if self.recompute is not None and self.recompute not in RECOMPUTE_KINDS:
@@ -107,10 +114,58 @@ def memory_modes(c: SearchConstraints, tp: int, dp: int, selective_helps: bool
 
 
 @dataclass(frozen=True)
-class UnitPool:
-    """The tp groups of one device type: same type, same node, in cluster order."""
+class DeviceClass:
+    """Nodes whose devices the cost model cannot tell apart: the same device type, device
+    count, intra-node link, NICs, per-device slowdowns and price. The search chooses
+    devices class by class (all of a class's nodes, some or none), so a slow node, a slow
+    link or a memory-poor part is one class that the search may leave idle."""
 
+    name: str                     # the type's name; "TYPE@xS" (slowed) or "TYPE#k" else
     type_name: str
+    nodes: tuple[str, ...]        # in cluster order
+    slowdown: float               # its slowest device's compute multiplier (1.0: none)
+    least_slowdown: float = 1.0   # its fastest device's
+
+
+def device_classes(cluster) -> dict[str, DeviceClass]:
+    """The device classes of `cluster`, in order of their first node. A type with one
+    class keeps the type's name; with several, its largest class of healthy nodes keeps
+    it, a slowed class is named "TYPE@xS" (its slowest device's multiplier) and any other
+    "TYPE#k" (k = 2, 3, ... in cluster order)."""
+    keys: dict[tuple, list[str]] = {}
+    for node in cluster.nodes:
+        price = cluster.price_per_hour(f"{node.name}/0")
+        key = (node.device_type, node.count, node.intra_link, node.nic, node.nics,
+               node.slowdown, price)
+        keys.setdefault(key, []).append(node.name)
+    names: dict[tuple, str] = {}
+    for type_name in dict.fromkeys(k[0] for k in keys):
+        mine = [k for k in keys if k[0] == type_name]
+        healthy = [k for k in mine if max(k[5], default=1.0) == 1.0]
+        plain = max(healthy, key=lambda k: k[1] * len(keys[k]), default=None) \
+            if len(mine) > 1 else mine[0]
+        taken = {type_name} if plain is not None else set()
+        for k in mine:
+            if k == plain:
+                names[k] = type_name
+                continue
+            slow = max(k[5], default=1.0)
+            base = f"{type_name}@x{slow:g}" if slow != 1.0 else type_name
+            name, n = base, 2
+            while name in taken:
+                name, n = f"{base}#{n}", n + 1
+            taken.add(name)
+            names[k] = name
+    return {names[k]: DeviceClass(names[k], k[0], tuple(nodes), max(k[5], default=1.0),
+                                  min(k[5], default=1.0))
+            for k, nodes in keys.items()}
+
+
+@dataclass(frozen=True)
+class UnitPool:
+    """The tp groups of one device class: same class, same node, in cluster order."""
+
+    type_name: str                # the class's name (a device type's, or TYPE@xS, ...)
     tp: int
     units: tuple[tuple[str, ...], ...]
 
@@ -159,13 +214,18 @@ def tp_options(cluster, model, c: SearchConstraints) -> Iterator[int]:
         tp *= 2
 
 
-def unit_pools(cluster, tp: int) -> dict[str, UnitPool]:
-    """Per device type, its tp groups node by node (a node's leftover devices unused)."""
+def unit_pools(cluster, tp: int, classes: dict[str, DeviceClass] | None = None
+               ) -> dict[str, UnitPool]:
+    """Per device class (`device_classes`), its tp groups node by node (a node's
+    leftover devices unused)."""
+    classes = device_classes(cluster) if classes is None else classes
     groups: dict[str, list[tuple[str, ...]]] = {}
-    for node in cluster.nodes:
-        names = [f"{node.name}/{i}" for i in range(node.count)]
-        units = groups.setdefault(node.device_type, [])
-        units.extend(tuple(names[k:k + tp]) for k in range(0, node.count - tp + 1, tp))
+    for cls in classes.values():
+        units = groups.setdefault(cls.name, [])
+        for name in cls.nodes:
+            count = cluster.node(name).count
+            names = [f"{name}/{i}" for i in range(count)]
+            units.extend(tuple(names[k:k + tp]) for k in range(0, count - tp + 1, tp))
     return {t: UnitPool(t, tp, tuple(u)) for t, u in groups.items() if u}
 
 

@@ -12,35 +12,103 @@ user fixed a schedule kind other than synth.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search.caches import StageShape
-from hyperpipe.search.evaluate import Candidate, rank_key
-from hyperpipe.search.templates import PhaseStats, SearchContext, objective_value
+from hyperpipe.search.evaluate import Candidate, count_actions, dedupe, rank_key
+from hyperpipe.search.templates import PhaseStats, SearchContext
 
 SYNTH_TOP = 3         # plans of the short list a schedule is synthesised for
+# Competitors whose best plan gets the same synthesis as the pick's (Megatron-style
+# layouts a user could run with any schedule; the peer planners' papers fix 1F1B).
+SYNTHESISED_BASELINES = ("uniform", "proportional")
 
 
 def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate],
-                   top: int = SYNTH_TOP, pool=None) -> list[Candidate]:
-    """`ranked` with the synthesised plans that beat their source, re-ranked; the plans
-    synthesised over the worker `pool` when there is one (the same results)."""
+                   top: int = SYNTH_TOP, pool=None,
+                   baselines: dict[str, Candidate] | None = None,
+                   budget: float = math.inf
+                   ) -> tuple[list[Candidate], dict[str, Candidate]]:
+    """`ranked` with the synthesised plans that beat their source, re-ranked, and
+    `baselines` with each of `SYNTHESISED_BASELINES`' pick replaced by its synthesised
+    plan where that is faster; each round one batch over the worker `pool` when there is
+    one (the same results). Plans that differ only in their schedule kind share one
+    synthesis (it keeps stages, devices and micro-batches and tries every fixed kind).
+    A plan is left unsynthesised where `schedule_bound_s` shows no schedule of its
+    stages can beat the best of its side (the search's own, or the other plans)."""
+    baselines = dict(baselines or {})
     if ctx.c.schedule is not None and not schedule_kind(ctx.c.schedule).carries_actions:
-        return ranked
+        return ranked, baselines
     from hyperpipe.search.backends import fan_out
     from hyperpipe.synth.synthesise import synthesise
-    cands = [c for c in ranked if c.metrics.feasible][:top]
     cost = ctx.cost
-    results = fan_out(pool, cands, lambda cand: synthesise(cand.plan, cost), synthesise_task,
-                      lambda cand: (cand.plan, cost.model, cost.cluster, cost.profile),
-                      at_least=2)()
+    got: dict[str, object] = {}
+
+    def run(plans: list[Plan]) -> None:
+        todo = {k: p for p in plans if (k := _shape(p)) not in got}
+        results = fan_out(pool, list(todo.values()), lambda plan: synthesise(plan, cost),
+                          synthesise_task,
+                          lambda plan: (plan, cost.model, cost.cluster, cost.profile),
+                          at_least=2)()
+        for k, result in zip(todo, results, strict=True):
+            got[k] = result
+            phase.seen += result.candidates
+
+    def value(cand: Candidate) -> float:
+        """Its objective, synthesised where it was."""
+        result = got.get(_shape(cand.plan))
+        best = rank_key(ctx.c, cand.metrics)[1]
+        return best if result is None else min(best, rank_key(ctx.c, result.metrics)[1])
+
+    # the fewest plans that can win, in two rounds: first the best simulated plan and
+    # the best other plan; then each other plan of the short list (the first `top`,
+    # while their schedule actions fit in `budget`: what the simulator's short list and
+    # polish left of theirs) and each other baseline whose schedule bound is still below
+    # the best of its side
+    cands = [c for c in ranked if c.metrics.feasible][:top]
+    named = [(k, baselines[k]) for k in SYNTHESISED_BASELINES
+             if k in baselines and baselines[k].metrics.feasible]
+    others = sorted((c for c in baselines.values() if c.metrics.feasible),
+                    key=lambda c: rank_key(ctx.c, c.metrics))
+    synthesisable = [c for _, c in named]
+    lead = cands[:1] + [c for c in others[:1] if any(c is x for x in synthesisable)]
+    run([c.plan for c in lead])
+    mine = min((value(c) for c in cands), default=math.inf)
+    theirs = min((value(c) for c in others), default=math.inf)
+    more = []
+    for c in cands[1:]:
+        if bound_value(ctx, c) < mine and count_actions(c.plan) <= budget:
+            budget -= count_actions(c.plan)
+            more.append(c.plan)
+    run(more + [c.plan for _, c in named if bound_value(ctx, c) < theirs])
     added = []
-    for cand, result in zip(cands, results, strict=True):
-        phase.seen += result.candidates
-        if schedule_kind(result.plan.schedule).carries_actions and \
-                rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics):
+    for cand in cands:
+        result = got.get(_shape(cand.plan))
+        if result is not None and schedule_kind(result.plan.schedule).carries_actions \
+                and rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics):
             added.append(Candidate(result.plan, result.metrics))
-    return sorted(ranked + added, key=lambda cand: rank_key(ctx.c, cand.metrics))
+    for k, cand in named:
+        result = got.get(_shape(cand.plan))
+        if result is not None and rank_key(ctx.c, result.metrics) < \
+                rank_key(ctx.c, cand.metrics):
+            baselines[k] = Candidate(result.plan, result.metrics)
+    ranked = sorted(dedupe(ranked + added), key=lambda cand: rank_key(ctx.c, cand.metrics))
+    return ranked, baselines
+
+
+def _shape(plan: Plan) -> str:
+    """What a synthesis keeps of a plan (all but its schedule kind and action lists): the
+    plan with the first fixed kind of its placement and no actions, as its JSON text (a
+    plan that inlines its model or cluster holds dicts, which do not hash)."""
+    import json
+
+    from hyperpipe.synth.synthesise import fixed_kinds
+    bare = replace(plan, actions=None)
+    return json.dumps(replace(bare, schedule=fixed_kinds(bare)[0]).to_dict(), sort_keys=True)
 
 
 def synthesise_task(args):
@@ -49,6 +117,75 @@ def synthesise_task(args):
     from hyperpipe.synth.synthesise import synthesise
     plan, model, cluster, profile = args
     return synthesise(plan, CostModel(model, cluster, profile))
+
+
+def bound_value(ctx: SearchContext, cand: Candidate) -> float:
+    """`schedule_bound_s` of a simulated candidate as an objective value (cost per token
+    scales with time at a fixed price)."""
+    bound = schedule_bound_s(ctx, cand.plan)
+    if ctx.c.objective == "cost":
+        price = cand.metrics.cost_per_million_tokens
+        if price is None or cand.metrics.iteration_time_s <= 0:
+            return -math.inf
+        return price * bound / cand.metrics.iteration_time_s
+    return bound
+
+
+def _stage_ops(ctx: SearchContext, st, mb: int) -> dict[str, float]:
+    """F, B, I and W of a stage on idle links, as the simulator prices each action."""
+    key = StageShape(st.layers, st.devices, mb, st.recompute, st.sequence_parallel)
+    if key not in ctx.stage_ops:
+        ctx.stage_ops[key] = {op: ctx.cost.stage_time_s(st.layers, st.devices, mb, op,
+                                                        st.recompute, st.sequence_parallel)
+                              for op in "FBIW"}
+    return ctx.stage_ops[key]
+
+
+def schedule_bound_s(ctx: SearchContext, plan: Plan) -> float:
+    """A lower bound (seconds) on the simulated iteration time of `plan`'s stages,
+    devices and micro-batches under any schedule (every fixed kind, every synthesised
+    order). Per rank: the first micro-batch's forward through every stage before the
+    rank's first (with the sends between, on idle links), then the rank's own work
+    (each micro-batch's F and backward, the lesser of B and I + W) and its optimizer
+    step; with one stage per rank also: after that wait, its F and input-gradient work
+    (the lesser of I and B) of every micro-batch, then the input gradients of the last
+    of them through every stage before it. Actions take at least their idle-link time
+    and wait for their inputs, so no schedule is faster; the busiest rank of the
+    slowest pipeline counts (all-reduces left out)."""
+    cost = ctx.cost
+    shards = len(plan.pipelines) if plan.distributed_optimizer else 1
+    place = schedule_kind(plan.schedule).placement
+    worst = 0.0
+    seen = set()
+    for pipe in plan.pipelines:
+        stages, m, mb = pipe.stages, pipe.num_microbatches, pipe.micro_batch
+        if (m, stages) in seen:
+            continue
+        seen.add((m, stages))
+        ops = [_stage_ops(ctx, st, mb) for st in stages]
+        arrive = [0.0]                  # the first micro-batch's F can start no earlier
+        back = [0.0]                    # input gradients from stage k down to stage 0
+        for k, (a, b) in enumerate(zip(stages, stages[1:], strict=False)):
+            nbytes = cost.send_bytes(a.layers, mb)
+            arrive.append(arrive[-1] + ops[k]["F"] +
+                          cost.transfer_time_s(a.devices[-1], b.devices[0], nbytes))
+            back.append(back[-1] + min(ops[k]["I"], ops[k]["B"]) +
+                        cost.transfer_time_s(b.devices[0], a.devices[-1], nbytes))
+        p = len(stages) // plan.chunks
+        for r in range(p):
+            mine = [k for k in range(len(stages)) if stage_rank(k, p, place) == r]
+            work = m * sum(ops[k]["F"] + min(ops[k]["B"], ops[k]["I"] + ops[k]["W"])
+                           for k in mine)
+            step = sum(cost.optimizer_time_s(
+                stages[k].layers, cost.cluster.device(stages[k].devices[0]).type.name,
+                stages[k].tp, shards, stages[k].devices) for k in mine)
+            start = arrive[min(mine)]
+            worst = max(worst, start + work + step)
+            if len(mine) == 1:
+                k = mine[0]
+                forward_input = m * (ops[k]["F"] + min(ops[k]["I"], ops[k]["B"]))
+                worst = max(worst, start + forward_input + back[k])
+    return worst
 
 
 def busiest_device_bound_s(ctx: SearchContext, plan: Plan) -> float:
@@ -73,17 +210,8 @@ def busiest_device_bound_s(ctx: SearchContext, plan: Plan) -> float:
     return worst
 
 
-def v_ruled_out(ctx: SearchContext, cand: Candidate, best_value: float) -> bool:
-    """Whether `cand` is of a V kind and its `busiest_device_bound_s` already puts its
-    objective above `best_value` (the best simulated plan of the search's own so far):
-    then simulating it cannot change the ranking's top."""
-    plan = cand.plan
-    if schedule_kind(plan.schedule).placement != "v":
-        return False
-    bound = busiest_device_bound_s(ctx, plan)
-    price = cand.metrics.cost_per_million_tokens
-    if ctx.c.objective == "cost":     # cost per token scales with time at a fixed price
-        if price is None or cand.metrics.iteration_time_s <= 0:
-            return False
-        return price * bound / cand.metrics.iteration_time_s > best_value
-    return objective_value(ctx, bound, 0.0) > best_value
+def ruled_out(ctx: SearchContext, cand: Candidate, best_value: float) -> bool:
+    """Whether `cand`'s `schedule_bound_s` already puts its objective at or above
+    `best_value` (the best simulated plan of the search's own so far): then simulating
+    it cannot change the ranking's top."""
+    return bound_value(ctx, cand) >= best_value

@@ -18,6 +18,7 @@ batch; the analytic tier and the simulator judge whole plans.
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -28,10 +29,14 @@ from hyperpipe.plan.plan import StagePlan
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
+from hyperpipe.search.bounds import fill_bound_s, key_bound
 from hyperpipe.search.caches import (
     BookKey,
     LinkKey,
+    Placement,
     RingCost,
+    RowCut,
+    RowKey,
     StageKey,
     StateStash,
     TableKey,
@@ -96,20 +101,44 @@ class Template:
 
 def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
               slots: list[list[tuple[str, ...]]], m: int, price: float,
-              start: int = 0) -> Template | None:
+              start: int = 0, placement: tuple | None = None,
+              cutoff: float = math.inf) -> Template | Skipped | None:
     """Cut the layers for the pipelines `slots` (replica 0 stands for all) in the first
-    memory mode that fits (`SearchContext.modes`, from `start`); None if none fits."""
+    memory mode that fits (`SearchContext.modes`, from `start`); None if none fits.
+    The cut depends on replica 0's row only through `SearchContext.row_signature`, so
+    rows alike (other replica counts, layouts, units of the same classes) share one
+    (`RowKey`); `placement` names `slots` for the gradient sync's cache (`_sync_s`).
+    A template whose objective, with its optimizer steps but before its all-reduces
+    are costed, is already above `cutoff` (the band of its race) is `Skipped`: it could
+    not be kept, and its rings are the costly part at thousands of replicas."""
     row = slots[0]
+    p, dp = len(row), len(slots)
+    modes = ctx.modes(tp, dp)[start:]
+    shards = dp if any(mode.distributed_optimizer for mode in modes) else 1
+    key = RowKey(kind, v, mb, ctx.inflight_key(kind, p, m, v), tp, dp > 1, start, shards,
+                 ctx.row_signature(row))
+    if key not in ctx.row_cuts:
+        ctx.row_cuts[key] = _row_cut(ctx, kind, v, mb, row, m, modes, dp)
+    got = ctx.row_cuts[key]
+    if got is None:
+        return None
+    return _finish(ctx, kind, v, mb, tp, types, slots, price, got.mode, got.part, placement,
+                   (m, cutoff))
+
+
+def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str, ...]],
+             m: int, modes: tuple[MemoryMode, ...], dp: int) -> RowCut | None:
+    """The cut of replica 0's `row` in the first of `modes` that fits (None if none)."""
     p = len(row)
     stages = p * v
     inflight = ctx.peak_inflight(kind, p, m, v)
     homes = [stage_rank(k, p, schedule_kind(kind).placement) for k in range(stages)]
-    for mode in ctx.modes(tp, len(slots))[start:]:
+    for mode in modes:
         tables, links, rooms, split, keys = [], [], [], [], []
         for k in range(stages):
             group = row[homes[k]]
             dev = ctx.cluster.device(group[0]).type
-            tkey = ctx.table_key(group, mb, mode, len(slots))
+            tkey = ctx.table_key(group, mb, mode, dp)
             t = ctx.table_of(tkey, group)
             room = dev.memory_bytes - dev.runtime_reserve_bytes - t.work_bytes
             if k == stages - 1:
@@ -129,8 +158,7 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
         if bounds is None and v > 1:
             bounds = _cut(ctx, keys, tables, P.shared_slots(tables, rooms, homes), links)
         if bounds is not None:
-            return _finish(ctx, kind, v, mb, tp, types, slots, price, mode,
-                           P.describe(bounds, tables, links))
+            return RowCut(mode, P.describe(bounds, tables, links))
     return None
 
 
@@ -149,9 +177,20 @@ def _cut(ctx: SearchContext, keys: list[tuple[TableKey, LinkKey | None]],
     return ctx.cuts[stage_keys]
 
 
+class Skipped(NamedTuple):
+    """A template left out before its all-reduces were costed: even without them its
+    objective value is above its race's band."""
+
+    value_lb: float
+
+
 def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
-            slots, price: float, mode: MemoryMode, part: P.Partition) -> Template:
-    """The template of a cut: its busiest device's load, fill and sync."""
+            slots, price: float, mode: MemoryMode, part: P.Partition,
+            placement: tuple | None = None,
+            cut_at: tuple[int, float] = (1, math.inf)) -> Template | Skipped:
+    """The template of a cut: its busiest device's load, fill and sync. `cut_at` = (m,
+    cutoff): `Skipped` when its value for m micro-batches, its sync counted as its
+    optimizer steps alone, is above cutoff."""
     p = len(slots[0])
     place = schedule_kind(kind).placement
     homes = [stage_rank(k, p, place) for k in range(len(part.stage_s))]
@@ -169,45 +208,77 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
         fill = part.forward_s + part.last_backward_s
     else:
         fill = part.total_s
+    m, cutoff = cut_at
+    run_s = max((m - 1) * max(load) + fill, part.total_s, m * max(load))
+    if math.isfinite(cutoff):
+        steps = _sync_s(ctx, slots, part, tp, mode, kind, placement, rings=False)
+        lb = objective_value(ctx, run_s + steps, price)
+        if lb > cutoff:
+            return Skipped(lb)
     return Template(kind, v, mb, tp, types, tuple(tuple(r) for r in slots), part,
-                    max(load), fill, _sync_s(ctx, slots, part, tp, mode, kind), price, mode)
+                    max(load), fill, _sync_s(ctx, slots, part, tp, mode, kind, placement),
+                    price, mode)
 
 
 def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryMode,
-            slots_kind: str = "") -> float:
+            slots_kind: str = "", placement: tuple | None = None, rings: bool = True
+            ) -> float:
     """Per iteration: ring all-reduce of each device's gradients over the replicas
     (`CostModel.dp_sync_bytes_per_param`: fp32 main grads for bf16; reduce-scatter and
     all-gather with the distributed optimizer), the rings of a tp group's ranks at once
     (`network.ring_spec`: rings that cross one NIC share it), plus its optimizer step
-    (sharded with it); the busiest device counts."""
+    (sharded with it); the busiest device counts. `placement`: a name for `slots` (what
+    built them), under which each device's ring is cached. `rings` False: the optimizer
+    steps alone (a lower bound, without the costly all-reduces)."""
     cost = ctx.cost
     p = len(slots[0])
     shards = len(slots) if mode.distributed_optimizer else 1
     per_param = cost.dp_sync_bytes_per_param(mode.distributed_optimizer)
     per_device = [0.0] * p
     place = schedule_kind(slots_kind).placement if slots_kind else "loop"
+    placed = ctx.placed_rings.get(placement) if placement is not None else None
+    if placed is None:
+        placed = [None] * p
+        if placement is not None and rings:
+            ctx.placed_rings[placement] = placed
     for k, (a, b) in enumerate(part.layer_ranges):
         d = stage_rank(k, p, place)
         group = slots[0][d]
+        per_device[d] += cost.optimizer_time_s(
+            (a, b), ctx.cluster.device(group[0]).type.name, tp, shards, group)
+        if not rings:
+            continue
+        if placed[d] is None:
+            placed[d] = _ring_cost(ctx, tuple(r[d] for r in slots))
         nbytes = cost.stage_params((a, b)) * per_param / tp
-        per_device[d] += _ring_s(ctx, tuple(r[d] for r in slots), nbytes) + \
-            cost.optimizer_time_s((a, b), ctx.cluster.device(group[0]).type.name, tp, shards)
+        per_device[d] += _affine_s(placed[d], nbytes)
     return max(per_device)
 
 
 def _ring_s(ctx: SearchContext, groups: tuple[tuple[str, ...], ...], nbytes: float) -> float:
     """All-reduce of `nbytes` per device over the same tp rank of every group, all tp
-    ranks at once, on otherwise idle links. Affine in the bytes (alpha-beta links, or a
-    profile's fitted line), so each set of groups is costed once, at 1 and 2 GB."""
+    ranks at once, on otherwise idle links (`_ring_cost`)."""
+    return _affine_s(_ring_cost(ctx, groups), nbytes)
+
+
+def _affine_s(ring: RingCost, nbytes: float) -> float:
     if nbytes <= 0:
         return 0.0
-    if groups not in ctx.rings:
+    return ring.at_1gb_s + ring.per_gb_s * (nbytes - 1e9) / 1e9
+
+
+def _ring_cost(ctx: SearchContext, groups: tuple[tuple[str, ...], ...]) -> RingCost:
+    """The all-reduce over `groups`, affine in the bytes (alpha-beta links, or a
+    profile's fitted line): costed at 1 and 2 GB. Cached under `ring_pattern`: rings
+    whose devices sit alike (the same classes, node by node, the same device indices)
+    cost the same, whatever their nodes are called."""
+    key = ctx.ring_pattern(groups)
+    if key not in ctx.rings:
         rings = [[g[i] for g in groups] for i in range(len(groups[0]))]
         t1, t2 = (0.0 if spec is None else spec.time_s
                   for spec in (ring_spec(ctx.cost, rings, x) for x in (1e9, 2e9)))
-        ctx.rings[groups] = RingCost(t1, t2 - t1)
-    t1, per_gb = ctx.rings[groups]
-    return t1 + per_gb * (nbytes - 1e9) / 1e9
+        ctx.rings[key] = RingCost(t1, t2 - t1)
+    return ctx.rings[key]
 
 
 def _assign(pools: dict[str, space.UnitPool], recipe: dict[str, int], dp: int,
@@ -268,17 +339,17 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
     optimizer step spread the same way; no link, no all-reduce. Both the memory check
     and the bound are those of the first memory mode (`SearchContext.modes`) whose
     memory bound passes, and the key starts its cuts at that mode."""
-    c, model, cost = ctx.c, ctx.model, ctx.cost
+    c, model = ctx.c, ctx.model
     keys = []
     for tp in space.tp_options(ctx.cluster, model, c):
-        pools = space.unit_pools(ctx.cluster, tp)
+        pools = ctx.pools(tp)
         if any(t not in pools for t in types):
             continue
         counts = {t: len(pools[t].units) for t in types}
-        opt = {t: cost.optimizer_time_s((0, model.num_layers), t, tp) for t in types}
+        opt = _optimizer_s(ctx, types, pools, tp)
         price_of = {t: ctx.cluster.price_per_hour(pools[t].units[0][0]) for t in types}
-        room = {t: ctx.cluster.device_types[t].memory_bytes
-                - ctx.cluster.device_types[t].runtime_reserve_bytes for t in types}
+        room = {t: ctx.type_of(t).memory_bytes - ctx.type_of(t).runtime_reserve_bytes
+                for t in types}
         for kind, v, mb in configs:
             big_m = c.global_batch // mb
             for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,
@@ -315,6 +386,14 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
     return keys
 
 
+def _optimizer_s(ctx: SearchContext, types: tuple[str, ...], pools, tp: int
+                 ) -> dict[str, float]:
+    """Per class, its fastest unit's optimizer step for the whole model, unsharded."""
+    model, cost = ctx.model, ctx.cost
+    return {t: cost.optimizer_time_s((0, model.num_layers), ctx.type_of(t).name, tp,
+                                     devices=ctx.fastest_unit(pools[t])) for t in types}
+
+
 def _total_bytes(ctx: SearchContext, mode: MemoryMode, dp: int, mb: int, held: int) -> float:
     """A lower bound on a pipeline's memory in `mode`: the model's state (its optimizer
     state sharded over `dp` replicas with the distributed optimizer) and `held` stashes of
@@ -333,15 +412,10 @@ def _work_bound(ctx: SearchContext, types, pools, kind: str, v: int, mb: int,
                 mode: MemoryMode) -> tuple[dict[str, float], float]:
     """Per type, a unit's forward + backward time of the whole model in `mode`, and the
     fill's lower bound (on the fastest type)."""
-    work = {t: ctx.table(pools[t].units[0], mb, mode) for t in types}
+    work = {t: ctx.table(ctx.fastest_unit(pools[t]), mb, mode) for t in types}
     whole = {t: float(w.fwd_s[-1] + w.bwd_s[-1]) for t, w in work.items()}
-    if v > 1:
-        fill_lb = min(whole.values()) / v
-    elif schedule_kind(kind).splits_backward:
-        fill_lb = min(float(w.fwd_s[-1]) for w in work.values())
-    else:
-        fill_lb = min(whole.values())
-    return whole, fill_lb
+    forward = {t: float(w.fwd_s[-1]) for t, w in work.items()}
+    return whole, fill_bound_s(kind, v, whole, forward)
 
 
 class Entry(NamedTuple):
@@ -360,12 +434,23 @@ class _Race:
 
     found: list[Entry] = field(default_factory=list)
     best: list[float] = field(default_factory=list)   # the smallest values, ascending
+    kept: list[float] = field(default_factory=list)   # the KEEP_MAX smallest, ascending
 
     def add(self, value: float, serial: int, template: Template) -> None:
         self.found.append(Entry(value, serial, template))
         if len(self.best) < KEEP_PER_GROUP or value < self.best[-1]:
             bisect.insort(self.best, value)
             del self.best[KEEP_PER_GROUP:]
+        if len(self.kept) < KEEP_MAX or value < self.kept[-1]:
+            bisect.insort(self.kept, value)
+            del self.kept[KEEP_MAX:]
+
+    def cutoff(self) -> float:
+        """The band, or the KEEP_MAX-th smallest value found when that is lower: only
+        the first KEEP_MAX within the band are kept, so a template above either could
+        not be (a key whose bound is above it need not be cut)."""
+        full = self.kept[-1] if len(self.kept) >= KEEP_MAX else math.inf
+        return min(self.band(), full)
 
     def band(self) -> float:
         """Templates whose closed-form value is within TOLERANCE of the best, or among
@@ -380,8 +465,8 @@ class _Race:
 def canonical_order(ctx: SearchContext, recipe: dict[str, int]) -> tuple[str, ...]:
     """The stage order tried first: most memory first (1F1B's early stages stash the
     most micro-batches), then the faster type, each type's units together."""
-    types = sorted(recipe, key=lambda t: (-ctx.cluster.device_types[t].memory_bytes,
-                                          -ctx.cluster.device_types[t].peak_flops))
+    types = sorted(recipe, key=lambda t: (-ctx.type_of(t).memory_bytes,
+                                          -ctx.type_of(t).peak_flops / ctx.classes[t].slowdown))
     return tuple(t for t in types for _ in range(recipe[t]))
 
 
@@ -395,11 +480,28 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
     races: dict[int | None, _Race] = {}
     too_big: dict[tuple, int] = {}      # (kind, v, tp, dp, recipe) -> least mb out of memory
     serial = itertools.count()
-    for key in _keys(ctx, phase, types, configs):
+    optimizer: dict[int, dict[str, float]] = {}
+    # keys best (cheap) bound first; a key within the band gets `bounds.key_bound` and
+    # goes back in line under it; a key that comes out again under it is cut
+    heap = [(key.bound, i, False, key) for i, key in enumerate(_keys(ctx, phase, types,
+                                                                        configs))]
+    while heap:
+        _, i, strong, key = heapq.heappop(heap)
         (kind, v, mb), tp, dp, recipe = key.config, key.tp, key.dp, key.recipe
         race = races.setdefault(dp if ctx.c.dp is not None else None, _Race())
-        if key.bound > race.band():
+        if key.bound > race.cutoff():
             phase.pruned += 1
+            continue
+        if not strong:
+            if tp not in optimizer:
+                optimizer[tp] = _optimizer_s(ctx, types, key.pools, tp)
+            got = key_bound(ctx, types, key.config, tp, dp, recipe, key.pools, key.start,
+                            optimizer[tp], ctx.layer_caps)
+            if got is None:
+                phase.infeasible += 1
+                continue
+            bound = objective_value(ctx, got[0], key.price_per_hour)
+            heapq.heappush(heap, (bound, i, True, key._replace(bound=bound, start=got[1])))
             continue
         m = -(-(ctx.c.global_batch // mb) // dp)
         pipes = (kind, v, tp, dp, tuple(sorted(recipe.items())))
@@ -418,7 +520,7 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             if m >= p * v:
                 too_big[pipes] = min(mb, too_big.get(pipes, mb))
             continue
-        if min(values) > race.band():
+        if min(values) > race.cutoff():
             continue                       # the other orders only move links and memory
         more = [(o, lay) for o in space.stage_orders(recipe) if o != first
                 for lay in space.layouts(dp, recipe)]
@@ -437,13 +539,19 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: 
     and return their objective values."""
     m = shape.m
     values = []
+    recipe = tuple(sorted(shape.recipe.items()))
     for order, layout in tries:
         slots = _assign(shape.pools, shape.recipe, shape.dp, order, layout)
         phase.seen += 1
         tpl = _template(ctx, shape.kind, shape.v, shape.mb, shape.tp, shape.types, slots, m,
-                        shape.price_per_hour, shape.start)
+                        shape.price_per_hour, shape.start,
+                        Placement(shape.tp, shape.dp, layout, order, recipe), race.cutoff())
         if tpl is None:
             phase.infeasible += 1
+            continue
+        if isinstance(tpl, Skipped):        # above the band without its all-reduces
+            phase.pruned += 1
+            values.append(tpl.value_lb)
             continue
         value = objective_value(ctx, tpl.time_s(m), tpl.price_per_hour)
         race.add(value, next(serial), tpl)
@@ -478,7 +586,7 @@ def templates_phase(ctx: SearchContext, phase: PhaseStats, show, pool=None, widt
     (layer tables, stage matrices) serve all its groups."""
     from hyperpipe.core.progress import Progress
     from hyperpipe.search.backends import fan_out
-    types = list(dict.fromkeys(n.device_type for n in ctx.cluster.nodes))
+    types = list(ctx.classes)
     subsets = [s for r in range(len(types), 0, -1)
                for s in itertools.combinations(types, r)]
     batches = [[s] for s in subsets] if pool is None else _batches(subsets, width)

@@ -207,8 +207,10 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
     synth_t = synth_best.time_s if synth_best else float("inf")
     if synth_best is not None and synth_t < fixed_t:
         winner, metrics, policy = synth_best.plan, synth_best.metrics, synth_best.policy
-        for q in range(len(winner.pipelines)):      # the winner is ordinary, valid IR
-            validate(schedule_for(winner, q))
+        # the winner is ordinary, valid IR (replicas alike share a schedule: once each)
+        for sched in dict.fromkeys(schedule_for(winner, q)
+                                   for q in range(len(winner.pipelines))):
+            validate(sched)
     else:
         winner, metrics, policy = fixed_best.plan, fixed_best.metrics, None
     return SynthResult(winner, metrics, kind, fixed_t, synth_t, policy, n,

@@ -71,3 +71,22 @@ def test_a_synthesised_pick_is_not_resynthesised_for_factors_both_agree_on(monke
     assert gains["micro-batching"].same and gains["recompute"].same
     assert not gains["device choice"].same and not gains["layer partition"].same
     assert len(calls) == 2          # device choice and layer partition only
+
+
+@pytest.mark.parametrize("other_pp", [2, 4])
+def test_a_v_placed_pick_gets_valid_device_and_partition_variants(other_pp):
+    """A zb-v pick puts stage p with stage p - 1 (a V): the variants that recut its layers
+    keep that placement, so they are valid plans of the pick's kind."""
+    from hyperpipe.search.attribution import variants
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    best = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8, schedule="zb-v")
+    other = uniform_plan(model, cluster, pp=other_pp, micro_batch=1, global_batch=8)
+    got = variants(best, other, "proportional", cost)
+    for factor in ("device choice", "layer partition"):
+        plan = got[factor]
+        assert not isinstance(plan, str), plan
+        plan.check(model, cluster)
+        assert plan.schedule == "zb-v"
+        assert len({st.devices for st in plan.pipelines[0].stages}) == other_pp \
+            if factor == "device choice" else 4

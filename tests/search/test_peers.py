@@ -77,7 +77,12 @@ def test_peers_pick_plans_that_check(name):
     ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=64))
     plan, own_s = PEERS[name](ctx)
     plan.check(model, cluster)
-    assert own_s > 0 and len(plan.devices) == len(cluster.devices)   # both use all
+    # each is given every subset of the device classes (its hostfile) and uses all of
+    # the subset it picks: whole classes, nothing else
+    used = {cluster.device(d).node for d in plan.devices}
+    picked = {name for name, cls in ctx.classes.items() if used & set(cls.nodes)}
+    assert own_s > 0 and sorted(plan.devices) == sorted(
+        d.name for d in cluster.devices if any(d.node in ctx.classes[t].nodes for t in picked))
     assert plan.schedule == "1f1b"
 
 
@@ -89,6 +94,19 @@ def test_metis_branch_and_bound_picks_what_the_exhaustive_walk_picks(
     model, cluster = load_model(model_name), load_cluster(cluster_name)
     ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=batch))
     fast, slow = metis_plan(ctx), metis_plan(ctx, prune=False)
+    assert fast[0] == slow[0] and fast[1] == slow[1]
+
+
+@pytest.mark.parametrize("model_name,cluster_name,batch", [
+    ("gpt2-medium", "a100-v100", 64), ("tiny-gpt", "demo-hetero", 16),
+    ("gpt2-xl", "h100-a100-l4", 128)])
+def test_amp_branch_and_bound_picks_what_the_exhaustive_walk_picks(
+        model_name, cluster_name, batch):
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=batch))
+    fast = PEERS["amp"](ctx)
+    slow = PEERS["amp"](SearchContext(CostModel(model, cluster),
+                                      SearchConstraints(global_batch=batch)), prune=False)
     assert fast[0] == slow[0] and fast[1] == slow[1]
 
 

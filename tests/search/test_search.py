@@ -371,7 +371,9 @@ def test_plans_over_the_action_limit_are_infeasible_not_a_crash(monkeypatch):
     finally:
         kinds._generate.cache_clear()
     assert [c.plan.schedule for c in ranked] and all(c.plan != over for c in ranked)
-    assert ok in [c.plan for c in ranked] and baselines["uniform"].plan == ok
+    # the baseline's pick is `ok`, or `ok` with a synthesised schedule (same stages)
+    assert ok in [c.plan for c in ranked] and \
+        baselines["uniform"].plan.pipelines == ok.pipelines
     assert phase.infeasible >= 2
 
 

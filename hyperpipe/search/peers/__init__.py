@@ -21,5 +21,14 @@ from hyperpipe.search.peers.amp import amp_plan
 from hyperpipe.search.peers.metis import metis_plan
 
 PEERS = {"metis": metis_plan, "amp": amp_plan}
+# What each peer may choose (the search's report and search_quality print it).
+FREEDOMS = {
+    "metis": "its own search (type order, tp per type, dp, micro-batch, layers by "
+             "compute power, 1F1B) and cost model, on every device of the hostfile it is "
+             "given; given every subset of the device classes, its cost model picks",
+    "amp": "its own search (pp, tp, dp, micro-batch over a rank-ordered mesh, layers by "
+           "DP, 1F1B) and cost model, on every device of the cluster it is given; given "
+           "every subset of the device classes, its cost model picks",
+}
 
-__all__ = ["PEERS", "amp_plan", "metis_plan"]
+__all__ = ["FREEDOMS", "PEERS", "amp_plan", "metis_plan"]

@@ -11,11 +11,19 @@ t_i stage i's compute on its slowest replica, e_i its activation send, gas the
 micro-batches per pipeline, dp_i its gradient all-reduce (here with the optimizer step).
 Partition (sec. 3.3): for a few bounds on the slowest stage (from the min-max cut up),
 the cut of least sum obeying it (DP over cut positions); the one of least cost wins.
+
+AMP uses every GPU of the cluster it is given; it is given every subset of the device
+classes (`common.peer_subsets`: the cluster is its user's choice) and its own cost
+picks. A (subset, pp, tp, micro-batch) point is skipped when a floor under eq. 1 (with
+W the whole model's time on its fastest group, the stages sum to at least W and the
+slowest is at least W / pp: (gas - 1) W / pp + W) is no better than the best found:
+the exhaustive walk picks the same plan (`amp_plan(ctx, prune=False)`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.search import space
@@ -27,7 +35,9 @@ from hyperpipe.search.peers.common import (
     min_max_bound,
     min_sum_cuts,
     p2p_s,
+    peer_subsets,
     stage_matrix,
+    subset_devices,
     sync_s,
 )
 
@@ -40,9 +50,9 @@ def amp_cost_s(t: list[float], e: list[float], gas: int, sync: float) -> float:
     return (gas - 1) * max(per) + sum(per) + sync
 
 
-def _rows(ctx, pp: int, dp: int, tp: int) -> list[list[tuple[str, ...]]] | None:
-    """Megatron rank order over the whole cluster: rank = (stage dp + replica) tp + i."""
-    names = [d.name for d in ctx.cluster.devices]
+def _rows(ctx, names: list[str], pp: int, dp: int, tp: int
+          ) -> list[list[tuple[str, ...]]] | None:
+    """Megatron rank order over `names`: rank = (stage dp + replica) tp + i."""
     rows = [[tuple(names[(s * dp + r) * tp:(s * dp + r + 1) * tp]) for s in range(pp)]
             for r in range(dp)]
     for row in rows:
@@ -52,36 +62,83 @@ def _rows(ctx, pp: int, dp: int, tp: int) -> list[list[tuple[str, ...]]] | None:
     return rows
 
 
-def amp_plan(ctx) -> PeerPick | None:
+class AmpPoint(NamedTuple):
+    """One (subset, tp, pp, micro-batch) of AMP's grid, with the floor under its cost."""
+
+    floor_s: float
+    serial: tuple[int, int, int, int]     # the exhaustive walk's order (ties)
+    names: list[str]
+    tp: int
+    pp: int
+    dp: int
+    mb: int
+    gas: int
+
+
+def amp_plan(ctx, prune: bool = True) -> PeerPick | None:
     """AMP's pick and its own predicted iteration time, or None if nothing fits."""
     c, model = ctx.c, ctx.model
-    n_dev, n = len(ctx.cluster.devices), model.num_layers
+    n = model.num_layers
+    points: list[AmpPoint] = []
+    for si, subset in enumerate(peer_subsets(ctx)):
+        names = subset_devices(ctx, subset)
+        n_dev = len(names)
+        for tp in space.tp_options(ctx.cluster, model, c):
+            for pp in range(1, min(n, n_dev // tp) + 1):
+                if n_dev % (tp * pp) or (c.pp is not None and pp != c.pp):
+                    continue
+                dp = n_dev // (tp * pp)
+                if c.dp is not None and dp != c.dp:
+                    continue
+                whole = None
+                for j, mb in enumerate(space.micro_batches(c)):
+                    if c.global_batch % (dp * mb):
+                        continue
+                    gas = c.global_batch // (dp * mb)
+                    floor = 0.0
+                    if prune:
+                        whole = _fastest_whole_s(ctx, subset, tp, mb)
+                        floor = (gas - 1) * whole / pp + whole
+                    points.append(AmpPoint(floor, (si, tp, pp, j), names, tp, pp, dp, mb,
+                                           gas))
+    points.sort(key=lambda pt: (pt.floor_s, pt.serial))
     best: PeerPick | None = None
-    for tp in space.tp_options(ctx.cluster, model, c):
-        for pp in range(1, min(n, n_dev // tp) + 1):
-            if n_dev % (tp * pp) or (c.pp is not None and pp != c.pp):
-                continue
-            dp = n_dev // (tp * pp)
-            if c.dp is not None and dp != c.dp:
-                continue
-            rows = _rows(ctx, pp, dp, tp)
-            if rows is None:
-                continue
-            for mb in space.micro_batches(c):
-                if c.global_batch % (dp * mb):
-                    continue
-                gas = c.global_batch // (dp * mb)
-                found = _partition(ctx, rows, mb, gas)
-                if found is None:
-                    continue
-                value, bounds = found
-                if best is not None and value >= best.predicted_s:
-                    continue
-                try:
-                    best = PeerPick(build(ctx, rows, bounds, mb, gas), value)
-                except (InfeasiblePlan, BadInput):
-                    continue
+    best_key: tuple | None = None
+    for pt in points:
+        if best_key is not None and pt.floor_s >= best_key[0]:
+            break                        # floors only grow; a tie cannot win (serial)
+        rows = _rows(ctx, pt.names, pt.pp, pt.dp, pt.tp)
+        if rows is None:
+            continue
+        found = _partition(ctx, rows, pt.mb, pt.gas)
+        if found is None:
+            continue
+        value, bounds = found
+        key = (value, pt.serial)
+        if best_key is not None and key >= best_key:
+            continue
+        try:
+            best = PeerPick(build(ctx, rows, bounds, pt.mb, pt.gas), value)
+            best_key = key
+        except (InfeasiblePlan, BadInput):
+            continue
     return best
+
+
+def _fastest_whole_s(ctx, subset: tuple[str, ...], tp: int, mb: int) -> float:
+    """At most the F + B of the whole model on any tp group of `subset`'s classes: per
+    class, a unit's time scaled from its slowdown down to the class's least (compute
+    scales with it, the tensor-parallel collectives do not grow)."""
+    pools, cluster = ctx.pools(tp), ctx.cluster
+    out = math.inf
+    for t in subset:
+        if t not in pools:
+            continue
+        unit = ctx.fastest_unit(pools[t])
+        tab = group_table(ctx.cost, unit, mb, ctx.peers)
+        scale = ctx.classes[t].least_slowdown / cluster.slowdown(unit)
+        out = min(out, float(tab.time_s[-1]) * scale)
+    return 0.0 if math.isinf(out) else out
 
 
 def _partition(ctx, rows, mb: int, gas: int) -> tuple[float, list[int]] | None:

@@ -60,8 +60,8 @@ def group_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> Gr
 def _type_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> GroupTable:
     dev = cost.cluster.device(group[0])
     node = cost.cluster.node(dev.node)
-    key = PeerTableKey(dev.type.name, len(group), node.intra_link if len(group) > 1
-                       else None, mb)
+    key = PeerTableKey(dev.type.name, cost.cluster.slowdown(group), len(group),
+                       node.intra_link if len(group) > 1 else None, mb)
     memo = caches.type_tables
     if key not in memo:
         n = cost.model.num_layers
@@ -97,6 +97,9 @@ def stage_matrix(tables: list[GroupTable], inflight: list[int], n: int) -> list[
     idx = np.arange(n + 1)
     upper = idx[:, None] < idx[None, :]
     for tabs, inf in zip(tables, inflight, strict=True):
+        # replicas alike share one table (a peer's mesh may have thousands of them)
+        tabs = list({tab.key if tab.key is not None else i: tab
+                     for i, tab in enumerate(tabs)}.values())
         t = np.max([tab.time_s[None, :] - tab.time_s[:, None] for tab in tabs], axis=0)
         ok = upper.copy()
         for tab in tabs:
@@ -138,6 +141,26 @@ def min_max_bound(mats: list[np.ndarray]) -> float:
     return float(best[n])
 
 
+def peer_subsets(ctx) -> list[tuple[str, ...]]:
+    """The clusters a peer planner is given: every non-empty subset of the device classes
+    (`space.device_classes`), largest first. Both peers use every device of the cluster
+    they are given (Metis: its device groups sum to the hostfile's GPU count,
+    SamsungLabs/Metis `search_space/device_group.py` `gen_dgroups_recursive` and
+    `cost_het_cluster.py`; AMP: pp x tp x dp = all M x N GPUs, Li et al. 2022 sec. 3.1,
+    DachengLi1/AMP `het_cluster.py`); which GPUs that cluster holds is their user's
+    choice (the hostfile), so each is run on every subset and its own cost model picks,
+    as a user trusting it would. The tuned baselines have the same freedom."""
+    import itertools
+    names = list(ctx.classes)
+    return [s for r in range(len(names), 0, -1) for s in itertools.combinations(names, r)]
+
+
+def subset_devices(ctx, subset: tuple[str, ...]) -> list[str]:
+    """The devices of the classes in `subset`, in cluster order."""
+    nodes = {nd for name in subset for nd in ctx.classes[name].nodes}
+    return [d.name for d in ctx.cluster.devices if d.node in nodes]
+
+
 def build(ctx, rows: list[list[tuple[str, ...]]], bounds: list[int], mb: int, m: int,
           schedule: str = DEFAULT_KIND) -> Plan:
     """A plan of len(rows) identical-cut pipelines, row r's stage k on rows[r][k]."""
@@ -146,7 +169,8 @@ def build(ctx, rows: list[list[tuple[str, ...]]], bounds: list[int], mb: int, m:
                                             for rng, g in zip(ranges, row, strict=True)))
                   for row in rows)
     plan = Plan(model=ctx.refs[0], cluster=ctx.refs[1], global_batch=ctx.c.global_batch,
-                schedule=schedule, chunks=1, pipelines=pipes)
+                schedule=schedule, chunks=1, pipelines=pipes, stack=ctx.c.stack,
+                runtime=ctx.c.runtime)
     plan.check(ctx.model, ctx.cluster)
     return plan
 

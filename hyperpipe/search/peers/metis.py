@@ -2,14 +2,15 @@
 Distributed Training on Heterogeneous GPUs", USENIX ATC 2024), re-implemented from the
 paper.
 
-Search space (sec. 4): an order of the device types along the pipeline, per type a tp
-degree (a stage is dp replicas of a tp group), the data-parallel degree, the micro-batch
-size and uneven layer partitions, 1F1B. (Metis also lets dp differ per stage; our plans
-keep one dp, so that part of its space is left out.) Load balancing (sec. 4.3): layers in
-proportion to each group's compute power, then single layers moved off stages whose
-memory overflows. Cost (sec. 5), seconds: (m - 1) x slowest stage + the sum of all
-stages (compute and activation send) + the slowest stage's gradient all-reduce and
-optimizer step.
+Search space (sec. 4), on every device of the cluster it is given (each subset of
+the device classes: `common.peer_subsets`): an order of the device types along the
+pipeline, per type a tp degree (a stage is dp replicas of a tp group), the
+data-parallel degree, the micro-batch size and uneven layer partitions, 1F1B. (Metis
+also lets dp differ per stage; our plans keep one dp, so that part of its space is
+left out.) Load balancing (sec. 4.3): layers in proportion to each group's compute
+power, then single layers moved off stages whose memory overflows. Cost (sec. 5),
+seconds: (m - 1) x slowest stage + the sum of all stages (compute and activation send)
++ the slowest stage's gradient all-reduce and optimizer step.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hyperpipe.search.peers.common import (
     group_table,
     inflight_1f1b,
     p2p_s,
+    peer_subsets,
     sync_s,
 )
 
@@ -100,10 +102,11 @@ def balance_memory(bounds: list[int], tables, inflight: list[int]) -> list[int] 
 
 
 class GridPoint(NamedTuple):
-    """One (tp per type, dp, micro-batch) point of Metis's grid, with its floor."""
+    """One (subset, tp per type, dp, micro-batch) point of Metis's grid, with its floor."""
 
     floor_s: float
-    serial: tuple[int, int, int]          # (tp choice, dp, micro-batch choice): ties
+    serial: tuple[int, int, int, int]     # (subset, tp choice, dp, micro-batch choice)
+    types: tuple[str, ...]                # the device classes it is given
     pools: dict
     dp: int
     per: dict[str, int]                   # stages of each type
@@ -114,19 +117,48 @@ class GridPoint(NamedTuple):
 def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
     """Metis's pick and its own predicted iteration time, or None if nothing fits.
 
-    The grid is walked by branch and bound (`prune`; the exhaustive walk picks the same
-    plan, ties to the earlier point of the grid): a (tp per type, dp, micro-batch) point
-    is skipped when `_metis_floor_s` shows none of its stage orders can beat the best."""
+    Metis is given every subset of the device classes as its hostfile
+    (`common.peer_subsets`) and uses all of that subset's devices. The grid is walked by
+    branch and bound (`prune`; the exhaustive walk picks the same plan, ties to the
+    earlier point of the grid): a (subset, tp per type, dp, micro-batch) point is
+    skipped when `_metis_floor_s` shows none of its stage orders can beat the best."""
+    points: list[GridPoint] = []
+    for si, subset in enumerate(peer_subsets(ctx)):
+        points += _grid(ctx, si, subset, prune)
+    points.sort(key=lambda x: (x.floor_s, x.serial))
+    best_key: tuple | None = None            # (time, serial) of the best so far
+    best: PeerPick | None = None
+    for pt in points:
+        if best_key is not None and pt.floor_s > best_key[0]:
+            break                            # the floors only grow from here
+        (si, i, dp, j), per = pt.serial, pt.per
+        for o, order in enumerate(itertools.permutations(pt.types)):
+            rows = [[pt.pools[t].units[q * dp + r] for t in order for q in range(per[t])]
+                    for r in range(dp)]
+            found = _balanced(ctx, rows, pt.mb, pt.m)
+            if found is None:
+                continue
+            value, bounds = found
+            key = (value, (si, i, dp, o, j))  # the exhaustive walk's order breaks ties
+            if best_key is not None and key >= best_key:
+                continue
+            try:
+                best = PeerPick(build(ctx, rows, bounds, pt.mb, pt.m), value)
+                best_key = key
+            except (InfeasiblePlan, BadInput):
+                continue
+    return best
+
+
+def _grid(ctx, si: int, types: tuple[str, ...], prune: bool) -> list[GridPoint]:
+    """Metis's grid on the classes `types` (every device of them used), with floors."""
     c, model, cluster = ctx.c, ctx.model, ctx.cluster
     n = model.num_layers
-    types = list(dict.fromkeys(nd.device_type for nd in cluster.nodes))
     tps = list(space.tp_options(cluster, model, c))
     points: list[GridPoint] = []
     for i, tp_of in enumerate(itertools.product(tps, repeat=len(types))):
-        pools = {t: space.unit_pools(cluster, tp).get(t) for t, tp in zip(types, tp_of,
-                                                                        strict=True)}
-        if any(p is None or any(nd.count % tp for nd in cluster.nodes
-                                if nd.device_type == t)
+        pools = {t: ctx.pools(tp).get(t) for t, tp in zip(types, tp_of, strict=True)}
+        if any(p is None or any(cluster.node(nd).count % tp for nd in ctx.classes[t].nodes)
                for (t, p), tp in zip(pools.items(), tp_of, strict=True)):
             continue                         # every device used, tp inside a node
         units = {t: len(p.units) for t, p in pools.items()}
@@ -144,37 +176,16 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
                 floor = _metis_floor_s(ctx, pools, dp, per, mb, m) if prune else 0.0
                 if floor == np.inf:
                     continue                 # no stage order fits in memory
-                points.append(GridPoint(floor, (i, dp, j), pools, dp, per, mb, m))
-    points.sort(key=lambda x: (x.floor_s, x.serial))
-    best_key: tuple | None = None            # (time, serial) of the best so far
-    best: PeerPick | None = None
-    for pt in points:
-        if best_key is not None and pt.floor_s > best_key[0]:
-            break                            # the floors only grow from here
-        (i, dp, j), per = pt.serial, pt.per
-        for o, order in enumerate(itertools.permutations(types)):
-            rows = [[pt.pools[t].units[q * dp + r] for t in order for q in range(per[t])]
-                    for r in range(dp)]
-            found = _balanced(ctx, rows, pt.mb, pt.m)
-            if found is None:
-                continue
-            value, bounds = found
-            key = (value, (i, dp, o, j))     # the exhaustive walk's order breaks ties
-            if best_key is not None and key >= best_key:
-                continue
-            try:
-                best = PeerPick(build(ctx, rows, bounds, pt.mb, pt.m), value)
-                best_key = key
-            except (InfeasiblePlan, BadInput):
-                continue
-    return best
+                points.append(GridPoint(floor, (si, i, dp, j), types, pools, dp, per, mb, m))
+    return points
 
 
 def _metis_floor_s(ctx, pools, dp: int, per: dict, mb: int, m: int) -> float:
     """A floor under Metis's estimate for every stage order of one grid point: with S
     the sum over layers of the layer's least time on any of the stages' groups, the
-    stages sum to at least S and the slowest is at least S / pp, so (m - 1) x slowest +
-    sum >= (m - 1) S / pp + S (sends and sync only add).
+    stages sum to at least S and the slowest is at least S / pp and at least what whole
+    layers force (`_least_slowest_s`), so (m - 1) x slowest + sum >= (m - 1) max(S / pp,
+    that) + S (sends and sync only add).
 
     Infinite when no order can fit in memory: the stage at position k stashes
     min(pp - k, m) micro-batches (1F1B), so it holds at most `_capacity` layers of its
@@ -182,14 +193,40 @@ def _metis_floor_s(ctx, pools, dp: int, per: dict, mb: int, m: int) -> float:
     model's layers in all, every order overflows."""
     groups = [pools[t].units[q * dp] for t in per for q in range(per[t])]
     pp = len(groups)
-    tables = list({tab.key: tab for tab in (group_table(ctx.cost, g, mb, ctx.peers)
-                                            for g in groups)}.values())
+    mine = [group_table(ctx.cost, g, mb, ctx.peers) for g in groups]
+    tables = list({tab.key: tab for tab in mine}.values())
     room = sum(max(_capacity(ctx.peers, tab, min(pp - k, m)) for tab in tables)
                for k in range(pp))
     if room < ctx.model.num_layers:
         return np.inf
     least = np.min([np.diff(tab.time_s) for tab in tables], axis=0).sum()
-    return float((m - 1) * least / pp + least)
+    return float((m - 1) * max(least / pp, _least_slowest_s(mine)) + least)
+
+
+def _least_slowest_s(tables: list[GroupTable]) -> float:
+    """A floor under the slowest stage of any cut of whole layers onto stages with these
+    tables: the least B at which the stages, each holding at most its fastest layers
+    that fit in B, hold every layer."""
+    count: dict = {}
+    for tab in tables:
+        count[tab.key] = count.get(tab.key, 0) + 1
+    alike = {tab.key: tab for tab in tables}
+    prefix = [(np.cumsum(np.sort(np.diff(alike[k].time_s))), c) for k, c in count.items()]
+    n = len(prefix[0][0])
+    steps = np.unique(np.concatenate([pre for pre, _ in prefix]))
+
+    def held(budget: float) -> int:
+        return sum(c * int(np.searchsorted(pre, budget * (1 + 1e-12), side="right"))
+                   for pre, c in prefix)
+
+    lo, hi = 0, len(steps) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if held(steps[mid]) >= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(steps[lo])
 
 
 def _capacity(caches: PeerCaches, table: GroupTable, inflight: int) -> int:

@@ -1,0 +1,220 @@
+"""Lower bounds on the templates of one template key (config, tp, replicas, units per
+device class), for the branch and bound of `templates`: a key whose bound leaves the
+band of the best templates found is never cut.
+
+`templates._keys` gives every key a cheap bound (the load spread fractionally over the
+pipeline's devices, no memory limit per device). Keys that survive it get `key_bound`
+before they are cut, which sees two things the cheap bound does not:
+
+* **Memory per device.** A unit at a pipeline position that stashes i micro-batches
+  holds at most `LayerCaps.memory(i)` layers: its cheapest layers by state plus i
+  stashes that fit its room (`partition`'s memory rule, summed the cheapest way). Each
+  class's units are given the positions of fewest stashes (a relaxation of the
+  assignment: every class at once), so when even that holds fewer than the model's
+  layers, no stage order and cut fits in that memory mode, and the key starts at a
+  later one (which recomputes, and so costs more time).
+* **Whole layers.** In time B per micro-batch a unit holds at most its fastest layers
+  that fit in B (`LayerCaps.in_time`), and no more than its memory allows; the least B
+  for which the units hold the model's layers bounds the busiest device's load from
+  below (the fractional spread does not see that 98 layers on 64 stages put 2 on some).
+
+Both only relax the cut the DP of `partition` makes (per-layer times on the class's
+fastest unit, links and collectives left out), so the bound stays below the template's
+closed-form value (`Template.time_s` plus its sync), and a pruned key could not have
+entered the band: the templates kept are those an exhaustive cut of every key keeps.
+Times in seconds, memory in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hyperpipe.plan.kinds import schedule_kind
+from hyperpipe.plan.schedule import stage_rank
+from hyperpipe.search.caches import Cache, CapsKey
+from hyperpipe.search.space import MemoryMode
+
+
+@dataclass
+class LayerCaps:
+    """How many of a set of layers one unit of a class holds: in time B (its fastest
+    first) and in memory while stashing i micro-batches (its cheapest first). The set is
+    every layer, or every layer but a few cheap ones (`layer_caps`): those can sit on
+    one device only, and counting them on every device would say far too much fits."""
+
+    time_prefix_s: np.ndarray          # the set's F + B times sorted and summed
+    forward_s: float                   # F of the whole model
+    state_bytes: np.ndarray            # per layer of the set, per device
+    stash_bytes: np.ndarray            # per layer of the set, per device, one micro-batch
+    room_bytes: float                  # the device's memory less reserve and work space
+    left_out: int                      # layers of the model not in the set
+    by_inflight: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def memory(self, inflight: int, extra: int = 0) -> int:
+        """Layers of the set that fit while `inflight` micro-batches' stashes are held,
+        and `extra` more stashes of its smallest layer (a device's other chunks)."""
+        key = (inflight, extra)
+        if key not in self.by_inflight:
+            need = np.cumsum(np.sort(self.state_bytes + inflight * self.stash_bytes))
+            room = self.room_bytes - extra * float(self.stash_bytes.min(initial=0.0))
+            self.by_inflight[key] = int(np.searchsorted(need, room, side="right"))
+        return self.by_inflight[key]
+
+    def in_time(self, budget_s: float) -> int:
+        """Layers of the set whose F + B fit in `budget_s`, the fastest first."""
+        return int(np.searchsorted(self.time_prefix_s, budget_s * (1 + 1e-12),
+                                   side="right"))
+
+
+def layer_caps(ctx, unit: tuple[str, ...], mb: int, mode: MemoryMode, shards: int,
+               cache: Cache[CapsKey, LayerCaps], reduced: bool = False) -> LayerCaps | None:
+    """The `LayerCaps` of `unit` (a class's fastest) at micro-batch `mb` in `mode`, over
+    every layer, or (`reduced`) over every layer but those whose state and one stash, or
+    whose stash, is below the median layer's (the embedding and the head of a GPT); None
+    when reduced leaves none out."""
+    tkey = ctx.table_key(unit, mb, mode, shards)
+    key = CapsKey(tkey, reduced)
+    if key not in cache:
+        t = ctx.table_of(tkey, unit)
+        dev = ctx.cluster.device(unit[0]).type
+        times = np.diff(t.fwd_s + t.bwd_s)
+        state, stash = np.diff(t.state_bytes), np.diff(t.stash_bytes)
+        keep = np.ones(len(times), dtype=bool)
+        if reduced:
+            need = state + stash
+            keep = (need >= np.median(need)) & (stash >= np.median(stash))
+        if reduced and keep.all():
+            cache[key] = None
+        else:
+            cache[key] = LayerCaps(np.cumsum(np.sort(times[keep])), float(t.fwd_s[-1]),
+                                   state[keep], stash[keep],
+                                   dev.memory_bytes - dev.runtime_reserve_bytes
+                                   - t.work_bytes, int((~keep).sum()))
+    return cache[key]
+
+
+def device_inflight(ctx, kind: str, p: int, m: int, v: int) -> list[tuple[int, int]]:
+    """Per pipeline device, (the fewest stashes any of its chunks holds at the peak, the
+    stashes its other chunks hold beyond that): every chunk holds at least one layer, so
+    a device keeps at least that many of each of its layers' stashes and the extra of
+    one layer per other chunk."""
+    per_stage = ctx.peak_inflight(kind, p, m, v)
+    place = schedule_kind(kind).placement
+    mine: list[list[int]] = [[] for _ in range(p)]
+    for k, held in enumerate(per_stage):
+        mine[stage_rank(k, p, place)].append(int(held))
+    return [(min(h), sum(h) - len(h) * min(h)) for h in mine]
+
+
+def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int, dp: int,
+              recipe: dict[str, int], pools, start: int, optimizer_s: dict[str, float],
+              cache: Cache[CapsKey, LayerCaps | None]) -> tuple[float, int] | None:
+    """(a lower bound on the time of every template of the key, the first memory mode
+    from `start` in which its units can hold the model), or None when none can. The
+    bound is the least over the modes from there that pass the memory checks.
+    `optimizer_s`: per class, a unit's optimizer step for the whole model unsharded.
+    Fill and sync are bounded as `templates._keys` does."""
+    kind, v, mb = config
+    n = ctx.model.num_layers
+    p = sum(recipe.values())
+    m = -(-(ctx.c.global_batch // mb) // dp)
+    held = device_inflight(ctx, kind, p, m, v)
+    modes = ctx.modes(tp, dp)
+    used = [t for t in types if recipe.get(t)]
+    first: int | None = None
+    bound = math.inf
+    stage_held = sorted(ctx.peak_inflight(kind, p, m, v), reverse=True)
+    total_room = sum(recipe[t] * tp * _room(ctx, pools[t]) for t in used)
+    for i in range(start, len(modes)):
+        mode = modes[i]
+        shards = dp if mode.distributed_optimizer else 1
+        fast = {t: ctx.fastest_unit(pools[t]) for t in used}
+        whole_caps = {t: layer_caps(ctx, fast[t], mb, mode, shards, cache) for t in used}
+        if not _fits_in_all(ctx, whole_caps[used[0]], stage_held, total_room, tp):
+            continue
+        load = 0.0
+        for reduced in (False, True):
+            caps = whole_caps if not reduced else \
+                {t: layer_caps(ctx, fast[t], mb, mode, shards, cache, True) for t in used}
+            if any(c is None for c in caps.values()):
+                continue
+            need = n - next(iter(caps.values())).left_out
+            # memory per device: each class on the positions where it holds the most
+            # (every class at once), and each position holding its roomiest class's most
+            room = {}
+            for t, c in caps.items():
+                at = np.sort([c.memory(h, x) for h, x in held])
+                room[t] = at[len(at) - recipe[t]:]
+            best_each = sum(max(c.memory(h, x) for c in caps.values()) for h, x in held)
+            if min(sum(int(r.sum()) for r in room.values()), best_each) < need:
+                load = math.inf
+                break
+            load = max(load, _least_load_s(caps, room, need))
+        if math.isinf(load):
+            continue
+        whole = {t: float(c.time_prefix_s[-1]) for t, c in whole_caps.items()}
+        load = max(load, 1.0 / sum(recipe[t] / whole[t] for t in used))
+        fill = fill_bound_s(kind, v, whole, {t: c.forward_s for t, c in whole_caps.items()})
+        sync = 1.0 / sum(recipe[t] * shards / optimizer_s[t] for t in used) \
+            if all(optimizer_s[t] for t in used) else 0.0
+        value = max((m - 1) * load + fill, m * load) + sync
+        # the cut takes the first mode that fits, maybe a later one than this: where a
+        # later mode holds more per device (sharded state, smaller stashes) its bound
+        # may be lower, so the key's bound is the least over the modes that may fit
+        first = i if first is None else first
+        bound = min(bound, value)
+    return None if first is None else (bound, first)
+
+
+def _room(ctx, pool) -> float:
+    """A device's memory less its runtime reserve (bytes)."""
+    dev = ctx.cluster.device(pool.units[0][0]).type
+    return dev.memory_bytes - dev.runtime_reserve_bytes
+
+
+def _fits_in_all(ctx, caps: LayerCaps, stage_held: list[int], total_room: float,
+                 tp: int) -> bool:
+    """Whether the pipeline's devices together (`total_room` bytes) can hold the whole
+    model's state and the least stashes any cut keeps: every stage holds at least one
+    layer, the one of most stashes (`stage_held`, descending) the layer of least stash,
+    and so on, all other layers at the fewest stashes (rearrangement). Per-device state
+    and stash times tp bound the group's from below (a tp split never shrinks them)."""
+    state = float(caps.state_bytes.sum()) * tp
+    stash = np.sort(caps.stash_bytes) * tp
+    least = stage_held[-1]
+    k = min(len(stage_held), len(stash))
+    extra = float(np.dot(np.array(stage_held[:k]) - least, stash[:k]))
+    return state + extra + least * float(stash.sum()) <= total_room
+
+
+def fill_bound_s(kind: str, v: int, whole: dict[str, float],
+                 forward: dict[str, float]) -> float:
+    """A lower bound on a template's fill (`templates._finish`): the whole model's work
+    on the fastest class, a v-th of it with looped chunks (their stages sum to it), its
+    forward alone when the kind splits the backward, a v-th of the forward for the V
+    kinds (whose fill is the busiest load, bounded apart, plus that)."""
+    if schedule_kind(kind).placement == "v":
+        return min(forward.values()) / v
+    if v > 1:
+        return min(whole.values()) / v
+    if schedule_kind(kind).splits_backward:
+        return min(forward.values())
+    return min(whole.values())
+
+
+def _least_load_s(caps: dict[str, LayerCaps], room: dict[str, np.ndarray], n: int) -> float:
+    """The least B at which the units hold `n` layers, each at most its layers that fit
+    in B and in its memory: evaluated at every B where some unit's count steps (the
+    units of a class, with rooms r_j, hold sum_j min(a, r_j) for a layers in time)."""
+    steps = np.unique(np.concatenate([c.time_prefix_s for c in caps.values()]))
+    held = np.zeros(len(steps), dtype=np.int64)
+    for t, c in caps.items():
+        a = np.searchsorted(c.time_prefix_s, steps * (1 + 1e-12), side="right")
+        r = np.sort(room[t])
+        below = np.searchsorted(r, a, side="left")         # rooms smaller than a
+        held += np.concatenate([[0], np.cumsum(r)])[below] + a * (len(r) - below)
+    enough = np.nonzero(held >= n)[0]
+    return float(steps[enough[0]] if len(enough) else steps[-1])

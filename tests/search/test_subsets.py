@@ -1,0 +1,217 @@
+"""Device subsets: classes of nodes the search may leave idle, the bounds that prune the
+template walk, and the schedule bound that keeps hopeless plans out of synthesis."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from factories import FREE_LINK, device_type, synthetic_doc
+
+from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.models import load_model
+from hyperpipe.plan.kinds import generate
+from hyperpipe.search import bounds as B
+from hyperpipe.search import space
+from hyperpipe.search import templates as T
+from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.search.context import PhaseStats, SearchContext
+from hyperpipe.search.search import SearchConstraints, idle_devices, search
+from hyperpipe.search.synthesis import schedule_bound_s
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import simulate
+from hyperpipe.synth.synthesise import synthesise
+
+SLOW = 20.0           # the straggler's compute time multiplier
+
+
+def _straggler_cluster() -> dict:
+    """Three one-device nodes of one type, free links, memory that never runs out; the
+    third runs SLOW times slower."""
+    return {"name": "straggler",
+            "device_types": {"x": device_type("2 TFLOP/s", mem_bandwidth="1e15 B/s")},
+            "nodes": [{"name": f"n{i}", "device": "x", "count": 1, "intra_link": FREE_LINK,
+                       **({"slowdown": SLOW} if i == 2 else {})} for i in range(3)],
+            "inter_node": FREE_LINK}
+
+
+def _one_f_one_b_s(stage_s: list[float], m: int) -> float:
+    """1F1B makespan with stage s taking F = t_s and B = 2 t_s, free links: the per-rank
+    orders of `generate` list-scheduled here (apart from the simulator)."""
+    p = len(stage_s)
+    order = generate("1f1b", p, m).actions
+    end: dict[tuple[int, str, int], float] = {}
+    clock, pos, left = [0.0] * p, [0] * p, sum(len(r) for r in order)
+    while left:
+        for d in range(p):
+            if pos[d] == len(order[d]):
+                continue
+            a = order[d][pos[d]]
+            deps = ([(d - 1, "F", a.microbatch)] if d else []) if a.op == "F" else \
+                [(d, "F", a.microbatch)] + ([(d + 1, "B", a.microbatch)] if d < p - 1 else [])
+            if any(k not in end for k in deps):
+                continue
+            start = max([clock[d]] + [end[k] for k in deps])
+            clock[d] = start + stage_s[d] * (1 if a.op == "F" else 2)
+            end[(d, a.op, a.microbatch)] = clock[d]
+            pos[d] += 1
+            left -= 1
+    return max(clock)
+
+
+def test_a_very_slow_node_is_left_idle_and_the_pick_matches_brute_force():
+    flops = [1.0, 2.0, 1.0, 1.0, 3.0, 1.0]          # TFLOP per sample, forward, per layer
+    mb, m = 1, 6
+    doc = _straggler_cluster()
+    cluster = load_cluster(doc)
+    model = load_model(synthetic_doc([{"fwd_flops_per_sample": f * 1e12} for f in flops],
+                                     name="bf", activation_bytes_per_sample=0,
+                                     params_per_layer=0))
+    # brute force: every non-empty subset of the devices, in every order, every cut
+    speed = {f"n{i}/0": 2e12 / (SLOW if i == 2 else 1.0) for i in range(3)}
+    best = (np.inf, None)
+    for r in range(1, 4):
+        for devices in itertools.permutations(speed, r):
+            for cuts in itertools.combinations(range(1, len(flops)), r - 1):
+                b = (0, *cuts, len(flops))
+                stage = [sum(flops[b[s]:b[s + 1]]) * 1e12 * mb / speed[d]
+                         for s, d in enumerate(devices)]
+                best = min(best, (_one_f_one_b_s(stage, m), devices), key=lambda x: x[0])
+    assert "n2/0" not in best[1]                  # the oracle leaves the straggler idle
+    res = search(model, cluster, SearchConstraints(global_batch=mb * m, micro_batch=mb,
+                                                   schedule="1f1b", dp=1, tp=1))
+    assert idle_devices(cluster, res.best.plan) == ["n2/0"]
+    assert res.best.metrics.iteration_time_s <= best[0] * (1 + 1e-9)
+    # the simulator agrees with the oracle on the pick (so the comparison means something)
+    pipe = res.best.plan.pipelines[0]
+    stage = [sum(flops[a:b]) * 1e12 * mb / speed[st.devices[0]]
+             for st in pipe.stages for a, b in [st.layers]]
+    assert res.best.metrics.iteration_time_s == pytest.approx(_one_f_one_b_s(stage, m),
+                                                              rel=1e-6)
+    # the report says which device sits idle and what using it too would cost
+    from hyperpipe.search.report import idle_lines
+    lines = idle_lines(res, cluster, ("s", 1.0))
+    assert "idle: 1 x x (x20 slow) on n2" in lines[1]
+
+
+def test_device_classes_split_a_type_by_what_the_cost_model_sees():
+    cluster = load_cluster({"nodes": [
+        {"name": "a", "device": "A100-80GB", "count": 4, "repeat": 3},
+        {"name": "s", "device": "A100-80GB", "count": 4, "slowdown": 3.0},
+        {"name": "t", "device": "A100-80GB", "count": 2},
+        {"name": "v", "device": "V100-32GB", "count": 4}]})
+    classes = space.device_classes(cluster)
+    assert {k: (c.type_name, c.nodes, c.slowdown) for k, c in classes.items()} == {
+        "A100-80GB": ("A100-80GB", ("a0", "a1", "a2"), 1.0),
+        "A100-80GB@x3": ("A100-80GB", ("s",), 3.0),
+        "A100-80GB#2": ("A100-80GB", ("t",), 1.0),
+        "V100-32GB": ("V100-32GB", ("v",), 1.0)}
+    pools = space.unit_pools(cluster, 2, classes)
+    assert {k: len(p.units) for k, p in pools.items()} == {
+        "A100-80GB": 6, "A100-80GB@x3": 2, "A100-80GB#2": 1, "V100-32GB": 2}
+
+
+def test_cached_ring_costs_equal_the_cost_model_whatever_was_asked_before():
+    # tp-4 groups n0/0-3, n0/4-7, n1/0-3, n1/4-7 and tp-8 groups n0/0-7, n1/0-7 list
+    # the same devices in the same order; their rings differ (4 rings over 4 groups, 8
+    # rings over 2), so a cache must not hand one's cost to the other
+    from hyperpipe.sim.network import ring_spec
+    cluster = load_cluster({"nodes": [{"name": "n", "device": "A100-80GB", "count": 8,
+                                       "repeat": 4}],
+                            "inter_node": {"bandwidth": "100 Gbit/s", "latency": "5 us"}})
+    model = load_model("gpt2-medium")
+    tp4 = tuple(tuple(f"n{k}/{j}" for j in range(h, h + 4)) for k in range(2) for h in (0, 4))
+    tp8 = tuple(tuple(f"n{k}/{j}" for j in range(8)) for k in range(2))
+    tp8_far = tuple(tuple(f"n{k}/{j}" for j in range(8)) for k in (2, 3))
+    for order in ((tp4, tp8, tp8_far), (tp8, tp4, tp8_far), (tp8_far, tp8, tp4)):
+        ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=8))
+        for groups in order:
+            rings = [[g[i] for g in groups] for i in range(len(groups[0]))]
+            want = ring_spec(ctx.cost, rings, 2e9).time_s
+            assert T._ring_s(ctx, groups, 2e9) == pytest.approx(want, rel=1e-9)
+
+
+CASES = [("gpt2-medium", "a100-v100", 64), ("tiny-gpt", "demo-hetero", 16),
+         ("gpt2-xl", "h100-a100-l4", 128)]
+
+
+@pytest.mark.parametrize("model_name,cluster_name,batch", CASES)
+def test_key_bound_is_below_every_template_of_its_key(model_name, cluster_name, batch):
+    """The exhaustive walk: every key of every group cut in every stage order and layout;
+    no template may beat its key's bound (else pruning by it would lose templates)."""
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=batch))
+    classes = tuple(ctx.classes)
+    checked = 0
+    for r in range(1, len(classes) + 1):
+        for types in itertools.combinations(classes, r):
+            for key in T._keys(ctx, PhaseStats("t"), types, T.all_configs(ctx))[::7]:
+                opt = T._optimizer_s(ctx, types, key.pools, key.tp)
+                got = B.key_bound(ctx, types, key.config, key.tp, key.dp, key.recipe,
+                                  key.pools, key.start, opt, ctx.layer_caps)
+                kind, v, mb = key.config
+                m = -(-(batch // mb) // key.dp)
+                for order in space.stage_orders(key.recipe):
+                    for lay in space.layouts(key.dp, key.recipe):
+                        slots = T._assign(key.pools, key.recipe, key.dp, order, lay)
+                        tpl = T._template(ctx, kind, v, mb, key.tp, types, slots, m, 0.0,
+                                          key.start)
+                        if tpl is None:
+                            continue
+                        assert got is not None, (types, key.config, key.dp, key.recipe)
+                        assert tpl.time_s(m) >= got[0] * (1 - 1e-9), (types, key.config)
+                        assert ctx.modes(key.tp, key.dp).index(tpl.mode) >= got[1]
+                        checked += 1
+    assert checked > 50
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "gpipe"])
+def test_schedule_bound_is_below_every_schedule_of_the_plan(kind):
+    """Below the simulated time of the plan's kind and of its synthesised schedule, on
+    uneven stages of two device types over a real link."""
+    model, cluster = load_model("gpt2-medium"), load_cluster("a100-v100")
+    cost = CostModel(model, cluster)
+    ctx = SearchContext(cost, SearchConstraints(global_batch=32))
+    devs = [d.name for d in cluster.devices][::4][:4]
+    chunks = 2 if kind in ("interleaved-1f1b", "zb-v") else None
+    plan = uniform_plan(model, cluster, pp=4, micro_batch=2, global_batch=32,
+                        schedule=kind, chunks=chunks, devices=devs)
+    bound = schedule_bound_s(ctx, plan)
+    sim = simulate(plan, cost).metrics.iteration_time_s
+    syn = synthesise(plan, cost).metrics.iteration_time_s
+    assert 0.5 * sim < bound <= min(sim, syn) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("model_name,cluster_name,batch", CASES)
+def test_pruned_walk_keeps_the_best_template_of_the_exhaustive_walk(model_name,
+                                                                      cluster_name, batch):
+    """Per group of classes, the branch and bound (cheap bound, then `key_bound`) keeps a
+    template at least as good as the best of cutting every key, each in its canonical
+    stage order and every layout (other orders are tried only where the canonical one
+    lands in the band, a rule of the walk apart from its bounds)."""
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=batch))
+    configs = T.all_configs(ctx)
+    classes = tuple(ctx.classes)
+    pruned = 0
+    for r in range(1, len(classes) + 1):
+        for types in itertools.combinations(classes, r):
+            phase = PhaseStats("t")
+            kept = T.group_templates(ctx, phase, types, configs)
+            pruned += phase.pruned
+            best = np.inf
+            for key in T._keys(ctx, PhaseStats("t"), types, configs):
+                kind, v, mb = key.config
+                m = -(-(batch // mb) // key.dp)
+                for lay in space.layouts(key.dp, key.recipe):
+                    slots = T._assign(key.pools, key.recipe, key.dp,
+                                      T.canonical_order(ctx, key.recipe), lay)
+                    tpl = T._template(ctx, kind, v, mb, key.tp, types, slots, m, 0.0,
+                                      key.start)
+                    if tpl is not None:
+                        best = min(best, tpl.time_s(m))
+            got = min((t.time_s(-(-(batch // t.micro_batch) // t.dp)) for t in kept),
+                      default=np.inf)
+            assert got <= best * (1 + 1e-12), types
+    assert pruned > 0
