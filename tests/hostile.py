@@ -69,3 +69,22 @@ def clean_case(tmp_path):
     yield
     assert temp_files(tmp_path) == []
     assert multiprocessing.active_children() == []
+
+
+# Small framework jobs that import cleanly (tests of `hyperpipe import` vary them)
+MEGATRON = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --num-layers 4 "
+            "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 256 "
+            "--micro-batch-size 1 --global-batch-size 8")
+TOML = """[model]
+name = "llama3"
+flavor = "debugmodel"
+[training]
+local_batch_size = 4
+seq_len = 64
+[parallelism]
+data_parallel_shard_degree = 1
+data_parallel_replicate_degree = 4
+pipeline_parallel_degree = 2
+"""
+DS_JSON = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 8,
+           "zero_optimization": {"stage": 1}, "fp16": {"enabled": True}}

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from factories import A100_NODE
 from hostile import (
+    DS_JSON,
+    MEGATRON,
+    TOML,
     assert_one_line,
     clean_case,  # noqa: F401 (autouse: no temp file, no process)
     cli,
@@ -24,22 +27,6 @@ from hostile import (
 
 from hyperpipe.frameworks import deepspeed as ds
 
-MEGATRON = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --num-layers 4 "
-            "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 256 "
-            "--micro-batch-size 1 --global-batch-size 8")
-TOML = """[model]
-name = "llama3"
-flavor = "debugmodel"
-[training]
-local_batch_size = 4
-seq_len = 64
-[parallelism]
-data_parallel_shard_degree = 1
-data_parallel_replicate_degree = 4
-pipeline_parallel_degree = 2
-"""
-DS_JSON = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 8,
-           "zero_optimization": {"stage": 1}, "fp16": {"enabled": True}}
 # A line of a private file (the shape of /etc/shadow): no part of it may be printed (a
 # name-shaped key such as `second` may be, as `errors.key_name` shows keys).
 SECRET = "probe-user:$6$saltsalt$HASHHASHHASH:19000:0:99999:7:::\nsecond: line\n"

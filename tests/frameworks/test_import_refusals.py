@@ -8,24 +8,7 @@ import json
 
 import pytest
 from factories import A100_NODE
-from hostile import assert_one_line, cli
-
-MEGATRON = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --num-layers 4 "
-            "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 256 "
-            "--micro-batch-size 1 --global-batch-size 8")
-TOML = """[model]
-name = "llama3"
-flavor = "debugmodel"
-[training]
-local_batch_size = 4
-seq_len = 64
-[parallelism]
-data_parallel_shard_degree = 1
-data_parallel_replicate_degree = 4
-pipeline_parallel_degree = 2
-"""
-DS_JSON = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 8,
-           "zero_optimization": {"stage": 1}, "fp16": {"enabled": True}}
+from hostile import DS_JSON, MEGATRON, TOML, assert_one_line, cli
 
 
 def _files(tmp_path, framework: str, change: str) -> list[str]:

@@ -25,13 +25,13 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.search import space
 from hyperpipe.search.peers.common import (
     PeerPick,
     build,
     group_table,
     inflight_1f1b,
+    keep_better,
     min_max_bound,
     min_sum_cuts,
     p2p_s,
@@ -114,14 +114,9 @@ def amp_plan(ctx, prune: bool = True) -> PeerPick | None:
         if found is None:
             continue
         value, bounds = found
-        key = (value, pt.serial)
-        if best_key is not None and key >= best_key:
-            continue
-        try:
-            best = PeerPick(build(ctx, rows, bounds, pt.mb, pt.gas), value)
-            best_key = key
-        except (InfeasiblePlan, BadInput):
-            continue
+        best, best_key = keep_better(
+            best, best_key, (value, pt.serial), value,
+            lambda: build(ctx, rows, bounds, pt.mb, pt.gas))  # noqa: B023 (called at once)
     return best
 
 

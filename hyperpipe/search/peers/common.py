@@ -5,12 +5,14 @@ assembly. Times in seconds, memory in bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import DEFAULT_KIND
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.search.caches import GroupAt, PeerTableKey
@@ -159,6 +161,19 @@ def subset_devices(ctx, subset: tuple[str, ...]) -> list[str]:
     """The devices of the classes in `subset`, in cluster order."""
     nodes = {nd for name in subset for nd in ctx.classes[name].nodes}
     return [d.name for d in ctx.cluster.devices if d.node in nodes]
+
+
+def keep_better(best: PeerPick | None, best_key: tuple | None, key: tuple, value: float,
+                make: Callable[[], Plan]) -> tuple[PeerPick | None, tuple | None]:
+    """A peer's walk keeping its best pick: the plan `make` builds, with its predicted
+    `value`, replaces `best` when `key` (value first, the walk's order breaking ties) is
+    below `best_key` and the plan checks; otherwise `best` stays."""
+    if best_key is not None and key >= best_key:
+        return best, best_key
+    try:
+        return PeerPick(make(), value), key
+    except (InfeasiblePlan, BadInput):
+        return best, best_key
 
 
 def build(ctx, rows: list[list[tuple[str, ...]]], bounds: list[int], mb: int, m: int,

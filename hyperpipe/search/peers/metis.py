@@ -21,7 +21,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.search import space
 from hyperpipe.search.caches import CapacityKey, PeerCaches
 from hyperpipe.search.peers.common import (
@@ -31,6 +30,7 @@ from hyperpipe.search.peers.common import (
     fits,
     group_table,
     inflight_1f1b,
+    keep_better,
     p2p_s,
     peer_subsets,
     sync_s,
@@ -139,14 +139,10 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
             if found is None:
                 continue
             value, bounds = found
-            key = (value, (si, i, dp, o, j))  # the exhaustive walk's order breaks ties
-            if best_key is not None and key >= best_key:
-                continue
-            try:
-                best = PeerPick(build(ctx, rows, bounds, pt.mb, pt.m), value)
-                best_key = key
-            except (InfeasiblePlan, BadInput):
-                continue
+            # the exhaustive walk's order breaks ties
+            best, best_key = keep_better(
+                best, best_key, (value, (si, i, dp, o, j)), value,
+                lambda: build(ctx, rows, bounds, pt.mb, pt.m))  # noqa: B023 (called at once)
     return best
 
 
