@@ -124,3 +124,17 @@ def single_process(plan: Plan, steps: int, seed: int = 0, lr: float = 1e-3):
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         opt.step()
     return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_analytic_matches_simulator(plan: Plan, cost, rel: float = 0.05) -> None:
+    """The analytic tier prices `plan` like the simulator: iteration time and every
+    device's peak memory within `rel`."""
+    import pytest
+
+    from hyperpipe.sim.analytic import estimate
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    sim = simulate(plan, cost, SimOptions(trace=False)).metrics
+    est = estimate(plan, cost)
+    assert est.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=rel)
+    for dev, peak in sim.peak_memory_bytes.items():
+        assert est.peak_memory_bytes[dev] == pytest.approx(peak, rel=rel)

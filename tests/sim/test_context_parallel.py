@@ -7,13 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from factories import cluster_doc, device_type
+from factories import assert_analytic_matches_simulator, cluster_doc, device_type
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.plan.plan import StagePlan
 from hyperpipe.search.baselines import uniform_plan
-from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.sharding import ring_attention_extra_s, ring_edges, ring_exposed_s
 from hyperpipe.sim.simulator import SimOptions, simulate
@@ -130,8 +129,4 @@ def test_analytic_prices_cp_plans_like_the_simulator(cp, tp, pp, dp, zero, nodes
                             "inter_node": {"bandwidth": "400 Gbit/s", "latency": "5 us"}})
     plan = _cp_plan(model, cluster, cp, tp, pp, dp, zero, micro_batch=1, m=8)
     cost = CostModel(model, cluster)
-    sim = simulate(plan, cost, SimOptions(trace=False)).metrics
-    est = estimate(plan, cost)
-    assert est.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=0.05)
-    for dev, peak in sim.peak_memory_bytes.items():
-        assert est.peak_memory_bytes[dev] == pytest.approx(peak, rel=0.05)
+    assert_analytic_matches_simulator(plan, cost)

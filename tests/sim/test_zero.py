@@ -8,12 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from factories import cluster_doc, device_type, synthetic_model
+from factories import assert_analytic_matches_simulator, cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import uniform_plan
-from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.sharding import fsdp_extra_s, overlapped_pass_s, shard_group
 from hyperpipe.sim.simulator import SimOptions, simulate
@@ -141,8 +140,4 @@ def test_analytic_prices_zero_plans_like_the_simulator(zero, reshard, kind, pp, 
     plan = replace(plan.with_memory(zero=zero), stack="torchtitan").on_stack(
         None, reshard_after_forward=reshard)
     cost = CostModel(model, cluster)
-    sim = simulate(plan, cost, SimOptions(trace=False)).metrics
-    est = estimate(plan, cost)
-    assert est.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=0.05)
-    for dev, peak in sim.peak_memory_bytes.items():
-        assert est.peak_memory_bytes[dev] == pytest.approx(peak, rel=0.05)
+    assert_analytic_matches_simulator(plan, cost)
