@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from hyperpipe.models.spec import GPTConfig
+from hyperpipe.models.spec import GPTConfig, MoEConfig
 
 
 @dataclass(frozen=True)
@@ -98,5 +98,12 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
     # untied, so that no weight spans stages (set `tie_embeddings: true` to run the tie).
     "tiny-gpt": Preset(GPTConfig(vocab_size=256, n_layer=6, n_head=4, d_model=128,
                                  seq_len=64, attention="eager", tie_embeddings=False),
+                       dtype="fp32"),
+    # Ours: tiny-gpt's shape with 4 blocks, every other one (blocks 0 and 2) a mixture of
+    # 4 GELU experts of hidden 256, each token routed to 2, dropless; runs on a CPU.
+    "tiny-moe": Preset(GPTConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128,
+                                 seq_len=64, attention="eager", tie_embeddings=False,
+                                 moe=MoEConfig(experts=4, top_k=2, expert_hidden=256,
+                                               capacity_factor=None, every=2)),
                        dtype="fp32"),
 })

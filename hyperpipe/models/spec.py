@@ -55,6 +55,65 @@ class LayerCost:
 # --------------------------------------------------------------------------- config
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """Mixture-of-experts MLPs (DESIGN.md's model field `moe`): in every `every`-th
+    transformer block after the first `first_dense` (block i, counted from 0, is an MoE
+    block when i >= first_dense and (i - first_dense) % every == 0, Megatron-LM's
+    `--moe-layer-freq` rule), the MLP is replaced by `experts` routed experts of hidden
+    size `expert_hidden` (same MLP kind as the model: GELU or SwiGLU), of which a learned
+    router sends each token to `top_k`, plus `shared_experts` experts every token passes
+    through (DeepSeek-V3's shared expert; 0 for Mixtral).
+
+    `capacity_factor`: each expert takes at most capacity_factor · tokens · top_k /
+    experts tokens of a micro-batch and drops the rest (GShard, Lepikhin et al. 2020);
+    None: dropless (every routed token is computed, as Mixtral and DeepSeek-V3 train).
+    """
+
+    experts: int
+    top_k: int
+    expert_hidden: int
+    capacity_factor: float | None = 1.25
+    every: int = 1
+    first_dense: int = 0
+    shared_experts: int = 0
+
+    def __post_init__(self):
+        check_moe(asdict(self), lambda key: f"MoEConfig: {key}")
+
+    def is_moe_block(self, block: int) -> bool:
+        """Whether transformer block `block` (0-based, embedding not counted) is MoE."""
+        return block >= self.first_dense and (block - self.first_dense) % self.every == 0
+
+
+MOE_KEYS = ("experts", "top_k", "expert_hidden", "capacity_factor", "every",
+            "first_dense", "shared_experts")
+
+
+def check_moe(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
+    """Raise BadInput (naming the field through `at`) unless `v` is a valid MoE config."""
+    unknown = sorted(set(map(str, v)) - set(MOE_KEYS))
+    if unknown:
+        raise BadInput(at(unknown[0]), f"one of the known keys {list(MOE_KEYS)}",
+                       "an unknown key", has_got=False)
+    for key in ("experts", "top_k", "expert_hidden"):
+        if key not in v:
+            raise BadInput(at(key), "a value (the field is required)", has_got=False)
+        check_int(v[key], at(key), at_most=limits.MAX_MODEL_DIM)
+    for key in ("every", "first_dense", "shared_experts"):
+        if key in v:
+            check_int(v[key], at(key), allow_zero=key != "every",
+                      at_most=limits.MAX_LAYERS if key != "shared_experts"
+                      else limits.MAX_MODEL_DIM)
+    if v["top_k"] > v["experts"]:
+        raise BadInput(at("top_k"), f"at most experts ({v['experts']})", v["top_k"])
+    cf = v.get("capacity_factor", 1.25)
+    if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float))
+                           or not 0 < cf < float("inf")):
+        raise BadInput(at("capacity_factor"), "a positive number, or null for dropless",
+                       cf)
+
+
+@dataclass(frozen=True)
 class GPTConfig:
     """A GPT-style decoder (GPT-2/3 and Llama are all points in this space)."""
 
@@ -76,8 +135,14 @@ class GPTConfig:
     # OPT, Megatron-LM's GPT default: its flag is `--untie-embeddings-and-output-weights`);
     # False: the head has its own (Llama). Absent from a model file: true.
     tie_embeddings: bool = True
+    # Mixture-of-experts MLPs in some blocks (MoEConfig); None: every block is dense.
+    # A file gives it as a mapping with MoEConfig's fields.
+    moe: MoEConfig | None = None
 
     def __post_init__(self):
+        if isinstance(self.moe, Mapping):
+            check_moe(self.moe, lambda key: f"GPTConfig: moe.{key}")
+            object.__setattr__(self, "moe", MoEConfig(**self.moe))
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.d_model)
         if self.n_kv_head is None:
@@ -111,6 +176,15 @@ def check_config(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
     for key in ("bias", "tie_embeddings"):
         if not isinstance(v[key], bool):
             raise BadInput(at(key), "true or false", v[key])
+    moe = v.get("moe")
+    if moe is not None and not isinstance(moe, MoEConfig):
+        if not isinstance(moe, Mapping):
+            raise BadInput(at("moe"), "a mapping of MoE fields (experts, top_k, "
+                           "expert_hidden, ...) or null", type(moe).__name__)
+        check_moe(moe, lambda key: at(f"moe.{key}"))
+        if moe.get("first_dense", 0) >= v["n_layer"]:
+            raise BadInput(at("moe.first_dense"), f"below n_layer ({v['n_layer']})",
+                           moe.get("first_dense"))
     theta = v["rope_theta"]
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0 \
             or theta == float("inf"):
@@ -490,7 +564,8 @@ def _synthetic_row(layer: Layer) -> dict:
 
 
 __all__ = [
-    "ATTENTION_KINDS", "DTYPE_BYTES", "LayerCost", "GPTConfig", "EmbeddingLayer",
+    "ATTENTION_KINDS", "DTYPE_BYTES", "LayerCost", "MoEConfig", "MOE_KEYS", "check_moe",
+    "GPTConfig", "EmbeddingLayer",
     "TransformerBlock", "HeadLayer", "SyntheticLayer", "Layer", "ModelSpec", "gpt_spec",
     "check_config",
 ]
