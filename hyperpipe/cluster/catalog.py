@@ -89,6 +89,13 @@ UNMEASURED_GEMM_FRACTION = 0.68
 # autograd, the engine's bookkeeping) is the stack's, not the device's, and is not here.
 KERNEL_FLOOR_S = 3.8e-6
 
+# Streaming kernels on a T4 (GDDR6, ECC on) reach about three quarters of its 320 GB/s,
+# not the ~90% of HBM parts: three memory-bound kernels of GPT-2's embedding, timed on
+# Colab T4s at launches that fill the GPU, moved 226, 234 and 242 GB/s (D. B. Song, "How
+# many threads? Launch sizes for GPT-2's encoder kernels on a T4", 2026, table 12; the
+# read-only gradient norm of the same series reached 87%). Their mean over 320 GB/s.
+T4_MEM_EFFICIENCY = (226 + 234 + 242) / 3 / 320
+
 # Training dtypes a peak table may name, and what a part without one computes in.
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 DTYPE_FALLBACK: Mapping[str, str] = MappingProxyType({"bf16": "fp16", "fp8": "bf16",
@@ -248,7 +255,8 @@ def peak_ratios(peaks: Mapping[str, float]) -> tuple[float, tuple[tuple[str, flo
     return head, tuple((d, peaks[d] / head) for d in DTYPES if d in peaks)
 
 
-def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None):
+def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None,
+       mem_efficiency=DEFAULT_MEM_EFFICIENCY):
     """A catalog entry; `peaks` in TFLOP/s per dtype, dense."""
     head, ratios = peak_ratios({d: v * 1e12 for d, v in peaks.items()})
     return DeviceType(name=name, peak_flops=head, memory_bytes=mem_gb * 1e9,
@@ -256,7 +264,8 @@ def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None)
                       link_bandwidth_bytes_per_s=link_gbs * 1e9,
                       link_latency_s=latency_us * 1e-6, source=source, gemm=gemm,
                       runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9),
-                      peak_ratios=ratios, kernel_floor_s=KERNEL_FLOOR_S)
+                      peak_ratios=ratios, kernel_floor_s=KERNEL_FLOOR_S,
+                      mem_efficiency=mem_efficiency)
 
 
 _MAMF = ("stas00/ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul "
@@ -390,10 +399,16 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA L4 datasheet: 30.3 FP32, 120/242/485 TF32/BF16/FP8 TFLOPS with sparsity "
        "(half dense), 24 GB GDDR6, 300 GB/s, 72 W, PCIe Gen4 x16 64 GB/s", latency_us=5.0,
        gemm=_mag(91.4, 121, "1024x6016x1792", 58, "NVIDIA L4")),
-    _d("T4", {"fp32": 8.1, "fp16": 65}, 16, 320, 16,
+    # Memory: what CUDA gives a process, not the 16 GB on the board: ECC (on by default
+    # on data-centre T4s, e.g. AWS g4dn, Google Colab) holds back part of the GDDR6, and
+    # PyTorch's out-of-memory message on a T4 reads "14.75 GiB total capacity"
+    # (torch.cuda.get_device_properties().total_memory; e.g. TransformerLens's model
+    # notes, "T4: CUDA out of memory ... 14.75 GiB total capacity").
+    _d("T4", {"fp32": 8.1, "fp16": 65}, 14.75 * 2**30 / 1e9, 320, 16,
        "NVIDIA T4 datasheet: 8.1 TFLOPS single, 65 TFLOPS FP16 mixed precision, "
-       "16 GB GDDR6, 320 GB/s, 70 W, PCIe Gen3 x16 32 GB/s; no bf16/tf32", latency_us=5.0,
-       gemm=_T4),
+       "16 GB GDDR6 (14.75 GiB usable with ECC), 320 GB/s, 70 W, PCIe Gen3 x16 32 GB/s; "
+       "no bf16/tf32", latency_us=5.0,
+       gemm=_T4, mem_efficiency=T4_MEM_EFFICIENCY),
     _d("A10", {"fp32": 31.2, "tf32": 62.5, "fp16": 125, "bf16": 125}, 24, 600, 32,
        "NVIDIA A10 datasheet: 31.2 FP32, 62.5 TF32, 125 BF16/FP16 TFLOPS dense (half "
        "the sparse figures), 24 GB GDDR6, 600 GB/s, 150 W, PCIe Gen4 64 GB/s",

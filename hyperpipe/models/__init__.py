@@ -19,6 +19,7 @@ from hyperpipe.models.spec import (
     Layer,
     LayerCost,
     ModelSpec,
+    MoEBlock,
     SyntheticLayer,
     TransformerBlock,
     gpt_spec,
@@ -45,7 +46,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DTYPE_BYTES", "EmbeddingLayer", "GPTConfig", "HeadLayer", "Layer", "LayerCost",
-    "ModelSpec", "PRESETS", "Preset", "SyntheticLayer", "TransformerBlock", "gpt_spec",
+    "ModelSpec", "PRESETS", "Preset", "SyntheticLayer", "TransformerBlock", "MoEBlock", "gpt_spec",
     "load_model", "model_ref", "StageModule", "build_layer", "build_model", "build_stage",
     "example_batch",
 ]

@@ -3,7 +3,9 @@
 Shapes: B micro-batch, S sequence, D d_model, V vocabulary.
 
 * embedding: token ids (B, S) long -> (B, S, D)
-* block:     (B, S, D) -> (B, S, D)
+* block:     (B, S, D) -> (B, S, D); in the blocks `MoEConfig.is_moe_block` names, the
+             MLP is a mixture of experts (`MoE`: top-k router, routed and shared
+             experts, capacity drop)
 * head:      (x (B, S, D), targets (B, S) long) -> mean cross-entropy over B·S tokens
              (without targets: fp32 logits (B, S, V))
 * synthetic: (B, S, hidden) -> (B, S, hidden); the model's last one, given targets of the
@@ -25,6 +27,7 @@ stay equal to the single matrix of the whole model.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +58,9 @@ class Embedding(nn.Module):
         self.wte = nn.Embedding(c.vocab_size, c.d_model)
         self.wpe = nn.Embedding(c.seq_len, c.d_model) if c.position == "learned" else None
         self.drop = nn.Dropout(c.dropout)
+        # context parallelism: the global positions of this rank's tokens (exec.
+        # context_parallel sets them); None: tokens 0 .. S-1
+        self.positions: torch.Tensor | None = None
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         s = idx.shape[1]
@@ -62,16 +68,20 @@ class Embedding(nn.Module):
             raise ValueError(f"sequence of {s} tokens, the model's limit is {self.seq_len}")
         x = self.wte(idx)                                            # (B, S, D)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(s, device=idx.device))     # + (S, D)
+            pos = torch.arange(s) if self.positions is None else self.positions
+            x = x + self.wpe(pos.to(idx.device))                     # + (S, D)
         return self.drop(x)
 
 
-def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+def _rope(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
+          ) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021), rotate-half form as in Llama's HF code.
-    x: (B, H, S, hd). Elementwise only: no matmul FLOPs to count."""
+    x: (B, H, S, hd); `positions`: each token's global position (default 0 .. S-1).
+    Elementwise only: no matmul FLOPs to count."""
     hd, s = x.shape[-1], x.shape[-2]
     inv_freq = theta ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
-    angles = torch.arange(s, device=x.device, dtype=torch.float32)[:, None] * inv_freq
+    pos = torch.arange(s) if positions is None else positions
+    angles = pos.to(device=x.device, dtype=torch.float32)[:, None] * inv_freq
     angles = torch.cat((angles, angles), dim=-1)                    # (S, hd)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     rotated = torch.cat((-x2, x1), dim=-1)
@@ -90,6 +100,10 @@ class CausalSelfAttention(nn.Module):
         self.attn_drop = nn.Dropout(c.dropout)
         self.resid_drop = nn.Dropout(c.dropout)
         self.recompute_core = False     # checkpoint `core` (selective activation recompute)
+        # context parallelism (exec.context_parallel sets both): the global positions of
+        # this rank's tokens, and the ring whose attention replaces `core`
+        self.positions: torch.Tensor | None = None
+        self.context = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, _ = x.shape
@@ -101,7 +115,13 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, S, self.n_kv_head, self.head_dim).transpose(1, 2)   # (B, nkv, S, hd)
         v = v.view(B, S, self.n_kv_head, self.head_dim).transpose(1, 2)   # (B, nkv, S, hd)
         if self.rope_theta is not None:
-            q, k = _rope(q, self.rope_theta), _rope(k, self.rope_theta)
+            q = _rope(q, self.rope_theta, self.positions)
+            k = _rope(k, self.rope_theta, self.positions)
+        if self.context is not None:    # ring attention over the context ranks (GQA inside)
+            y = self.context.attention(q, k, v, keep_scores=None if not self.recompute_core
+                                       else False)                        # (B, nh, S, hd)
+            y = y.transpose(1, 2).contiguous().view(B, S, q_dim)
+            return self.resid_drop(self.c_proj(y))
         if self.n_kv_head != self.n_head:       # GQA: each K/V head serves a group of Qs
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, S, hd)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
@@ -128,13 +148,17 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c: GPTConfig):
+    """The feed-forward sub-layer, of width `hidden` (default: the model's ffn_hidden; an
+    expert's is MoEConfig.expert_hidden)."""
+
+    def __init__(self, c: GPTConfig, hidden: int | None = None):
         super().__init__()
+        hidden = c.ffn_hidden if hidden is None else hidden
         self.swiglu = c.mlp == "swiglu"
-        self.c_fc = nn.Linear(c.d_model, c.ffn_hidden, bias=c.bias)      # up
+        self.c_fc = nn.Linear(c.d_model, hidden, bias=c.bias)            # up
         # SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))
-        self.c_gate = nn.Linear(c.d_model, c.ffn_hidden, bias=c.bias) if self.swiglu else None
-        self.c_proj = nn.Linear(c.ffn_hidden, c.d_model, bias=c.bias)    # down
+        self.c_gate = nn.Linear(c.d_model, hidden, bias=c.bias) if self.swiglu else None
+        self.c_proj = nn.Linear(hidden, c.d_model, bias=c.bias)          # down
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,15 +169,122 @@ class MLP(nn.Module):
         return self.drop(self.c_proj(h))                                 # (B, S, D)
 
 
+# ------------------------------------------------------------------ mixture of experts
+# Routing, capacity and dispatch order are pure functions of the router's logits, so a
+# test can check them against a per-token loop and expert parallelism (exec.experts) can
+# reuse them on each rank's own tokens.
+
+def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing: logits (T, E) -> (gates (T, k) fp32, experts (T, k) long).
+
+    Softmax over all E experts, the k most probable kept and renormalised to sum to 1 per
+    token, as Mixtral does (huggingface/transformers,
+    src/transformers/models/mixtral/modeling_mixtral.py, MixtralSparseMoeBlock.forward)."""
+    probs = logits.float().softmax(dim=-1)                               # (T, E)
+    gates, experts = probs.topk(top_k, dim=-1)                           # (T, k) each
+    return gates / gates.sum(dim=-1, keepdim=True), experts
+
+
+def expert_capacity(tokens: int, experts: int, top_k: int,
+                    capacity_factor: float | None) -> int | None:
+    """Tokens one expert takes from `tokens` routed tokens: ceil(capacity_factor · tokens ·
+    top_k / experts) (GShard, Lepikhin et al. 2020, sec. 2.2); None: dropless."""
+    if capacity_factor is None:
+        return None
+    return math.ceil(capacity_factor * tokens * top_k / experts)
+
+
+def kept(chosen: torch.Tensor, experts: int, capacity: int | None) -> torch.Tensor:
+    """Which of the (T, k) assignments `chosen` their expert takes (bool, (T, k)).
+
+    An expert takes its first `capacity` assignments in GShard's order (Lepikhin et al.
+    2020, Algorithm 1: the second choices' positions start after all first choices'):
+    every token's first choice before any token's second, tokens in order within a
+    choice. The rest are dropped: their expert output is zero, the residual stays."""
+    if capacity is None:
+        return torch.ones_like(chosen, dtype=torch.bool)
+    t, k = chosen.shape
+    onehot = F.one_hot(chosen.t().reshape(-1), experts)                  # (k·T, E)
+    position = (onehot.cumsum(dim=0) * onehot).sum(dim=-1)               # 1-based, (k·T,)
+    return (position <= capacity).view(k, t).t()
+
+
+def dispatch_order(chosen: torch.Tensor, keep: torch.Tensor, experts: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept assignments grouped by expert: (order (N,) long, counts (E,) long).
+
+    `order` indexes the flattened (T·k) assignments, expert 0's first, each expert's in
+    (token, choice) order; `counts[e]` is how many expert e takes. Token of an entry:
+    order // k."""
+    flat = chosen.reshape(-1)
+    index = keep.reshape(-1).nonzero().squeeze(1)                        # (N,)
+    order = index[torch.argsort(flat[index], stable=True)]
+    return order, torch.bincount(flat[order], minlength=experts)
+
+
+def run_experts(experts: nn.ModuleDict, first: int, h: torch.Tensor,
+                counts: Sequence[int]) -> torch.Tensor:
+    """Experts `first`, `first` + 1, ... on their consecutive rows of `h` ((N, D), row
+    counts `counts`) -> (N, D). Every expert runs, on zero rows if it got none, so that
+    each holds a gradient after backward."""
+    chunks = h.split(list(counts))
+    return torch.cat([experts[str(first + e)](x) for e, x in enumerate(chunks)])
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts MLP (MoEConfig): a router, `experts` routed experts of the
+    model's MLP kind and width `expert_hidden`, `shared_experts` always-on ones.
+
+    (B, S, D) -> (B, S, D): each token's output is the sum over its kept top-k experts of
+    gate x expert(token), plus every shared expert's output. Capacity counts the tokens of
+    one call (a micro-batch; on one rank under expert parallelism). Experts are held in a
+    ModuleDict keyed by their global index, so a rank holding some of them (expert
+    parallelism: `exec.experts` removes the others and sets `dispatcher`) names its
+    parameters as the whole model does. `dispatcher(h, counts, experts)` runs the routed
+    rows `h` (grouped by expert, `counts` per expert) on whichever rank holds each expert
+    and returns their outputs in the same order; None: every expert is here."""
+
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        m = c.moe
+        self.num_experts, self.top_k = m.experts, m.top_k
+        self.capacity_factor = m.capacity_factor
+        self.router = nn.Linear(c.d_model, m.experts, bias=False)        # h -> E logits
+        self.experts = nn.ModuleDict({str(e): MLP(c, m.expert_hidden)
+                                      for e in range(m.experts)})
+        self.shared = nn.ModuleList(MLP(c, m.expert_hidden) for _ in range(m.shared_experts))
+        self.dispatcher = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, D = x.shape
+        flat = x.reshape(B * S, D)                                       # (T, D)
+        gates, chosen = route(self.router(flat), self.top_k)             # (T, k) each
+        keep = kept(chosen, self.num_experts, expert_capacity(
+            B * S, self.num_experts, self.top_k, self.capacity_factor))
+        order, counts = dispatch_order(chosen, keep, self.num_experts)   # (N,), (E,)
+        tokens = order // self.top_k
+        h = flat[tokens]                                                 # (N, D)
+        counts = counts.tolist()
+        if self.dispatcher is None:
+            y = run_experts(self.experts, 0, h, counts)                  # (N, D)
+        else:
+            y = self.dispatcher(h, counts, self.experts)
+        weighted = y * gates.reshape(-1)[order].unsqueeze(1).to(y.dtype)
+        out = torch.zeros_like(flat).index_add(0, tokens, weighted)      # (T, D)
+        for expert in self.shared:
+            out = out + expert(flat)
+        return out.view(B, S, D)
+
+
 class Block(nn.Module):
     takes_targets = False
 
-    def __init__(self, c: GPTConfig):
+    def __init__(self, c: GPTConfig, moe: bool = False):
         super().__init__()
         self.ln_1 = _norm(c)
         self.attn = CausalSelfAttention(c)
         self.ln_2 = _norm(c)
-        self.mlp = MLP(c)
+        self.mlp = MoE(c) if moe else MLP(c)       # moe: MoEConfig.is_moe_block says so
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -216,7 +347,17 @@ def _make(spec: ModelSpec, index: int) -> nn.Module:
                            "a width (needed to build a synthetic model for real)",
                            has_got=False)
         return Synthetic(layer.hidden, last=index == spec.num_layers - 1)
-    return {"embedding": Embedding, "block": Block, "head": Head}[layer.kind](layer.config)
+    if layer.kind in ("embedding", "head"):
+        return {"embedding": Embedding, "head": Head}[layer.kind](layer.config)
+    return Block(layer.config, moe=is_moe_layer(spec, index))
+
+
+def is_moe_layer(spec: ModelSpec, index: int) -> bool:
+    """Whether layer `index` of a GPT spec (layer 0 the embedding, so block index - 1)
+    is a mixture-of-experts block."""
+    c = spec.config
+    return (c is not None and c.moe is not None and 0 < index <= c.n_layer
+            and c.moe.is_moe_block(index - 1))
 
 
 @torch.no_grad()

@@ -21,12 +21,15 @@ from hyperpipe.models.spec import (
     GPTConfig,
     HeadLayer,
     Layer,
+    MoEBlock,
     TransformerBlock,
 )
 
 PASSES = ("F", "I", "W")
 MASK_BYTES = 1            # a dropout mask element (torch keeps bool/uint8 masks)
 LOGIT_BYTES = 4           # cross-entropy works on fp32 logits
+CAUSAL_FRACTION = 1 / 1.75  # a causal flash kernel's time over the full square's: "around
+                            # 1.7-1.8x speedup" (FlashAttention-2, Dao 2023, sec. 3.1.1)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ def layer_work(layer: Layer, op: str, micro_batch: int, seq_len: int, dtype_byte
         raise ValueError(f"op must be one of {PASSES}, got {op!r}")
     args = (layer.config, op, micro_batch, seq_len, dtype_bytes, tp, sequence_parallel) \
         if hasattr(layer, "config") else None
+    if isinstance(layer, MoEBlock):
+        base, routed = _moe_block(layer, *args[1:], cp)
+        return PassWork(base.gemms + routed.gemms, base.mem_bytes + routed.mem_bytes)
     if isinstance(layer, TransformerBlock):
         return _block(*args, cp)
     if args is not None and cp > 1:             # embedding, head: s/cp tokens per rank
@@ -109,6 +115,15 @@ def _weight_gemms(op: str, tokens: float, shapes: list[tuple[float, float]]
 # * flash attention (Dao 2022; FlashAttention-2, Dao 2023): one fused kernel whose main
 #   loop runs over the key sequence, so both of its GEMMs are costed with depth s; nothing
 #   of size s² touches memory; its backward recomputes QKᵀ (5 GEMMs instead of 4);
+#   with the causal mask it skips the key blocks above the diagonal ("about half of the
+#   blocks for large sequence length ... around 1.7-1.8x speedup", FlashAttention-2, Dao
+#   2023, sec. 3.1.1; the flash-attention repository's benchmarks/
+#   benchmark_flash_attention.py counts a causal pass as 4·b·s²·a·hd / 2), so its GEMMs
+#   run on CAUSAL_FRACTION of the tiles' time (the batch scaled: the same tile shapes,
+#   fewer of them; the diagonal tiles are masked); with context parallelism and two chunks
+#   per rank each rank gets the same half (Megatron-LM/TransformerEngine's load
+#   balancing). Eager attention computes the whole square and masks it. The layer's
+#   FLOP count (`TransformerBlock`, what MFU reports) keeps the whole square;
 # * elementwise kernels are fused as Megatron fuses them (bias+GeLU, bias+dropout+add);
 #   without sequence parallelism the norms, dropouts and residual adds run on the whole
 #   (T, h) activation on every tensor-parallel rank, with it on T/t tokens.
@@ -116,11 +131,12 @@ def attention_gemms(c: GPTConfig, op: str, b: int, s: float, t: int, cp: int = 1
                     ) -> list[Gemm]:
     """The attention core's GEMMs (no weights) of pass `op` on one device: b·a/t heads;
     with context parallelism cp ring steps, each the rank's s/cp queries against s/cp
-    keys, run as one batch of cp x the heads (see the conventions above `_block`)."""
+    keys, run as one batch of cp x the heads; a flash kernel's causal half of them (see
+    the conventions above `_block`)."""
     a, hd = c.n_head, c.head_dim
     q = s / cp
-    heads = b * a / t * cp
     flash = getattr(c, "attention", "flash") == "flash"
+    heads = b * a / t * cp * (CAUSAL_FRACTION if flash else 1.0)
     if op == "F":
         return [Gemm(q, hd, q, heads)] * 2 if flash else \
             [Gemm(q, q, hd, heads), Gemm(q, hd, q, heads)]
@@ -166,6 +182,140 @@ def _block(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool, cp: 
     return PassWork(tuple(gemms), bias)
 
 
+def routed_expert_work(layer: MoEBlock, op: str, micro_batch: int, seq_len: int,
+                       dtype_bytes: int, tp: int = 1, sequence_parallel: bool = False,
+                       cp: int = 1) -> PassWork:
+    """The routed experts' share of `layer_work` of an MoE block (their GEMMs, their
+    activation kernels, the permutation of dispatched tokens): the part expert
+    parallelism spreads over its ranks."""
+    if op not in PASSES:
+        raise ValueError(f"op must be one of {PASSES}, got {op!r}")
+    return _moe_block(layer, op, micro_batch, seq_len, dtype_bytes, tp, sequence_parallel,
+                      cp)[1]
+
+
+def _expert_gemms(op: str, tokens: float, count: float, h: float, up: float, f: float
+                  ) -> list[Gemm]:
+    """`count` experts of `tokens` tokens each, batched: up (and gate) (h -> up) and down
+    (f -> h), forward (T, out, in), I (T, in, out), W (in, out, T)."""
+    if count <= 0 or tokens <= 0:
+        return []
+    shapes = [(h, up), (f, h)]
+    if op == "F":
+        return [Gemm(tokens, o, i, count) for i, o in shapes]
+    if op == "I":
+        return [Gemm(tokens, i, o, count) for i, o in shapes]
+    return [Gemm(i, o, tokens, count) for i, o in shapes]
+
+
+def _moe_block(layer: MoEBlock, op: str, b: int, s: int, d: int, t: int, sp: bool,
+               cp: int = 1) -> tuple[PassWork, PassWork]:
+    """(attention, router and shared experts; routed experts) of an MoE block's pass.
+    The dense block's work less its MLP, the router (h x E, on every tensor rank, no
+    bias), S shared experts on all T tokens, and the E routed experts as E batched GEMMs
+    of the mean P/E pairs each (P: `MoEConfig.routed_pairs`), split over the tensor
+    group as the dense MLP (Megatron-Core's expert_tensor_parallel_size = tp). The
+    permutation reads and writes every dispatched token (h wide) before the experts
+    and again after them (Megatron-Core's `permute`/`unpermute`), in F and in I."""
+    c, m = layer.config, layer.moe
+    h, fe = c.d_model, m.expert_hidden
+    swiglu = c.mlp == "swiglu"
+    tokens = b * s / cp
+    dense = _block(c, op, b, s, d, t, sp, cp)
+    up_d = (2 if swiglu else 1) * c.ffn_hidden / t
+    mlp = _weight_gemms(op, tokens, [(h, up_d), (c.ffn_hidden / t, h)])
+    gemms = list(dense.gemms)
+    for g in mlp:
+        gemms.remove(g)
+    e_f = tokens * c.ffn_hidden / t
+    mem = dense.mem_bytes
+    if op == "F":
+        mem -= (3 if swiglu else 2) * e_f * d
+    elif op == "I":
+        mem -= (5 if swiglu else 3) * e_f * d
+    elif c.bias:
+        mem -= tokens * (up_d + h) * d
+    routed = m.routed_pairs(tokens)
+    shared = m.shared_experts * tokens
+    up = (2 if swiglu else 1) * fe / t
+    act = {"F": 3 if swiglu else 2, "I": 5 if swiglu else 3, "W": 0}[op]
+    bias = (up + h) * d if c.bias and op == "W" else 0.0
+    if m.experts > 1:
+        gemms += _weight_gemms(op, tokens, [(h, m.experts)])          # router
+        mem += tokens * m.experts * 4 * 2 if op != "W" else 0.0        # fp32 softmax
+    gemms += _expert_gemms(op, tokens, m.shared_experts, h, up, fe / t)
+    mem += shared * (act * fe / t * d + bias)
+    routed_gemms = _expert_gemms(op, routed / m.experts, m.experts, h, up, fe / t)
+    routed_mem = routed * (act * fe / t * d + bias)
+    if m.experts > 1 and op != "W":
+        routed_mem += 2 * 2 * routed * h * d                           # permute, unpermute
+    return PassWork(tuple(gemms), mem), PassWork(tuple(routed_gemms), routed_mem)
+
+
+# Kernel launches of one pass of a block, as an eager framework issues them (torch
+# modules; Megatron-Core's MoE layer, megatron/core/transformer/moe/moe_layer.py: router
+# `TopKRouter` (gating GEMM, softmax, top-k, normalisation), token dispatcher `permute`
+# (sort by expert, count, gather), experts, `unpermute` (scale by the gates,
+# scatter-add)). Views and reshapes launch nothing. A forward kernel has one backward
+# kernel in I (FlashAttention's backward: one); W launches one weight-gradient GEMM per
+# weight and one reduction per bias. `SequentialMLP` (megatron/core/transformer/moe/
+# experts.py), Hugging Face's Mixtral block and hyperpipe's executor (`models.gpt.MoE`)
+# run each local expert as its own MLP, its own GEMM launches; a grouped GEMM
+# (`GroupedMLP`, `TEGroupedMLP`) launches once for all (`grouped`).
+ROUTER_KERNELS = 4        # gating GEMM, softmax, top-k, renormalise
+PERMUTE_KERNELS = 3       # sort by expert, count per expert, gather the rows
+UNPERMUTE_KERNELS = 2     # scale by the gates, scatter-add
+
+
+def _mlp_launches(c: GPTConfig, op: str) -> int:
+    """One MLP's launches: its GEMMs (up, gate with SwiGLU, down) and its activation
+    (GeLU, or SiLU and the product), W: a GEMM per weight and a reduction per bias."""
+    gemms = 3 if c.mlp == "swiglu" else 2
+    if op == "W":
+        return gemms * (2 if c.bias else 1)
+    return gemms + (2 if c.mlp == "swiglu" else 1)
+
+
+def pass_launches(layer: Layer, op: str, local_experts: int | None = None,
+                  grouped: bool = False) -> int:
+    """Kernels one pass ("F", "I", "W") of a block launches (see the conventions above):
+    a dense block's norms, weight GEMMs, attention core, activation and residual adds;
+    an MoE block's instead of its MLP, the router, permute and unpermute and each of
+    `local_experts` routed experts (None: all) and each shared expert as its own MLP, or
+    one grouped MLP when `grouped`. 0 for other layers."""
+    if op not in PASSES:
+        raise ValueError(f"op must be one of {PASSES}, got {op!r}")
+    if not isinstance(layer, TransformerBlock):
+        return 0
+    c = layer.config
+    n = block_launches(c, op)
+    if not isinstance(layer, MoEBlock):
+        return n
+    m = layer.moe
+    local = m.experts if local_experts is None else local_experts
+    n -= _mlp_launches(c, op)
+    n += (1 if grouped else local) * _mlp_launches(c, op) if local else 0
+    n += m.shared_experts * _mlp_launches(c, op)
+    if m.experts > 1:
+        n += 1 if op == "W" else ROUTER_KERNELS + PERMUTE_KERNELS + UNPERMUTE_KERNELS
+    return n
+
+
+def block_launches(c: GPTConfig, op: str) -> int:
+    """Kernels one pass of a dense block of `c` launches (`pass_launches`)."""
+    flash = getattr(c, "attention", "flash") == "flash"
+    drop = c.dropout > 0
+    if op == "W":
+        attn = 2 * (2 if c.bias else 1)                 # QKV and out-projection
+        n = attn + _mlp_launches(c, "W")
+    else:
+        norms, resid = 2, 2 * (2 if drop else 1)        # (dropout +) add, twice
+        core = 1 if flash else 3 + (1 if drop else 0)   # QK^T, mask-softmax, AV (dropout)
+        rope = 2 if c.position == "rope" else 0
+        n = norms + resid + 2 + core + rope + _mlp_launches(c, op)
+    return n
+
+
 def _head(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool) -> PassWork:
     h, v = c.d_model, c.vocab_size
     tokens = b * s
@@ -194,4 +344,6 @@ def _embedding(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool
     return PassWork((), tables * tokens * h * 3 * d)   # scatter-add: read dy, read+write row
 
 
-__all__ = ["Gemm", "PassWork", "attention_gemms", "layer_work", "PASSES"]
+__all__ = ["Gemm", "PassWork", "attention_gemms", "block_launches", "layer_work",
+           "pass_launches",
+           "routed_expert_work", "PASSES"]

@@ -1,19 +1,21 @@
-"""Built-in models: published GPT-2, GPT-3 and Llama shapes, and a tiny GPT for CPUs.
+"""Built-in models: published GPT-2, GPT-3, Llama and mixture-of-experts shapes (Mixtral
+8x7B, DeepSeek-V3, Qwen3-30B-A3B), and a tiny GPT and a tiny MoE for CPUs.
 
 Each entry names its source. Sequence lengths are the published training contexts:
-GPT-2 1024, GPT-3 2048, Llama 2 4096, Llama 3 8192. All presets train in bf16 except
-`tiny-gpt`, which runs on a CPU in fp32. Dropout is 0 everywhere (today's pretraining
+GPT-2 1024, GPT-3 2048, Llama 2 4096, Llama 3 8192, Mixtral 32768, DeepSeek-V3 and
+Qwen3 4096. All presets train in bf16 except `tiny-gpt` and `tiny-moe`, which run on a
+CPU in fp32. Dropout is 0 everywhere (today's pretraining
 default); set `dropout: 0.1` to model the original GPT-2/3 runs. Attention is `flash`
 (a fused kernel that keeps no s x s scores) everywhere except `tiny-gpt` (`eager`, as its
 CPU module runs); set `attention: eager` to model the Megatron papers' runs.
 Embeddings are tied (the head reuses the token embedding) as GPT-2 and GPT-3 ship them,
-untied for Llama and for `tiny-gpt`.
+untied for Llama, the MoE presets and `tiny-gpt`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from hyperpipe.models.spec import GPTConfig, MoEConfig
@@ -58,6 +60,16 @@ def _llama(n_layer: int, n_head: int, d_model: int, ffn: int, *, vocab: int = 32
                             tie_embeddings=False))
 
 
+def _moe_llama(n_layer: int, n_head: int, d_model: int, ffn: int, *, moe: MoEConfig,
+               vocab: int = 32000, n_kv_head: int | None = None, seq_len: int = 4096,
+               rope_theta: float = 10000.0) -> Preset:
+    # The Llama block (RMSNorm, SwiGLU, RoPE, no biases, untied head) with `moe` MLPs;
+    # `ffn` is the dense MLP's hidden size, used by blocks that are not MoE.
+    base = _llama(n_layer, n_head, d_model, ffn, vocab=vocab, n_kv_head=n_kv_head,
+                  seq_len=seq_len, rope_theta=rope_theta).config
+    return Preset(replace(base, moe=moe))
+
+
 PRESETS: Mapping[str, Preset] = MappingProxyType({
     # GPT-2: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners",
     # table 2 (layers, d_model); heads from the Hugging Face configs openai-community/gpt2,
@@ -99,6 +111,66 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
     "tiny-gpt": Preset(GPTConfig(vocab_size=256, n_layer=6, n_head=4, d_model=128,
                                  seq_len=64, attention="eager", tie_embeddings=False),
                        dtype="fp32"),
+    # Mixtral 8x7B: Mistral AI, "Mixtral of Experts" (Jiang et al. 2024, arXiv
+    # 2401.04088), table 1 (dim 4096, 32 layers, head_dim 128, hidden_dim 14336, 32
+    # heads, 8 KV heads, context 32768, vocabulary 32000, 8 experts, top-2), and
+    # mistralai/Mixtral-8x7B-v0.1 config.json (num_local_experts 8, num_experts_per_tok
+    # 2, rope_theta 1e6, "tie_word_embeddings": false, max_position_embeddings 32768).
+    # Sec. 2: "pretrained ... using a context size of 32k tokens", so seq_len 32768.
+    # Every block is MoE, SwiGLU experts, no shared expert; dropless: the paper routes
+    # every token to its top 2 (no capacity; Mistral's reference mistral-src moe.py
+    # computes each selected expert on all its tokens). Published: 46.7B parameters in
+    # all, 12.9B active per token (Mistral AI's announcement, "Mixtral of experts",
+    # mistral.ai/news/mixtral-of-experts); tests/models/test_moe_presets.py checks both.
+    "mixtral-8x7b": _moe_llama(32, 32, 4096, 14336, n_kv_head=8, seq_len=32768,
+                               rope_theta=1e6,
+                               moe=MoEConfig(experts=8, top_k=2, expert_hidden=14336,
+                                             capacity_factor=None)),
+    # DeepSeek-V3: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), sec.
+    # 4.2 and deepseek-ai/DeepSeek-V3 config.json: 61 layers, hidden 7168, 128 heads,
+    # the first 3 blocks dense (first_k_dense_replace 3, dense SwiGLU intermediate
+    # 18432), the other 58 with 1 shared and 256 routed experts of intermediate 2048
+    # (moe_intermediate_size), 8 routed per token; vocabulary 129280, untied head,
+    # RMSNorm, pretraining sequence 4K (sec. 4.2); "DeepSeek-V3 does not drop any token
+    # during training" (sec. 2.1.2): dropless. 671B parameters in all, 37B active.
+    # Approximations (the spec has no MLA and no multi-token prediction):
+    # - MLA (q_lora_rank 1536, kv_lora_rank 512, qk head 128 + 64 rope, v head 128) is
+    #   modelled as plain multi-head attention with 128 heads of 56 (= 7168 / 128) and no
+    #   GQA: 4 h^2 = 205.5M parameters a block against MLA's 187.1M (7168 x 1536 + 1536 x
+    #   128 x 192 + 7168 x 576 + 512 x 128 x 256 + 128 x 128 x 7168), +9.8%; the
+    #   projections' FLOPs follow the parameters (+9.8%); the attention core (QK^T and
+    #   AV) counts 4 s h = 4 x 7168 FLOPs per token pair where MLA computes 2 x 128 x
+    #   (192 + 128) = 81,920 (2.86x), i.e. about 8% of a MoE block's forward FLOPs
+    #   missing at s = 4096 (causal); the K and V kept for backward are 2 h = 14,336
+    #   values a token where MLA materialises 128 x (192 + 128) = 40,960 in training.
+    # - The multi-token-prediction module (one more MoE block, a projection and the
+    #   shared head, depth D = 1, sec. 2.2) is not in the spec: about 1/61 of the blocks'
+    #   FLOPs plus one more head pass, 11.5B parameters outside the 671B (the released
+    #   checkpoint's 685B = 671B + 14B MTP, deepseek-ai/DeepSeek-V3 README_WEIGHTS.md).
+    # - Routing to at most 4 nodes (node-limited routing) and the sigmoid gate are not
+    #   modelled: the router is a 7168 x 256 linear either way.
+    "deepseek-v3": _moe_llama(61, 128, 7168, 18432, vocab=129280, seq_len=4096,
+                              moe=MoEConfig(experts=256, top_k=8, expert_hidden=2048,
+                                            capacity_factor=None, first_dense=3,
+                                            shared_experts=1)),
+    # Qwen3-30B-A3B: Qwen Team, "Qwen3 Technical Report" (arXiv 2505.09388), table 2 (48
+    # layers, 32 query / 4 KV heads, 128 experts of which 8 activated, no shared
+    # experts) and Qwen/Qwen3-30B-A3B config.json: hidden 2048, head_dim 128,
+    # moe_intermediate_size 768, vocabulary 151936, rope_theta 1e6, untied embeddings,
+    # decoder_sparse_step 1 and no mlp_only_layers (every block MoE). Sequence 4096: the
+    # general and reasoning pretraining stages (sec. 3.2; a later long-context stage
+    # runs at 32768). 30.5B parameters in all, 3.3B active (the model card).
+    # Approximation: Qwen3 sets head_dim 128 with 32 heads on a 2048 model (queries of
+    # 4096); the spec ties head size to d_model / n_head, so this is 16 heads of 128
+    # with 4 KV heads: K/V widths (512 each) and the KV bytes are exact; the query and
+    # output projections are half (2 x 2048^2 against 2 x 2048 x 4096: 8.4M fewer
+    # parameters a block, 0.40B in all) and so is the attention core (4 s x 2048 FLOPs
+    # per token pair against 4 s x 4096). QK-norm (two RMSNorms of 128) is left out.
+    # Dropless: the Hugging Face Qwen3MoeSparseMoeBlock computes every routed token.
+    "qwen3-30b-a3b": _moe_llama(48, 16, 2048, 6144, vocab=151936, n_kv_head=4,
+                                seq_len=4096, rope_theta=1e6,
+                                moe=MoEConfig(experts=128, top_k=8, expert_hidden=768,
+                                              capacity_factor=None)),
     # Ours: tiny-gpt's shape with 4 blocks, every other one (blocks 0 and 2) a mixture of
     # 4 GELU experts of hidden 256, each token routed to 2, dropless; runs on a CPU.
     "tiny-moe": Preset(GPTConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128,

@@ -56,7 +56,7 @@ class LayerCost:
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """Mixture-of-experts MLPs (DESIGN.md's model field `moe`): in every `every`-th
+    """Mixture-of-experts MLPs (the model field `moe`, docs/formats.md): in every `every`-th
     transformer block after the first `first_dense` (block i, counted from 0, is an MoE
     block when i >= first_dense and (i - first_dense) % every == 0, Megatron-LM's
     `--moe-layer-freq` rule), the MLP is replaced by `experts` routed experts of hidden
@@ -67,6 +67,18 @@ class MoEConfig:
     `capacity_factor`: each expert takes at most capacity_factor · tokens · top_k /
     experts tokens of a micro-batch and drops the rest (GShard, Lepikhin et al. 2020);
     None: dropless (every routed token is computed, as Mixtral and DeepSeek-V3 train).
+
+    `imbalance`: the busiest expert's tokens over the mean (T · top_k / experts for T
+    tokens), the router's load imbalance that the cost model prices (`expert_loads`).
+    Default 1.25: Fedus et al. 2022 (Switch Transformers, JMLR 23, sec. 2.2 and
+    table 1) train with capacity factors 1.0 to 1.25, the headroom over an even split
+    their balanced routers need to drop few tokens; GShard (Lepikhin et al. 2020,
+    sec. 2.2) likewise sizes capacity at about 2 T/E for top-2. Ma et al. 2026 (DODOCO,
+    arXiv 2605.20982) measure that this max/mean ratio is a property of the trained
+    router, changing by at most 5% from 4 to 32 expert-parallel ranks, so one figure
+    per model, independent of `ep`, is what they support. At least 1 (perfectly
+    even); priced at most experts / top_k (every token's choices include the busiest
+    expert), so the default holds for any shape.
     """
 
     experts: int
@@ -76,6 +88,7 @@ class MoEConfig:
     every: int = 1
     first_dense: int = 0
     shared_experts: int = 0
+    imbalance: float = 1.25
 
     def __post_init__(self):
         check_moe(asdict(self), lambda key: f"MoEConfig: {key}")
@@ -84,9 +97,37 @@ class MoEConfig:
         """Whether transformer block `block` (0-based, embedding not counted) is MoE."""
         return block >= self.first_dense and (block - self.first_dense) % self.every == 0
 
+    def expert_loads(self, tokens: float) -> tuple[float, float]:
+        """Token-expert pairs the busiest expert and each other expert compute for
+        `tokens` tokens (a two-level load: the busiest at `imbalance` x the mean
+        T·top_k/experts, the rest sharing the remainder evenly), each capped at the
+        capacity capacity_factor · T·top_k/experts (GShard; a dropped pair costs
+        nothing); dropless: no cap. With one expert: (T·top_k, 0)."""
+        e, mean = self.experts, tokens * self.top_k / self.experts
+        imb = min(self.imbalance, e / self.top_k)
+        busiest = imb * mean if e > 1 else mean
+        other = (e - imb) / (e - 1) * mean if e > 1 else 0.0
+        if self.capacity_factor is not None:
+            cap = self.capacity_factor * mean
+            busiest, other = min(busiest, cap), min(other, cap)
+        return busiest, other
+
+    def routed_pairs(self, tokens: float) -> float:
+        """Token-expert pairs all routed experts compute for `tokens` tokens (T·top_k
+        less the pairs capacity drops): busiest + (experts - 1) · other."""
+        busiest, other = self.expert_loads(tokens)
+        return busiest + (self.experts - 1) * other
+
+    def rank_pairs(self, tokens: float, experts_here: int) -> float:
+        """Token-expert pairs an expert-parallel rank holding `experts_here` experts
+        computes when it holds the busiest one (the time-setting rank): busiest +
+        (experts_here - 1) · other, for `tokens` tokens of the whole group."""
+        busiest, other = self.expert_loads(tokens)
+        return busiest + (experts_here - 1) * other
+
 
 MOE_KEYS = ("experts", "top_k", "expert_hidden", "capacity_factor", "every",
-            "first_dense", "shared_experts")
+            "first_dense", "shared_experts", "imbalance")
 
 
 def check_moe(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
@@ -111,6 +152,11 @@ def check_moe(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
                            or not 0 < cf < float("inf")):
         raise BadInput(at("capacity_factor"), "a positive number, or null for dropless",
                        cf)
+    imb = v.get("imbalance", 1.25)
+    if isinstance(imb, bool) or not isinstance(imb, (int, float)) \
+            or not 1 <= imb < float("inf"):
+        raise BadInput(at("imbalance"), "a number of at least 1: the busiest expert's "
+                       "tokens over the mean", imb)
 
 
 @dataclass(frozen=True)
@@ -366,6 +412,125 @@ class TransformerBlock:
         return outside / r + (inside + core) / tp
 
 
+def _mlp_params(c: GPTConfig, hidden: int) -> int:
+    """Parameters of one MLP of width `hidden`: up (and gate) and down, their biases."""
+    n_in = 2 if c.mlp == "swiglu" else 1
+    h = c.d_model
+    return n_in * h * hidden + hidden * h + ((n_in * hidden + h) if c.bias else 0)
+
+
+def _mlp_flops_per_token(c: GPTConfig, hidden: int) -> int:
+    """Forward FLOPs of one MLP of width `hidden` on one token: 2 h f x (2 for GELU: up
+    and down; 3 for SwiGLU: gate, up and down)."""
+    return 2 * c.d_model * hidden * (3 if c.mlp == "swiglu" else 2)
+
+
+@dataclass(frozen=True)
+class MoEBlock(TransformerBlock):
+    """A transformer block whose MLP is a mixture of experts (`GPTConfig.moe`, built by
+    `gpt_spec` where `MoEConfig.is_moe_block`): attention exactly as `TransformerBlock`;
+    the MLP replaced by a router, `experts` routed experts and `shared_experts` always-on
+    experts, each an MLP of width fe = `expert_hidden` of the model's kind (GELU or
+    SwiGLU), as Mixtral (Jiang et al. 2024, sec. 2.1) and DeepSeek-V3 (DeepSeek-AI 2024,
+    arXiv 2412.19437, sec. 2.1.2, shared plus fine-grained routed experts) build it.
+
+    With T = b·s tokens, E experts, k = top_k, S shared experts, P the token-expert
+    pairs the routed experts compute (`MoEConfig.routed_pairs`: T·k less what the
+    capacity drops; dropless T·k), forward FLOPs (2 per multiply-add):
+
+    * attention as `TransformerBlock` (QKV, the s² matmuls, output projection);
+    * router 2·T·h·E (a bias-free h x E linear: Mixtral's `gate`, Megatron-Core's
+      `TopKRouter`); none with one expert (its gate is the constant 1, nothing to route);
+    * experts (P + S·T) · 2·h·fe · (2 GELU | 3 SwiGLU).
+
+    I = matmuls + 2 · attention-s², W = matmuls, as the dense block. Parameters count
+    every expert; `active_params` counts k routed and the S shared ones. Stash: the dense
+    block's with the MLP intermediates of every computed pair, (P + S·T)·(2|4)·fe·d
+    (inside the tensor-parallel region: experts are split over the tensor-parallel group,
+    Megatron-Core's default expert_tensor_parallel_size = tp), plus, with E > 1, the
+    dispatched (permuted) token copies each expert's weight gradient needs, P·h·d, and
+    the router's fp32 probabilities T·E·4 (outside the region). A dense-equivalent MoE
+    (one expert, top_k 1, fe = ffn_hidden, no shared expert, dropless) costs exactly the
+    dense block.
+    """
+
+    kind: ClassVar[str] = "moe"
+
+    @property
+    def moe(self) -> MoEConfig:
+        if self.config.moe is None:
+            raise TypeError("an MoE block needs GPTConfig.moe")
+        return self.config.moe
+
+    @property
+    def _attention_params(self) -> int:
+        return TransformerBlock(self.config).params - _mlp_params(self.config,
+                                                                  self.config.ffn_hidden)
+
+    @property
+    def router_params(self) -> int:
+        """The router's h x E weight (none with one expert)."""
+        e = self.moe.experts
+        return self.config.d_model * e if e > 1 else 0
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of all routed experts: what expert parallelism splits over its ranks."""
+        return self.moe.experts * _mlp_params(self.config, self.moe.expert_hidden)
+
+    @property
+    def params(self) -> int:
+        m = self.moe
+        return self._attention_params + self.router_params + self.expert_params + \
+            m.shared_experts * _mlp_params(self.config, m.expert_hidden)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters a token meets: attention, router, top_k routed and the shared ones."""
+        m = self.moe
+        return self._attention_params + self.router_params + \
+            (m.top_k + m.shared_experts) * _mlp_params(self.config, m.expert_hidden)
+
+    def expert_pairs(self, micro_batch: int, seq_len: int) -> tuple[float, float]:
+        """(routed pairs P, shared pairs S·T) of one micro-batch."""
+        tokens = micro_batch * seq_len
+        return self.moe.routed_pairs(tokens), float(self.moe.shared_experts * tokens)
+
+    def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
+        c, m = self.config, self.moe
+        b, s, h, d = micro_batch, seq_len, c.d_model, dtype_bytes
+        kv = c.kv_dim
+        qkv = 2 * b * s * h * (h + 2 * kv)
+        attn_s2 = 4 * b * s * s * h
+        out_proj = 2 * b * s * h * h
+        routed, shared = self.expert_pairs(b, s)
+        router = 2 * b * s * h * m.experts if m.experts > 1 else 0
+        experts = (routed + shared) * _mlp_flops_per_token(c, m.expert_hidden)
+        matmul = qkv + out_proj + router + experts
+        stash = self.stash_bytes(b, s, d)
+        out = b * s * h * d
+        return LayerCost(
+            fwd_flops=float(matmul + attn_s2), i_flops=float(matmul + 2 * attn_s2),
+            w_flops=float(matmul), send_bytes=float(out), stash_bytes=float(stash),
+            mem_bytes=float(self.params * d + stash + out))
+
+    def stash_parts(self, micro_batch: int, seq_len: int, dtype_bytes: int
+                    ) -> tuple[float, float, float]:
+        """`TransformerBlock.stash_parts` with the MLP's part replaced (see the class
+        doc): (outside + dispatched tokens + router probabilities, inside with every
+        computed pair's expert intermediates, attention core)."""
+        c, m = self.config, self.moe
+        outside, inside, core = TransformerBlock(c).stash_parts(micro_batch, seq_len,
+                                                                dtype_bytes)
+        tokens = micro_batch * seq_len
+        per_f = (4 if c.mlp == "swiglu" else 2) * dtype_bytes
+        routed, shared = self.expert_pairs(micro_batch, seq_len)
+        inside += per_f * ((routed + shared) * m.expert_hidden - tokens * c.ffn_hidden)
+        if m.experts > 1:
+            outside += routed * c.d_model * dtype_bytes + tokens * m.experts * 4
+        return outside, inside, core
+
+
 @dataclass(frozen=True)
 class HeadLayer:
     """Final norm, LM head (D -> V, no bias) and cross-entropy: (B, S, D) -> scalar loss.
@@ -446,7 +611,7 @@ class SyntheticLayer:
         return micro_batch * self.stash_bytes_per_sample / tp
 
 
-Layer = EmbeddingLayer | TransformerBlock | HeadLayer | SyntheticLayer
+Layer = EmbeddingLayer | TransformerBlock | MoEBlock | HeadLayer | SyntheticLayer
 
 
 def _learned(c: GPTConfig) -> bool:
@@ -487,6 +652,13 @@ class ModelSpec:
     def params(self) -> int:
         """Distinct parameters: a tied embedding matrix counted once."""
         return sum(layer.params for layer in self.layers) - self.tied_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token meets (`MoEBlock.active_params` for MoE blocks, all of
+        any other layer), a tied embedding counted once: DeepSeek-V3's "37B activated"."""
+        return sum(getattr(layer, "active_params", layer.params) for layer in self.layers) \
+            - self.tied_params
 
     @property
     def tied_params(self) -> int:
@@ -542,9 +714,13 @@ class ModelSpec:
 
 
 def gpt_spec(name: str, config: GPTConfig, dtype: str = "bf16") -> ModelSpec:
-    """The layers of a GPT: embedding, config.n_layer blocks, head."""
+    """The layers of a GPT: embedding, config.n_layer blocks (MoE blocks where
+    `MoEConfig.is_moe_block`), head."""
     block = TransformerBlock(config)
-    layers = (EmbeddingLayer(config), *([block] * config.n_layer), HeadLayer(config))
+    moe = MoEBlock(config) if config.moe is not None else None
+    blocks = [moe if moe is not None and config.moe.is_moe_block(i) else block
+              for i in range(config.n_layer)]
+    layers = (EmbeddingLayer(config), *blocks, HeadLayer(config))
     return ModelSpec(name=name, layers=layers, seq_len=config.seq_len, dtype=dtype,
                      config=config)
 
@@ -565,7 +741,7 @@ def _synthetic_row(layer: Layer) -> dict:
 
 __all__ = [
     "ATTENTION_KINDS", "DTYPE_BYTES", "LayerCost", "MoEConfig", "MOE_KEYS", "check_moe",
-    "GPTConfig", "EmbeddingLayer",
+    "GPTConfig", "EmbeddingLayer", "MoEBlock",
     "TransformerBlock", "HeadLayer", "SyntheticLayer", "Layer", "ModelSpec", "gpt_spec",
     "check_config",
 ]

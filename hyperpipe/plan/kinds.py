@@ -43,6 +43,10 @@ class ScheduleKind:
     peak_in_flight: PeakInFlight | None = None    # closed form; None: read off the IR
     torch_schedule: str | None = None     # torch.distributed.pipelining get_schedule_class
     runs_in: frozenset[str] = frozenset()  # frameworks whose own schedule is this kind
+    # pairs one micro-batch's forward with another's backward on a rank, so that one's
+    # expert all-to-all runs under the other's compute (DualPipe, DeepSeek-V3 technical
+    # report, arXiv 2412.19437, sec. 3.2.1)
+    overlaps_alltoall: bool = False
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -83,7 +87,8 @@ KINDS: Mapping[str, ScheduleKind] = MappingProxyType({k.name: k for k in (
                  default_chunks=2, placement="v", splits_backward=True,
                  torch_schedule="ZBVZeroBubble"),
     ScheduleKind("dualpipe-v", "DualPipe's V-shaped variant: 2 chunks per device",
-                 dualpipe_v, default_chunks=2, placement="v", splits_backward=True),
+                 dualpipe_v, default_chunks=2, placement="v", splits_backward=True,
+                 overlaps_alltoall=True),
     ScheduleKind(SYNTH, "synthesised for one plan by the simulator (plan schedule.actions)",
                  None, takes_chunks=True),
 )})

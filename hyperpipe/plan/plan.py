@@ -35,10 +35,12 @@ from hyperpipe.plan.kinds import (
 from hyperpipe.plan.schedule import Action, Schedule, ScheduleError, stage_rank, validate
 from hyperpipe.plan.stack import (
     DEFAULT_STACK,
+    EXPERT_PLACEMENTS,
     GRAD_REDUCE_DTYPES,
     NO_OVERRIDES,
     P2P_KINDS,
     RUNTIME_KEYS,
+    SHARD_KINDS,
     STACKS,
     Runtime,
     RuntimeOverrides,
@@ -72,6 +74,14 @@ class StagePlan:
     # (device c·tp + t is tensor rank t of context rank c), as Megatron-LM orders its
     # ranks (megatron/core/parallel_state.py, order "tp-cp-ep-dp-pp").
     cp: int = 1
+    # Expert parallelism of the stage's MoE blocks (`hyperpipe.models.spec.MoEBlock`):
+    # their routed experts split over ep ranks carved out of the data-parallel x context
+    # ranks holding the stage (Megatron-Core: expert-data-parallel = dp·tp·cp/(ep·etp),
+    # here with etp = tp, megatron/core/parallel_state.py `initialize_model_parallel`;
+    # DeepSeek-V3 trains EP 64 across 8 nodes beside its data parallelism). The group of
+    # tensor rank t: ep consecutive entries of [replica q's devices[c·tp + t] for each
+    # replica q holding the stage's layers, for c in range(cp)] (`sim.experts`).
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_KINDS:
@@ -81,6 +91,8 @@ class StagePlan:
             raise ValueError("sequence_parallel needs a tensor-parallel stage (tp > 1)")
         if self.cp < 1:
             raise ValueError(f"cp must be a positive integer, got {self.cp!r}")
+        if self.ep < 1:
+            raise ValueError(f"ep must be a positive integer, got {self.ep!r}")
 
     @property
     def tp_group(self) -> tuple[str, ...]:
@@ -103,6 +115,8 @@ class StagePlan:
             out["sequence_parallel"] = True
         if self.cp != 1:
             out["cp"] = self.cp
+        if self.ep != 1:
+            out["ep"] = self.ep
         return out
 
     @property
@@ -137,11 +151,6 @@ class Plan:
     schedule: str                    # a kind of hyperpipe.plan.kinds.KINDS
     chunks: int
     pipelines: tuple[PipelinePlan, ...]
-    # ZeRO-1 / Megatron's distributed optimizer: optimizer state (fp32 master weights and
-    # Adam moments) sharded over the data-parallel replicas that hold the same layers.
-    # Kept in step with `zero` (`__post_init__`): true exactly when zero >= 1, and
-    # true with zero 0 given means zero 1 (how plans written before `zero` say it).
-    distributed_optimizer: bool = False
     actions: ActionLists | None = None   # a kind that carries actions: its lists
     # The training stack it runs on (`hyperpipe.plan.stack.STACKS`) and the runtime
     # choices it overrides; `runtime_settings` resolves the two.
@@ -154,11 +163,15 @@ class Plan:
     zero: int = 0
 
     def __post_init__(self) -> None:
-        if self.zero not in ZERO_STAGES:
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {ZERO_STAGES}, got {self.zero!r}")
-        if self.distributed_optimizer and self.zero == 0:
-            object.__setattr__(self, "zero", 1)
-        object.__setattr__(self, "distributed_optimizer", self.zero >= 1)
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        """ZeRO-1 / Megatron's distributed optimizer and up: the optimizer state (fp32
+        master weights and Adam moments) sharded over the data-parallel group (zero >= 1;
+        files may say it as ``"distributed_optimizer": true``, read as zero 1)."""
+        return self.zero >= 1
 
     # ------------------------------------------------------------------ stack
     def runtime_settings(self) -> Runtime:
@@ -236,7 +249,7 @@ class Plan:
             z = max(z, 1) if distributed_optimizer else 0
         if zero is not None:
             z = zero
-        return replace(self, pipelines=tuple(pipes), distributed_optimizer=z >= 1, zero=z)
+        return replace(self, pipelines=tuple(pipes), zero=z)
 
     # ------------------------------------------------------------------ resolving refs
     def load_model(self, override: Any = None):
@@ -314,12 +327,46 @@ class Plan:
             if pos != model.num_layers:
                 raise BadInput(f"{pw}.stages", f"layers covering 0..{model.num_layers} of model "
                                f"{model.name!r}", f"coverage ending at {pos}")
+        check_expert_parallel(self, model, where)
         check_actions(self, where)
+
+
+def check_expert_parallel(plan: Plan, model, where: str) -> None:
+    """Raise BadInput unless every stage's `ep` can hold the model's experts: ep divides
+    the experts; ep divides the data-parallel x context ranks holding the stage (the
+    replicas whose stage holding the same first layer, times cp), and those replicas'
+    stages are alike in layers, tp, cp, ep and micro-batch (an expert-parallel group
+    exchanges the same layers' tokens)."""
+    moe = getattr(model.config, "moe", None) if model.config is not None else None
+    for i, pipe in enumerate(plan.pipelines):
+        for k, st in enumerate(pipe.stages):
+            if st.ep == 1:
+                continue
+            sw = f"{where}: pipelines[{i}].stages[{k}].ep"
+            if moe is None:
+                raise BadInput(sw, f"1 (model {model.name!r} has no MoE blocks)", st.ep)
+            if moe.experts % st.ep:
+                raise BadInput(sw, f"a divisor of the model's experts ({moe.experts})",
+                               st.ep)
+            peers = [(q, other, next(s for s in other.stages
+                                     if s.layers[0] <= st.layers[0] < s.layers[1]))
+                     for q, other in enumerate(plan.pipelines)]
+            for q, other, ost in peers:
+                if (ost.layers, ost.tp, ost.cp, ost.ep, other.micro_batch) != \
+                        (st.layers, st.tp, st.cp, st.ep, pipe.micro_batch):
+                    raise BadInput(sw, "the same layers, tp, cp, ep and micro_batch in "
+                                   "every replica holding them (the expert-parallel group "
+                                   f"spans replicas; pipelines[{q}] differs)", st.ep)
+            ranks = len(peers) * st.cp
+            if ranks % st.ep:
+                raise BadInput(sw, f"a divisor of the data-parallel x context ranks "
+                               f"holding the stage ({len(peers)} x {st.cp} = {ranks}): "
+                               "expert ranks are carved out of them", st.ep)
 
 
 _TOP_KEYS = ("format", "model", "cluster", "global_batch", "schedule", "pipelines", "notes",
              "distributed_optimizer", "zero", "stack", "runtime")
-_STAGE_KEYS = ("layers", "devices", "tp", "recompute", "sequence_parallel", "cp")
+_STAGE_KEYS = ("layers", "devices", "tp", "recompute", "sequence_parallel", "cp", "ep")
 
 
 def _flag(f: Fields, key: str) -> bool:
@@ -344,7 +391,10 @@ def _runtime(top: Fields) -> RuntimeOverrides:
     reshard = rf.raw("reshard_after_forward", None)
     if reshard is not None and not isinstance(reshard, bool):
         raise BadInput(rf.at("reshard_after_forward"), "true or false", reshard)
-    return RuntimeOverrides(p2p, overlap, dtype, reshard)
+    placement = rf.choice("expert_placement", EXPERT_PLACEMENTS) \
+        if rf.has("expert_placement") else None
+    shard = rf.choice("shard", SHARD_KINDS) if rf.has("shard") else None
+    return RuntimeOverrides(p2p, overlap, dtype, reshard, placement, shard)
 
 
 def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = None) -> Plan:
@@ -401,8 +451,9 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
                 raise BadInput(sf.at("sequence_parallel"), "false on a stage with tp=1 "
                                "(sequence parallelism splits tensor-parallel activations)",
                                seq_par)
+            ep = sf.positive_int("ep", 1, at_most=limits.MAX_NODE_DEVICES * 64)
             stages.append(StagePlan((layers[0], layers[1]), tuple(devices), tp, recompute,
-                                    seq_par, cp))
+                                    seq_par, cp, ep))
         pipelines.append(PipelinePlan(
             pf.positive_int("micro_batch", at_most=limits.MAX_GLOBAL_BATCH),
             pf.positive_int("num_microbatches", at_most=limits.MAX_MICROBATCHES),
@@ -411,7 +462,7 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
     stack = top.choice("stack", list(STACKS), DEFAULT_STACK)
     return Plan(model=model, cluster=cluster, global_batch=global_batch,
                 schedule=kind, chunks=chunks, pipelines=tuple(pipelines), actions=actions,
-                distributed_optimizer=False, zero=_zero(top), base_dir=base_dir,
+                zero=_zero(top), base_dir=base_dir,
                 source=where, stack=stack, runtime=_runtime(top))
 
 

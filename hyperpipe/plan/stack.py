@@ -31,7 +31,17 @@ P2P_KINDS = ("async", "blocking")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 # Bytes per gradient element that data parallelism moves, per `grad_reduce_dtype`.
 GRAD_REDUCE_BYTES: Mapping[str, float] = MappingProxyType({"fp32": 4.0, "bf16": 2.0})
-RUNTIME_KEYS = ("p2p", "overlap_grad_reduce", "grad_reduce_dtype", "reshard_after_forward")
+RUNTIME_KEYS = ("p2p", "overlap_grad_reduce", "grad_reduce_dtype", "reshard_after_forward",
+                "expert_placement", "shard")
+# How a data-parallel group of unequal devices splits what ZeRO shards: "even" (1/n each,
+# as every framework does), or in proportion to each device's "memory" or "speed" (peak
+# FLOP/s): the uneven sharding of heterogeneous FSDP planners (Cephalo, HexiScale).
+SHARD_KINDS = ("even", "memory", "speed")
+# How an expert-parallel group's experts are spread over its ranks: "even" (experts /
+# ep each: a router cannot know device speeds, so tokens spread evenly over experts and
+# the slowest rank sets the time) or "speed" (more experts on faster devices, in
+# proportion to their speed: `hyperpipe.sim.experts`).
+EXPERT_PLACEMENTS = ("even", "speed")
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,13 @@ class Runtime:
     full all-reduce before each rank updates its shard (then all-gathers the weights),
     instead of a reduce-scatter. Not overridable from a plan."""
 
+    keeps_stage_outputs: bool = False
+    """True: the engine holds each in-flight micro-batch's stage output from its forward
+    until its backward, beside what autograd saves (DeepSpeed's `PipelineEngine.
+    _exec_forward_pass` stores it in `pipe_buffers['outputs']`; with tensor parallelism
+    only this rank's 1/tp part, `PartitionedTensor`): on the last stage the logits in the
+    model dtype. Not overridable from a plan."""
+
     reshard_after_forward: bool | None = None
     """ZeRO-3/FSDP: True frees each unit's gathered parameters after its forward and
     gathers them again for its backward, every micro-batch (FSDP's FULL_SHARD, DeepSpeed
@@ -65,6 +82,14 @@ class Runtime:
     policy (`apply_fsdp` in torchtitan/models/llama3/infra/parallelize.py): False when
     the plan pipelines (more than one stage: "to avoid per-microbatch all-gathers"),
     True otherwise."""
+
+    expert_placement: str = "even"
+    """One of `EXPERT_PLACEMENTS`: how a stage's experts are spread over its
+    expert-parallel ranks."""
+
+    shard: str = "even"
+    """One of `SHARD_KINDS`: each data-parallel rank's share of what ZeRO shards
+    (`hyperpipe.sim.sharding.shard_fractions`)."""
 
     def grad_bytes_per_param(self, model_dtype_grad_bytes: float) -> float:
         """Bytes per gradient element reduced: the `grad_reduce_dtype`'s, or
@@ -106,9 +131,12 @@ STACKS: Mapping[str, Stack] = MappingProxyType({
     # which all-reduces the BF16_Optimizer's fp32 gradients in full even with ZeRO
     # stage 1 (`buffered_allreduce_fallback`), each rank then steps its partition and
     # all-gathers the weights; with fp16 the gradients travel in the engine's
-    # `communication_data_type`, fp16 (the model dtype's rule in both cases).
+    # `communication_data_type`, fp16 (the model dtype's rule in both cases). Each
+    # forward's outputs stay in `pipe_buffers['outputs']` until the backward
+    # (`_exec_forward_pass`; freed in `_exec_backward_pass`): `keeps_stage_outputs`.
     "megatron-deepspeed": Stack("megatron-deepspeed",
-                                Runtime("blocking", False, None, ("bf16",)),
+                                Runtime("blocking", False, None, ("bf16",),
+                                        keeps_stage_outputs=True),
                                 "microsoft/DeepSpeed deepspeed/runtime/pipe"),
     # torchtitan (pytorch/torchtitan) on torch.distributed.pipelining: Schedule1F1B and
     # the others send with `batch_isend_irecv` and wait for a send only before the next
@@ -132,9 +160,14 @@ class RuntimeOverrides:
     overlap_grad_reduce: bool | None = None
     grad_reduce_dtype: str | None = None
     reshard_after_forward: bool | None = None
+    expert_placement: str | None = None
+    shard: str | None = None
 
     def __post_init__(self) -> None:
         for key, value, options in (("p2p", self.p2p, P2P_KINDS),
+                                    ("shard", self.shard, SHARD_KINDS),
+                                    ("expert_placement", self.expert_placement,
+                                     EXPERT_PLACEMENTS),
                                     ("grad_reduce_dtype", self.grad_reduce_dtype,
                                      GRAD_REDUCE_DTYPES),
                                     ("overlap_grad_reduce", self.overlap_grad_reduce,

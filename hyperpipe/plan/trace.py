@@ -2,7 +2,10 @@
 
 Compute records carry op F, B, I or W. Communication and other records use the ops
 ``send`` (device -> peer, `bytes` moved), ``recv`` (the wait for a receive, measured
-runs only), ``allreduce`` (data-parallel gradient reduction) and ``optimizer``.
+runs only), ``allreduce`` (data-parallel gradient reduction), ``allgather`` and
+``reducescatter`` (ZeRO-2/3's parameter gathers and gradient reduce-scatters),
+``alltoall`` (an expert-parallel dispatch or combine: `bytes` sent to its peers) and
+``optimizer``.
 Times are seconds from the start of the run (a measured run aligns its ranks' clocks
 to a common start). A trace exports to Chrome trace JSON, which Perfetto and
 chrome://tracing open.
@@ -33,8 +36,10 @@ COMPUTE_OPS = ("F", "B", "I", "W")
 # One colour per op, shared by every drawing (schedules and timelines).
 OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868",
              "optimizer": "#222222", "send": "#8c8c8c", "recv": "#d0d0d0",
-             "allreduce": "#8172b3"}
-OTHER_OPS = ("send", "recv", "allreduce", "optimizer")
+             "allreduce": "#8172b3", "allgather": "#937860", "reducescatter": "#da8bc3",
+             "alltoall": "#64b5cd"}
+OTHER_OPS = ("send", "recv", "allreduce", "allgather", "reducescatter", "alltoall",
+             "optimizer")
 
 
 @dataclass(frozen=True)

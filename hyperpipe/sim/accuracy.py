@@ -117,7 +117,8 @@ def compute_only_s(plan, cost) -> float:
     for pipe in plan.pipelines:
         for st in pipe.stages:
             dtype = cost.cluster.device(st.devices[0]).type.name
-            per_mb = sum(cost.layer_time_s(i, dtype, pipe.micro_batch, op, st.tp)
+            per_mb = sum(cost.layer_time_s(i, dtype, pipe.micro_batch, op, st.tp,
+                                           st.sequence_parallel, st.cp)
                          for i in range(*st.layers) for op in ("F", "B"))
             busy[st.devices[0]] += pipe.num_microbatches * per_mb
     return max(busy.values())

@@ -42,6 +42,15 @@ from hyperpipe.sim.analytic_cache import (
     cache_for,
 )
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.experts import (
+    alltoall_s,
+    expert_dp_rings,
+    expert_extra_s,
+    expert_share,
+    expert_stash_extra_bytes,
+    expert_state,
+    paired_fraction,
+)
 from hyperpipe.sim.memory import peak_in_flight
 from hyperpipe.sim.metrics import Metrics, RankUse, summarize
 from hyperpipe.sim.network import bucket_count, p2p_edges, p2p_spec, ring_spec, tie_spec
@@ -118,7 +127,9 @@ def estimate(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = None,
                     reached[s] = t
                     t = max(t, tie_done)
                 if include_optimizer:
-                    t += _optimizer_s(cost, stages[s], dp_shards(plan, stages[s]), cache)
+                    t += _optimizer_s(cost, stages[s],
+                                      dp_shards(plan, stages[s], cost.cluster), cache,
+                                      expert_state(cost, plan, stages[s]))
             return t, reached
 
         tie_done = 0.0
@@ -177,9 +188,19 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     blocking = ex.blocking_p2p
 
     def add(k: int, op: str) -> float:
-        return fsdp_extra_s(cost, plan, members[0], k, op,
-                            reshard=ex.reshard_after_forward,
-                            grad_bytes_per_param=ex.grad_bytes_per_param)
+        extra = fsdp_extra_s(cost, plan, members[0], k, op,
+                             reshard=ex.reshard_after_forward,
+                             grad_bytes_per_param=ex.grad_bytes_per_param) + \
+            expert_extra_s(cost, plan, members[0], k, op)
+        a2a = alltoall_s(cost, plan, members[0], k, op)
+        if schedule_kind(plan.schedule).overlaps_alltoall and a2a > 0:
+            # DualPipe's pairs run it beside their compute, the other actions after it:
+            # on average over the stage's actions of this op (`experts.paired_fraction`)
+            mine = _stage_s(cost, plan.pipelines[members[0]].stages[k],
+                            plan.pipelines[members[0]].micro_batch, op) + extra
+            paired = paired_fraction(plan, members[0], k, op)
+            return extra + paired * max(0.0, a2a - mine) + (1 - paired) * a2a
+        return extra + a2a
     v, kind = plan.chunks, plan.schedule
     pipe = plan.pipelines[members[0]]
     st, m, b = pipe.stages, pipe.num_microbatches, pipe.micro_batch
@@ -189,7 +210,10 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
         sched = generate(kind, p, min(m, 2 * p), v)
     times = _op_times(cost, pipe, kind, sched, add)
     homes = [rank_stages(r, p, v, pipeline_placement(plan, pipe)) for r in range(p)]
-    sizes = [_stage_bytes(cost, s, b, cache) for s in st]
+    sizes = [_stage_bytes(cost, s, b, cache, ex.keeps_stage_outputs) for s in st]
+    sizes = [z._replace(stash_bytes=z.stash_bytes + extra) if extra else z
+             for z, extra in ((z, expert_stash_extra_bytes(cost, plan, members[0], k))
+                              for k, z in enumerate(sizes))]
     crossed = [_link(cost, x, y, sizes[k].send_bytes, cache)
                for k, (x, y) in enumerate(pairwise(st))]
     whole_b = None          # a split kind's replayed B's, when the sends are folded in
@@ -308,14 +332,16 @@ def _stage_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> fl
         ring_attention_extra_s(cost, stage, micro_batch, op)
 
 
-def _stage_bytes(cost: CostModel, stage: StagePlan, micro_batch: int, cache: AnalyticCache
-                 ) -> StageBytes:
-    """A stage's stash per micro-batch and bytes sent on, per device."""
+def _stage_bytes(cost: CostModel, stage: StagePlan, micro_batch: int, cache: AnalyticCache,
+                 keeps_outputs: bool = False) -> StageBytes:
+    """A stage's stash per micro-batch (with the stage output the engine keeps, when
+    `keeps_outputs`) and bytes sent on, per device."""
     key = ((stage.layers, stage.tp, stage.recompute, stage.sequence_parallel, stage.cp),
-           micro_batch)
+           micro_batch, keeps_outputs)
     got = cache.stage_bytes.get(key)
     if got is None:
-        got = cache.stage_bytes[key] = StageBytes(cost.stage_stash_bytes(stage, micro_batch),
+        got = cache.stage_bytes[key] = StageBytes(cost.stage_stash_bytes(stage, micro_batch,
+                                                                         keeps_outputs),
                                                   cost.send_bytes(stage.layers, micro_batch))
     return got
 
@@ -324,14 +350,16 @@ def _static_bytes(cost: CostModel, plan: Plan, stages: list[StagePlan], type_nam
                   micro_batch: int, ex: Execution, cache: AnalyticCache) -> float:
     """`CostModel.device_static_bytes` of a rank's stages, cached by their shape, shards,
     ZeRO stage and device type."""
-    shards = tuple(dp_shards(plan, s) for s in stages)
+    shards = tuple(dp_shards(plan, s, cost.cluster) for s in stages)
+    experts = tuple(expert_state(cost, plan, s) for s in stages)
     key = (tuple((s.layers, s.tp, s.recompute, s.sequence_parallel, s.cp) for s in stages),
-           type_name, micro_batch, shards, ex.zero, ex.reshard_after_forward)
+           type_name, micro_batch, shards, ex.zero, ex.reshard_after_forward, experts)
     got = cache.static_bytes.get(key)
     if got is None:
         got = cache.static_bytes[key] = cost.device_static_bytes(
             stages, micro_batch, zero=ex.zero, reshard_after_forward=ex.reshard_after_forward,
-            shards_of=lambda s: dp_shards(plan, s))
+            shards_of=lambda s: dp_shards(plan, s, cost.cluster),
+            experts_of=lambda s: expert_state(cost, plan, s))
     return got
 
 
@@ -350,15 +378,17 @@ def _link(cost: CostModel, x: StagePlan, y: StagePlan, nbytes: float, cache: Ana
     return got
 
 
-def _optimizer_s(cost: CostModel, stage: StagePlan, shards: int, cache: AnalyticCache
-                 ) -> float:
-    """A stage's optimizer step on its devices (their slowdown included)."""
+def _optimizer_s(cost: CostModel, stage: StagePlan, shards: int, cache: AnalyticCache,
+                 experts: tuple[float, int | None] = (1.0, None)) -> float:
+    """A stage's optimizer step on its devices (their slowdown included); `experts`:
+    its share of the routed experts and their shards (`experts.expert_state`)."""
     name = cache.device_types[stage.devices[0]].name
-    key = (stage.layers, name, stage.tp, shards)
+    key = (stage.layers, name, stage.tp, shards, experts)
     got = cache.optimizer_s.get(key)
     if got is None:
-        got = cache.optimizer_s[key] = cost.optimizer_time_s(stage.layers, name, stage.tp,
-                                                             shards)
+        got = cache.optimizer_s[key] = cost.optimizer_time_s(
+            stage.layers, name, stage.tp, shards, expert_share=experts[0],
+            expert_shards=experts[1])
     return got * cost.cluster.slowdown(stage.devices)
 
 
@@ -399,24 +429,35 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
         # Ring i syncs the i-th of tp slices (a device of a smaller group is in several
         # rings, one slice each), as the simulator's `program.prepare_collectives`.
         tp = max(tps)
-        nbytes = _params(cost, layers, cache) * grad_bytes / tp
-        if nbytes <= 0:
-            continue
-        k = bucket_count(nbytes, bucket_bytes)
-        ring = _bucket_ring(cost, pipes, classes, parts, rank_devices, tps, nbytes / k, cache)
-        ends = [ready[part] for part in parts]
-        if overlap:
-            s0 = max(e - length for e, length in ends)
-            d = max(length for _, length in ends) / k
-            finish = s0 + max(d + k * ring.time_s, k * d + ring.time_s)   # buckets' queue
-            s0 += d
-        else:
-            s0 = max(e for e, _ in ends)
-            finish = s0 + k * ring.time_s
-        owners.append((parts, finish, ring.latency_s))
-        starts.append(s0)
-        crossed.append(ring.hops)
-        busy_s.append(k * ring.busy_s)
+        # Under expert parallelism the routed experts' gradients go over their own
+        # expert-data-parallel rings (`experts.expert_dp_rings`), the rest as usual.
+        q0 = classes[0][0]
+        k0 = stage_holding(pipes[q0].stages, layers[0])
+        experts = cost.expert_params(layers) if pipes[q0].stages[k0].ep > 1 else 0
+        jobs = [((_params(cost, layers, cache) - experts) * grad_bytes / tp, None)]
+        if experts:
+            jobs.append((experts * expert_share(cost, plan, q0, k0) * grad_bytes / tp,
+                         expert_dp_rings(plan, q0, k0)))
+        for nbytes, rings in jobs:
+            if nbytes <= 0 or (rings is not None and len(rings[0]) <= 1):
+                continue
+            k = bucket_count(nbytes, bucket_bytes)
+            ring = _bucket_ring(cost, pipes, classes, parts, rank_devices, tps, nbytes / k,
+                                cache) if rings is None else _ring(cost, rings, nbytes / k,
+                                                                   cache)
+            ends = [ready[part] for part in parts]
+            if overlap:
+                s0 = max(e - length for e, length in ends)
+                d = max(length for _, length in ends) / k
+                finish = s0 + max(d + k * ring.time_s, k * d + ring.time_s)   # buckets
+                s0 += d
+            else:
+                s0 = max(e for e, _ in ends)
+                finish = s0 + k * ring.time_s
+            owners.append((parts, finish, ring.latency_s))
+            starts.append(s0)
+            crossed.append(ring.hops)
+            busy_s.append(k * ring.busy_s)
     # A hop serves the rings of every layer range that cross it one after another at best
     # (equal time-sharing, as the simulator's network): none ends before its busy time.
     served = _served(starts, crossed, busy_s)

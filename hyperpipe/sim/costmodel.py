@@ -20,7 +20,7 @@ from typing import NamedTuple, TypeVar
 
 from hyperpipe.cluster.cluster import Cluster, Link, Route
 from hyperpipe.models import ModelSpec
-from hyperpipe.models.ops import layer_work
+from hyperpipe.models.ops import block_launches, layer_work, pass_launches
 from hyperpipe.plan.profile import Profile
 from hyperpipe.plan.stack import DEFAULT_STACK, Runtime, resolve_runtime
 from hyperpipe.sim.compute import pass_time_s
@@ -55,6 +55,9 @@ ADAM_STEP_BYTES_PER_PARAM = 28
 _T = TypeVar("_T")
 
 BACKWARD_OPS = {"I": ("i_flops",), "W": ("w_flops",), "B": ("i_flops", "w_flops")}
+# Transformer blocks, dense and MoE (`hyperpipe.models.spec.MoEBlock`): both all-reduce
+# twice per pass under tensor parallelism (attention and MLP or experts).
+BLOCK_KINDS = ("block", "moe")
 
 
 def shared_bandwidths_bytes_per_s(routes: Sequence[Route]) -> list[float]:
@@ -153,6 +156,12 @@ class CostModel:
                       tp: int, sequence_parallel: bool, cp: int = 1) -> float:
         kind = self.model.layers[layer].kind
         flops = self.op_flops(layer, micro_batch, op) / (tp * cp)
+        if self.profile is not None and kind == "moe" and not any(
+                Profile.key(device_type, "moe", o) in self.profile.compute for o in "FBIW"):
+            t = self._moe_at_dense_rate_s(layer, device_type, micro_batch, op, tp, cp)
+            if t is not None:
+                return t
+            kind = "block"
         if self.profile is not None:
             fit = self.profile.compute.get(Profile.key(device_type, kind, op))
             if fit is not None:
@@ -172,6 +181,47 @@ class CostModel:
         mem *= {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}[op]
         return max(flops / dev.achievable_flops_for(self.model.dtype),
                    mem / dev.mem_bandwidth_bytes_per_s)
+
+    def _moe_at_dense_rate_s(self, layer: int, device_type: str, micro_batch: int, op: str,
+                             tp: int, cp: int, local_experts: int | None = None
+                             ) -> float | None:
+        """An MoE block's `op` under a profile that fitted dense blocks only: the dense
+        block's fit at the MoE block's FLOPs, plus the kernels the MoE block launches
+        beyond a dense one (`models.ops.pass_launches`: router, permute, unpermute, one
+        MLP per local expert, `local_experts` of them, None: all) at the dense fit's
+        cost per launch, its intercept over the dense block's launches (what a pass
+        costs however little its work, spread over the kernels it launches). B: I + W
+        when the profile has no B fit; None without the dense fits. Nothing here is
+        fitted to MoE runs."""
+        spec = self.model.layers[layer]
+        total = 0.0
+        fit = self.profile.compute.get(Profile.key(device_type, "block", op))
+        passes = (op,) if fit is not None or op != "B" else ("I", "W")
+        for p in passes:
+            f = self.profile.compute.get(Profile.key(device_type, "block", p))
+            if f is None:
+                return None
+            ops = ("I", "W") if p == "B" else (p,)
+            dense = sum(block_launches(spec.config, o) for o in ops)
+            extra = sum(pass_launches(spec, o, local_experts) for o in ops) - dense
+            total += f(self.op_flops(layer, micro_batch, p) / (tp * cp)) + \
+                extra * max(0.0, f.a_s) / dense
+        return total
+
+    def expert_launch_delta_s(self, layer: int, device_type: str, micro_batch: int,
+                              op: str, tp: int = 1, cp: int = 1, local_experts: int = 1
+                              ) -> float:
+        """Seconds `layer_time_s` of an MoE block changes by when the rank runs
+        `local_experts` routed experts instead of all (expert parallelism), through the
+        launches of their MLPs (`_moe_at_dense_rate_s`): 0 unless an MoE block is priced
+        at a profile's dense-block fit."""
+        if self.profile is None or self.model.layers[layer].kind != "moe" or any(
+                Profile.key(device_type, "moe", o) in self.profile.compute for o in "FBIW"):
+            return 0.0
+        mine = self._moe_at_dense_rate_s(layer, device_type, micro_batch, op, tp, cp,
+                                         local_experts)
+        every = self._moe_at_dense_rate_s(layer, device_type, micro_batch, op, tp, cp)
+        return 0.0 if mine is None or every is None else mine - every
 
     def _op_time_s(self, layer: int, dev, micro_batch: int, op: str, tp: int,
                    sequence_parallel: bool, cp: int = 1) -> float | None:
@@ -271,7 +321,7 @@ class CostModel:
             t += self.tp_comm_s(layers, devices, micro_batch, "F", cp)
         if t <= 0.0:
             return 0.0, 0.0
-        blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind == "block")
+        blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind in BLOCK_KINDS)
         count = 2 * blocks * (2 if op in ("B", "I") and recompute == "full" else 1)
         # latency of one collective: its time for a vanishing message
         lat = 0.0 if self.profile is not None and "*" in self.profile.allreduce else \
@@ -289,7 +339,8 @@ class CostModel:
         table = self._tables.tp_comm_s
         key = (layers, devices, micro_batch, cp)
         if key not in table:
-            blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind == "block")
+            blocks = sum(1 for i in range(*layers)
+                         if self.model.layers[i].kind in BLOCK_KINDS)
             nbytes = self.model.layer_cost(layers[0], micro_batch).send_bytes or \
                 self.model.layer_cost(max(layers[0], 1), micro_batch).send_bytes
             table[key] = 2 * blocks * self.allreduce_time_s(devices[:len(devices) // cp],
@@ -419,6 +470,11 @@ class CostModel:
         both = layers[0] == 0 and layers[1] == self.model.num_layers
         return prefix[layers[1]] - prefix[layers[0]] - (self.tied_params() if both else 0)
 
+    def expert_params(self, layers: tuple[int, int]) -> int:
+        """Parameters of the routed experts among layers [a, b) (`MoEBlock.expert_params`):
+        what expert parallelism splits over its ranks."""
+        return sum(getattr(self.model.layers[i], "expert_params", 0) for i in range(*layers))
+
     def tied_params(self) -> int:
         """Parameters of the embedding matrix the head reuses (`ModelSpec.tied_params`;
         0 when untied): what the first and last stage all-reduce the gradient of."""
@@ -470,24 +526,33 @@ class CostModel:
         return (grad + self.model.dtype_bytes) / 2
 
     def state_bytes(self, layers: tuple[int, int], tp: int = 1, dp_shards: int = 1,
-                    zero: int | None = None) -> float:
+                    zero: int | None = None, *, expert_share: float = 1.0,
+                    expert_shards: int | None = None) -> float:
         """Weights, gradients and optimizer state of a stage, per device of its TP group;
         with the distributed optimizer the fp32 master weights and Adam moments are split
         over the `dp_shards` data-parallel ranks that hold the same layers (ZeRO-1).
         `zero` (None: ZeRO-1's split over `dp_shards`) 2 splits the gradients too, 3 all
         of it (`ZERO3_STATE_BYTES_PER_PARAM`); what ZeRO-3 gathers while it computes is
-        `zero3_working_bytes`."""
+        `zero3_working_bytes`. With expert parallelism a device holds `expert_share` of
+        the routed experts (`expert_params`), sharded over `expert_shards` ranks (their
+        expert-data-parallel group; None: `dp_shards`)."""
         kept, shardable = STATE_BYTES_PER_PARAM[self.model.dtype]
         weight = float(self.model.dtype_bytes)
         grad = kept - weight
-        per_param = {None: kept + shardable / dp_shards, 0: kept + shardable,
-                     1: kept + shardable / dp_shards,
-                     2: weight + (grad + shardable) / dp_shards,
-                     3: ZERO3_STATE_BYTES_PER_PARAM[self.model.dtype] / dp_shards}[zero]
-        return self.stage_params(layers) * per_param / tp
+
+        def per_param(n: int) -> float:
+            return {None: kept + shardable / n, 0: kept + shardable,
+                    1: kept + shardable / n, 2: weight + (grad + shardable) / n,
+                    3: ZERO3_STATE_BYTES_PER_PARAM[self.model.dtype] / n}[zero]
+        experts = self.expert_params(layers) if expert_share != 1.0 or \
+            expert_shards not in (None, dp_shards) else 0
+        dense = self.stage_params(layers) - experts
+        return (dense * per_param(dp_shards) + experts * expert_share * per_param(
+            dp_shards if expert_shards is None else expert_shards)) / tp
 
     def zero3_working_bytes(self, layers: tuple[int, int], tp: int = 1,
-                            reshard_after_forward: bool = True) -> float:
+                            reshard_after_forward: bool = True, *,
+                            expert_share: float = 1.0) -> float:
         """Bytes ZeRO-3/FSDP holds unsharded on top of its shards, per device of a TP
         group. Resharding after forward (FSDP's FULL_SHARD; torchtitan wraps each block in
         `fully_shard`): the weights of two units (the one computing and the one
@@ -496,13 +561,21 @@ class CostModel:
         the stage's whole weights, from its first forward to its last backward, and its
         whole gradient, accumulated unsharded until the last backward
         (`set_requires_gradient_sync(False)` on the other micro-batches, torch/
-        distributed/pipelining/stage.py `backward_maybe_with_nosync`)."""
+        distributed/pipelining/stage.py `backward_maybe_with_nosync`). Under expert
+        parallelism a rank gathers only the routed experts it holds, `expert_share` of
+        them (torchtitan shards them with `fully_shard` over the expert-data-parallel
+        mesh `dp_mod_ep`, torchtitan/models/llama4/infra/parallelize.py `apply_fsdp`): a
+        unit counts its other parameters and that share of its `expert_params`."""
         kept, _ = STATE_BYTES_PER_PARAM[self.model.dtype]
         weight = float(self.model.dtype_bytes)
         grad = kept - weight
+
+        def held(i: int) -> float:
+            layer = self.model.layers[i]
+            return layer.params - getattr(layer, "expert_params", 0) * (1.0 - expert_share)
         if not reshard_after_forward:
-            return self.stage_params(layers) * kept / tp
-        unit = max(self.model.layers[i].params for i in range(*layers))
+            return sum(held(i) for i in range(*layers)) * kept / tp
+        unit = max(held(i) for i in range(*layers))
         return unit * (2 * weight + grad) / tp
 
     def stash_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1, *,
@@ -541,35 +614,80 @@ class CostModel:
         allocator fragmentation): the catalog's `runtime_reserve_bytes`."""
         return self.cluster.device_types[device_type].runtime_reserve_bytes
 
-    def stage_stash_bytes(self, stage, micro_batch: int) -> float:
+    def stage_stash_bytes(self, stage, micro_batch: int, keeps_outputs: bool = False
+                          ) -> float:
         """`stash_bytes` of a plan stage (`StagePlan`), with its recompute, sequence
-        parallelism and context parallelism."""
-        return self.stash_bytes(stage.layers, micro_batch, stage.tp, recompute=stage.recompute,
-                                sequence_parallel=stage.sequence_parallel,
-                                cp=getattr(stage, "cp", 1))
+        parallelism and context parallelism; with `keeps_outputs` (a stack whose engine
+        holds each stage output until the backward: `Runtime.keeps_stage_outputs`) plus
+        `stage_output_bytes`."""
+        cp = getattr(stage, "cp", 1)
+        stash = self.stash_bytes(stage.layers, micro_batch, stage.tp, recompute=stage.recompute,
+                                 sequence_parallel=stage.sequence_parallel, cp=cp)
+        if keeps_outputs:
+            stash += self.stage_output_bytes(stage.layers, micro_batch, stage.tp) / cp
+        return stash
+
+    def _head_logits(self, layers: tuple[int, int], micro_batch: int) -> float:
+        """Logit elements of one micro-batch when the range ends with a GPT head, else 0."""
+        last = self.model.layers[layers[1] - 1]
+        vocab = getattr(getattr(last, "config", None), "vocab_size", None)
+        if last.kind != "head" or vocab is None:
+            return 0.0
+        return float(micro_batch * self.model.seq_len * vocab)
+
+    def stage_output_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1
+                           ) -> float:
+        """Bytes of a stage's forward output per device of its tensor-parallel group: the
+        activations it sends (`send_bytes`), or on a stage ending with the head its
+        logits in the model dtype (vocab-parallel: 1/tp each); with tp > 1 DeepSpeed
+        keeps only this rank's 1/tp part of the activations (`PartitionedTensor`,
+        deepspeed/runtime/pipe/engine.py `_exec_forward_pass`)."""
+        logits = self._head_logits(layers, micro_batch)
+        if logits > 0:
+            return logits * self.model.dtype_bytes / tp
+        return self.send_bytes(layers, micro_batch) / tp
+
+    def head_backward_work_bytes(self, layers: tuple[int, int], micro_batch: int,
+                                 tp: int = 1, cp: int = 1) -> float:
+        """Bytes the head's backward holds on top of the stash, per device (0 for a range
+        without the head): Megatron computes the cross-entropy on an fp32 copy of the
+        logits (`vocab_parallel_cross_entropy(output.float(), labels)`, megatron/model/
+        gpt2_model.py and Megatron-DeepSpeed's `CrossEntropy`), whose backward writes the
+        fp32 gradient in place of the saved softmax (megatron/mpu/cross_entropy.py
+        `_VocabParallelCrossEntropy.backward`) and then casts it to the model dtype, a
+        new tensor while the fp32 one still lives: one micro-batch's logits in the model
+        dtype, split over tp (and cp)."""
+        return self._head_logits(layers, micro_batch) * self.model.dtype_bytes / (tp * cp)
 
     def device_static_bytes(self, stages, micro_batch: int, dp_shards: int = 1, *,
                             zero: int | None = None, reshard_after_forward: bool = True,
-                            shards_of=None) -> float:
+                            shards_of=None, experts_of=None) -> float:
         """Bytes a device holds all iteration long for the plan stages (`StagePlan`s) it
         runs: their state (`state_bytes` with `zero`, over `dp_shards` ranks, or
-        `shards_of(stage)` when given), the largest recompute working set among them (one
-        backward runs at a time), with ZeRO-3 what it holds unsharded
+        `shards_of(stage)` when given), the largest backward working set among them
+        (recompute's, or the head's `head_backward_work_bytes`, which runs before any
+        block of its stage is recomputed: one at a time), with ZeRO-3 what it holds unsharded
         (`zero3_working_bytes`: every stage's whole weights and gradient without
         resharding, else the largest stage's units), and the runtime reserve of its
-        device type."""
+        device type. `experts_of(stage)`: (expert share, expert shards) of a stage under
+        expert parallelism (`state_bytes`); None: every expert, sharded as the rest."""
         dtype = self.cluster.device(stages[0].devices[0]).type.name
         shards = [dp_shards if shards_of is None else shards_of(st) for st in stages]
-        state = sum(self.state_bytes(st.layers, st.tp, n, zero)
-                    for st, n in zip(stages, shards, strict=True))
-        work = max(self.recompute_work_bytes(st.layers, micro_batch, st.tp,
-                                             recompute=st.recompute,
-                                             sequence_parallel=st.sequence_parallel,
-                                             cp=getattr(st, "cp", 1))
+        experts = [(1.0, None) if experts_of is None else experts_of(st) for st in stages]
+        state = sum(self.state_bytes(st.layers, st.tp, n, zero, expert_share=e[0],
+                                     expert_shards=e[1])
+                    for st, n, e in zip(stages, shards, experts, strict=True))
+        work = max(max(self.recompute_work_bytes(st.layers, micro_batch, st.tp,
+                                                 recompute=st.recompute,
+                                                 sequence_parallel=st.sequence_parallel,
+                                                 cp=getattr(st, "cp", 1)),
+                       self.head_backward_work_bytes(st.layers, micro_batch, st.tp,
+                                                     getattr(st, "cp", 1)))
                    for st in stages)
         if zero == 3:
-            gathered = [self.zero3_working_bytes(st.layers, st.tp, reshard_after_forward)
-                        for st in stages]
+            gathered = [self.zero3_working_bytes(st.layers, st.tp, reshard_after_forward,
+                                                 expert_share=e[0])
+                        for st, e in zip(stages, experts, strict=True)]
             work += sum(gathered) if not reshard_after_forward else max(gathered)
         return state + work + self.runtime_reserve_bytes(dtype)
 
@@ -578,12 +696,19 @@ class CostModel:
         return self.model.layer_cost(layers[1] - 1, micro_batch).send_bytes
 
     def optimizer_time_s(self, layers: tuple[int, int], device_type: str, tp: int = 1,
-                         dp_shards: int = 1, devices: tuple[str, ...] = ()) -> float:
+                         dp_shards: int = 1, devices: tuple[str, ...] = (), *,
+                         expert_share: float = 1.0, expert_shards: int | None = None
+                         ) -> float:
         """The optimizer step of a stage's parameters on one device; with the distributed
         optimizer each of the `dp_shards` replicas updates its shard only; with `devices`
-        (the tensor-parallel group) stretched by its `Cluster.slowdown`."""
+        (the tensor-parallel group) stretched by its `Cluster.slowdown`. Under expert
+        parallelism the device updates `expert_share` of the routed experts, split over
+        `expert_shards` (None: `dp_shards`)."""
         slow = self.cluster.slowdown(devices) if devices else 1.0
-        params = self.stage_params(layers) / tp / dp_shards
+        experts = self.expert_params(layers) if expert_share != 1.0 or \
+            expert_shards not in (None, dp_shards) else 0
+        params = ((self.stage_params(layers) - experts) / dp_shards + experts *
+                  expert_share / (dp_shards if expert_shards is None else expert_shards)) / tp
         if self.profile is not None and device_type in self.profile.optimizer:
             return slow * self.profile.optimizer[device_type](params)
         dev = self.cluster.device_types[device_type]

@@ -33,6 +33,7 @@ class Execution:
     grad_bytes_per_param: float      # bytes per gradient element reduced (tied embeddings)
     zero: int = 0                    # the plan's ZeRO stage
     reshard_after_forward: bool = True   # ZeRO-3: gather again for every backward
+    keeps_stage_outputs: bool = False    # the engine holds each stage output till backward
 
 
 def execution_of(plan: Plan, cost: CostModel) -> Execution:
@@ -44,4 +45,5 @@ def execution_of(plan: Plan, cost: CostModel) -> Execution:
     return Execution(rt.p2p == "blocking", rt.overlap_grad_reduce,
                      cost.dp_sync_bytes_per_param(plan.distributed_optimizer, rt, plan.zero,
                                                   reshard),
-                     rt.grad_bytes_per_param(cost.grad_bytes_per_param), plan.zero, reshard)
+                     rt.grad_bytes_per_param(cost.grad_bytes_per_param), plan.zero, reshard,
+                     rt.keeps_stage_outputs)

@@ -20,6 +20,15 @@ import simpy
 from hyperpipe.plan.plan import Plan, StagePlan
 from hyperpipe.plan.schedule import Schedule, rank_stages
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.experts import (
+    alltoall_spec,
+    expert_dp_rings,
+    expert_extra_s,
+    expert_share,
+    expert_stash_extra_bytes,
+    expert_state,
+    overlaps_alltoall,
+)
 from hyperpipe.sim.network import (
     FlowSpec,
     bucket_count,
@@ -48,10 +57,17 @@ class Step(NamedTuple):
     stash_delta_bytes: float      # + at the start of F, - at the end of B or W
     report_stage: int             # the stage whose all-reduce its start reports, or -1
     tp: FlowSpec | None           # the tensor-parallel flow after its compute, or None
+    a2a: FlowSpec | None = None   # expert parallelism's all-to-alls, or None
+    a2a_overlap: bool = False     # they run beside the compute (DualPipe), not after it
 
     def busy_s(self) -> float:
-        """Its time on idle links: its compute and its tensor-parallel flow."""
-        return self.compute_s + (self.tp.time_s if self.tp is not None else 0.0)
+        """Its time on idle links: its compute, its tensor-parallel flow and its
+        all-to-alls (after the compute, or beside it when overlapped)."""
+        t = self.compute_s + (self.tp.time_s if self.tp is not None else 0.0)
+        if self.a2a is None:
+            return t
+        a2a = self.a2a.time_s
+        return max(t, a2a) if self.a2a_overlap else t + a2a
 
 
 class OpShape(NamedTuple):
@@ -63,6 +79,7 @@ class OpShape(NamedTuple):
     send: FlowSpec | None
     stash_delta_bytes: float
     tp: FlowSpec | None
+    a2a: FlowSpec | None = None
 
 
 class Rank:
@@ -141,7 +158,9 @@ def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe
     pp = plan.pipelines[pipe.index]
     stages, n_st, m, mb = pp.stages, len(pp.stages), pp.num_microbatches, pp.micro_batch
     sched = pipe.schedule
-    stash = [cost.stage_stash_bytes(s, mb) for s in stages]
+    stash = [cost.stage_stash_bytes(s, mb, ex.keeps_stage_outputs) for s in stages]
+    stash = [x + expert_stash_extra_bytes(cost, plan, pipe.index, k)
+             for k, x in enumerate(stash)]
     fwd = [boundary_flow(plan, cost, pipe, k, k + 1) for k in range(n_st - 1)]
     bwd = [boundary_flow(plan, cost, pipe, k + 1, k) for k in range(n_st - 1)]
     shapes: dict[tuple[int, str], OpShape] = {}
@@ -151,24 +170,29 @@ def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe
         rank.stages = [a.stage for a in row]
         rank.mbs = [a.microbatch for a in row]
         program = rank.program
-        for s, op, j in zip(rank.stages, rank.ops, rank.mbs, strict=True):
+        for i, (s, op, j) in enumerate(zip(rank.stages, rank.ops, rank.mbs, strict=True)):
             sh = shapes.get((s, op))
             if sh is None:
                 sh = op_shape(cost, stages, s, op, mb, m, stash[s], fwd, bwd)
                 extra = fsdp_extra_s(cost, plan, pipe.index, s, op,
                                      reshard=ex.reshard_after_forward,
-                                     grad_bytes_per_param=ex.grad_bytes_per_param)
-                sh = shapes[(s, op)] = sh._replace(compute_s=sh.compute_s + extra)
-            dur, wait, send, spec, delta, tp = sh
+                                     grad_bytes_per_param=ex.grad_bytes_per_param) + \
+                    expert_extra_s(cost, plan, pipe.index, s, op)
+                sh = shapes[(s, op)] = sh._replace(compute_s=sh.compute_s + extra,
+                                                   a2a=alltoall_spec(cost, plan, pipe.index,
+                                                                     s, op, pipe.members))
+            dur, wait, send, spec, delta, tp, a2a = sh
             program.append(Step(dur, wait + j if wait >= 0 else -1,
-                                send + j if send >= 0 else -1, send // m, spec, delta, -1, tp))
+                                send + j if send >= 0 else -1, send // m, spec, delta, -1, tp,
+                                a2a, a2a is not None and overlaps_alltoall(plan, rank.ops, i)))
         _first_forward_gathers(plan, cost, ex, pipe.index, rank)
         rank.grad_order = _grad_order(rank, ex.overlap_dp_allreduce)
         static = cost.device_static_bytes(
             [stages[s] for s in rank_stages(d, sched.num_devices, sched.chunks,
                                             sched.placement)], mb,
             zero=plan.zero, reshard_after_forward=ex.reshard_after_forward,
-            shards_of=lambda st: dp_shards(plan, st))
+            shards_of=lambda st: dp_shards(plan, st, cost.cluster),
+            experts_of=lambda st: expert_state(cost, plan, st))
         rank.timeline = [(0.0, static)]
         pipe.ranks.append(rank)
     _prepare_boxes(pipe, n_st, m, fwd, bwd)
@@ -301,22 +325,29 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, ex: Execut
         # every replica that holds it: tensor-parallel rank i modulo the group's size (a
         # device of a smaller group is in tp / its size rings, one slice each), in every
         # context rank (context ranks hold the same weights: Megatron-LM reduces over
-        # the data-parallel-with-context-parallel group).
-        nbytes = cost.stage_params(layers) * grad_bytes / tp
-        rings = [[st.devices[c * st.tp + i % st.tp] for st in held for c in range(st.cp)]
-                 for i in range(tp)]
-        if len(rings[0]) <= 1 or nbytes <= 0:
-            continue
-        k = bucket_count(nbytes, opt.bucket_bytes)
-        bucket = nbytes / k if k == 1 else opt.bucket_bytes
-        last = nbytes - bucket * (k - 1)
-        full = ring_spec(cost, rings, bucket, keep)
-        tail = full if last == bucket else ring_spec(cost, rings, last, keep)
+        # the data-parallel-with-context-parallel group). Under expert parallelism the
+        # routed experts' gradients go over their own expert-data-parallel rings
+        # (`experts.expert_dp_rings`), the rest over these.
+        experts = cost.expert_params(layers) if held[0].ep > 1 else 0
+        jobs = [((cost.stage_params(layers) - experts) * grad_bytes / tp,
+                 [[st.devices[c * st.tp + i % st.tp] for st in held for c in range(st.cp)]
+                  for i in range(tp)])]
+        if experts:
+            jobs.append((experts * expert_share(cost, plan, 0, holders[0]) * grad_bytes / tp,
+                         expert_dp_rings(plan, 0, holders[0])))
         parts = [(p, stage_holding(plan.pipelines[p.index].stages, layers[0]))
                  for p in pipes]
-        seg = Segment(layers, parts, full, tail, k, nbytes)
-        segments.append(seg)
-        for p, s in parts:
-            p.segments.setdefault(s, []).append(seg)
-            p.pending[s] = p.pending.get(s, 0) + 1
+        for nbytes, rings in jobs:
+            if len(rings[0]) <= 1 or nbytes <= 0:
+                continue
+            k = bucket_count(nbytes, opt.bucket_bytes)
+            bucket = nbytes / k if k == 1 else opt.bucket_bytes
+            last = nbytes - bucket * (k - 1)
+            full = ring_spec(cost, rings, bucket, keep)
+            tail = full if last == bucket else ring_spec(cost, rings, last, keep)
+            seg = Segment(layers, parts, full, tail, k, nbytes)
+            segments.append(seg)
+            for p, s in parts:
+                p.segments.setdefault(s, []).append(seg)
+                p.pending[s] = p.pending.get(s, 0) + 1
     return segments

@@ -12,6 +12,7 @@ local moves with it. Nothing here mutates its input.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -76,67 +77,173 @@ def encode_rows(rows) -> list[tuple[tuple[int, int, int], ...]]:
 def replay_rows(c: PipeCosts, rows, placement: str) -> RowTimes | None:
     """`replay` on encoded rows, each action's times at its position in its row (the
     inner loop of `improve`: plain lists, no hashing)."""
-    p, n_st = len(rows), len(c.f_s)
-    rank_of = [stage_rank(k, p, placement) for k in range(n_st)]
-    # what an input takes to arrive from the neighbouring stage (0 on the same rank)
-    in_f = [0.0] + [0.0 if rank_of[k - 1] == rank_of[k] else c.fwd_link_s[k - 1]
-                    for k in range(1, n_st)]
-    in_b = [0.0 if rank_of[k + 1] == rank_of[k] else c.bwd_link_s[k]
-            for k in range(n_st - 1)] + [0.0]
-    dur = (c.f_s, c.i_s, c.w_s,
-           c.b_s or [i + w for i, w in zip(c.i_s, c.w_s, strict=True)])
-    stash, budget = c.stash_bytes, [b * (1 + 1e-9) for b in c.budget_bytes]
-    mbs = 1 + max((j for row in rows for _, _, j in row), default=0)
-    done_f: list[float | None] = [None] * (n_st * mbs)    # F's end per (stage, mb)
-    done_b: list[float | None] = [None] * (n_st * mbs)    # I's or B's end
-    last = n_st - 1
-    out: RowTimes = [[] for _ in range(p)]
-    ptr, free, live = [0] * p, [0.0] * p, [0.0] * p
-    moved = True
-    while moved:
-        moved = False
-        for d in range(p):
-            row, got, at = rows[d], out[d], ptr[d]
-            while at < len(row):
-                code, k, j = row[at]
+    state = Replayer(c, len(rows), placement, rows).run(rows)
+    return None if state is None else state.times
+
+
+@dataclass(slots=True)
+class ReplayState:
+    """A finished replay of `rows` (encoded): `times[d][i]` is (ready, start, end) of rank
+    d's i-th action; `done_f`/`done_b` each (stage, micro-batch)'s F end and I-or-B end
+    (index stage * micro-batches + mb). What `Replayer.rerun` starts from; it fills
+    `live_after[d][i]` (rank d's stash bytes after its i-th action) when first asked."""
+
+    rows: list
+    times: RowTimes
+    done_f: list
+    done_b: list
+    live_after: list[list[float]] | None = None
+
+
+class Replayer:
+    """`replay_rows` for one pipeline's costs, set up once (rank of each stage, link
+    delays, durations, budgets), run on many orders of the same actions.
+
+    `rerun(state, rows, d, to)` gives what `run(rows)` gives, bit for bit, when `rows`
+    differ from the rows `state` replayed only on rank d from position `to` on (the
+    same number of actions per rank, any of them; `to` < that number): every
+    action that started before the old start of rank d's action `to` (T0) keeps its
+    times. Why that is exact: such an action's inputs and rank predecessors all ended
+    by its start, so before T0; every changed action started at or after T0 (a rank
+    starts its actions in order), so none of them is among its ancestors, whose edges
+    are unchanged; the replay's times are a function of that graph alone."""
+
+    __slots__ = ("p", "n_st", "mbs", "in_f", "in_b", "dur", "stash", "budget", "last")
+
+    def __init__(self, c: PipeCosts, p: int, placement: str, rows) -> None:
+        self.p, self.n_st = p, len(c.f_s)
+        rank_of = [stage_rank(k, p, placement) for k in range(self.n_st)]
+        # what an input takes to arrive from the neighbouring stage (0 on the same rank)
+        self.in_f = [0.0] + [0.0 if rank_of[k - 1] == rank_of[k] else c.fwd_link_s[k - 1]
+                             for k in range(1, self.n_st)]
+        self.in_b = [0.0 if rank_of[k + 1] == rank_of[k] else c.bwd_link_s[k]
+                     for k in range(self.n_st - 1)] + [0.0]
+        self.dur = (c.f_s, c.i_s, c.w_s,
+                    c.b_s or [i + w for i, w in zip(c.i_s, c.w_s, strict=True)])
+        self.stash = c.stash_bytes
+        self.budget = [b * (1 + 1e-9) for b in c.budget_bytes]
+        self.mbs = 1 + max((j for row in rows for _, _, j in row), default=0)
+        self.last = self.n_st - 1
+
+    def run(self, rows) -> ReplayState | None:
+        """Replay `rows` from the start (None: deadlock or over a budget)."""
+        p, size = self.p, self.n_st * self.mbs
+        return self._advance(rows, [[] for _ in range(p)], [0.0] * p,
+                             [None] * size, [None] * size)
+
+    def rerun(self, state: ReplayState, rows, d: int, to: int,
+              limit_s: float = float("inf")) -> ReplayState | None:
+        """`run(rows)` from `state` (see the class doc for what `rows` may change); None
+        also as soon as an action would end after `limit_s` (a caller that only wants
+        orders ending by then stops there)."""
+        t0, mbs = state.times[d][to][1], self.mbs
+        keeps = [bisect_left(got, t0, hi=to if e == d else len(got), key=_start_of)
+                 for e, got in enumerate(state.times)]
+        if state.live_after is None:
+            state.live_after = self._live_after(state.rows)
+        live = [la[keep - 1] if keep else 0.0
+                for la, keep in zip(state.live_after, keeps, strict=True)]
+        kept = sum(keeps)
+        if 2 * kept <= sum(map(len, state.times)):
+            # few kept: their ends into empty tables
+            size = self.n_st * mbs
+            done_f, done_b = [None] * size, [None] * size
+            old_f, old_b = state.done_f, state.done_b
+            for row, keep in zip(state.rows, keeps, strict=True):
+                for code, k, j in row[:keep]:
+                    if code == 0:
+                        done_f[k * mbs + j] = old_f[k * mbs + j]
+                    elif code != 2:
+                        done_b[k * mbs + j] = old_b[k * mbs + j]
+        else:
+            # most kept: the old tables, less what the old rows ran from T0 on
+            done_f, done_b = state.done_f[:], state.done_b[:]
+            for row, keep in zip(state.rows, keeps, strict=True):
+                for code, k, j in row[keep:]:
+                    if code == 0:
+                        done_f[k * mbs + j] = None
+                    elif code != 2:
+                        done_b[k * mbs + j] = None
+        out = [got[:keep] for got, keep in zip(state.times, keeps, strict=True)]
+        return self._advance(rows, out, live, done_f, done_b, limit_s)
+
+    def _live_after(self, rows) -> list[list[float]]:
+        """Per rank, its stash bytes after each of its actions, summed as `_advance`
+        sums them (so the same floats)."""
+        stash, out = self.stash, []
+        for row in rows:
+            live, mine = 0.0, []
+            for code, k, _ in row:
                 if code == 0:
-                    if k == 0:
-                        r = 0.0
+                    live += stash[k]
+                elif code != 1:
+                    live -= stash[k]
+                mine.append(live)
+            out.append(mine)
+        return out
+
+    def _advance(self, rows, out: RowTimes, live: list[float], done_f, done_b,
+                 limit_s: float = float("inf")) -> ReplayState | None:
+        """Run every rank from where `out` stops (`live`: each rank's stash bytes
+        there) until nothing can move."""
+        p, mbs, last = self.p, self.mbs, self.last
+        in_f, in_b, dur, stash, budget = self.in_f, self.in_b, self.dur, self.stash, \
+            self.budget
+        ptr = [len(got) for got in out]
+        free = [got[-1][2] if got else 0.0 for got in out]
+        moved = True
+        while moved:
+            moved = False
+            for d in range(p):
+                row, got, at = rows[d], out[d], ptr[d]
+                while at < len(row):
+                    code, k, j = row[at]
+                    if code == 0:
+                        if k == 0:
+                            r = 0.0
+                        else:
+                            t = done_f[(k - 1) * mbs + j]
+                            if t is None:
+                                break
+                            r = t + in_f[k]
+                    elif code == 2:
+                        r = done_b[k * mbs + j]
+                        if r is None:
+                            break
+                    elif k == last:
+                        r = done_f[k * mbs + j]
+                        if r is None:
+                            break
                     else:
-                        t = done_f[(k - 1) * mbs + j]
+                        t = done_b[(k + 1) * mbs + j]
                         if t is None:
                             break
-                        r = t + in_f[k]
-                elif code == 2:
-                    r = done_b[k * mbs + j]
-                    if r is None:
-                        break
-                elif k == last:
-                    r = done_f[k * mbs + j]
-                    if r is None:
-                        break
-                else:
-                    t = done_b[(k + 1) * mbs + j]
-                    if t is None:
-                        break
-                    r = t + in_b[k]
-                start = free[d] if free[d] > r else r
-                free[d] = end = start + dur[code][k]
-                got.append((r, start, end))
-                if code == 0:
-                    done_f[k * mbs + j] = end
-                    live[d] += stash[k]
-                    if live[d] > budget[d]:
+                        r = t + in_b[k]
+                    start = free[d] if free[d] > r else r
+                    free[d] = end = start + dur[code][k]
+                    if end > limit_s:
                         return None
-                else:
-                    if code != 2:
-                        done_b[k * mbs + j] = end
-                    if code != 1:
-                        live[d] -= stash[k]
-                at += 1
-                moved = True
-            ptr[d] = at
-    return out if all(ptr[d] == len(rows[d]) for d in range(p)) else None
+                    got.append((r, start, end))
+                    if code == 0:
+                        done_f[k * mbs + j] = end
+                        live[d] += stash[k]
+                        if live[d] > budget[d]:
+                            return None
+                    else:
+                        if code != 2:
+                            done_b[k * mbs + j] = end
+                        if code != 1:
+                            live[d] -= stash[k]
+                    at += 1
+                    moved = True
+                ptr[d] = at
+        if any(ptr[d] != len(rows[d]) for d in range(p)):
+            return None
+        return ReplayState(rows, out, done_f, done_b)
+
+
+def _start_of(t: tuple[float, float, float]) -> float:
+    return t[1]
 
 
 class RowScore(NamedTuple):

@@ -27,6 +27,13 @@ backward gathers them again (B or I) and reduce-scatters each unit's gradient af
 Without it (torchtitan's default with pipelining, "to avoid per-microbatch
 all-gathers"): each stage's first forward of the step gathers its units, and the
 gradients are reduce-scattered once, in the step's data-parallel segment.
+Under expert parallelism an MoE block's routed experts are a unit of their own, sharded
+over the expert-data-parallel mesh (torchtitan `fully_shard(transformer_block.moe.
+experts, mesh=dp_mod_ep_mesh)`, torchtitan/models/llama4/infra/parallelize.py
+`apply_fsdp`; Megatron-Core's distributed optimizer shards expert parameters over
+`get_expert_data_parallel_group()`, megatron/core/parallel_state.py): a rank gathers
+and reduce-scatters only the experts it holds, 1/ep of them, over its dp·cp / ep ranks
+(`experts.expert_dp_rings`), the rest of the block over the whole group.
 
 **Context parallelism** (ring attention: Megatron-LM megatron/core/transformer/
 dot_product_attention with TransformerEngine's `AttnFuncWithCPAndKVP2P`,
@@ -39,6 +46,12 @@ step's attention: a block's F is exposed (cp - 1) max(0, kv - step) beyond its c
 (`ring_exposed_s`); its backward moves keys, values and their gradients (twice the
 bytes). Compute itself is 1/cp of the layer's (`CostModel.layer_time_s`).
 
+**Uneven sharding** (plan `runtime.shard` "memory" or "speed": Cephalo's and
+HexiScale's heterogeneous FSDP): each rank of a data-parallel group holds a share of what
+ZeRO shards in proportion to its device's memory or peak FLOP/s (`shard_fractions`):
+its state and optimizer step divide by 1 / share instead of n (`dp_shards`), and a
+gather or scatter takes n x the largest share times the even one (`uneven_factor`).
+
 Left out: these gathers, scatters and exchanges run on idle links (their times come from
 the cost model's collectives), not as flows sharing hops with point-to-point sends and
 the data-parallel segments.
@@ -48,10 +61,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hyperpipe.models.ops import attention_gemms
+from hyperpipe.models.ops import CAUSAL_FRACTION, attention_gemms
 from hyperpipe.plan.plan import Plan, StagePlan
 from hyperpipe.sim.compute import gemm_time_s
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.experts import expert_dp_rings, expert_share, moe_layers
 from hyperpipe.sim.replicas import stage_holding
 
 
@@ -68,10 +82,58 @@ def reshard_after_forward(plan: Plan) -> bool:
     return (not pipelined(plan)) if given is None else given
 
 
-def dp_shards(plan: Plan, stage: StagePlan) -> int:
+def dp_shards(plan: Plan, stage: StagePlan, cluster=None) -> float:
     """Ranks a stage's optimizer state is split over: the replicas times its context
-    ranks with ZeRO 1 and up; 1 without."""
-    return len(plan.pipelines) * stage.cp if plan.zero >= 1 else 1
+    ranks with ZeRO 1 and up; 1 without. With uneven sharding (`runtime.shard` "memory"
+    or "speed", `cluster` needed) the effective count 1 / f, f this stage's device's
+    share (`shard_fractions`), so that what ZeRO shards divides by it as by n."""
+    if plan.zero < 1:
+        return 1
+    kind = plan.runtime_settings().shard
+    if kind == "even":
+        return len(plan.pipelines) * stage.cp
+    if cluster is None:
+        raise ValueError(f"dp_shards: runtime shard {kind!r} needs the cluster")
+    return 1.0 / _fraction(plan, stage, cluster, kind)
+
+
+def shard_weights(plan: Plan, stage: StagePlan, cluster, kind: str) -> list[float]:
+    """Per rank of `stage`'s data-parallel group (every replica's stage holding its first
+    layer, each context rank), its weight under `kind`: 1 ("even"), its device type's
+    memory ("memory") or peak FLOP/s for the model's dtype ("speed")."""
+    first = stage.layers[0]
+    out: list[float] = []
+    for pipe in plan.pipelines:
+        st = pipe.stages[stage_holding(pipe.stages, first)]
+        dev = cluster.device(st.devices[0]).type
+        w = {"even": 1.0, "memory": float(dev.memory_bytes),
+             "speed": float(dev.peak_flops)}[kind]
+        out += [w] * st.cp
+    return out
+
+
+def shard_fractions(weights: Sequence[float]) -> list[float]:
+    """Each rank's share of a sharded tensor: its weight over the group's (even weights:
+    1/n each). Sums to 1."""
+    total = float(sum(weights))
+    return [w / total for w in weights]
+
+
+def uneven_factor(fractions: Sequence[float]) -> float:
+    """How much longer a ring all-gather or reduce-scatter of uneven shards takes than of
+    even ones: every ring step moves each rank's chunk at once, so the largest sets the
+    step (NCCL's ring over padded chunks, torch's `all_gather_into_tensor` needs equal
+    ones): n x max fraction (1 when even)."""
+    return len(fractions) * max(fractions) if fractions else 1.0
+
+
+def _fraction(plan: Plan, stage: StagePlan, cluster, kind: str) -> float:
+    """`stage`'s rank's share under `kind` (its device type's weight over the group's)."""
+    weights = shard_weights(plan, stage, cluster, kind)
+    dev = cluster.device(stage.devices[0]).type
+    mine = {"even": 1.0, "memory": float(dev.memory_bytes),
+            "speed": float(dev.peak_flops)}[kind]
+    return mine / float(sum(weights))
 
 
 def shard_group(plan: Plan, q: int, k: int) -> tuple[str, ...]:
@@ -131,17 +193,37 @@ def fsdp_extra_s(cost: CostModel, plan: Plan, q: int, k: int, op: str, *,
         grad_bytes_per_param = plan.runtime_settings().grad_bytes_per_param(
             cost.grad_bytes_per_param)
     st = plan.pipelines[q].stages[k]
+    kind = plan.runtime_settings().shard
+    factor = 1.0 if kind == "even" else uneven_factor(shard_fractions(
+        shard_weights(plan, st, cost.cluster, kind)))
+    expert_group, share = _expert_group(cost, plan, q, k)
     key = ("fsdp", st, group, op, plan.pipelines[q].micro_batch, gather, scatter,
-           grad_bytes_per_param)
+           grad_bytes_per_param, factor, expert_group, share)
     table = cost.memo("sharding", dict)
     if key not in table:
         table[key] = _fsdp_extra_s(cost, st, group, op, plan.pipelines[q].micro_batch,
-                                   gather, scatter, grad_bytes_per_param)
+                                   gather, scatter, grad_bytes_per_param, factor,
+                                   expert_group, share)
     return table[key]
 
 
+def _expert_group(cost: CostModel, plan: Plan, q: int, k: int
+                  ) -> tuple[tuple[str, ...], float]:
+    """(the expert-data-parallel ring of stage k of pipeline q's first device, the share
+    of the routed experts its rank holds) under expert parallelism; ((), 1.0) without."""
+    st = plan.pipelines[q].stages[k]
+    if st.ep == 1:
+        return (), 1.0
+    if not moe_layers(cost, st.layers):
+        return (), 1.0
+    ring = next(r for r in expert_dp_rings(plan, q, k) if st.devices[0] in r)
+    return tuple(ring), expert_share(cost, plan, q, k)
+
+
 def _fsdp_extra_s(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: str,
-                  mb: int, gather: bool, scatter: bool, grad_bytes: float) -> float:
+                  mb: int, gather: bool, scatter: bool, grad_bytes: float,
+                  factor: float = 1.0, expert_group: tuple[str, ...] = (),
+                  share: float = 1.0) -> float:
     units = list(range(*st.layers))
     if op != "F":
         units.reverse()                      # the backward meets the layers last first
@@ -150,10 +232,17 @@ def _fsdp_extra_s(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: st
     for i in units:
         compute.append(cost.stage_time_s((i, i + 1), st.devices, mb, op, st.recompute,
                                          st.sequence_parallel, st.cp))
-        params = cost.model.layers[i].params / st.tp
-        gathers.append(cost.allgather_time_s(group, params * weight) if gather else 0.0)
-        scatters.append(cost.allgather_time_s(group, params * grad_bytes) if scatter
-                        else 0.0)
+        # Under ep an MoE block's routed experts are their own unit, sharded over the
+        # expert-data-parallel ring (`experts.expert_dp_rings`), of which this rank
+        # holds `share`; the rest over the whole group. One stream serves both.
+        experts = getattr(cost.model.layers[i], "expert_params", 0) if expert_group else 0
+        parts = [(group, factor, (cost.model.layers[i].params - experts) / st.tp),
+                 (expert_group, 1.0, experts * share / st.tp)]
+        gathers.append(sum(f * cost.allgather_time_s(g, p * weight) for g, f, p in parts
+                           if len(g) > 1 and p > 0) if gather else 0.0)
+        scatters.append(sum(f * cost.allgather_time_s(g, p * grad_bytes)
+                            for g, f, p in parts if len(g) > 1 and p > 0)
+                        if scatter else 0.0)
     return overlapped_pass_s(compute, gathers, scatters) - sum(compute)
 
 
@@ -183,7 +272,7 @@ def ring_attention_extra_s(cost: CostModel, stage: StagePlan, micro_batch: int,
         for i in range(*stage.layers):
             layer = cost.model.layers[i]
             config = getattr(layer, "config", None)
-            if layer.kind != "block" or config is None:
+            if layer.kind not in ("block", "moe") or config is None:
                 continue
             for p in passes:
                 total += ring_exposed_s(cp - 1, _exchange_s(cost, stage, micro_batch, p),
@@ -213,7 +302,7 @@ def ring_step_bytes(cost: CostModel, stage: StagePlan, micro_batch: int, op: str
 def _block_config(cost: CostModel):
     """The GPT config of the model's blocks (only shaped blocks get here)."""
     return next(layer.config for layer in cost.model.layers
-                if layer.kind == "block" and getattr(layer, "config", None) is not None)
+                if layer.kind in ("block", "moe") and getattr(layer, "config", None) is not None)
 
 
 def _exchange_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> float:
@@ -223,8 +312,10 @@ def _exchange_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) ->
 
 def _step_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> float:
     """One ring step's attention on one device: the attention core's GEMMs
-    (`models.ops.attention_gemms`) for one of the cp steps, at the device's GEMM curve,
-    or its FLOPs at the flat roofline; stretched by the group's slowdown."""
+    (`models.ops.attention_gemms`, a causal flash kernel's share of them) for one of the
+    cp steps, at the device's GEMM curve; or, on a flat-roofline device (which prices a
+    layer by the model's FLOP count, the whole s x s square), the step's FLOPs counted
+    the same way; stretched by the group's slowdown."""
     config = _block_config(cost)
     dev = cost.cluster.device(stage.devices[0]).type
     gemms = attention_gemms(config, op, micro_batch, cost.model.seq_len, stage.tp, stage.cp)
@@ -233,10 +324,13 @@ def _step_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> flo
         t = sum(gemm_time_s(dev, g.m, g.n, g.k, g.batch / stage.cp, model.dtype_bytes,
                             model.dtype) for g in gemms)
     else:
-        t = sum(g.flops for g in gemms) / stage.cp / dev.achievable_flops_for(model.dtype)
+        causal = CAUSAL_FRACTION if getattr(config, "attention", "flash") == "flash" else 1.0
+        t = sum(g.flops for g in gemms) / causal / stage.cp / \
+            dev.achievable_flops_for(model.dtype)
     return t * cost.cluster.slowdown(stage.devices)
 
 
 __all__ = ["dp_shards", "fsdp_extra_s", "overlapped_pass_s", "pipelined",
            "reshard_after_forward", "ring_attention_extra_s", "ring_edges",
-           "ring_exposed_s", "ring_step_bytes", "shard_group"]
+           "ring_exposed_s", "ring_step_bytes", "shard_fractions", "shard_group",
+           "shard_weights", "uneven_factor"]

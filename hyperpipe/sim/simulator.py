@@ -43,6 +43,7 @@ from hyperpipe.plan.plan import Plan, schedule_for
 from hyperpipe.plan.schedule import Schedule, ScheduleError, validate
 from hyperpipe.plan.trace import Trace, TraceEvent
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.experts import expert_state
 from hyperpipe.sim.memory import peak_of
 from hyperpipe.sim.metrics import Metrics, RankUse, summarize
 from hyperpipe.sim.network import Network, p2p_edges
@@ -132,7 +133,8 @@ class _Engine:
         start_lazy, sent_at, fuse, report_to = self.net.start_lazy, pipe.sent_at, pipe.fuse, \
             self._report
         t1 = env.now
-        for i, (dur, wait, box, chan, spec, delta, report, tp) in enumerate(rank.program):
+        for i, (dur, wait, box, chan, spec, delta, report, tp, a2a, a2a_beside) in \
+                enumerate(rank.program):
             if wait >= 0 and eta[wait] > t1:
                 rank.cursor = i
                 started = None
@@ -140,7 +142,7 @@ class _Engine:
                     if eta[wait] == NEVER:
                         # The sender learns the arrival time first; unless this action
                         # must report its start, it wakes us at the action's end.
-                        fuse[wait] = dur if report < 0 else -1.0
+                        fuse[wait] = dur if report < 0 and a2a is None else -1.0
                         ev = waiters[wait] = env.event()
                         started = yield ev
                         if started is not None and eta[wait] == started:
@@ -155,10 +157,22 @@ class _Engine:
                 current += delta
                 timeline.append((t0, current))
             starts.append(t0)
+            beside = None
+            if a2a_beside:                           # DualPipe: all-to-all beside compute
+                beside = [None]
+                t = start_lazy(a2a, env.now, _tp_done, beside)
+                beside[0] = env.event() if t is None else timeout(t - env.now)
             if started is None:
                 if report >= 0:
                     report_to(pipe, report, t0, dur)
                 yield timeout(dur)
+            if beside is not None:
+                yield beside[0]
+            elif a2a is not None:                    # expert all-to-alls after compute
+                holder = [None]
+                t = start_lazy(a2a, env.now, _tp_done, holder)
+                holder[0] = env.event() if t is None else timeout(t - env.now)
+                yield holder[0]
             if tp is not None:                       # tensor-parallel collectives
                 # On idle ports the network returns the delivery time (no flow event);
                 # if a flow joins later, `_delayed` moves the wait to `_tp_done`.
@@ -207,9 +221,11 @@ class _Engine:
                 yield self._tie_arrive(tie)
             if opt.include_optimizer:
                 st = self.plan.pipelines[pipe.index].stages[s]
+                share, shards = expert_state(self.cost, self.plan, st)
                 dt = self.cost.optimizer_time_s(
                     st.layers, self.cost.cluster.device(st.devices[0]).type.name, st.tp,
-                    dp_shards(self.plan, st), st.devices)
+                    dp_shards(self.plan, st, self.cost.cluster), st.devices, expert_share=share,
+                    expert_shards=shards)
                 if dt > 0:
                     t0 = env.now
                     yield timeout(dt)

@@ -106,7 +106,7 @@ def test_distributed_optimizer_sync_bytes_and_sharded_step():
     plan = uniform_plan(model, cluster, pp=1, dp=2, micro_batch=1, global_batch=2)
     opts = SimOptions(bucket_bytes=1e12)
     plain = simulate(plan, cost, opts).trace.events
-    sharded = simulate(replace(plan, distributed_optimizer=True), cost, opts).trace.events
+    sharded = simulate(replace(plan, zero=1), cost, opts).trace.events
 
     def one(events, op):
         return [e for e in events if e.op == op and e.device == "n0/0"]
