@@ -15,6 +15,16 @@ distributed optimizer (ZeRO stage 1/2 as in Megatron's; Rajbhandari et al. 2020)
 bucket is reduce-scattered, AdamW updates this rank's slice alone and an all-gather
 brings back the whole: the same update with 1/k of the optimizer state. Every rank
 constructs its DataParallel at the same time, with the same groups in the same order.
+
+ZeRO-2 (`zero=2`; DeepSpeed's stage 2, deepspeed/runtime/zero/stage_1_and_2.py, as
+`hyperpipe.sim.sharding` models it) also shards the gradients: after every backward
+action that produces a stage's weight gradients (B, or W after I) each of its buckets is
+reduce-scattered and the whole gradients are freed, this rank keeping the sum of its
+slices (1/k of the gradient memory); after the step the updated slices are
+all-gathered (the data-parallel segment). Its buckets never span two stages
+(`stage_dp_groups`) and, where every parameter is a plain tensor, a bucket's
+parameters are views into one flat buffer whose slice is what AdamW steps: no master
+copy (fp32 training needs none; the simulator counts none).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -32,9 +42,29 @@ from torch import nn
 from hyperpipe.exec.collectives import RingCollectives
 from hyperpipe.exec.comm import PeerFailure, wait
 from hyperpipe.exec.links import Links
+from hyperpipe.exec.placement import dp_groups
 from hyperpipe.exec.tensor_parallel import local
+from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.stack import DDP_BUCKET_BYTES
 from hyperpipe.plan.trace import TraceEvent
+
+
+def stage_dp_groups(plan: Plan) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """`placement.dp_groups` with each group's layers cut at the stage boundaries of
+    the first pipeline (ZeRO-2/3 plans cut every replica alike), so that a group's
+    gradients come from one stage's backward actions. The same order on every rank."""
+    bounds = {st.layers[0] for st in plan.pipelines[0].stages}
+    out = []
+    for ranks, layers in dp_groups(plan):
+        run: list[int] = []
+        for layer in layers:
+            if run and (layer in bounds or layer != run[-1] + 1):
+                out.append((ranks, tuple(run)))
+                run = []
+            run.append(layer)
+        if run:
+            out.append((ranks, tuple(run)))
+    return out
 
 
 @dataclass(eq=False)
@@ -49,8 +79,11 @@ class _Bucket:
     numel: int                          # elements of the local tensors, flattened
     after: _Bucket | None = None        # the group's previous bucket (starts first)
     next: _Bucket | None = None
-    shard: nn.Parameter | None = None   # distributed optimizer: this rank's slice
+    shard: torch.Tensor | None = None   # distributed optimizer: this rank's slice
     work: tuple | None = None           # this step: (work, buffer, start time) once started
+    flat: torch.Tensor | None = None    # ZeRO-2: the buffer the parameters are views of
+    pending: list = field(default_factory=list)   # ZeRO-2: reduce-scatters not yet summed
+    grad_sum: torch.Tensor | None = None    # ZeRO-2: this rank's slice of the gradient
     ranks: tuple[int, ...] = ()         # the group's global ranks
     ring: RingCollectives | None = None  # emulated links: the group's collectives
 
@@ -68,7 +101,9 @@ class DataParallel:
     `zero_grad`, then `arm` before each stage's last backward action and `produced`
     after it, `reduce` after the rank's last action, then `step`. With `links` (the link
     emulator's client; `nodes[r]`: the node of global rank r) the collectives run as
-    their steps over the emulated links.
+    their steps over the emulated links. With `zero=2` (which implies the distributed
+    optimizer) `produced` and `retire` run after every backward action that produces
+    weight gradients (`per_microbatch`), and the groups must be `stage_dp_groups`.
     """
 
     def __init__(self, groups: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], rank: int,
@@ -76,11 +111,13 @@ class DataParallel:
                  timeout_s: float, *, lr: float, distributed_optimizer: bool = False,
                  bucket_bytes: float = DDP_BUCKET_BYTES, overlap: bool = True,
                  links: Links | None = None, nodes: Sequence[str] = (),
-                 apart: Sequence[nn.Parameter] = ()):
+                 apart: Sequence[nn.Parameter] = (), zero: int | None = None):
         # `apart`: parameters reduced elsewhere (tied embeddings, exec.tied), kept out
         # of the buckets and stepped like the others
         self._timeout_s = timeout_s
-        self.distributed, self.overlap = distributed_optimizer, overlap
+        self.zero = (1 if distributed_optimizer else 0) if zero is None else zero
+        self.per_microbatch = self.zero == 2
+        self.distributed, self.overlap = self.zero >= 1, overlap
         self.params = [p for layer in sorted(params_by_layer) for p in params_by_layer[layer]]
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, _Bucket] = {}
@@ -113,7 +150,15 @@ class DataParallel:
             for b in self._buckets:
                 flat = self._flat([local(p).detach() for p in b.params], b.padded)
                 n = b.padded // b.size
-                b.shard = nn.Parameter(flat[b.index * n:(b.index + 1) * n].clone())
+                if self.per_microbatch and not any(local(p) is not p for p in b.params):
+                    b.flat = flat           # parameters become views of it: no master copy
+                    offset = 0
+                    for p in b.params:
+                        p.data = flat[offset:offset + p.numel()].view_as(p)
+                        offset += p.numel()
+                    b.shard = flat[b.index * n:(b.index + 1) * n]
+                else:
+                    b.shard = nn.Parameter(flat[b.index * n:(b.index + 1) * n].clone())
                 targets.append(b.shard)
         self.optimizer = torch.optim.AdamW(targets, lr=lr)
         self._armed: set[int] = set()
@@ -147,6 +192,8 @@ class DataParallel:
             self._clock = clock
         for b in self._buckets:
             b.work = None
+            b.pending.clear()
+            b.grad_sum = None
 
     def _grads(self, params: list[nn.Parameter]) -> list[torch.Tensor]:
         """Local gradients; a layer that saw no data (zero micro-batches) contributes 0."""
@@ -179,6 +226,23 @@ class DataParallel:
             if id(p) in self._bucket_of:
                 self._start_ready(self._bucket_of[id(p)])
 
+    def retire(self, params: list[nn.Parameter]) -> None:
+        """ZeRO-2, after `produced(params)`: the buckets of `params` (started) are set
+        aside for summing and their whole gradients freed; the next backward action
+        fills them anew. No-op otherwise."""
+        if not self.per_microbatch:
+            return
+        ids = {id(p) for p in params}
+        for b in self._buckets:
+            if b.work is None or not any(id(p) in ids for p in b.params):
+                continue
+            b.pending.append(b.work)
+            b.work = None
+            for p in b.params:
+                p.grad = None
+                self._ready.discard(id(p))
+                self._armed.discard(id(p))
+
     def _start_ready(self, b: _Bucket | None) -> None:
         """Start bucket `b` if every gradient in it is final and the group's previous
         bucket has started; then the buckets after it that have become startable."""
@@ -207,6 +271,8 @@ class DataParallel:
         gradients, or the shard's gradient with the distributed optimizer); one
         `allreduce` event per bucket, from its start to when its sum was seen."""
         self._clock = clock
+        if self.per_microbatch:
+            return self._sum_slices(device_name, step, clock)
         for b in self._buckets:
             if b.work is None:
                 self._start(b)
@@ -225,28 +291,70 @@ class DataParallel:
                                      float(b.numel * buf.element_size()), b.peers, step))
         return events
 
+    def _sum_slices(self, device_name: str, step: int, clock: Callable[[], float]
+                    ) -> list[TraceEvent]:
+        """ZeRO-2: wait for every bucket's reduce-scatters of the step (a bucket that
+        saw no backward scatters zeros once) and sum them into its slice's gradient; one
+        `reducescatter` event each, from its start to when its sum was seen."""
+        events = []
+        for b in self._buckets:
+            if b.work is not None:
+                b.pending.append(b.work)
+                b.work = None
+            if not b.pending:
+                self._start(b)
+                b.pending.append(b.work)
+                b.work = None
+            for work, buf, start in b.pending:
+                _wait(work, self._timeout_s, f"gradient reduce-scatter with {b.peers}")
+                b.grad_sum = buf if b.grad_sum is None else b.grad_sum.add_(buf)
+                events.append(TraceEvent(device_name, "reducescatter", -1, -1, start,
+                                         clock(), float(b.numel * buf.element_size()),
+                                         b.peers, step))
+            b.pending.clear()
+            b.shard.grad = b.grad_sum
+            for p in b.params:
+                p.grad = None
+        return events
+
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, device_name: str = "", step: int = -1,
+             clock: Callable[[], float] | None = None) -> list[TraceEvent]:
         """AdamW on this rank's parameters (or slices); with the distributed optimizer,
-        then all-gather every group's updated slices into its parameters."""
+        then all-gather every group's updated slices into its parameters. ZeRO-2's
+        all-gathers are returned as `allgather` events (with `clock`)."""
         for p, t in self._updated:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             if t is not p:
                 t.grad = local(p.grad)
         self.optimizer.step()
+        events: list[TraceEvent] = []
         if not self.distributed:
-            return
+            return events
         for g in self._buckets:
-            whole = torch.empty(g.padded, dtype=g.shard.dtype, device=g.shard.device)
-            _wait(g.ring.all_gather(whole, g.shard.detach()) if g.ring else
-                  dist.all_gather_single(whole, g.shard.detach(), group=g.pg, async_op=True),
+            start = clock() if clock is not None else 0.0
+            mine = g.shard.detach()
+            whole = g.flat
+            if whole is None:
+                whole = torch.empty(g.padded, dtype=g.shard.dtype, device=g.shard.device)
+            else:
+                mine = mine.clone()             # gathered into the buffer it is a view of
+            _wait(g.ring.all_gather(whole, mine) if g.ring else
+                  dist.all_gather_single(whole, mine, group=g.pg, async_op=True),
                   self._timeout_s, f"parameter all-gather with {g.peers}")
+            if self.per_microbatch and clock is not None:
+                events.append(TraceEvent(device_name, "allgather", -1, -1, start, clock(),
+                                         float(whole.numel() * whole.element_size()),
+                                         g.peers, step))
+            if g.flat is not None:
+                continue
             offset = 0
             for p in g.params:
                 t = local(p)
                 t.copy_(whole[offset:offset + t.numel()].view_as(t))
                 offset += t.numel()
+        return events
 
     @torch.no_grad()
     def gather_grads(self) -> None:
@@ -267,9 +375,13 @@ class DataParallel:
                 offset += t.numel()
 
     def master_tensors(self) -> list[torch.Tensor]:
-        """The distributed optimizer's slices of the parameters (its fp32 master copies:
-        memory on top of the parameters)."""
-        return [b.shard for b in self._buckets if b.shard is not None]
+        """What the data-parallel state holds beside parameters and optimizer state: the
+        distributed optimizer's slices of the parameters (its fp32 master copies; none
+        where they are views of the parameters) and ZeRO-2's gradient slices."""
+        out = [b.shard for b in self._buckets if b.shard is not None and b.flat is None]
+        out += [b.grad_sum for b in self._buckets if b.grad_sum is not None]
+        out += [buf for b in self._buckets for _, buf, _ in b.pending]
+        return out
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
@@ -278,6 +390,8 @@ class DataParallel:
         self.optimizer.load_state_dict(state)
         if self.distributed:        # the shards are the master copy: refresh from params
             for g in self._buckets:
+                if g.flat is not None:      # views of the parameters: nothing to do
+                    continue
                 flat = self._flat([local(p).detach() for p in g.params], g.padded)
                 n = g.padded // g.size
                 with torch.no_grad():

@@ -26,6 +26,7 @@ from hyperpipe.core.errors import BadInput
 from hyperpipe.exec import checkpoint, links, preflight
 from hyperpipe.exec.comm import probe_links
 from hyperpipe.exec.emulation import device_factors
+from hyperpipe.exec.experts import check_expert_parallel
 from hyperpipe.exec.fabric import topology
 from hyperpipe.exec.monitor import Reporter, peak_memory_bytes
 from hyperpipe.exec.options import RunOptions, RunResult
@@ -66,6 +67,7 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
     cluster = plan.load_cluster()
     plan.check(spec, cluster)
     check_runnable(plan, spec)
+    check_expert_parallel(plan, spec)
     if spec.config is None:
         for i, layer in enumerate(spec.layers):
             if layer.hidden is None:
@@ -234,10 +236,14 @@ def _reference_phase(runtime: RankRuntime, options: RunOptions, prep: Prepared, 
     report("phase", text=f"timing each rank's actions for emulation, one rank at a time "
            f"({world} ranks)", total=world)
     turns = dist.new_group(backend="gloo", timeout=timedelta(seconds=REFERENCE_WAIT_S))
-    for r in range(world):                  # a tensor-parallel group's ranks together
+    # a stage's tensor- and context-parallel ranks together (their compute exchanges)
+    group = runtime.where.stage_ranks or runtime.where.tp_ranks
+    if runtime.sharded is not None:     # ZeRO-3: FSDP2 gathers over the stage's replicas
+        group = tuple(sorted({*group, *runtime.sharded.ranks}))
+    for r in range(world):
         dist.barrier(group=turns)
-        if r == runtime.where.tp_ranks[0]:
-            if options.reference_profile is None and len(runtime.where.tp_ranks) == 1:
+        if r == group[0]:
+            if options.reference_profile is None and len(group) == 1:
                 t = time.perf_counter()
                 runtime.measure_reference(repeats=1, warmup=0)
                 round_s = time.perf_counter() - t

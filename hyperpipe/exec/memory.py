@@ -10,7 +10,10 @@
   and a parameter saved by its layer is not an activation. Torch's checkpoint
   (recompute) keeps a block's input alive outside autograd's saved tensors, so
   `recompute.Recomputed` saves it through autograd where this meter sees it. The peak
-  is sampled whenever a tensor is packed and after every action.
+  is sampled whenever a tensor is packed and after every action. Under ZeRO-3
+  (exec.fsdp) the parameters are this rank's shards, and what FSDP2 holds gathered
+  (parameters, unsharded gradients) is added as `working.working_bytes()`; a gathered
+  parameter that its layer saves for backward is a parameter (`working.holds`).
 """
 
 from __future__ import annotations
@@ -49,11 +52,13 @@ class _Saved:
 
 class MemoryMeter:
     """Peak bytes of one rank per step. `params`: the rank's parameters; `state`: a
-    callable giving the optimizer's state tensors (and any master copies)."""
+    callable giving the optimizer's state tensors (and any master copies); `working`:
+    ZeRO-3's sharded stages (exec.fsdp.ShardedStages), or None."""
 
     def __init__(self, device: torch.device, params: list[torch.nn.Parameter],
-                 state: callable):
+                 state: callable, working=None):
         self.device = device
+        self._working = working
         self.params = params
         self._state = state
         self._param_keys = {_storage(p)[0] for p in params}
@@ -81,7 +86,8 @@ class MemoryMeter:
 
     def _pack(self, t: torch.Tensor):
         key, nbytes = _storage(t)
-        if key in self._param_keys or nbytes == 0:
+        if key in self._param_keys or nbytes == 0 or (
+                self._working is not None and self._working.holds(t)):
             return t
         entry = self._saved.setdefault(key, [0, nbytes])
         if entry[0] == 0:
@@ -118,6 +124,8 @@ class MemoryMeter:
             return
         self._static_bytes = float(self._param_bytes + self._grad_bytes() +
                                    sum(t.nbytes for t in self._state()))
+        if self._working is not None:
+            self._static_bytes += self._working.working_bytes()
         self.peak_bytes = max(self.peak_bytes, self._static_bytes + self._saved_bytes)
 
     def step_peak(self) -> float:

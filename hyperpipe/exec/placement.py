@@ -4,8 +4,13 @@ Rank r runs device ``plan.devices[r]``: pipelines in order, and inside a pipelin
 devices in stage order. A pipeline has p positions (stages / chunks); position d is the
 tensor-parallel group of stage d's devices (one rank for tp = 1), and stage k lives on
 position ``stage_rank(k, p, placement)``: ``k % p`` (looped), or in a V for zb-v /
-dualpipe-v (position d holds stages d and 2p - 1 - d), as in the schedule IR. Pure
-functions of the plan: no torch, no processes.
+dualpipe-v (position d holds stages d and 2p - 1 - d), as in the schedule IR. With
+context parallelism (stage cp > 1, alike in every stage of a pipeline) a position's
+devices are cp tensor-parallel groups, tensor rank innermost (device c·tp + t is tensor
+rank t of context rank c), and each context rank's slice of the pipeline runs like a
+pipeline of its own, joined to the others by its ring (`cp_ranks`) and by the
+data-parallel groups, which sum over the context ranks too (dp x cp). Pure functions of
+the plan: no torch, no processes.
 
 >>> from hyperpipe.plan.plan import plan_from_dict
 >>> plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": "tiny-gpt",
@@ -46,6 +51,14 @@ class RankPlacement:
     position_ranks: tuple[tuple[int, ...], ...] = ()
     tp_index: int = 0               # this rank's place in its tensor-parallel group
     placement: str = "loop"         # how the pipeline's chunks sit: "loop" or "v"
+    # context parallelism: this rank's context rank, and its ring (the ranks of its
+    # tensor index in every context rank of its stages, in context order). With cp > 1
+    # `position_ranks` holds, for every position, the tensor-parallel group of this
+    # rank's context rank: each context rank's slice of the pipeline exchanges its own
+    # tokens' activations with the matching slice of the neighbouring stages.
+    cp_index: int = 0
+    cp_ranks: tuple[int, ...] = ()
+    stage_ranks: tuple[int, ...] = ()   # every rank of this position (tp x cp)
 
     @property
     def tp_ranks(self) -> tuple[int, ...]:
@@ -99,29 +112,53 @@ def placements(plan: Plan) -> list[RankPlacement]:
             r += len(pipe.stages[d].devices)
         for d in range(p):
             stages = rank_stages(d, p, plan.chunks, placement)
+            cp = pipe.stages[d].cp          # alike in every stage (check_runnable)
             for t, device in enumerate(pipe.stages[d].devices):
+                c, ti = divmod(t, len(groups[d]) // cp)       # tensor rank innermost
+                mine = tuple(_context_slice(g, cp, c) for g in groups)
+                ring = tuple(groups[d][j * (len(groups[d]) // cp) + ti] for j in range(cp))
                 out.append(RankPlacement(groups[d][t], device, i, d, p, first, stages, offset,
-                                         tuple(groups), t, placement))
+                                         mine, ti, placement, c, ring, groups[d]))
         offset += pipe.samples
     return out
+
+
+def _context_slice(group: tuple[int, ...], cp: int, c: int) -> tuple[int, ...]:
+    """Context rank c's tensor-parallel group among a stage's tp x cp ranks."""
+    tp = len(group) // cp
+    return group[c * tp:(c + 1) * tp]
+
+
+def cp_rings(plan: Plan) -> list[tuple[int, ...]]:
+    """Every context-parallel ring of two or more ranks (exec.context_parallel), each in
+    context order, sorted: the order in which every rank creates their process groups."""
+    return sorted({r.cp_ranks for r in placements(plan) if len(r.cp_ranks) > 1})
 
 
 def check_runnable(plan: Plan, spec: ModelSpec) -> None:
     """Raise BadInput for what the real executor cannot run (the plan itself is checked by
     `Plan.check`): a tensor-parallel degree that does not divide the model's heads,
     feed-forward width or (with sequence parallelism) sequence; a layer whose
-    data-parallel replicas differ in tensor-parallel degree; ZeRO 2/3 and context
-    parallelism, which it does not run yet."""
+    data-parallel replicas differ in tensor-parallel degree; a ZeRO-2/3 plan it cannot
+    shard (`check_sharding`); stages of one pipeline that differ in cp, and cp with
+    attention dropout (the ring attention has none); uneven sharding."""
+    shard = plan.runtime_settings().shard
+    if shard != "even" and plan.zero >= 1:
+        raise BadInput(f"{plan.source}: runtime.shard", "'even' for a real run (the "
+                       "executor shards every data-parallel group evenly)", shard)
     if plan.zero >= 2:
-        raise BadInput(f"{plan.source}: zero", "0 or 1: the executor does not run zero 2/3 "
-                       "or cp yet", plan.zero)
+        check_sharding(plan, spec)
     degree: dict[int, tuple[int, str]] = {}
     for i, pipe in enumerate(plan.pipelines):
         for k, st in enumerate(pipe.stages):
             where = f"{plan.source}: pipelines[{i}].stages[{k}]"
-            if st.cp > 1:
-                raise BadInput(f"{where}.cp", "1: the executor does not run zero 2/3 or cp "
-                               "yet", st.cp)
+            if st.cp != pipe.stages[0].cp:
+                raise BadInput(f"{where}.cp", f"cp={pipe.stages[0].cp} as in stage 0 (a real "
+                               "run passes each context rank's tokens to the matching "
+                               "context rank of the next stage)", st.cp)
+            if st.cp > 1 and spec.config is not None and spec.config.dropout > 0:
+                raise BadInput(f"{where}.cp", "1 with attention dropout (the executor's ring "
+                               "attention has none)", st.cp)
             for layer in range(*st.layers):
                 seen = degree.setdefault(layer, (st.tp, where))
                 if seen[0] != st.tp:
@@ -134,12 +171,45 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
             sizes = [("n_head", c.n_head), ("n_kv_head", c.n_kv_head),
                      ("ffn_hidden", c.ffn_hidden)] if c is not None else \
                 [("hidden", spec.layers[layer].hidden) for layer in range(*st.layers)]
-            if st.sequence_parallel:
-                sizes.append(("seq_len", spec.seq_len))
+            if st.sequence_parallel:      # each context rank's tokens, split over tp
+                sizes.append(("seq_len / cp", spec.seq_len // st.cp))
             for name, size in sizes:
                 if size is not None and size % st.tp:
                     raise BadInput(f"{where}.tp", f"a divisor of the model's {name} ({size}) "
                                    "for a real run", st.tp)
+
+
+def check_sharding(plan: Plan, spec: ModelSpec) -> None:
+    """BadInput for a ZeRO-2/3 plan the executor cannot run: replicas cut or
+    micro-batched differently (a stage's group gathers and reduce-scatters once per
+    micro-batch, alike on every replica); and with ZeRO-3 (torch FSDP2, exec.fsdp)
+    tensor parallelism, tied embeddings, or a schedule that splits the backward into I
+    and W (FSDP2 reduce-scatters a unit when its whole backward has run)."""
+    from hyperpipe.plan.plan import schedule_for
+    first = plan.pipelines[0]
+    for i, pipe in enumerate(plan.pipelines):
+        where = f"{plan.source}: pipelines[{i}]"
+        if [st.layers for st in pipe.stages] != [st.layers for st in first.stages]:
+            raise BadInput(f"{where}.stages", f"the layer ranges of pipelines[0] with zero "
+                           f"{plan.zero} (a real run shards each stage over its replicas)",
+                           [list(st.layers) for st in pipe.stages])
+        if pipe.num_microbatches != first.num_microbatches:
+            raise BadInput(f"{where}.num_microbatches", f"{first.num_microbatches} as in "
+                           f"pipelines[0] with zero {plan.zero} (every replica reduce-"
+                           "scatters once per micro-batch)", pipe.num_microbatches)
+        if plan.zero < 3:
+            continue
+        for k, st in enumerate(pipe.stages):
+            if st.tp > 1:
+                raise BadInput(f"{where}.stages[{k}].tp", "1 with zero 3 (the executor does "
+                               "not run FSDP with tensor parallelism yet)", st.tp)
+        if any(a.op == "I" for row in schedule_for(plan, i).actions for a in row):
+            raise BadInput(f"{plan.source}: schedule", "a kind without an I/W split with "
+                           "zero 3 (FSDP2 reduce-scatters after a unit's whole backward)",
+                           plan.schedule)
+    if plan.zero == 3 and spec.tied_params:
+        raise BadInput(f"{plan.source}: model", "untied embeddings with zero 3 (the "
+                       "executor does not run FSDP with tied embeddings yet)", spec.name)
 
 
 def layer_holders(plan: Plan) -> dict[int, tuple[int, ...]]:

@@ -24,6 +24,7 @@ def measure_reference(rt, *, repeats: int = 5, warmup: int = 2) -> dict:
     for a in rt.actions:
         ops.setdefault(a.stage, set()).add(a.op)
     tokens, targets = example_batch(rt.spec, rt.micro_batch, rt.seed)
+    tokens, targets = rt.local_sequence(tokens), rt.local_sequence(targets)   # cp: its own
     samples: dict = {}
     record = [False]                  # the first `warmup` rounds are not recorded
 
@@ -79,12 +80,13 @@ def reference_from(rt, cost) -> dict:
     for a in rt.actions:
         st = pipe.stages[a.stage]
         out[(a.stage, a.op)] = cost.stage_compute_s(st.layers, dtype, rt.micro_batch, a.op,
-                                                    st.tp, st.sequence_parallel)
+                                                    st.tp, st.sequence_parallel, st.cp)
         if a.op in ("B", "I") and st.recompute != "none":
             # the backward that needs the activations first redoes their forward
             out[(a.stage, a.op)] += sum(
                 cost.model.recompute_fraction(i, rt.micro_batch, st.recompute)
-                * cost.layer_time_s(i, dtype, rt.micro_batch, "F", st.tp, st.sequence_parallel)
+                * cost.layer_time_s(i, dtype, rt.micro_batch, "F", st.tp, st.sequence_parallel,
+                                    st.cp)
                 for i in range(*st.layers))
     if cost.profile is not None and dtype in cost.profile.optimizer:
         out["optimizer"] = sum(cost.optimizer_time_s(pipe.stages[s].layers, dtype,

@@ -31,14 +31,22 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hyperpipe.exec import comm, compute, tensor_parallel
+from hyperpipe.exec import comm, compute, context_parallel, tensor_parallel
 from hyperpipe.exec.collectives import ring_order, timing_ring
 from hyperpipe.exec.data import micro_batch_of, step_batch
-from hyperpipe.exec.dataparallel import DataParallel
+from hyperpipe.exec.dataparallel import DataParallel, stage_dp_groups
 from hyperpipe.exec.emulation import cpu_clock, stretch
+from hyperpipe.exec.experts import ExpertComm, ExpertParallel, expert_reduction
+from hyperpipe.exec.fsdp import ShardedStages, reshard_after_forward
 from hyperpipe.exec.links import Links
 from hyperpipe.exec.memory import MemoryMeter, state_tensors
-from hyperpipe.exec.placement import RankPlacement, adjacent_pairs, dp_groups, tp_groups
+from hyperpipe.exec.placement import (
+    RankPlacement,
+    adjacent_pairs,
+    cp_rings,
+    dp_groups,
+    tp_groups,
+)
 from hyperpipe.exec.recompute import apply_recompute
 from hyperpipe.exec.reference import measure_reference, reference_from
 from hyperpipe.exec.tied import TiedEmbedding
@@ -85,11 +93,13 @@ class _Recv:
     shape: tuple[int, ...]
 
 
-def boundary_shape(spec: ModelSpec, layer: int, micro_batch: int) -> tuple[int, ...]:
+def boundary_shape(spec: ModelSpec, layer: int, micro_batch: int, cp: int = 1
+                   ) -> tuple[int, ...]:
     """Shape of the activation that layer `layer` outputs (and of its gradient): (B, S, D)
-    for a GPT, (B, S, hidden) for a synthetic layer."""
+    for a GPT, (B, S, hidden) for a synthetic layer; S / cp tokens under context
+    parallelism."""
     width = spec.config.d_model if spec.config is not None else spec.layers[layer].hidden
-    return (micro_batch, spec.seq_len, width)
+    return (micro_batch, spec.seq_len // cp, width)
 
 
 class RankRuntime:
@@ -117,7 +127,10 @@ class RankRuntime:
         self.name = where.device
         pipe = plan.pipelines[where.pipeline]
         self.micro_batch, self.num_mb = pipe.micro_batch, pipe.num_microbatches
-        self.loss_scale = pipe.micro_batch / plan.global_batch
+        # context parallelism: each context rank's loss is the mean over its S/cp tokens,
+        # so 1/cp of it sums over the ranks to the mean over the sample's tokens
+        self.cp = len(where.cp_ranks) or 1
+        self.loss_scale = pipe.micro_batch / plan.global_batch / self.cp
         self.schedule = schedule_for(plan, where.pipeline)
         self.actions: tuple[Action, ...] = self.schedule.actions[where.pipe_rank]
         last = len(pipe.stages) - 1
@@ -128,6 +141,14 @@ class RankRuntime:
             if ranks == where.tp_ranks:
                 mesh = tensor_parallel.mesh_of(pg, device)
         self.tp = len(where.tp_ranks)
+        self.ring: context_parallel.Ring | None = None
+        for ranks in cp_rings(plan):
+            pg = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s))
+            if ranks == where.cp_ranks:
+                config = spec.config
+                self.ring = context_parallel.Ring(
+                    ranks, where.cp_index, pg, spec.seq_len, timeout_s, plan.devices, clock,
+                    links, keep_scores=config is not None and config.attention == "eager")
         self.stages: dict[int, _Stage] = {}
         for s in where.stages:
             sp = pipe.stages[s]
@@ -138,9 +159,25 @@ class RankRuntime:
                 layers = tensor_parallel.parallelize_stage(
                     layers, mesh, sequence_parallel=sp.sequence_parallel)
             layers = apply_recompute(layers, sp.recompute)
+            if self.ring is not None:
+                context_parallel.attach(layers, self.ring)
             self.stages[s] = _Stage(s, module, layers, s == 0, s == last,
-                                    boundary_shape(spec, max(a - 1, 0), self.micro_batch),
-                                    boundary_shape(spec, b - 1, self.micro_batch))
+                                    boundary_shape(spec, max(a - 1, 0), self.micro_batch,
+                                                   self.cp),
+                                    boundary_shape(spec, b - 1, self.micro_batch, self.cp))
+        # expert parallelism: each MoE block keeps this rank's experts, the others are
+        # reached by all-to-all (exec.experts); process groups made collectively
+        self.experts = ExpertParallel.build(
+            plan, spec, where.rank, {s: st.module for s, st in self.stages.items()},
+            ExpertComm(where.rank, where.device, timeout_s, lambda: self.clock(),
+                       emulated=links is not None), timeout_s)
+        # ZeRO-3: the stages' layers sharded with FSDP2 over their data-parallel groups
+        # (exec.fsdp), before anything holds their parameters
+        self.sharded = ShardedStages(
+            stage_dp_groups(plan), where.rank,
+            {s: (st.module, list(st.module.layers.values())) for s, st in self.stages.items()},
+            self.devices, reshard=reshard_after_forward(plan), timeout_s=timeout_s,
+            clock=lambda: self.clock(), links=links, nodes=nodes) if plan.zero == 3 else None
         self.params = [p for s in sorted(self.stages) for p in self.stages[s].module.parameters()]
         self.inbox = self._inbox()
         # Receives posted ahead per sender: enough to keep 1F1B's steady state fed,
@@ -149,13 +186,23 @@ class RankRuntime:
         self.channels = comm.Channels(adjacent_pairs(plan), timeout_s)
         self.tied = TiedEmbedding(plan, spec, where, [st.module for st in self.stages.values()],
                                   timeout_s, links=self.links, nodes=nodes)
-        self.dp = DataParallel(dp_groups(plan), where.rank, self._params_by_layer(),
+        # ZeRO-3's groups are FSDP2's: AdamW alone steps the local shards here
+        groups = [] if plan.zero == 3 else \
+            stage_dp_groups(plan) if plan.zero == 2 else dp_groups(plan)
+        by_layer = self._params_by_layer()
+        # with expert parallelism: experts reduced over their expert-data-parallel groups
+        groups, by_layer = expert_reduction(plan, spec, groups, by_layer,
+                                            [st.module for st in self.stages.values()])
+        self.dp = DataParallel(groups, where.rank, by_layer,
                                self.devices, timeout_s, lr=lr,
-                               distributed_optimizer=plan.distributed_optimizer,
+                               distributed_optimizer=plan.zero in (1, 2),
                                bucket_bytes=bucket_bytes, overlap=overlap_dp_allreduce,
-                               links=self.links, nodes=nodes, apart=self.tied.params)
+                               links=self.links, nodes=nodes, apart=self.tied.params,
+                               zero=plan.zero if plan.zero < 3 else 0)
         self.memory = MemoryMeter(device, self.params, lambda: state_tensors(
-            self.dp.optimizer, self.dp.master_tensors()))
+            self.dp.optimizer, self.dp.master_tensors()), working=self.sharded)
+        if self.sharded is not None:
+            self.sharded.sample = self.memory.sample
         # the index of each stage's last backward action (B, or W after I): its
         # gradients are final once that action has run (data-parallel buckets start)
         self.final_backward = {a.stage: i for i, a in enumerate(self.actions)
@@ -215,6 +262,9 @@ class RankRuntime:
         self.events: list[TraceEvent] = []
         self.step = step
         self.dp.zero_grad(self.clock)
+        self.experts.comm.begin_step(step)
+        if self.sharded is not None:
+            self.sharded.start_step()
         self.memory.start_step()
         self.local: dict[tuple[int, int, int], torch.Tensor] = {}
         self.stash: dict[tuple[int, int], list] = {}
@@ -232,10 +282,17 @@ class RankRuntime:
         primitive = {"F": self._forward, "B": self._backward, "I": self._backward_input,
                      "W": self._backward_weight}
         for i, a in enumerate(self.actions):
-            if self.final_backward.get(a.stage) == i:
+            if self.ring is not None:       # stamps the ring's exchange events
+                self.ring.step, self.ring.action = step, (a.stage, a.microbatch)
+            self.experts.comm.begin(a.stage, a.microbatch)
+            if self.final_backward.get(a.stage) == i or (self.dp.per_microbatch
+                                                         and a.op in ("B", "W")):
                 self._final_backward(a, primitive[a.op])
             else:
                 primitive[a.op](a)
+            if self.ring is not None:
+                self.events += self.ring.take_events()
+            self.events += self.experts.comm.take_events()
             self.memory.sample()
             self.sends.reap(self.events)
         self.sends.reap(self.events, block=True)
@@ -248,12 +305,15 @@ class RankRuntime:
         if self.tp > 1:
             tensor_parallel.finish_grads(self.params)
         self.events += self.dp.reduce(self.name, step, self.clock)
+        if self.sharded is not None:
+            self.events += self.sharded.finish(self.name, step)
         self.tied.reduce()
         t, cpu = self.clock(), cpu_clock()
-        self.dp.step()
+        gathers = self.dp.step(self.name, step, self.clock)
         # emulated like compute: the optimizer step's speed is the device's too
         self.events.append(self._event("optimizer", -1, -1, t, self._done(t, cpu,
                                                                           "optimizer")))
+        self.events += gathers
         return StepOutcome(step, self.events, float(self.loss_sum.item()), start_s,
                            self.clock(), self.memory.step_peak())
 
@@ -307,8 +367,11 @@ class RankRuntime:
                                        self._done(start, cpu, (a.stage, "W"))))
 
     def _final_backward(self, a: Action, primitive: Callable[[Action], None]) -> None:
-        """The stage's last backward action: gradient buckets start as it produces them
-        (hooks), or when it ends for a sequence-parallel stage, whose norms' partial
+        """The stage's last backward action (with ZeRO-2 every one that produces weight
+        gradients, its buckets then set aside: `DataParallel.retire`; with ZeRO-3 FSDP2
+        reduce-scatters after the last: `ShardedStages.arm`): gradient buckets start as
+        it produces them (hooks), or when it ends for a sequence-parallel stage, whose
+        norms' partial
         gradients are first summed over the tensor-parallel group. Under emulation too
         they start when it ends: the real compute produces every gradient in the first
         1/factor of the action's emulated time, while the device it stands for produces
@@ -316,10 +379,13 @@ class RankRuntime:
         params = list(self.stages[a.stage].module.parameters())
         sp = self.plan.pipelines[self.where.pipeline].stages[a.stage].sequence_parallel
         self.dp.arm(params, hooks=not sp and self.factor <= 1.0)
+        if self.sharded is not None:
+            self.sharded.arm(a.stage)
         primitive(a)
         if sp:
             tensor_parallel.finish_grads(params)
         self.dp.produced(params)
+        self.dp.retire(params)
 
     # ------------------------------------------------------------------ compute
     def compute_forward(self, st: _Stage, x: torch.Tensor, targets: torch.Tensor | None
@@ -334,8 +400,19 @@ class RankRuntime:
                                    loss_scale=self.loss_scale)
 
     def measure_reference(self, *, repeats: int = 5, warmup: int = 2) -> dict:
-        """Uncontended time of each (stage, op) and of the optimizer (reference.py)."""
-        self.reference = measure_reference(self, repeats=repeats, warmup=warmup)
+        """Uncontended time of each (stage, op) and of the optimizer (reference.py); a
+        context-parallel stage's ranks time together, their ring exchanges at loopback
+        speed (the emulated links' time comes on top in the run)."""
+        links = None
+        if self.ring is not None:
+            links, self.ring.links, self.ring.recording = self.ring.links, None, False
+        self.experts.comm.solo = True       # expert parallelism: compute alone, no peers
+        try:
+            self.reference = measure_reference(self, repeats=repeats, warmup=warmup)
+        finally:
+            self.experts.comm.solo = False
+            if self.ring is not None:
+                self.ring.links, self.ring.recording = links, True
         return self.reference
 
     def reference_from(self, cost) -> dict:
@@ -345,7 +422,15 @@ class RankRuntime:
 
     # ------------------------------------------------------------------ data movement
     def _micro(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return micro_batch_of(self.batch, self.where.sample_offset, self.micro_batch, index)
+        x, y = micro_batch_of(self.batch, self.where.sample_offset, self.micro_batch, index)
+        return self.local_sequence(x), self.local_sequence(y)
+
+    def local_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens of a (B, S, ...) tensor: all of them, or under context
+        parallelism its context rank's two chunks (exec.context_parallel)."""
+        if self.ring is None:
+            return x
+        return context_parallel.local_sequence(x, self.ring.positions)
 
     def _post(self, src: int, until: tuple[int, int, int] | None = None) -> None:
         """Post receives from `src` in its send order: up to `until` (a message key), or
@@ -430,6 +515,11 @@ class RankRuntime:
                       reference_s=self.reference.get(key))
         if self.links and self.tp > 1 and isinstance(key, tuple):
             end = self._tp_links(*key)
+        if self.links and self.experts.comm.records:
+            # the action's expert all-to-alls (gloo moved their data inside the compute):
+            # their link time after it, one after another (exec.experts)
+            self.events += self.experts.comm.emulate(self.links, self.devices)
+            end = self.clock()
         return end
 
     def _tp_links(self, stage: int, op: str) -> float:
@@ -440,7 +530,7 @@ class RankRuntime:
         clock after it."""
         sp = self.plan.pipelines[self.where.pipeline].stages[stage]
         nbytes = tensor_parallel.comm_bytes(self.spec, sp.layers, self.micro_batch, op,
-                                            sp.recompute)
+                                            sp.recompute) / self.cp     # its S/cp tokens
         self._tp_actions += 1
         timing_ring(self.links, self.tp_ring, self.where.rank, nbytes,
                     ("tp", self.tp_ring[0], self.step, self._tp_actions),
