@@ -76,14 +76,25 @@ def add_memory(p: argparse.ArgumentParser, verb: str) -> None:
 
 
 def add_sharding(p: argparse.ArgumentParser, verb: str) -> None:
-    """`--zero` (ZeRO stage, `hyperpipe.plan.plan.ZERO_STAGES`) and `--cp` (context
-    parallel degree of every stage)."""
+    """`--zero` (ZeRO stage, `hyperpipe.plan.plan.ZERO_STAGES`), `--cp` (context
+    parallel degree of every stage) and `--ep` (expert-parallel degree of every stage,
+    `StagePlan.ep`)."""
     p.add_argument("--zero", type=ca.count(0, 3), metavar="{0,1,2,3}",
                    help=f"{verb} the ZeRO stage: 1 shards the optimizer state over the "
                    "data-parallel group, 2 the gradients too, 3 the weights too (FSDP)")
     p.add_argument("--cp", type=ca.count(1, limits.MAX_CONTEXT_PARALLEL),
                    help=f"{verb} the context-parallel degree of every stage (the sequence "
                    "split over cp groups of tp devices, ring attention)")
+    add_expert_parallel(p, verb)
+
+
+def add_expert_parallel(p: argparse.ArgumentParser, verb: str) -> None:
+    """`--ep` (expert-parallel degree of every stage, `StagePlan.ep`): in `add_sharding`
+    for simulate and search, alone for whatif."""
+    p.add_argument("--ep", type=ca.count(1, limits.MAX_NODE_DEVICES * 64),
+                   help=f"{verb} the expert-parallel degree of every stage of an MoE model "
+                   "(its routed experts split over ep of the data-parallel x context ranks "
+                   "holding the stage; a divisor of the experts)")
 
 
 @dataclass(frozen=True)
@@ -164,7 +175,7 @@ FLAG_OF = {
     "allow_profile_mismatch": "--allow-profile-mismatch", "window": "--window",
     "microbatches": "--microbatches", "trace": "--trace", "steps": "--steps", "to": "--to",
     "vary": "--vary", "failures": "--failures", "stack": "--stack",
-    "zero": "--zero", "cp": "--cp",
+    "zero": "--zero", "cp": "--cp", "ep": "--ep", "seq_len": "--seq-len",
     "mtbf": "--mtbf", "storage_bandwidth": "--storage-bandwidth",
     "checkpoint_size": "--checkpoint-size", "checkpoint_write_time": "--checkpoint-write-time",
     "restart_time": "--restart-time", "checkpoint_interval": "--checkpoint-interval",

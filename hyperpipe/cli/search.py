@@ -26,6 +26,7 @@ from hyperpipe.cli.flags import (
     add_memory,
     add_profile,
     add_progress,
+    add_sharding,
     add_stack,
     add_workload,
     as_flags,
@@ -34,6 +35,7 @@ from hyperpipe.cli.flags import (
 )
 from hyperpipe.cli.inputs import load_checked_profile
 from hyperpipe.cli.output import EXIT_OK, print_json
+from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import check_outputs
 
@@ -58,6 +60,10 @@ class SearchOptions:
     backend: BackendOptions
     stack: str | None = None      # the stack every plan runs on (None: megatron-lm)
     start: str | None = None      # a plan to search from (its model, cluster, batch, stack)
+    zero: int | None = None       # ZeRO stage fixed
+    cp: int | None = None         # context-parallel degree fixed
+    ep: int | None = None         # expert-parallel degree fixed
+    seq_len: int | None = None    # the model's sequence length overridden
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SearchOptions:
@@ -67,7 +73,7 @@ class SearchOptions:
                    top=ns.top, workers=ns.workers, profile=ProfileOptions.from_namespace(ns),
                    out=ns.out, progress=ns.progress, json=ns.json,
                    backend=BackendOptions.from_namespace(ns), stack=ns.stack,
-                   start=ns.start)
+                   start=ns.start, zero=ns.zero, cp=ns.cp, ep=ns.ep, seq_len=ns.seq_len)
 
 
 def add_parser(sub) -> None:
@@ -86,6 +92,10 @@ def add_parser(sub) -> None:
     p.add_argument("--tp", type=ca.TENSOR_PARALLEL,
                    help="fix the tensor-parallel degree of every stage")
     add_memory(p, "fix")
+    add_sharding(p, "fix")
+    p.add_argument("--seq-len", type=ca.count(1, limits.MAX_MODEL_DIM),
+                   help="the model's sequence length (tokens per sample), overriding the "
+                   "preset's or file's")
     add_stack(p, "every plan")
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
     p.add_argument("--top", type=ca.TOP, default=5, help="plans to list")
@@ -117,7 +127,9 @@ def run(opts: SearchOptions) -> int:
             if value is None:
                 raise BadInput(flag, "given (or --start PLAN, whose it then is)", None,
                                has_got=False)
-    model = load_model(w.model, where="--model") if w.model else start.load_model()
+    overrides = {"seq_len": opts.seq_len} if opts.seq_len else None
+    model = load_model(w.model if w.model else start.load_model(), where="--model",
+                       overrides=overrides)
     cluster = load_cluster(w.cluster) if w.cluster else start.load_cluster()
     global_batch = w.global_batch or start.global_batch
     if start is not None:
@@ -130,6 +142,7 @@ def run(opts: SearchOptions) -> int:
                               chunks=opts.chunks, objective=opts.objective,
                               recompute=m.recompute, sequence_parallel=m.sequence_parallel,
                               distributed_optimizer=m.distributed_optimizer,
+                              zero=opts.zero, cp=opts.cp, ep=opts.ep,
                               **({"stack": stack} if stack else {}),
                               **({"runtime": start.runtime}
                                  if start is not None and stack == start.stack else {}))

@@ -40,6 +40,7 @@ class PlanShape:
     chunks: int | None = None
     zero: int | None = None           # ZeRO stage
     cp: int | None = None             # context-parallel degree of every stage
+    ep: int | None = None             # expert-parallel degree of every stage
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class SimulateOptions:
     def from_namespace(cls, ns: argparse.Namespace) -> SimulateOptions:
         shape = PlanShape(pp=ns.pp, dp=ns.dp, tp=ns.tp, micro_batch=ns.micro_batch,
                           global_batch=ns.global_batch, schedule=ns.schedule, chunks=ns.chunks,
-                          zero=ns.zero, cp=ns.cp)
+                          zero=ns.zero, cp=ns.cp, ep=ns.ep)
         return cls(plan=ns.plan, cluster=ns.cluster, model=ns.model, shape=shape,
                    memory=MemoryOptions.from_namespace(ns),
                    profile=ProfileOptions.from_namespace(ns), no_overlap=ns.no_overlap,
@@ -159,7 +160,7 @@ def _plan_model_cluster(opts: SimulateOptions):
     optional = {"--dp": s.dp, "--tp": s.tp, "--schedule": s.schedule, "--chunks": s.chunks,
                 "--recompute": m.recompute, "--sequence-parallel": m.sequence_parallel,
                 "--distributed-optimizer": m.distributed_optimizer, "--zero": s.zero,
-                "--cp": s.cp}
+                "--cp": s.cp, "--ep": s.ep}
     if opts.plan:
         given = [k for k, v in {**shape, **optional}.items() if v is not None]
         if given:
@@ -197,6 +198,13 @@ def _plan_model_cluster(opts: SimulateOptions):
             for p in plan.pipelines])
         with as_flags():
             plan.check(model, cluster, where="--cp")
+    if s.ep is not None and s.ep > 1:
+        from dataclasses import replace
+        plan = plan.with_pipelines([
+            replace(p, stages=tuple(replace(st, ep=s.ep) for st in p.stages))
+            for p in plan.pipelines])
+        with as_flags():
+            plan.check(model, cluster, where="--ep")
     if m.sequence_parallel and tp == 1:
         raise BadInput("--sequence-parallel", "tensor parallelism (--tp above 1)", "--tp 1")
     plan = plan.with_memory(recompute=m.recompute, sequence_parallel=m.sequence_parallel,

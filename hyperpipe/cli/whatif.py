@@ -18,6 +18,7 @@ from hyperpipe.cli.flags import (
     ProfileOptions,
     Workload,
     add_backend,
+    add_expert_parallel,
     add_json,
     add_profile,
     add_progress,
@@ -75,6 +76,7 @@ class WhatIfOptions:
     plan: str | None              # today's plan file
     failures: FailureFlags
     stack: str | None = None      # the stack every plan runs on (None: the plan's)
+    ep: int | None = None         # expert-parallel degree fixed
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> WhatIfOptions:
@@ -83,7 +85,7 @@ class WhatIfOptions:
                    workers=ns.workers, profile=ProfileOptions.from_namespace(ns),
                    plot=ns.plot, json=ns.json, progress=ns.progress,
                    backend=BackendOptions.from_namespace(ns), plan=ns.plan,
-                   failures=FailureFlags.from_namespace(ns), stack=ns.stack)
+                   failures=FailureFlags.from_namespace(ns), stack=ns.stack, ep=ns.ep)
 
 
 def add_parser(sub) -> None:
@@ -98,6 +100,7 @@ def add_parser(sub) -> None:
                    "device types to use: every subset is a variant (with prices: cost too)")
     p.add_argument("--micro-batch", type=ca.BATCH, help="fix the micro-batch size")
     p.add_argument("--schedule", help="fix the schedule kind")
+    add_expert_parallel(p, "fix")
     p.add_argument("--objective", choices=["throughput", "cost"], default="throughput")
     add_stack(p, "every plan (today's too)")
     p.add_argument("--workers", type=ca.WORKERS, default=1, help="worker processes")
@@ -149,7 +152,7 @@ def run(opts: WhatIfOptions) -> int:
                        has_got=False)
     planning = Planning(global_batch=opts.workload.global_batch, micro_batch=opts.micro_batch,
                         schedule=opts.schedule, objective=opts.objective,
-                        workers=opts.workers, plan=plan,
+                        workers=opts.workers, plan=plan, ep=opts.ep,
                         **({"stack": stack} if stack else {}))
     with opened_backend(opts.backend, opts.workers) as backend, as_flags():
         if opts.failures.failures:

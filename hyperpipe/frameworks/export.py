@@ -56,6 +56,7 @@ class Layout:
     sequence_parallel: bool = False
     lost: list[str] = field(default_factory=list)
     device_types: list[str] = field(default_factory=list)
+    cp: int = 1                       # context-parallel degree (every stage's)
 
 
 def layout_of(plan: Plan) -> Layout:
@@ -83,15 +84,15 @@ def layout_of(plan: Plan) -> Layout:
         lost.append(f"stages recompute differently {sorted(recompute)}; set recomputation "
                     "per model in the framework")
     cps = sorted({s.cp for p in plan.pipelines for s in p.stages})
-    if cps != [1]:
-        lost.append(f"context parallelism (cp {', '.join(map(str, cps))}): the export runs "
-                    "without it, one context rank per stage")
+    if len(cps) > 1:
+        lost.append(f"stages use different context-parallel degrees {cps}; the framework "
+                    f"uses one ({first.stages[0].cp})")
     pp = len(first.stages) // plan.chunks          # pipeline ranks (not devices: tp)
     return Layout(ranges, pp, plan.chunks, first.stages[0].tp, len(plan.pipelines),
                   first.micro_batch, first.num_microbatches, plan.global_batch,
                   plan.schedule, first.stages[0].recompute,
                   any(s.sequence_parallel for s in first.stages), lost,
-                  sorted(_device_types(plan)))
+                  sorted(_device_types(plan)), first.stages[0].cp)
 
 
 def replicas_x_stages(replicas: int, stages: int) -> str:
@@ -279,6 +280,8 @@ def _torchtitan(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
              f"data_parallel_shard_degree = {shard}",
              f"tensor_parallel_degree = {lay.tp}",
              f"pipeline_parallel_degree = {lay.pp}"]
+    if lay.cp > 1:      # FSDP then shards over dp_shard x cp, as the plan's zero does
+        lines.append(f"context_parallel_degree = {lay.cp}")
     files: dict[str, str] = {}
     csv_name = f"{stem}.schedule.csv"
     if lay.pp > 1:
@@ -370,9 +373,10 @@ def _megatron(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
               ) -> tuple[dict[str, str], list[str]]:
     n = _blocks(spec)
     lost: list[str] = []
-    world = lay.dp * lay.pp * lay.tp
+    world = lay.dp * lay.pp * lay.tp * lay.cp
     args = [f"--tensor-model-parallel-size {lay.tp}",
             f"--pipeline-model-parallel-size {lay.pp}",
+            *([f"--context-parallel-size {lay.cp}"] if lay.cp > 1 else []),
             *megatron_model_args(spec, lay.tp, lost),
             f"--micro-batch-size {lay.micro_batch}",
             f"--global-batch-size {lay.global_batch}",
@@ -422,6 +426,10 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
                     "(--checkpoint-activations)")
     if lay.sequence_parallel:
         lost.append("sequence parallelism: not in Megatron-DeepSpeed's pipeline engine")
+    if lay.cp > 1:
+        lost.append(f"context parallelism (cp {lay.cp}): Megatron-DeepSpeed has no ring "
+                    "attention (its sequence parallelism is DeepSpeed-Ulysses); the export "
+                    "runs one context rank per stage")
     half = spec.dtype in ("bf16", "fp16")
     parts = ds.parts_of(lay.stages, n, half)
     method = None

@@ -7,9 +7,11 @@ not read, what was assumed where the configuration is silent, and what the plan 
 differently from the job. `plan_of` places a job on a cluster the way the three
 frameworks number their ranks:
 
-    global rank = (pipeline rank x dp + replica) x tp + tensor-parallel rank
+    global rank = ((pipeline rank x dp + replica) x cp + context rank) x tp
+                  + tensor-parallel rank
 
-pipeline outermost, tensor parallelism innermost: Megatron-LM's default order
+pipeline outermost, then data parallelism and context parallelism, tensor parallelism
+innermost: Megatron-LM's default order
 ``tp-cp-ep-dp-pp`` (NVIDIA/Megatron-LM megatron/core/parallel_state.py,
 ``initialize_model_parallel``), torchtitan's device mesh ``("pp", "dp_replicate",
 "dp_shard", "cp", "tp")`` (pytorch/torchtitan torchtitan/distributed/parallel_dims.py)
@@ -85,6 +87,7 @@ class Job:
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
     zero: int = 0                     # ZeRO stage beyond the distributed optimizer (2, 3)
+    cp: int = 1                       # context-parallel degree of every stage
     stack: str = "megatron-lm"        # the plan's `stack` (hyperpipe.plan.stack.STACKS)
     runtime: dict[str, Any] = field(default_factory=dict)    # the plan's `runtime`
 
@@ -97,16 +100,17 @@ def plan_of(job: Job, cluster: Cluster) -> Plan:
     devices = [d.name for d in cluster.devices]
     world = job.world_size
     if world is None:           # torchtitan states dp; the others run on every device
-        world = job.dp * job.tp * job.pp if job.dp is not None else len(devices)
+        world = job.dp * job.tp * job.pp * job.cp if job.dp is not None else len(devices)
     if world > len(devices):
         raise BadInput(f"{src}: world size", f"at most the {len(devices)} devices of cluster "
                        f"{cluster.name!r}", world)
-    per_replica = job.tp * job.pp
+    per_replica = job.tp * job.pp * job.cp
     if world % per_replica:
-        raise BadInput(f"{src}: world size", f"a multiple of tp x pp = {per_replica}", world)
+        raise BadInput(f"{src}: world size", f"a multiple of tp x cp x pp = {per_replica}",
+                       world)
     dp = world // per_replica
     if job.dp is not None and job.dp != dp:
-        raise BadInput(f"{src}: data-parallel degree", f"world size / (tp x pp) = {dp} "
+        raise BadInput(f"{src}: data-parallel degree", f"world size / (tp x cp x pp) = {dp} "
                        f"on the {world} ranks", job.dp)
     if world < len(devices):
         job.notes.assumed.append(f"the job's {world} ranks run on the first {world} of the "
@@ -116,13 +120,14 @@ def plan_of(job: Job, cluster: Cluster) -> Plan:
     placement = kind.placement if not kind.carries_actions else _actions_placement(job)
     pipelines, lists = [], {}
     for r in range(dp):
-        groups = [devices[(k * dp + r) * job.tp:(k * dp + r + 1) * job.tp]
+        width = job.tp * job.cp          # a stage's devices: cp tp groups, tp innermost
+        groups = [devices[(k * dp + r) * width:(k * dp + r + 1) * width]
                   for k in range(job.pp)]
         stages = []
         for j, (a, b) in enumerate(job.stages):
             stages.append({"layers": [a, b], "devices": groups[stage_rank(j, job.pp,
                                                                           placement)],
-                           "tp": job.tp, "recompute": job.recompute,
+                           "tp": job.tp, "cp": job.cp, "recompute": job.recompute,
                            "sequence_parallel": job.sequence_parallel and job.tp > 1})
         pipelines.append({"micro_batch": job.micro_batch, "num_microbatches": m,
                           "stages": stages})

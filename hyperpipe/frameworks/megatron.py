@@ -10,9 +10,12 @@ micro and global batch, recompute, ``--sequence-parallel``,
 ``--use-distributed-optimizer``, precision and attention. Megatron-DeepSpeed takes the
 same model flags (`hyperpipe.frameworks.deepspeed` reads them through `read_args`).
 
-Context parallelism (``--context-parallel-size`` > 1) and mixture-of-experts
-(``--num-experts``, ``--expert-model-parallel-size`` > 1) refuse the import (exit 2):
-HyperPipe does not model them yet, and no nearby plan prices them.
+Context parallelism (``--context-parallel-size``) imports as every stage's ``cp``, its
+ranks placed inside the data-parallel ones (Megatron's order ``tp-cp-ep-dp-pp``);
+Megatron-DeepSpeed has no such flag (its sequence parallelism is DeepSpeed-Ulysses, not
+ring attention) and refuses it. Mixture-of-experts (``--num-experts``,
+``--expert-model-parallel-size`` > 1) refuses the import (exit 2): no nearby plan prices
+it.
 """
 
 from __future__ import annotations
@@ -71,10 +74,10 @@ def read_args(a: Args, source: str, notes: Notes, *, framework: str,
     without `pipeline_split` (DeepSpeed partitions itself) its stages are left empty."""
     tp = a.integer("tensor-model-parallel-size", 1)
     pp = a.integer("pipeline-model-parallel-size", 1)
-    cp = a.integer("context-parallel-size", 1)
-    if cp != 1:
-        raise BadInput(f"{source}: --context-parallel-size", "1: context parallelism is not "
-                       "modelled by HyperPipe yet", cp)
+    cp = a.integer("context-parallel-size", 1)     # ring attention over cp ranks
+    if cp != 1 and framework != "megatron":
+        raise BadInput(f"{source}: --context-parallel-size", "1 with Megatron-DeepSpeed "
+                       "(context parallelism is Megatron-LM's ring attention)", cp)
     ep = a.integer("expert-model-parallel-size", 1)
     experts = a.integer("num-experts", None)
     if ep != 1 or experts is not None:
@@ -99,7 +102,7 @@ def read_args(a: Args, source: str, notes: Notes, *, framework: str,
                schedule=framework_kind("megatron", chunks), stages=stages,
                notes=notes, world_size=world_size, recompute=recompute,
                sequence_parallel=seq_par and tp > 1, distributed_optimizer=dist_opt,
-               stack=STACK_OF[framework], runtime=runtime)
+               stack=STACK_OF[framework], runtime=runtime, cp=cp)
 
 
 def model_document(a: Args, source: str, notes: Notes, tp: int, n: int) -> dict[str, Any]:

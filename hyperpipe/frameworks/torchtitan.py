@@ -114,11 +114,13 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
     model, n = _model(take, integer, src, notes, n_layer)
     tp = integer("parallelism", "tensor_parallel_degree", 1)
     pp = integer("parallelism", "pipeline_parallel_degree", 1)
-    for key in ("context_parallel_degree", "expert_parallel_degree"):
-        degree = integer("parallelism", key, 1)
-        if degree != 1:
-            raise BadInput(f"{src}: parallelism.{key}", "1: the import does not read it "
-                           "yet", degree)
+    # the sequence split over cp ranks; FSDP shards over dp_shard x cp (torchtitan/
+    # distributed/parallel_dims.py, the "dp_shard_cp" mesh), as a plan's zero does
+    cp = integer("parallelism", "context_parallel_degree", 1)
+    degree = integer("parallelism", "expert_parallel_degree", 1)
+    if degree != 1:
+        raise BadInput(f"{src}: parallelism.expert_parallel_degree", "1: the import does "
+                       "not read it yet", degree)
     replicate = integer("parallelism", "data_parallel_replicate_degree", 1)
     shard = integer("parallelism", "data_parallel_shard_degree", -1, negative_ok=True)
     sharded = shard != 1
@@ -157,7 +159,8 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
                samples_per_replica=local,
                dp=replicate * shard if shard > 0 else None, actions=actions,
                recompute=recompute, sequence_parallel=tp > 1,
-               distributed_optimizer=sharded, zero=3 if sharded else 0, stack="torchtitan")
+               distributed_optimizer=sharded, zero=3 if sharded else 0, stack="torchtitan",
+               cp=cp)
 
 
 def _model(take, integer, src: str, notes: Notes, n_layer: int | None

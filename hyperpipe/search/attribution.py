@@ -1,4 +1,5 @@
-"""Where the best plan's gain over the best other plan comes from.
+"""Where the best plan's gain over the best other plan comes from, and what its expert
+parallelism buys (MoE models).
 
 From the search's pick B and the fastest other plan O (a baseline or a peer's), each
 factor of B is switched back to O's choice alone and simulated; the factor's share is
@@ -10,6 +11,11 @@ When B's schedule is synthesised (kind synth), every variant but the schedule ki
 gets a schedule synthesised for it, unless B and O agree on that factor: then the
 variant is B itself and is not simulated. Factors interact, so their ratios need not
 multiply to the total speed-up.
+
+For a model with MoE blocks, `attribute_experts` simulates the pick with its expert
+parallelism undone (ep 1 everywhere), with its experts placed evenly (when it places
+them by speed), and re-laid under 1F1B and under DualPipe-V (the schedule that hides
+the all-to-all): the report prints each against the pick.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
-from hyperpipe.plan.kinds import schedule_kind
+from hyperpipe.plan.kinds import DEFAULT_KIND, KINDS, schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, pipeline_placement
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search.baselines import layer_counts
@@ -197,4 +203,89 @@ def attribute(best, other, other_name: str, cost) -> list[FactorGain]:
         note = "out of memory" if m.oom else ""
         out.append(FactorGain(factor, False, m.iteration_time_s, m.iteration_time_s / base_s,
                               note))
+    return out
+
+
+@dataclass(frozen=True)
+class ExpertGain:
+    """One line of the pick's expert-parallel account: a variant of the pick, its
+    simulated time (None: no valid plan) and that time over the pick's (> 1: the pick's
+    choice helps)."""
+
+    what: str
+    time_s: float | None
+    ratio: float | None
+    note: str = ""
+
+
+def uses_experts(plan: Plan, cost) -> bool:
+    """Whether `plan`'s model has MoE blocks (the account below applies)."""
+    cfg = cost.model.config
+    return cfg is not None and cfg.moe is not None
+
+
+def alltoall_kinds() -> tuple[str, str]:
+    """(the default kind, the kind that hides the expert all-to-all: `overlaps_alltoall`):
+    the two the pick is re-laid under."""
+    hides = next(k.name for k in KINDS.values() if k.overlaps_alltoall)
+    return DEFAULT_KIND, hides
+
+
+def expert_variants(best: Plan, cost) -> dict[str, Plan | str]:
+    """The pick with its expert parallelism undone (every stage's ep 1, all else kept),
+    with the experts placed evenly when the pick places them by speed
+    (`runtime.expert_placement`), and re-laid under each of `alltoall_kinds` (1F1B, and
+    DualPipe-V, which overlaps one micro-batch's all-to-all with another's compute,
+    `sim.experts`), its devices and their shares of the layers kept (`_recut`; the pick
+    itself where it runs that kind)."""
+    out: dict[str, Plan | str] = {}
+    eps = {s.ep for p in best.pipelines for s in p.stages}
+    if eps != {1}:
+        out["ep 1 (no expert parallelism)"] = best.with_pipelines([
+            replace(p, stages=tuple(replace(s, ep=1) for s in p.stages))
+            for p in best.pipelines])
+    if best.runtime_settings().expert_placement != "even":
+        out["experts placed evenly"] = replace(
+            best, runtime=replace(best.runtime, expert_placement="even"))
+    for kind in alltoall_kinds():
+        v, place = schedule_kind(kind).default_chunks, schedule_kind(kind).placement
+        if (best.schedule, best.chunks) == (kind, v):
+            out[kind] = best                   # the pick runs it already
+            continue
+        pipes = []
+        try:
+            for pipe in best.pipelines:
+                share: dict[tuple[str, ...], int] = {}
+                for s in pipe.stages:
+                    share[s.devices] = share.get(s.devices, 0) + s.num_layers
+                st = _recut(pipe, _devices_of(best, pipe), v,
+                            lambda s, share=share: share[s.devices], place)
+                pipes.append(PipelinePlan(pipe.micro_batch, pipe.num_microbatches, st))
+            out[kind] = replace(best, schedule=kind, chunks=v, pipelines=tuple(pipes),
+                                actions=None)
+        except InfeasiblePlan as exc:
+            out[kind] = str(exc)
+    return out
+
+
+def attribute_experts(best, cost) -> list[ExpertGain]:
+    """`expert_variants` of the pick (a Candidate), each simulated."""
+    from hyperpipe.search.evaluate import simulate_one
+    base_s = best.metrics.iteration_time_s
+    out = []
+    for what, plan in expert_variants(best.plan, cost).items():
+        if isinstance(plan, str):
+            out.append(ExpertGain(what, None, None, plan))
+            continue
+        if plan is best.plan:
+            out.append(ExpertGain(what, base_s, 1.0, "the pick"))
+            continue
+        try:
+            plan.check(cost.model, cost.cluster)
+            m = simulate_one(plan, cost)
+        except (InfeasiblePlan, BadInput, ValueError) as exc:
+            out.append(ExpertGain(what, None, None, f"not a valid plan: {exc}"))
+            continue
+        out.append(ExpertGain(what, m.iteration_time_s, m.iteration_time_s / base_s,
+                              "out of memory" if m.oom else ""))
     return out

@@ -31,6 +31,7 @@ from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search import space
 from hyperpipe.search.caches import LayersOn, ReplicaKey, SketchKey
 from hyperpipe.search.evaluate import estimate, rank_key
+from hyperpipe.search.partition import expert_state
 
 if TYPE_CHECKING:
     from hyperpipe.search.templates import PhaseStats, SearchContext
@@ -90,7 +91,7 @@ def _device_grid(cluster, pp: int, dp: int, tp: int, devices: list[str] | None
 
 
 def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: int,
-           num_microbatches: int, schedule: str, chunks: int, refs) -> Plan:
+           num_microbatches: int, schedule: str, chunks: int, refs, ep: int = 1) -> Plan:
     pipelines = []
     for row in grid:
         pp = len(row)
@@ -99,7 +100,7 @@ def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: 
         counts = layer_counts(model.num_layers, [weights_of(g) for g in homes])
         stages, start = [], 0
         for group, n in zip(homes, counts, strict=True):
-            stages.append(StagePlan((start, start + n), group, len(group)))
+            stages.append(StagePlan((start, start + n), group, len(group), ep=ep))
             start += n
         pipelines.append(PipelinePlan(micro_batch, num_microbatches, tuple(stages)))
     model_doc, cluster_doc = refs if refs is not None else (model_ref(model),
@@ -113,21 +114,25 @@ def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: 
 
 def uniform_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_batch: int,
                  global_batch: int, schedule: str = DEFAULT_KIND, chunks: int | None = None,
-                 devices: list[str] | None = None, refs: tuple | None = None) -> Plan:
+                 devices: list[str] | None = None, refs: tuple | None = None,
+                 ep: int = 1) -> Plan:
     """Megatron/DeepSpeed default: equal layers per stage, devices in cluster order.
     `refs` = (model_ref, cluster_ref) when the caller has them already; chunks None: the
-    kind's default (2 for the V kinds, else 1)."""
+    kind's default (2 for the V kinds, else 1); `ep`: every stage's expert-parallel
+    degree (Megatron's rank order puts a stage's replicas side by side, so an
+    expert-parallel group is ep consecutive replicas)."""
     chunks = schedule_kind(schedule).default_chunks if chunks is None else chunks
     m = _check_dims(pp, dp, tp, micro_batch, global_batch, chunks)
     grid = _device_grid(cluster, pp, dp, tp, devices)
     return _build(model, cluster, grid, lambda g: 1.0, global_batch=global_batch,
                   micro_batch=micro_batch, num_microbatches=m, schedule=schedule,
-                  chunks=chunks, refs=refs)
+                  chunks=chunks, refs=refs, ep=ep)
 
 
 def proportional_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_batch: int,
                       global_batch: int, schedule: str = DEFAULT_KIND, chunks: int | None = None,
-                      devices: list[str] | None = None, refs: tuple | None = None) -> Plan:
+                      devices: list[str] | None = None, refs: tuple | None = None,
+                      ep: int = 1) -> Plan:
     """Layers per stage proportional to the stage's peak FLOP/s (tp x device peak)."""
     chunks = schedule_kind(schedule).default_chunks if chunks is None else chunks
     m = _check_dims(pp, dp, tp, micro_batch, global_batch, chunks)
@@ -138,7 +143,7 @@ def proportional_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micr
 
     return _build(model, cluster, grid, peak_flops, global_batch=global_batch,
                   micro_batch=micro_batch, num_microbatches=m, schedule=schedule,
-                  chunks=chunks, refs=refs)
+                  chunks=chunks, refs=refs, ep=ep)
 
 
 # ---------------------------------------------------------------------------- tuning
@@ -157,8 +162,10 @@ def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
     """Choices of a Megatron-style run: a subset of the device types (their devices in
     cluster order), tp (inside a node), pp, as many replicas as the devices allow
     (dp = devices // (pp x tp), all devices used unless pp or dp is fixed), every
-    schedule kind and chunk count, every micro-batch size. Fixed dimensions as given.
-    Yields (the subset, the keyword arguments of `uniform_plan`/`proportional_plan`)."""
+    schedule kind and chunk count, every micro-batch size, and for an MoE model every
+    expert-parallel degree of `space.ep_options` (Megatron-Core's `--expert-model-
+    parallel-size`). Fixed dimensions as given. Yields (the subset, the keyword arguments
+    of `uniform_plan`/`proportional_plan`)."""
     c, cluster, model = ctx.c, ctx.cluster, ctx.model
     class_of = {nd: cls.name for cls in ctx.classes.values() for nd in cls.nodes}
     for subset in type_subsets(cluster):
@@ -177,10 +184,12 @@ def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
                     if pp * chunks > model.num_layers or (chunks > 1 and pp < 2):
                         continue
                     for mb in space.micro_batches(c):
-                        if c.global_batch % (dp * mb) == 0:
+                        if c.global_batch % (dp * mb):
+                            continue
+                        for ep in space.ep_options(model, c, dp):
                             yield subset, dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
                                                global_batch=c.global_batch, schedule=kind,
-                                               chunks=chunks, devices=list(devices))
+                                               chunks=chunks, devices=list(devices), ep=ep)
 
 
 def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, ...],
@@ -222,7 +231,8 @@ def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
     pp, dp, tp, mb = dims["pp"], dims["dp"], dims["tp"], dims["micro_batch"]
     kind, chunks = dims["schedule"], dims["chunks"]
     # kinds that place their chunks alike build the same stages: one sketch for them
-    key = SketchKey(name, subset, pp, dp, tp, mb, schedule_kind(kind).placement, chunks)
+    key = SketchKey(name, subset, pp, dp, tp, mb, schedule_kind(kind).placement, chunks,
+                    dims.get("ep", 1))
     if key not in ctx.sketches:
         ctx.sketches[key] = _sketch(ctx, name, subset, dims)
     return ctx.sketches[key]
@@ -240,15 +250,15 @@ def _sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
     fits, worst = True, 0.0
     m = dims["global_batch"] // (dp * mb)
     homes = [stage_rank(k, pp, schedule_kind(kind).placement) for k in range(pp * chunks)]
-    for row in replicas.values():
+    for kinds, row in replicas.items():
         weights = [1.0 if name == "uniform" else
                    sum(cluster.device(d).type.peak_flops for d in row[h]) for h in homes]
         held, load, start = [0.0] * pp, [0.0] * pp, 0
         for h, n in zip(homes, layer_counts(ctx.model.num_layers, weights), strict=True):
             layers, group = (start, start + n), row[h]
             start += n
-            held[h] += cost.state_bytes(layers, tp)
-            key = LayersOn(layers, group, mb)
+            held[h] += cost.state_bytes(layers, tp, **expert_state(dims.get("ep", 1), 0, 1))
+            key = LayersOn(layers, (tp, kinds[h]), mb)    # like groups: one time
             if key not in times:
                 times[key] = sum(cost.stage_time_s(layers, group, mb, op) for op in "FB")
             load[h] += times[key]
@@ -260,9 +270,9 @@ def _sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
 
 
 BASELINES = {"uniform": uniform_plan, "proportional": proportional_plan}
-_TUNED = ("tuned over pp, dp, tp, micro-batch, every schedule kind and chunk count and "
-          "every subset of the device classes; its best plan gets the pick's schedule "
-          "synthesis")
+_TUNED = ("tuned over pp, dp, tp, micro-batch, every schedule kind and chunk count, "
+          "expert parallelism (MoE models) and every subset of the device classes; its "
+          "best plan gets the pick's schedule synthesis")
 # What each baseline may choose (the search's report and search_quality print it).
 FREEDOMS = {
     "uniform": "Megatron-LM/DeepSpeed layout: equal layers per stage, devices in rank "

@@ -111,7 +111,8 @@ def device_inflight(ctx, kind: str, p: int, m: int, v: int) -> list[tuple[int, i
 
 def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int, dp: int,
               recipe: dict[str, int], pools, start: int, optimizer_s: dict[str, float],
-              cache: Cache[CapsKey, LayerCaps | None]) -> tuple[float, int] | None:
+              cache: Cache[CapsKey, LayerCaps | None], cp: int = 1, ep: int = 1
+              ) -> tuple[float, int] | None:
     """(a lower bound on the time of every template of the key, the first memory mode
     from `start` in which its units can hold the model), or None when none can. The
     bound is the least over the modes from there that pass the memory checks.
@@ -122,18 +123,18 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     p = sum(recipe.values())
     m = -(-(ctx.c.global_batch // mb) // dp)
     held = device_inflight(ctx, kind, p, m, v)
-    modes = ctx.modes(tp, dp)
+    modes = ctx.modes(tp, dp, cp, p > 1, ep)
     used = [t for t in types if recipe.get(t)]
     first: int | None = None
     bound = math.inf
     stage_held = sorted(ctx.peak_inflight(kind, p, m, v), reverse=True)
-    total_room = sum(recipe[t] * tp * _room(ctx, pools[t]) for t in used)
+    total_room = sum(recipe[t] * tp * cp * _room(ctx, pools[t]) for t in used)
     for i in range(start, len(modes)):
         mode = modes[i]
-        shards = dp if mode.distributed_optimizer else 1
+        shards = dp * cp if mode.zero else 1
         fast = {t: ctx.fastest_unit(pools[t]) for t in used}
         whole_caps = {t: layer_caps(ctx, fast[t], mb, mode, shards, cache) for t in used}
-        if not _fits_in_all(ctx, whole_caps[used[0]], stage_held, total_room, tp):
+        if not _fits_in_all(ctx, whole_caps[used[0]], stage_held, total_room, tp * cp):
             continue
         load = 0.0
         for reduced in (False, True):

@@ -41,13 +41,20 @@ class TimesKey(NamedTuple):
     micro_batch: int
     recompute: str
     sequence_parallel: bool
+    cp: int = 1                # context ranks (the group is tp x cp devices)
+    span_nodes: int = 1        # nodes the group spans (its ring exchange's links)
+    ep: int = 1                # expert-parallel degree
+    ep_nodes: tuple = ()       # (class, devices per node) of the all-to-all's ranks
 
 
 class TableKey(NamedTuple):
-    """A `LayerTables`: its times, and the optimizer's shards (memory only)."""
+    """A `LayerTables`: its times, and what its memory depends on besides: the ZeRO
+    stage, its shards (the data-parallel group) and whether ZeRO-3 reshards."""
 
     times: TimesKey
     shards: int
+    zero: int = 0
+    reshard: bool = True
 
 
 class LinkKey(NamedTuple):
@@ -91,6 +98,10 @@ class TotalKey(NamedTuple):
     recompute: str
     shards: int
     micro_batch: int
+    zero: int = 0
+    cp: int = 1
+    reshard: bool = True
+    ep: int = 1
 
 
 class StateStash(NamedTuple):
@@ -115,6 +126,7 @@ class StageShape(NamedTuple):
     micro_batch: int
     recompute: str
     sequence_parallel: bool
+    cp: int = 1
 
 
 class CapsKey(NamedTuple):
@@ -139,6 +151,9 @@ class RowKey(NamedTuple):
     start: int
     shards: int
     row: tuple
+    cp: int = 1
+    reshard: bool = True
+    ep: int = 1
 
 
 class RowCut(NamedTuple):
@@ -156,13 +171,15 @@ class Placement(NamedTuple):
     layout: str
     order: tuple[str, ...]
     recipe: tuple[tuple[str, int], ...]
+    cp: int = 1
 
 
 class UnitKey(NamedTuple):
-    """The units of `tp` devices of one device class (`space.unit_pools`)."""
+    """The units of `tp` x `cp` devices of one device class (`space.unit_pools`)."""
 
     device_class: str
     tp: int
+    cp: int = 1
 
 
 class ReplicaKey(NamedTuple):
@@ -184,13 +201,16 @@ class SketchKey(NamedTuple):
     micro_batch: int
     placement: str
     chunks: int
+    ep: int = 1
 
 
 class LayersOn(NamedTuple):
-    """Layers [a, b) on one tp group at one micro-batch."""
+    """Layers [a, b) on one kind of tp group at one micro-batch: the group's size and
+    its (device type, slowdown, tensor-parallel link), all that its stage time depends
+    on (`baselines._replicas`)."""
 
     layers: tuple[int, int]
-    group: tuple[str, ...]
+    group_kind: tuple
     micro_batch: int
 
 

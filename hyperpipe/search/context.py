@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hyperpipe.plan.kinds import schedule_kind
+from hyperpipe.plan.stack import resolve_runtime
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
 from hyperpipe.search.caches import (
@@ -77,18 +78,20 @@ class SearchContext:
     baseline_stage_s: Cache[LayersOn, float] = field(default_factory=Cache)
     sketches: Cache[SketchKey, tuple | None] = field(default_factory=Cache)
     peers: PeerCaches = field(default_factory=PeerCaches)
-    unit_pools: Cache[int, dict] = field(default_factory=Cache)      # tp -> `pools`
+    unit_pools: Cache[tuple[int, int], dict] = field(default_factory=Cache)  # (tp, cp)
     fast_units: Cache[UnitKey, tuple[str, ...]] = field(default_factory=Cache)
+    # (unit, cp, ep) -> `ep_exchange`
+    exchanges: Cache[tuple, tuple[tuple, tuple]] = field(default_factory=Cache)
 
     @cached_property
     def classes(self) -> dict[str, space.DeviceClass]:
         """The cluster's device classes (`space.device_classes`), by name."""
         return space.device_classes(self.cluster)
 
-    def pools(self, tp: int) -> dict[str, space.UnitPool]:
-        """Per device class, its units of `tp` devices (`space.unit_pools`)."""
-        return self.unit_pools.memo(tp, lambda: space.unit_pools(self.cluster, tp,
-                                                                 self.classes))
+    def pools(self, tp: int, cp: int = 1) -> dict[str, space.UnitPool]:
+        """Per device class, its units of `tp` x `cp` devices (`space.unit_pools`)."""
+        return self.unit_pools.memo((tp, cp), lambda: space.unit_pools(
+            self.cluster, tp, self.classes, cp))
 
     def type_of(self, class_name: str):
         """The `DeviceType` of a device class."""
@@ -96,7 +99,7 @@ class SearchContext:
 
     def fastest_unit(self, pool: space.UnitPool) -> tuple[str, ...]:
         """The unit of `pool` with the least slowdown (the first on ties): bounds use it."""
-        return self.fast_units.memo(UnitKey(pool.type_name, pool.tp), lambda: min(
+        return self.fast_units.memo(UnitKey(pool.type_name, pool.tp, pool.cp), lambda: min(
             pool.units, key=self.cluster.slowdown))
 
     @cached_property
@@ -168,36 +171,82 @@ class SearchContext:
 
     def table_key(self, group: tuple[str, ...], mb: int, mode: MemoryMode | None = None,
                   shards: int = 1) -> TableKey:
-        """The key of `table`: times do not depend on the optimizer's shards (nor on them
-        at all without the distributed optimizer), memory not on the device type."""
+        """The key of `table` (`group`: tp x `mode.cp` devices): times do not depend on
+        the ZeRO stage nor its shards (nor memory on them at all with ZeRO 0), memory
+        not on the device type."""
         mode = mode or MemoryMode()
         dev = self.cluster.device(group[0])
         node = self.cluster.node(dev.node)
+        tp = len(group) // mode.cp
+        span = len({self.cluster.device(d).node for d in group}) if mode.cp > 1 else 1
+        ep_nodes = self.ep_exchange(group, mode.cp, mode.ep)[0] if mode.ep > 1 else ()
         times = TimesKey(dev.type.name, self.cluster.slowdown(group),
                          node.intra_link if len(group) > 1 else None,
-                         len(group), mb, mode.recompute, mode.sequence_parallel)
-        return TableKey(times, shards if mode.distributed_optimizer else 1)
+                         tp, mb, mode.recompute, mode.sequence_parallel, mode.cp, span,
+                         mode.ep, ep_nodes)
+        if not mode.zero:
+            return TableKey(times, 1)
+        return TableKey(times, shards, mode.zero, mode.reshard if mode.zero == 3 else True)
 
     def table_of(self, key: TableKey, group: tuple[str, ...]) -> P.LayerTables:
         """The layer tables under `key` (`group`: any tp group it stands for)."""
         if key not in self.tables:
             t = key.times
+            edges = self.ep_exchange(group, t.cp, t.ep)[1] if t.ep > 1 else ()
             times = self.times_s.memo(t, lambda: P.layer_times(
-                self.cost, group, t.micro_batch, t.recompute, t.sequence_parallel))
+                self.cost, group, t.micro_batch, t.recompute, t.sequence_parallel, t.cp,
+                t.ep, edges))
             self.tables[key] = P.layer_memory(self.cost, t.tp, t.micro_batch, *times,
-                                              t.recompute, t.sequence_parallel, key.shards)
+                                              t.recompute, t.sequence_parallel, key.shards,
+                                              zero=key.zero, cp=t.cp, reshard=key.reshard,
+                                              ep=t.ep)
         return self.tables[key]
+
+    def ep_exchange(self, unit: tuple[str, ...], cp: int, ep: int
+                    ) -> tuple[tuple, tuple[tuple[str, str], ...]]:
+        """(signature, edges) of the all-to-all of a stage whose replica-0 unit is
+        `unit` (tp x `cp` devices) with expert-parallel degree `ep`, as the templates
+        place it (`space.layouts`: the replicas of a stage on consecutive units of the
+        unit's class): its group is the ep first members (replica outer, context rank
+        inner, `sim.experts.ep_groups`) from `unit` on, and every group on the nodes that
+        group touches exchanges at the same time, sharing their NICs. `edges`: every
+        (sender, receiver) of those groups, every tensor rank; `signature`: what the
+        exchange's time depends on besides the tables' key (the class, the nodes the
+        group spans, the groups sharing them)."""
+        key = (unit, cp, ep)
+        if key not in self.exchanges:
+            cls = self.class_of_node[self.cluster.device(unit[0]).node]
+            tp = len(unit) // cp
+            units = self.pools(tp, cp)[cls].units
+            start = units.index(unit) if unit in units else 0
+            per_group = max(1, ep // cp)
+            first = units[start:start + per_group]
+            nodes = {self.cluster.device(d).node for u in first for d in u}
+            near = [u for u in units[start:]
+                    if all(self.cluster.device(d).node in nodes for d in u)]
+            near = near[:max(per_group, len(near) // per_group * per_group)]
+            members = [u[c * tp:(c + 1) * tp] for u in near for c in range(cp)]
+            groups = [members[g:g + ep] for g in range(0, len(members) - ep + 1, ep)]
+            edges = tuple((a[t], b[t]) for grp in groups for t in range(tp)
+                          for a in grp for b in grp if a != b)
+            self.exchanges[key] = ((cls, len(nodes), len(groups)), edges)
+        return self.exchanges[key]
 
     def table(self, group: tuple[str, ...], mb: int, mode: MemoryMode | None = None,
               shards: int = 1) -> P.LayerTables:
         return self.table_of(self.table_key(group, mb, mode, shards), group)
 
-    def modes(self, tp: int, dp: int) -> tuple[MemoryMode, ...]:
+    def modes(self, tp: int, dp: int, cp: int = 1, pipelined: bool = True, ep: int = 1
+              ) -> tuple[MemoryMode, ...]:
         """`space.memory_modes` for this model (selective recompute only helps eager
-        attention: a flash kernel keeps no scores)."""
+        attention: a flash kernel keeps no scores); ZeRO-3 reshards as the plan will
+        (`reshard`: the runtime's `reshard_after_forward`, else torchtitan's policy: only
+        without pipelining, `sim.sharding.reshard_after_forward`)."""
         cfg = self.model.config
         helps = cfg is not None and cfg.attention == "eager"
-        return space.memory_modes(self.c, tp, dp, helps)
+        given = resolve_runtime(self.c.stack, self.c.runtime).reshard_after_forward
+        reshard = (not pipelined) if given is None else given
+        return space.memory_modes(self.c, tp, dp, helps, cp, reshard, ep)
 
     def link_key(self, src: str, dst: str, mb: int) -> LinkKey:
         """Routes cost only by their link class; a calibration profile measures

@@ -19,7 +19,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hyperpipe.plan.plan import StagePlan
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.experts import (
+    alltoall_count,
+    alltoall_pair_bytes,
+    alltoall_time_s,
+    routed_expert_s,
+)
+from hyperpipe.sim.sharding import ring_attention_extra_s
 
 _INF = float("inf")
 
@@ -71,36 +79,100 @@ def layer_tables(cost: CostModel, devices: tuple[str, ...], micro_batch: int, *,
 
 
 def layer_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
-                recompute: str = "none", sequence_parallel: bool = False
+                recompute: str = "none", sequence_parallel: bool = False, cp: int = 1,
+                ep: int = 1, a2a_edges: tuple[tuple[str, str], ...] = ()
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Prefix sums of the per-layer forward and backward (B, with its recompute) times."""
+    """Prefix sums of the per-layer forward and backward (B, with its recompute) times;
+    `devices` is cp tp groups with context parallelism, each layer's exposed ring
+    exchange included (`sim.sharding.ring_attention_extra_s`). ZeRO-2/3's per
+    micro-batch collectives are left to the analytic tier and the simulator (they
+    overlap the compute; the search tries them only where ZeRO-1 does not fit)."""
     n = cost.model.num_layers
     fwd = np.zeros(n + 1)
     bwd = np.zeros(n + 1)
+    tp = len(devices) // cp
     for i in range(n):
         one = (i, i + 1)
         fwd[i + 1] = cost.stage_time_s(one, devices, micro_batch, "F",
-                                       sequence_parallel=sequence_parallel)
+                                       sequence_parallel=sequence_parallel, cp=cp)
         bwd[i + 1] = cost.stage_time_s(one, devices, micro_batch, "B", recompute,
-                                       sequence_parallel)
+                                       sequence_parallel, cp)
+        if cp > 1:
+            st = StagePlan(one, devices, tp, recompute, sequence_parallel, cp)
+            fwd[i + 1] += ring_attention_extra_s(cost, st, micro_batch, "F")
+            bwd[i + 1] += ring_attention_extra_s(cost, st, micro_batch, "B")
+        if ep > 1 and cost.model.layers[i].kind == "moe":
+            st = StagePlan(one, devices, tp, recompute, sequence_parallel, cp, ep)
+            fwd[i + 1] += expert_parallel_extra_s(cost, st, micro_batch, "F", a2a_edges)
+            bwd[i + 1] += expert_parallel_extra_s(cost, st, micro_batch, "B", a2a_edges)
     return np.cumsum(fwd), np.cumsum(bwd)
+
+
+def expert_parallel_extra_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str,
+                            a2a_edges: tuple[tuple[str, str], ...]) -> float:
+    """Seconds expert parallelism adds to `op` (F or B) of the one MoE layer of `stage`
+    on its devices, beyond `CostModel.stage_time_s` (every expert on the rank, ep 1), as
+    `sim.experts` prices it for a group of alike ranks with experts placed evenly: the
+    all-to-alls of the op (`alltoall_count`) over `a2a_edges` (every (sender, receiver)
+    pair of the groups that exchange at once) on idle links, plus the busiest rank's
+    extra expert work: its experts / ep experts, one of them the busiest, over all ep·T
+    tokens, against its own ep-1 share (`MoEConfig.rank_pairs` over `routed_pairs`).
+    A full-recompute backward counts its recomputed forward's expert work too."""
+    layer = stage.layers[0]
+    moe = cost.model.layers[layer].moe
+    n = alltoall_count(cost, stage, op)
+    a2a = alltoall_time_s(cost, list(a2a_edges),
+                          alltoall_pair_bytes(cost, stage, micro_batch))[0] if n else 0.0
+    tokens = micro_batch * cost.model.seq_len / stage.cp
+    ratio = moe.rank_pairs(stage.ep * tokens, moe.experts // stage.ep) / \
+        moe.routed_pairs(tokens) - 1.0
+    passes = (op, "F") if op == "B" and stage.recompute == "full" else (op,)
+    dev = cost.cluster.device(stage.devices[0]).type.name
+    work = sum(routed_expert_s(cost, layer, dev, micro_batch, p, stage.tp,
+                               stage.sequence_parallel, stage.cp) for p in passes)
+    return n * a2a + work * ratio * cost.cluster.slowdown(stage.devices)
 
 
 def layer_memory(cost: CostModel, tp: int, micro_batch: int, fwd_s: np.ndarray,
                  bwd_s: np.ndarray, recompute: str = "none", sequence_parallel: bool = False,
-                 dp_shards: int = 1) -> LayerTables:
+                 dp_shards: int = 1, *, zero: int | None = None, cp: int = 1,
+                 reshard: bool = True, ep: int = 1) -> LayerTables:
     """`LayerTables` of the given time prefix sums and the per-device memory of a stage
-    kind (memory does not depend on the device type)."""
+    kind (memory does not depend on the device type), by the simulator's rules
+    (`CostModel.device_static_bytes`): state with the ZeRO stage `zero` over
+    `dp_shards` ranks (None: ZeRO-1's split over them), stashes of s/cp tokens; ZeRO-3's
+    unsharded working set per layer without resharding (the stage's whole weights and
+    gradient), else the largest unit's, counted once like the recompute working set;
+    the head's backward working set with the head (`CostModel.head_backward_work_bytes`)."""
     n = cost.model.num_layers
     state = np.zeros(n + 1)
     stash = np.zeros(n + 1)
-    kw = {"recompute": recompute, "sequence_parallel": sequence_parallel}
+    kw = {"recompute": recompute, "sequence_parallel": sequence_parallel, "cp": cp}
     for i in range(n):
         one = (i, i + 1)
-        state[i + 1] = cost.state_bytes(one, tp, dp_shards)
+        state[i + 1] = cost.state_bytes(one, tp, dp_shards, zero, **expert_state(ep, zero,
+                                                                             dp_shards))
+        if zero == 3 and not reshard:
+            state[i + 1] += cost.zero3_working_bytes(one, tp, False, expert_share=1.0 / ep)
+        # the head's backward working set, counted with the head's layer (on top of the
+        # recompute working set: the simulator takes the larger of the two)
+        state[i + 1] += cost.head_backward_work_bytes(one, micro_batch, tp, cp)
         stash[i + 1] = cost.stash_bytes(one, micro_batch, tp, **kw)
     work = cost.recompute_work_bytes((0, n), micro_batch, tp, **kw)
+    if zero == 3 and reshard:
+        work += cost.zero3_working_bytes((0, n), tp, True, expert_share=1.0 / ep)
     return LayerTables(fwd_s, bwd_s, np.cumsum(state), np.cumsum(stash), work)
+
+
+def expert_state(ep: int, zero: int | None, dp_shards: int) -> dict:
+    """`CostModel.state_bytes`'s expert arguments for a stage of `ep` alike ranks with
+    experts placed evenly (`sim.experts.expert_state`): a 1/ep share of the routed
+    experts, their state sharded with ZeRO 1 and up (None: ZeRO-1) over the
+    expert-data-parallel group, the `dp_shards` data-parallel x context ranks over ep."""
+    if ep == 1:
+        return {}
+    return {"expert_share": 1.0 / ep,
+            "expert_shards": max(1, dp_shards // ep) if zero is None or zero >= 1 else 1}
 
 
 def link_costs(cost: CostModel, src: str, dst: str, micro_batch: int) -> np.ndarray:

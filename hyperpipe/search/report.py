@@ -12,13 +12,15 @@ LIST_GROUPS = 6           # memory headroom lines (devices grouped by type and h
 
 def describe_plan(plan: Plan, cluster) -> str:
     """One part per class of identical replicas: 'N replica(s) x S stages [TYPE [0, 5) |
-    ...] mb b x m'. Layer ranges are half-open. Runs of more than RUN stages of one type
-    and tp degree print as one item 'TYPE tpN x K stages [0, 40)'."""
+    ...] mb b x m', the schedule first with the ZeRO stage when not 0. Layer ranges are
+    half-open. Runs of more than RUN stages of one type and tp, cp and ep degrees print
+    as one item 'TYPE tpN cpC x K stages [0, 40)'."""
     classes: dict[tuple, int] = {}
     for pipe in plan.pipelines:
         runs: list[list] = []
         for s in pipe.stages:
-            name = cluster.device(s.devices[0]).type.name + ("" if s.tp == 1 else f" tp{s.tp}")
+            name = cluster.device(s.devices[0]).type.name + ("" if s.tp == 1 else f" tp{s.tp}") \
+                + ("" if s.cp == 1 else f" cp{s.cp}") + ("" if s.ep == 1 else f" ep{s.ep}")
             if runs and runs[-1][0] == name:
                 runs[-1][1].append(s.layers)
             else:
@@ -31,7 +33,8 @@ def describe_plan(plan: Plan, cluster) -> str:
                 items += [f"{name} [{a}, {b})" for a, b in ranges]
         key = (" | ".join(items), len(pipe.stages), pipe.micro_batch, pipe.num_microbatches)
         classes[key] = classes.get(key, 0) + 1
-    sched = plan.schedule + (f" v={plan.chunks}" if plan.chunks > 1 else "")
+    sched = plan.schedule + (f" v={plan.chunks}" if plan.chunks > 1 else "") + \
+        (f" zero {plan.zero}" if plan.zero else "")
     parts = [f"{replicas_x_stages(n, k)} [{st}] mb {mb} x {m}"
              for (st, k, mb, m), n in classes.items()]
     return f"{sched}: " + "; ".join(parts)
@@ -174,6 +177,46 @@ def gain_lines(result, cost: CostModel) -> list[str]:
     return out
 
 
+def expert_lines(result, cost: CostModel) -> list[str]:
+    """For a model with MoE blocks: the pick's expert parallelism and what it buys (the
+    pick with ep 1, the best simulated plan of the search without expert parallelism,
+    even expert placement where the pick places by speed), and the pick under DualPipe-V
+    against 1F1B (`attribution.attribute_experts`)."""
+    from hyperpipe.search.attribution import alltoall_kinds, attribute_experts, uses_experts
+    best = result.best
+    if not uses_experts(best.plan, cost):
+        return []
+    eps = sorted({s.ep for p in best.plan.pipelines for s in p.stages})
+    out = ["", f"expert parallelism (MoE): the pick runs ep {'/'.join(map(str, eps))}; "
+           "against it (simulated):"]
+    plain = next((c for c in result.simulated
+                  if all(s.ep == 1 for p in c.plan.pipelines for s in p.stages)), None)
+    if eps != [1]:
+        if plain is None:
+            out.append("  best plan of the search without expert parallelism: none fits")
+        else:
+            t = plain.metrics.iteration_time_s
+            out.append(f"  {'best plan with ep 1':<30} {format_seconds(t):>10}  "
+                       f"{t / best.metrics.iteration_time_s:.2f}x the pick's time")
+            out.append(f"     {describe_plan(plain.plan, cost.cluster)}")
+    gains = {g.what: g for g in attribute_experts(best, cost)}
+    for g in gains.values():
+        if g.ratio is None:
+            out.append(f"  {g.what:<30} n/a ({g.note})")
+        else:
+            note = f"  {g.note}" if g.note else ""
+            out.append(f"  {g.what:<30} {format_seconds(g.time_s):>10}  "
+                       f"{g.ratio:.2f}x the pick's time{note}")
+    plain, hides = alltoall_kinds()
+    one, dual = gains.get(plain), gains.get(hides)
+    if one is not None and dual is not None and one.time_s and dual.time_s:
+        verdict = "beats" if dual.time_s < one.time_s else "does not beat"
+        out.append(f"  {hides} (all-to-all overlapped) {verdict} {plain} on the pick's "
+                   f"devices: {format_seconds(dual.time_s)} against "
+                   f"{format_seconds(one.time_s)}, margin {one.time_s / dual.time_s:.3f}x")
+    return out
+
+
 def format_search(result, cost: CostModel, *, objective: str = "throughput") -> str:
     cluster, model = cost.cluster, cost.model
     best = result.best
@@ -205,6 +248,7 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
     out += [f"  {name:<13}{text}" for name, text in competitor_freedoms().items()
             if name in result.baselines]
     out += gain_lines(result, cost)
+    out += expert_lines(result, cost)
     out += ["", "why the best wins:"] + [f"  {line}" for line in
                                            why_best(best.plan, best.metrics, cost)]
     if result.pareto and len(result.pareto) > 1:

@@ -143,7 +143,7 @@ def _build_plan(ctx: SearchContext, tpls: tuple[Template, ...]) -> Plan:
     plan = Plan(model=ctx.refs[0], cluster=ctx.refs[1],
                 global_batch=ctx.c.global_batch, schedule=tpls[0].kind,
                 chunks=tpls[0].chunks, pipelines=tuple(pipes),
-                distributed_optimizer=any(t.mode.distributed_optimizer for t in tpls),
+                zero=max(t.mode.zero for t in tpls),
                 stack=ctx.c.stack, runtime=ctx.c.runtime)
     plan.check(ctx.model, ctx.cluster)
     return plan
@@ -182,6 +182,11 @@ def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]
                 choices += list(itertools.product(*options))
         for tpls in choices:
             phase.seen += 1
+            if len(tpls) > 1 and any(t.mode.ep > 1 for t in tpls):
+                # an expert-parallel group spans the replicas holding the same layers
+                # with the same cut (`StagePlan.ep`): templates cut apart cannot share it
+                phase.infeasible += 1
+                continue
             big_m = c.global_batch // tpls[0].micro_batch
             n_pipes = sum(t.dp for t in tpls)
             if (c.dp is not None and n_pipes != c.dp) or n_pipes > big_m:
@@ -301,10 +306,15 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
     if c.tp is not None and c.tp > largest:
         raise BadInput("tp", f"at most the largest node's {largest} devices (tensor "
                        "parallelism stays inside a node)", c.tp)
-    need = (c.pp or 1) * (c.dp or 1) * (c.tp or 1)
+    need = (c.pp or 1) * (c.dp or 1) * (c.tp or 1) * (c.cp or 1)
     if need > len(cluster.devices):
-        raise BadInput("pp x dp x tp", f"at most the cluster's {len(cluster.devices)} "
-                       "devices", need)
+        raise BadInput("pp x dp x tp x cp", f"at most the cluster's "
+                       f"{len(cluster.devices)} devices", need)
+    if c.cp is not None and c.cp > 1 and (model.config is None
+                                          or model.seq_len % (2 * c.cp)):
+        raise BadInput("cp", "a degree that splits the model's sequence "
+                       f"({model.seq_len}) into 2 x cp equal chunks (causal load "
+                       "balancing), on a model with attention", c.cp)
     stages = (c.pp or 1) * (c.chunks or 1)
     if stages > model.num_layers:
         raise BadInput("pp x chunks", f"at most the model's {model.num_layers} layers "
@@ -315,6 +325,11 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
         if unpriced:
             raise BadInput("objective cost", "a cluster with prices (price_per_hour on "
                            "every node or device type)", f"none on nodes {unpriced[:4]}")
+    moe = model.config.moe if model.config is not None else None
+    if c.ep is not None and c.ep > 1 and (moe is None or moe.experts % c.ep):
+        raise BadInput("ep", "a divisor of the model's routed experts" + (
+            f" ({moe.experts})" if moe is not None else f" (model {model.name} has no MoE "
+            "blocks: 1)"), c.ep)
     if model.config is not None and c.tp is not None and model.config.n_head % c.tp:
         raise BadInput("tp", f"a divisor of the model's {model.config.n_head} attention "
                        "heads", c.tp)

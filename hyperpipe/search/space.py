@@ -8,9 +8,15 @@ device class, its tp groups, node by node: only counts per class matter), `type_
 sits idle), `dp_recipes` (replicas per group and units of
 each type per pipeline), `stage_orders` (which type takes which stage), `layouts`
 (which units form which replica: a pipeline's together, or a stage's replicas together
-as in Megatron's rank order) and `memory_modes` (recompute, sequence parallelism, the
-distributed optimizer, in the order tried). The search combines them and prunes each
-as early as it can; a dimension fixed in `SearchConstraints` keeps its one value.
+as in Megatron's rank order), `cp_options` (context-parallel degrees, tried only where
+the sequence needs them), `ep_options` (expert-parallel degrees of MoE models) and
+`memory_modes` (recompute, sequence parallelism, the ZeRO
+stage, in the order tried). The search combines them and prunes each as early as it
+can; a dimension fixed in `SearchConstraints` keeps its one value.
+
+A stage's unit is its tp x cp devices (`unit_pools`): tp and cp are the degrees inside a
+stage; expert parallelism is carved out of a stage's replicas (`MemoryMode.ep`, fixed per
+template key like cp), so it changes a template's tables, not its units.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 
 from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.kinds import GENERATED_KINDS, KINDS, schedule_kind
-from hyperpipe.plan.plan import RECOMPUTE_KINDS
+from hyperpipe.plan.plan import RECOMPUTE_KINDS, ZERO_STAGES
 from hyperpipe.plan.stack import DEFAULT_STACK, NO_OVERRIDES, STACKS, RuntimeOverrides
 
 MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
@@ -46,17 +52,28 @@ class SearchConstraints:
     objective: str = "throughput"      # or "cost" (USD per million tokens)
     recompute: str | None = None                 # "none", "selective" or "full"
     sequence_parallel: bool | None = None        # on every tensor-parallel stage
-    distributed_optimizer: bool | None = None
+    distributed_optimizer: bool | None = None    # True: zero 1 and up; False: zero 0
+    zero: int | None = None                      # ZeRO stage 0-3 (`plan.ZERO_STAGES`)
+    cp: int | None = None                        # context-parallel degree of every stage
+    ep: int | None = None                        # expert-parallel degree of every stage
     stack: str = DEFAULT_STACK                   # the stack every plan runs on
     runtime: RuntimeOverrides = NO_OVERRIDES     # its runtime overrides
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "micro_batch", "pp", "dp", "tp", "chunks"):
+        for name in ("global_batch", "micro_batch", "pp", "dp", "tp", "chunks", "cp", "ep"):
             value = getattr(self, name)
             if value is None and name != "global_batch":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BadInput(name, "a positive integer", value)
+        if self.zero is not None and (isinstance(self.zero, bool)
+                                      or self.zero not in ZERO_STAGES):
+            raise BadInput("zero", "0, 1, 2 or 3", self.zero)
+        if self.zero is not None and self.distributed_optimizer is not None \
+                and self.distributed_optimizer != (self.zero >= 1):
+            raise BadInput("distributed_optimizer", f"{str(self.zero >= 1).lower()} with "
+                           f"zero {self.zero} (zero 1 and up shard the optimizer state), or "
+                           "left out", self.distributed_optimizer)
         if self.stack not in STACKS:
             raise BadInput("stack", f"one of {', '.join(STACKS)}", self.stack)
         if self.objective not in ("throughput", "cost"):
@@ -85,32 +102,124 @@ class SearchConstraints:
 @dataclass(frozen=True)
 class MemoryMode:
     """How a template saves memory: activation recompute and sequence parallelism on
-    every stage, the distributed optimizer over its replicas."""
+    every stage, the ZeRO stage over its data-parallel group (replicas x context ranks),
+    and the context-parallel degree its units were built with (`cp`: fixed per template
+    key, carried here because the layer tables depend on it). `reshard`: ZeRO-3 gathers
+    the weights again for every micro-batch (`sim.sharding.reshard_after_forward`)."""
 
     recompute: str = "none"
     sequence_parallel: bool = False
-    distributed_optimizer: bool = False
+    zero: int = 0
+    cp: int = 1
+    reshard: bool = True
+    ep: int = 1                   # expert-parallel degree (`ep_options`), fixed per key
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        """Whether the optimizer state is sharded (ZeRO 1 and up)."""
+        return self.zero >= 1
 
 
-def memory_modes(c: SearchConstraints, tp: int, dp: int, selective_helps: bool
-                 ) -> tuple[MemoryMode, ...]:
-    """The memory modes a template tries, in the order the search tries them: the plain
-    one first, then sequence parallelism (tp > 1) and the distributed optimizer (dp > 1)
-    together (in this cost model they cost no time: the same bytes, a sharded optimizer
-    step), then selective recompute (only where it saves memory: eager attention), then
-    full recompute. A template takes the first that fits, so a plan uses them where
-    memory needs them. A dimension fixed in `c` keeps its one value."""
+def zero_options(c: SearchConstraints, shards: int, reshard: bool) -> tuple[int, ...]:
+    """The ZeRO stages a template tries beyond the plain one, in order: 1 (sharded
+    optimizer state: the same bytes moved, a smaller step, so free here), then 2 (the
+    gradients sharded too: a reduce-scatter per backward) and 3 (the weights too:
+    gathers per forward and backward) only when 1 does not fit, 3 only where it
+    reshards (without resharding it holds every stage's weights and gradient unsharded,
+    as much as ZeRO-1 holds: torchtitan's default with pipelining). One shard (a single
+    replica of one context rank): only 0. Fixed in `c`: that one."""
+    if c.zero is not None:
+        return (c.zero,)
+    if c.distributed_optimizer is False or shards <= 1:
+        return (0,)
+    return (1, 2, 3) if reshard else (1, 2)
+
+
+def memory_modes(c: SearchConstraints, tp: int, dp: int, selective_helps: bool,
+                 cp: int = 1, reshard: bool = True, ep: int = 1) -> tuple[MemoryMode, ...]:
+    """The memory modes a template of `tp` x `cp` units and `dp` replicas tries, in the
+    order the search tries them: the plain one first, then sequence parallelism (tp > 1)
+    with each ZeRO stage of `zero_options` (sequence parallelism and ZeRO-1 cost no time
+    in this cost model: the same bytes, a sharded optimizer step), then the same with
+    selective recompute (only where it saves memory: eager attention), then full
+    recompute. A template takes the first that fits, so a plan shards and recomputes
+    where memory needs it, recomputing only when no ZeRO stage fits without it. A
+    dimension fixed in `c` keeps its one value."""
     sp = (c.sequence_parallel,) if c.sequence_parallel is not None else (False, True)
-    do = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (False, True)
     sp = tuple(x and tp > 1 for x in sp)
-    do = tuple(x and dp > 1 for x in do)
+    zeros = zero_options(c, dp * cp, reshard)
     if c.recompute is not None:
         recompute: tuple[str, ...] = (c.recompute,)
     else:
         recompute = ("none", "selective", "full") if selective_helps else ("none", "full")
-    ladder = [MemoryMode(recompute[0], sp[0], do[0])]
-    ladder += [MemoryMode(r, sp[-1], do[-1]) for r in recompute]
+    plain_zero = 0 if c.zero is None and c.distributed_optimizer is None else zeros[0]
+    ladder = [MemoryMode(recompute[0], sp[0], plain_zero, cp, reshard, ep)]
+    ladder += [MemoryMode(r, sp[-1], z, cp, reshard, ep) for r in recompute for z in zeros]
     return tuple(dict.fromkeys(ladder))
+
+
+def ep_options(model, c: SearchConstraints, ranks: int) -> tuple[int, ...]:
+    """Expert-parallel degrees a template of `ranks` data-parallel x context ranks per
+    stage tries, in order: every divisor of both the model's routed experts and `ranks`
+    (`StagePlan.ep`: an expert-parallel group is carved out of the ranks holding the
+    stage, Megatron-Core's rule), 1 first. Models without MoE blocks: 1. Fixed in `c`:
+    that one, where it divides both (else none: the template cannot take it)."""
+    moe = model.config.moe if model.config is not None else None
+    if moe is None:
+        return (1,) if c.ep in (None, 1) else ()
+    fits = [e for e in range(1, min(moe.experts, ranks) + 1)
+            if moe.experts % e == 0 and ranks % e == 0]
+    if c.ep is not None:
+        return (c.ep,) if c.ep in fits else ()
+    return tuple(fits)
+
+
+def attention_share(model) -> float:
+    """The share of the blocks' forward FLOPs in their attention cores (scores and their
+    product with the values, over the whole s x s square as the model counts them), for
+    one sample at the model's sequence length, over every transformer block, dense and
+    MoE (an MoE block's attention is a dense block's; its FLOPs count the experts a
+    token meets); 0 for models without attention shapes."""
+    cfg = model.config
+    if cfg is None:
+        return 0.0
+    blocks = [k for k, layer in enumerate(model.layers) if layer.kind in ("block", "moe")]
+    if not blocks:
+        return 0.0
+    s, hd = model.seq_len, cfg.head_dim
+    core = 4.0 * s * s * cfg.n_head * hd          # QK^T and AV, 2 s^2 hd FLOPs per head each
+    total = sum(model.layer_cost(i, 1).fwd_flops for i in blocks)
+    return len(blocks) * core / total if total else 0.0
+
+
+MAX_CP = 32                   # context-parallel degrees tried: powers of two up to this
+                              # (Llama 3 405B used 16 at sequence 131,072: arXiv 2407.21783,
+                              # table 4)
+ATTENTION_DOMINATES = 0.5     # why: beyond half of the block's FLOPs, the s-proportional
+                              # attention and activations are what a longer sequence costs
+
+
+def cp_options(model, c: SearchConstraints, long_sequence: bool | None = None
+               ) -> tuple[int, ...]:
+    """Context-parallel degrees to try, in order: 1, and the powers of two up to MAX_CP
+    that split the sequence into 2 cp equal chunks (causal load balancing) only when the
+    sequence is long: its attention core is at least ATTENTION_DOMINATES of a block's
+    FLOPs (`attention_share`), or `long_sequence` says so (the caller found that no plan
+    with cp 1 fits in memory). Fixed in `c`: that one. Synthetic models: 1."""
+    if c.cp is not None:
+        return (c.cp,)
+    if model.config is None:
+        return (1,)
+    long = attention_share(model) >= ATTENTION_DOMINATES if long_sequence is None \
+        else long_sequence
+    if not long:
+        return (1,)
+    out, cp = [1], 2
+    while cp <= MAX_CP:
+        if model.seq_len % (2 * cp) == 0:
+            out.append(cp)
+        cp *= 2
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -163,11 +272,13 @@ def device_classes(cluster) -> dict[str, DeviceClass]:
 
 @dataclass(frozen=True)
 class UnitPool:
-    """The tp groups of one device class: same class, same node, in cluster order."""
+    """The units of one device class: its tp groups (same node), cp of them together
+    with context parallelism, in cluster order."""
 
     type_name: str                # the class's name (a device type's, or TYPE@xS, ...)
     tp: int
-    units: tuple[tuple[str, ...], ...]
+    units: tuple[tuple[str, ...], ...]   # each tp x cp devices
+    cp: int = 1
 
 
 def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[str, int]]:
@@ -214,10 +325,13 @@ def tp_options(cluster, model, c: SearchConstraints) -> Iterator[int]:
         tp *= 2
 
 
-def unit_pools(cluster, tp: int, classes: dict[str, DeviceClass] | None = None
-               ) -> dict[str, UnitPool]:
-    """Per device class (`device_classes`), its tp groups node by node (a node's
-    leftover devices unused)."""
+def unit_pools(cluster, tp: int, classes: dict[str, DeviceClass] | None = None,
+               cp: int = 1) -> dict[str, UnitPool]:
+    """Per device class (`device_classes`), its units: tp groups node by node (a node's
+    leftover devices unused), and with cp > 1 each cp consecutive tp groups of the class
+    one unit (context rank c's tp group at positions c tp .. c tp + tp - 1, tensor rank
+    innermost as in Megatron's rank order; inside a node when tp cp fits one, else over
+    consecutive nodes; leftover groups unused)."""
     classes = device_classes(cluster) if classes is None else classes
     groups: dict[str, list[tuple[str, ...]]] = {}
     for cls in classes.values():
@@ -226,7 +340,10 @@ def unit_pools(cluster, tp: int, classes: dict[str, DeviceClass] | None = None
             count = cluster.node(name).count
             names = [f"{name}/{i}" for i in range(count)]
             units.extend(tuple(names[k:k + tp]) for k in range(0, count - tp + 1, tp))
-    return {t: UnitPool(t, tp, tuple(u)) for t, u in groups.items() if u}
+    if cp > 1:
+        groups = {t: [tuple(d for g in u[k:k + cp] for d in g)
+                      for k in range(0, len(u) - cp + 1, cp)] for t, u in groups.items()}
+    return {t: UnitPool(t, tp, tuple(u), cp) for t, u in groups.items() if u}
 
 
 def set_partitions(items: list[str]) -> Iterator[list[tuple[str, ...]]]:
@@ -335,9 +452,14 @@ def _multiset_permutations(items: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
             yield (head, *tail)
 
 
-def layouts(dp: int, recipe: dict[str, int]) -> tuple[str, ...]:
+def layouts(dp: int, recipe: dict[str, int], ep: int = 1) -> tuple[str, ...]:
     """How replicas take units: "pipeline" (each replica's units together) and, with
     several replicas taking several units of some type, "stage" (the replicas of each
-    stage together; with one unit per type per replica both give the same units)."""
+    stage together; with one unit per type per replica both give the same units). With
+    expert parallelism (`ep` > 1) only "stage": Megatron's rank order (tp-cp-ep-dp-pp)
+    puts an expert-parallel group's replicas side by side, so its all-to-all stays inside
+    as few nodes as it can."""
     distinct = dp > 1 and any(k > 1 for k in recipe.values())
+    if ep > 1:
+        return ("stage",) if distinct else ("pipeline",)
     return ("pipeline", "stage") if distinct else ("pipeline",)

@@ -21,6 +21,8 @@ from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search.caches import StageShape
 from hyperpipe.search.evaluate import Candidate, count_actions, dedupe, rank_key
 from hyperpipe.search.templates import PhaseStats, SearchContext
+from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.sharding import dp_shards
 
 SYNTH_TOP = 3         # plans of the short list a schedule is synthesised for
 # Competitors whose best plan gets the same synthesis as the pick's (Megatron-style
@@ -39,7 +41,9 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
     one (the same results). Plans that differ only in their schedule kind share one
     synthesis (it keeps stages, devices and micro-batches and tries every fixed kind).
     A plan is left unsynthesised where `schedule_bound_s` shows no schedule of its
-    stages can beat the best of its side (the search's own, or the other plans)."""
+    stages can beat the best of its side (the search's own, or the other plans). The
+    fixed kinds `ranked` and `baselines` hold simulated already are not simulated
+    again (`synthesise`'s `known`)."""
     baselines = dict(baselines or {})
     if ctx.c.schedule is not None and not schedule_kind(ctx.c.schedule).carries_actions:
         return ranked, baselines
@@ -47,12 +51,19 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
     from hyperpipe.synth.synthesise import synthesise
     cost = ctx.cost
     got: dict[str, object] = {}
+    # the fixed kinds already simulated for each shape: synthesis does not redo them
+    known: dict[str, dict[str, Metrics]] = {}
+    for cand in list(ranked) + list(baselines.values()):
+        if not schedule_kind(cand.plan.schedule).carries_actions:
+            known.setdefault(_shape(cand.plan), {})[cand.plan.schedule] = cand.metrics
 
     def run(plans: list[Plan]) -> None:
         todo = {k: p for p in plans if (k := _shape(p)) not in got}
-        results = fan_out(pool, list(todo.values()), lambda plan: synthesise(plan, cost),
+        results = fan_out(pool, list(todo.items()),
+                          lambda item: synthesise(item[1], cost, known=known.get(item[0])),
                           synthesise_task,
-                          lambda plan: (plan, cost.model, cost.cluster, cost.profile),
+                          lambda item: (item[1], cost.model, cost.cluster, cost.profile,
+                                        known.get(item[0])),
                           at_least=2)()
         for k, result in zip(todo, results, strict=True):
             got[k] = result
@@ -115,8 +126,8 @@ def synthesise_task(args):
     """`synthesise` in a worker process (its own cost model)."""
     from hyperpipe.sim.costmodel import CostModel
     from hyperpipe.synth.synthesise import synthesise
-    plan, model, cluster, profile = args
-    return synthesise(plan, CostModel(model, cluster, profile))
+    plan, model, cluster, profile, known = args
+    return synthesise(plan, CostModel(model, cluster, profile), known=known)
 
 
 def bound_value(ctx: SearchContext, cand: Candidate) -> float:
@@ -133,10 +144,11 @@ def bound_value(ctx: SearchContext, cand: Candidate) -> float:
 
 def _stage_ops(ctx: SearchContext, st, mb: int) -> dict[str, float]:
     """F, B, I and W of a stage on idle links, as the simulator prices each action."""
-    key = StageShape(st.layers, st.devices, mb, st.recompute, st.sequence_parallel)
+    key = StageShape(st.layers, st.devices, mb, st.recompute, st.sequence_parallel, st.cp)
     if key not in ctx.stage_ops:
         ctx.stage_ops[key] = {op: ctx.cost.stage_time_s(st.layers, st.devices, mb, op,
-                                                        st.recompute, st.sequence_parallel)
+                                                        st.recompute, st.sequence_parallel,
+                                                        st.cp)
                               for op in "FBIW"}
     return ctx.stage_ops[key]
 
@@ -151,9 +163,10 @@ def schedule_bound_s(ctx: SearchContext, plan: Plan) -> float:
     (the lesser of I and B) of every micro-batch, then the input gradients of the last
     of them through every stage before it. Actions take at least their idle-link time
     and wait for their inputs, so no schedule is faster; the busiest rank of the
-    slowest pipeline counts (all-reduces left out)."""
+    slowest pipeline counts (all-reduces left out); sends take at least
+    `synthesise.least_transfer_s` (split over tensor-parallel ranks)."""
+    from hyperpipe.synth.synthesise import least_transfer_s
     cost = ctx.cost
-    shards = len(plan.pipelines) if plan.distributed_optimizer else 1
     place = schedule_kind(plan.schedule).placement
     worst = 0.0
     seen = set()
@@ -168,9 +181,9 @@ def schedule_bound_s(ctx: SearchContext, plan: Plan) -> float:
         for k, (a, b) in enumerate(zip(stages, stages[1:], strict=False)):
             nbytes = cost.send_bytes(a.layers, mb)
             arrive.append(arrive[-1] + ops[k]["F"] +
-                          cost.transfer_time_s(a.devices[-1], b.devices[0], nbytes))
+                          least_transfer_s(cost, a.devices, b.devices, nbytes))
             back.append(back[-1] + min(ops[k]["I"], ops[k]["B"]) +
-                        cost.transfer_time_s(b.devices[0], a.devices[-1], nbytes))
+                        least_transfer_s(cost, b.devices, a.devices, nbytes))
         p = len(stages) // plan.chunks
         for r in range(p):
             mine = [k for k in range(len(stages)) if stage_rank(k, p, place) == r]
@@ -178,7 +191,8 @@ def schedule_bound_s(ctx: SearchContext, plan: Plan) -> float:
                            for k in mine)
             step = sum(cost.optimizer_time_s(
                 stages[k].layers, cost.cluster.device(stages[k].devices[0]).type.name,
-                stages[k].tp, shards, stages[k].devices) for k in mine)
+                stages[k].tp, dp_shards(plan, stages[k], cost.cluster), stages[k].devices)
+                for k in mine)
             start = arrive[min(mine)]
             worst = max(worst, start + work + step)
             if len(mine) == 1:

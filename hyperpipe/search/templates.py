@@ -72,7 +72,7 @@ class Template:
     fill_s: float                 # time a micro-batch takes through the empty pipeline
     sync_s: float                 # gradient all-reduce + optimizer step of the busiest stage
     price_per_hour: float         # all devices of all replicas, USD
-    mode: MemoryMode = MemoryMode()   # recompute, sequence parallelism, distributed optimizer
+    mode: MemoryMode = MemoryMode()   # recompute, sequence parallelism, ZeRO stage, cp
 
     @property
     def dp(self) -> int:
@@ -95,14 +95,16 @@ class Template:
         p = len(row)
         place = schedule_kind(self.kind).placement
         return tuple(StagePlan((a, b), row[stage_rank(k, p, place)], self.tp,
-                               self.mode.recompute, self.mode.sequence_parallel)
+                               self.mode.recompute, self.mode.sequence_parallel,
+                               self.mode.cp, self.mode.ep)
                      for k, (a, b) in enumerate(self.part.layer_ranges))
 
 
 def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
               slots: list[list[tuple[str, ...]]], m: int, price: float,
               start: int = 0, placement: tuple | None = None,
-              cutoff: float = math.inf) -> Template | Skipped | None:
+              cutoff: float = math.inf, cp: int = 1, ep: int = 1
+              ) -> Template | Skipped | None:
     """Cut the layers for the pipelines `slots` (replica 0 stands for all) in the first
     memory mode that fits (`SearchContext.modes`, from `start`); None if none fits.
     The cut depends on replica 0's row only through `SearchContext.row_signature`, so
@@ -113,12 +115,12 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     not be kept, and its rings are the costly part at thousands of replicas."""
     row = slots[0]
     p, dp = len(row), len(slots)
-    modes = ctx.modes(tp, dp)[start:]
-    shards = dp if any(mode.distributed_optimizer for mode in modes) else 1
-    key = RowKey(kind, v, mb, ctx.inflight_key(kind, p, m, v), tp, dp > 1, start, shards,
-                 ctx.row_signature(row))
+    modes = ctx.modes(tp, dp, cp, p > 1, ep)[start:]
+    shards = dp * cp if any(mode.zero for mode in modes) else 1
+    key = RowKey(kind, v, mb, ctx.inflight_key(kind, p, m, v), tp, dp * cp > 1, start,
+                 shards, ctx.row_signature(row), cp, modes[0].reshard, ep)
     if key not in ctx.row_cuts:
-        ctx.row_cuts[key] = _row_cut(ctx, kind, v, mb, row, m, modes, dp)
+        ctx.row_cuts[key] = _row_cut(ctx, kind, v, mb, row, m, modes, dp * cp)
     got = ctx.row_cuts[key]
     if got is None:
         return None
@@ -128,7 +130,8 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
 
 def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str, ...]],
              m: int, modes: tuple[MemoryMode, ...], dp: int) -> RowCut | None:
-    """The cut of replica 0's `row` in the first of `modes` that fits (None if none)."""
+    """The cut of replica 0's `row` in the first of `modes` that fits (None if none);
+    `dp`: the ranks its ZeRO stage shards over (replicas x context ranks)."""
     p = len(row)
     stages = p * v
     inflight = ctx.peak_inflight(kind, p, m, v)
@@ -229,11 +232,15 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
     (`network.ring_spec`: rings that cross one NIC share it), plus its optimizer step
     (sharded with it); the busiest device counts. `placement`: a name for `slots` (what
     built them), under which each device's ring is cached. `rings` False: the optimizer
-    steps alone (a lower bound, without the costly all-reduces)."""
+    steps alone (a lower bound, without the costly all-reduces). With context
+    parallelism the reduction over dp x cp ranks is costed as the rings of each context
+    rank's tp group over the replicas, all at once; ZeRO 2 and 3 leave here only what
+    they move once a step (`CostModel.dp_sync_bytes_per_param`)."""
     cost = ctx.cost
     p = len(slots[0])
-    shards = len(slots) if mode.distributed_optimizer else 1
-    per_param = cost.dp_sync_bytes_per_param(mode.distributed_optimizer)
+    shards = len(slots) * mode.cp if mode.zero else 1
+    per_param = cost.dp_sync_bytes_per_param(zero=mode.zero,
+                                             reshard_after_forward=mode.reshard)
     per_device = [0.0] * p
     place = schedule_kind(slots_kind).placement if slots_kind else "loop"
     placed = ctx.placed_rings.get(placement) if placement is not None else None
@@ -250,7 +257,10 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
             continue
         if placed[d] is None:
             placed[d] = _ring_cost(ctx, tuple(r[d] for r in slots))
-        nbytes = cost.stage_params((a, b)) * per_param / tp
+        # with expert parallelism a rank reduces its 1/ep of the routed experts (over
+        # their expert-data-parallel group, priced here as the replicas' ring)
+        params = cost.stage_params((a, b)) - (1 - 1 / mode.ep) * cost.expert_params((a, b))
+        nbytes = params * per_param / tp
         per_device[d] += _affine_s(placed[d], nbytes)
     return max(per_device)
 
@@ -313,6 +323,8 @@ class TemplateKey(NamedTuple):
     pools: dict[str, space.UnitPool]
     price_per_hour: float                 # all devices of all replicas, USD
     start: int                            # the first memory mode to try (`ctx.modes`)
+    cp: int = 1                           # context ranks per stage (units: tp x cp)
+    ep: int = 1                           # expert-parallel degree (`space.ep_options`)
 
 
 class Shape(NamedTuple):
@@ -329,6 +341,8 @@ class Shape(NamedTuple):
     recipe: dict[str, int]
     pools: dict[str, space.UnitPool]
     start: int
+    cp: int = 1
+    ep: int = 1
 
 
 def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
@@ -338,34 +352,59 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
     the pipeline's devices (fractional layers), the fill on the fastest type, and the
     optimizer step spread the same way; no link, no all-reduce. Both the memory check
     and the bound are those of the first memory mode (`SearchContext.modes`) whose
-    memory bound passes, and the key starts its cuts at that mode."""
+    memory bound passes, and the key starts its cuts at that mode. Context-parallel
+    degrees are `space.cp_options`: cp 1 alone unless the sequence is long, or unless
+    no key of cp 1 can hold the model (then the others)."""
     c, model = ctx.c, ctx.model
-    keys = []
-    for tp in space.tp_options(ctx.cluster, model, c):
-        pools = ctx.pools(tp)
-        if any(t not in pools for t in types):
-            continue
-        counts = {t: len(pools[t].units) for t in types}
-        opt = _optimizer_s(ctx, types, pools, tp)
-        price_of = {t: ctx.cluster.price_per_hour(pools[t].units[0][0]) for t in types}
-        room = {t: ctx.type_of(t).memory_bytes - ctx.type_of(t).runtime_reserve_bytes
-                for t in types}
-        for kind, v, mb in configs:
-            big_m = c.global_batch // mb
-            for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,
-                                               chunks=v, pp=c.pp, dp=c.dp, max_dp=big_m):
-                phase.seen += 1
-                p = sum(recipe.values())
-                m = -(-big_m // dp)
-                if p * v > model.num_layers or dp > big_m \
-                        or (c.pp is not None and p != c.pp) or (v > 1 and p < 2):
-                    phase.infeasible += 1
-                    continue
-                # memory, summed over the pipeline: all state, and every layer's stash
-                # at least as often as the least-loaded stage keeps micro-batches
-                mem = sum(k * tp * room[t] for t, k in recipe.items())
-                held = min(ctx.peak_inflight(kind, p, m, v))
-                modes = ctx.modes(tp, dp)
+    keys: list[TemplateKey] = []
+    cps = space.cp_options(model, c)
+    for cp in cps:
+        for tp in space.tp_options(ctx.cluster, model, c):
+            keys += _keys_at(ctx, phase, types, configs, tp, cp)
+    if not keys and cps == (1,) and c.cp is None:
+        # no plan of one context rank holds the model: the sequence needs splitting
+        for cp in space.cp_options(model, c, long_sequence=True)[1:]:
+            for tp in space.tp_options(ctx.cluster, model, c):
+                keys += _keys_at(ctx, phase, types, configs, tp, cp)
+    keys.sort(key=lambda k: k.bound)
+    return keys
+
+
+def _keys_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
+             configs: list[tuple[str, int, int]], tp: int, cp: int) -> list[TemplateKey]:
+    """`_keys` of units of `tp` x `cp` devices, each replica count with every
+    expert-parallel degree `space.ep_options` allows it (1 alone without MoE blocks)."""
+    c, model = ctx.c, ctx.model
+    keys: list[TemplateKey] = []
+    width = tp * cp
+    pools = ctx.pools(tp, cp)
+    if any(t not in pools for t in types):
+        return keys
+    counts = {t: len(pools[t].units) for t in types}
+    opt = _optimizer_s(ctx, types, pools, tp)
+    price_of = {t: ctx.cluster.price_per_hour(pools[t].units[0][0]) for t in types}
+    room = {t: ctx.type_of(t).memory_bytes - ctx.type_of(t).runtime_reserve_bytes
+            for t in types}
+    for kind, v, mb in configs:
+        big_m = c.global_batch // mb
+        for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,
+                                           chunks=v, pp=c.pp, dp=c.dp, max_dp=big_m):
+            phase.seen += 1
+            p = sum(recipe.values())
+            m = -(-big_m // dp)
+            if p * v > model.num_layers or dp > big_m \
+                    or (c.pp is not None and p != c.pp) or (v > 1 and p < 2):
+                phase.infeasible += 1
+                continue
+            # memory, summed over the pipeline: all state, and every layer's stash
+            # at least as often as the least-loaded stage keeps micro-batches
+            mem = sum(k * width * room[t] for t, k in recipe.items())
+            held = min(ctx.peak_inflight(kind, p, m, v))
+            eps = space.ep_options(model, c, dp * cp)
+            if not eps:
+                phase.infeasible += 1
+            for ep in eps:
+                modes = ctx.modes(tp, dp, cp, p > 1, ep)
                 start = next((i for i, mode in enumerate(modes)
                               if mem >= _total_bytes(ctx, mode, dp, mb, held)), None)
                 if start is None:
@@ -374,15 +413,14 @@ def _keys(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
                 mode = modes[start]
                 whole, fill_lb = _work_bound(ctx, types, pools, kind, v, mb, mode)
                 load_lb = 1.0 / sum(k / whole[t] for t, k in recipe.items())
-                shards = dp if mode.distributed_optimizer else 1
+                shards = dp * cp if mode.distributed_optimizer else 1
                 sync_lb = 1.0 / sum(k * shards / opt[t] for t, k in recipe.items()) \
                     if all(opt.values()) else 0.0
                 bound = (m - 1) * load_lb + fill_lb + sync_lb
-                price = dp * tp * sum(k * (price_of[t] if price_of[t] is not None
-                                           else math.nan) for t, k in recipe.items())
-                keys.append(TemplateKey(objective_value(ctx, bound, price), (kind, v, mb), tp,
-                                        dp, recipe, pools, price, start))
-    keys.sort(key=lambda k: k.bound)
+                price = dp * width * sum(k * (price_of[t] if price_of[t] is not None
+                                              else math.nan) for t, k in recipe.items())
+                keys.append(TemplateKey(objective_value(ctx, bound, price), (kind, v, mb),
+                                        tp, dp, recipe, pools, price, start, cp, ep))
     return keys
 
 
@@ -395,15 +433,23 @@ def _optimizer_s(ctx: SearchContext, types: tuple[str, ...], pools, tp: int
 
 
 def _total_bytes(ctx: SearchContext, mode: MemoryMode, dp: int, mb: int, held: int) -> float:
-    """A lower bound on a pipeline's memory in `mode`: the model's state (its optimizer
-    state sharded over `dp` replicas with the distributed optimizer) and `held` stashes of
-    every layer, split perfectly over the tensor-parallel group."""
-    shards = dp if mode.distributed_optimizer else 1
-    key = TotalKey(mode.recompute, shards, mb)
+    """A lower bound on a pipeline's memory in `mode`: the model's state on each of its
+    `mode.cp` context ranks (sharded over the dp x cp ranks of its data-parallel group by
+    the mode's ZeRO stage; ZeRO-3 without resharding holding its weights and gradient
+    unsharded too) and `held` stashes of every layer, split perfectly over the tensor-
+    parallel and context-parallel groups."""
+    shards = dp * mode.cp if mode.zero else 1
+    key = TotalKey(mode.recompute, shards, mb, mode.zero, mode.cp, mode.reshard, mode.ep)
     if key not in ctx.totals:
         whole = (0, ctx.model.num_layers)
-        ctx.totals[key] = StateStash(ctx.cost.state_bytes(whole, 1, shards),
-                                     ctx.cost.stash_bytes(whole, mb, recompute=mode.recompute))
+        cost = ctx.cost
+        state = cost.state_bytes(whole, 1, shards, mode.zero,
+                                 **P.expert_state(mode.ep, mode.zero, shards))
+        if mode.zero == 3 and not mode.reshard:
+            state += cost.zero3_working_bytes(whole, 1, False,
+                                               expert_share=1.0 / mode.ep)
+        ctx.totals[key] = StateStash(mode.cp * state,
+                                     cost.stash_bytes(whole, mb, recompute=mode.recompute))
     state, stash = ctx.totals[key]
     return state + held * stash
 
@@ -413,6 +459,7 @@ def _work_bound(ctx: SearchContext, types, pools, kind: str, v: int, mb: int,
     """Per type, a unit's forward + backward time of the whole model in `mode`, and the
     fill's lower bound (on the fastest type)."""
     work = {t: ctx.table(ctx.fastest_unit(pools[t]), mb, mode) for t in types}
+    # (times only: the table's memory is not read here)
     whole = {t: float(w.fwd_s[-1] + w.bwd_s[-1]) for t, w in work.items()}
     forward = {t: float(w.fwd_s[-1]) for t, w in work.items()}
     return whole, fill_bound_s(kind, v, whole, forward)
@@ -496,7 +543,7 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             if tp not in optimizer:
                 optimizer[tp] = _optimizer_s(ctx, types, key.pools, tp)
             got = key_bound(ctx, types, key.config, tp, dp, recipe, key.pools, key.start,
-                            optimizer[tp], ctx.layer_caps)
+                            optimizer[tp], ctx.layer_caps, key.cp, key.ep)
             if got is None:
                 phase.infeasible += 1
                 continue
@@ -504,7 +551,7 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             heapq.heappush(heap, (bound, i, True, key._replace(bound=bound, start=got[1])))
             continue
         m = -(-(ctx.c.global_batch // mb) // dp)
-        pipes = (kind, v, tp, dp, tuple(sorted(recipe.items())))
+        pipes = (kind, v, tp, key.cp, key.ep, dp, tuple(sorted(recipe.items())))
         p = sum(recipe.values())
         if m >= p * v and mb >= too_big.get(pipes, math.inf):
             # the same pipelines did not fit a smaller micro-batch, which stashes less
@@ -512,9 +559,9 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             phase.infeasible += 1
             continue
         first = canonical_order(ctx, recipe)
-        tries = [(first, lay) for lay in space.layouts(dp, recipe)]
+        tries = [(first, lay) for lay in space.layouts(dp, recipe, key.ep)]
         shape = Shape(kind, v, mb, tp, dp, types, m, key.price_per_hour, recipe, key.pools,
-                      key.start)
+                      key.start, key.cp, key.ep)
         values = _cut_all(ctx, phase, race, serial, tries, shape)
         if not values:                     # out of memory in the most memory-rich order
             if m >= p * v:
@@ -523,7 +570,7 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
         if min(values) > race.cutoff():
             continue                       # the other orders only move links and memory
         more = [(o, lay) for o in space.stage_orders(recipe) if o != first
-                for lay in space.layouts(dp, recipe)]
+                for lay in space.layouts(dp, recipe, key.ep)]
         _cut_all(ctx, phase, race, serial, more, shape)
     kept: list[Template] = []
     for race in races.values():
@@ -545,7 +592,8 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: 
         phase.seen += 1
         tpl = _template(ctx, shape.kind, shape.v, shape.mb, shape.tp, shape.types, slots, m,
                         shape.price_per_hour, shape.start,
-                        Placement(shape.tp, shape.dp, layout, order, recipe), race.cutoff())
+                        Placement(shape.tp, shape.dp, layout, order, recipe, shape.cp),
+                        race.cutoff(), shape.cp, shape.ep)
         if tpl is None:
             phase.infeasible += 1
             continue

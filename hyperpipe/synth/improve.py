@@ -14,7 +14,7 @@ which sees contention; nothing here mutates its input.
 from __future__ import annotations
 
 from hyperpipe.plan.schedule import Action
-from hyperpipe.sim.replay import EPS_S, PipeCosts, encode_rows, replay_rows, rows_score
+from hyperpipe.sim.replay import EPS_S, PipeCosts, Replayer, encode_rows, rows_score
 
 
 def _conflict(a: Action, b: Action) -> bool:
@@ -27,9 +27,11 @@ def improve(c: PipeCosts, rows: tuple[tuple[Action, ...], ...], placement: str,
             budget: int = 300) -> tuple[tuple[tuple[Action, ...], ...], int]:
     """Better orders (or `rows` itself) and the replays spent (see the module doc)."""
     codes = encode_rows(rows)
-    timing = replay_rows(c, codes, placement)
-    if timing is None:
+    replayer = Replayer(c, len(rows), placement, codes)
+    state = replayer.run(codes)
+    if state is None:
         return rows, 1
+    timing = state.times
     best = tuple(tuple(r) for r in rows)
     score, spent = rows_score(timing), 1
     improved = True
@@ -54,12 +56,15 @@ def improve(c: PipeCosts, rows: tuple[tuple[Action, ...], ...], placement: str,
                     new_code = code[:to] + (code[i - 1],) + code[to:i - 1] + code[i:]
                     trial = best[:d] + (new_row,) + best[d + 1:]
                     trial_codes = codes[:d] + [new_code] + codes[d + 1:]
-                    t = replay_rows(c, trial_codes, placement)
+                    # re-timed from the moved action's old slot on (`Replayer.rerun`),
+                    # given up once an action ends past the makespan (it cannot stay)
+                    got = replayer.rerun(state, trial_codes, d, to, score[0] + EPS_S)
                     spent += 1
-                    new = rows_score(t) if t is not None else None
+                    new = rows_score(got.times) if got is not None else None
                     if new is not None and (new[0] < score[0] - EPS_S or (
                             new[0] <= score[0] + EPS_S and new[1] < score[1] - EPS_S)):
-                        best, codes, score, timing, improved = \
-                            trial, trial_codes, new, t, True
+                        best, codes, score, state, improved = \
+                            trial, trial_codes, new, got, True
+                        timing = state.times
                         break
     return best, spent

@@ -120,28 +120,30 @@ def list_schedule(c: PipeCosts, p: int, m: int, placement: str,
     # A rank's decision reads only its own state and its stages' arrivals, so after an
     # action only its rank and the rank it sends to decide again (the same choices as
     # asking every rank every time, in p times fewer calls).
-    decided: list[Choice | None] = [None] * p
+    # The rank that starts first runs (the lowest rank on a tie); `starts` holds each
+    # rank's decided start (INF once its row is full), so the pick is one `min`.
+    decided: list[Choice] = [_decide(s, d) for d in range(p)]
+    starts = [choice.start_s for choice in decided]
     per_rank = 3 * s.v * m
     rows, rank_of, last = s.rows, s.rank_of, s.last
     while s.left > 0:
-        best_d, best_s = -1, INF
-        for d in range(p):
-            if len(rows[d]) == per_rank:
-                continue
-            choice = decided[d]
-            if choice is None:
-                choice = decided[d] = _decide(s, d)
-            if choice.start_s < best_s:
-                best_d, best_s = d, choice.start_s
-        if best_d < 0:
+        best_s = min(starts)
+        if best_s == INF:
             return None
+        best_d = starts.index(best_s)
         best = decided[best_d]
         _run(s, best_d, best)
-        decided[best_d] = None
+        stale = [best_d]
         if best.op == "F" and best.stage < last:
-            decided[rank_of[best.stage + 1]] = None
+            stale.append(rank_of[best.stage + 1])
         elif best.op == "I" and best.stage > 0:
-            decided[rank_of[best.stage - 1]] = None
+            stale.append(rank_of[best.stage - 1])
+        for d in stale:
+            if len(rows[d]) == per_rank:
+                starts[d] = INF
+            else:
+                decided[d] = _decide(s, d)
+                starts[d] = decided[d].start_s
     return tuple(tuple(r) for r in s.rows)
 
 

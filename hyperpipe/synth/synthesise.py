@@ -6,6 +6,10 @@ cost model (or calibration profile), builds one order per `Policy` by list sched
 (`listsched`), and simulates every candidate and every fixed kind that places chunks as
 the plan does. The best synthesised order and the best fixed kind's are improved by
 local moves (`improve`) and simulated again; the fastest that fits in memory wins.
+A candidate order is not simulated where `order_bound_s` (its replay on idle links, a
+lower bound on its simulated time) shows it cannot beat the best synthesised order
+simulated so far, nor a fixed kind whose simulated metrics the caller passes in
+(`known`): the result is the same as simulating them.
 
 So the result is never slower than the best fixed kind (kept when no candidate beats
 it) and never over a device's memory when any schedule fits. It is an ordinary plan:
@@ -15,6 +19,7 @@ kind ``synth`` with ``schedule.actions``, or the winning fixed kind.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -23,7 +28,8 @@ from hyperpipe.plan.plan import Plan, pipeline_placement, schedule_for
 from hyperpipe.plan.schedule import rank_stages, validate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.metrics import Metrics
-from hyperpipe.sim.replay import PipeCosts
+from hyperpipe.sim.replay import PipeCosts, encode_rows, replay_rows, rows_score
+from hyperpipe.sim.sharding import dp_shards, reshard_after_forward
 from hyperpipe.sim.simulator import SimOptions, simulate
 from hyperpipe.synth.improve import improve
 from hyperpipe.synth.listsched import Policy, list_schedule
@@ -67,7 +73,7 @@ class SynthResult:
     fixed_time_s: float              # its time (inf when no fixed kind fits in memory)
     synth_time_s: float              # the best synthesised order's time (inf: none fits)
     policy: Policy | None            # the policy that built it
-    candidates: int                  # schedules simulated
+    candidates: int                  # schedules simulated here
     elapsed_s: float                 # wall time of the whole synthesis
     synth_plan: Plan | None = None   # the best synthesised plan, even when it lost
 
@@ -96,18 +102,19 @@ def pipe_costs(plan: Plan, cost: CostModel, q: int) -> PipeCosts:
 
     def times(op: str) -> tuple[float, ...]:
         return tuple(cost.stage_time_s(s.layers, s.devices, mb, op, s.recompute,
-                                       s.sequence_parallel) for s in st)
+                                       s.sequence_parallel, s.cp) for s in st)
 
     links_f, links_b = [], []
     for a, b in zip(st, st[1:], strict=False):
         nbytes = cost.send_bytes(a.layers, mb)
         links_f.append(cost.transfer_time_s(a.devices[-1], b.devices[0], nbytes))
         links_b.append(cost.transfer_time_s(b.devices[0], a.devices[-1], nbytes))
-    shards = len(plan.pipelines) if plan.distributed_optimizer else 1
     budget = []
     for d in range(p):
         mine = [st[s] for s in rank_stages(d, p, plan.chunks, placement)]
-        static = cost.device_static_bytes(mine, mb, shards)    # as the simulator counts it
+        static = cost.device_static_bytes(                     # as the simulator counts it
+            mine, mb, zero=plan.zero, reshard_after_forward=reshard_after_forward(plan),
+            shards_of=lambda s: dp_shards(plan, s, cost.cluster))
         budget.append(cost.cluster.device(st[d].devices[0]).type.memory_bytes - static)
     return PipeCosts(times("F"), times("I"), times("W"),
                      tuple(cost.stage_stash_bytes(s, mb) for s in st),
@@ -157,11 +164,65 @@ def improved_plan(plan: Plan, costs: list[PipeCosts], budget: int = IMPROVE_BUDG
     return replace(plan, schedule=SYNTH, actions=tuple(sorted(actions.items())))
 
 
+def least_transfer_s(cost: CostModel, src: tuple[str, ...], dst: tuple[str, ...],
+                     nbytes: float) -> float:
+    """The least time (seconds) the simulator takes to send `nbytes` from stage group
+    `src` to `dst`: it splits the tensor over `network.p2p_edges` (one stream per
+    tensor-parallel rank, Megatron's scatter-gather), each no faster than its edge's
+    idle `transfer_time_s`, so the slowest edge's idle time with its share of the bytes
+    (0 when every edge stays on its device)."""
+    from hyperpipe.sim.network import p2p_edges
+    edges = p2p_edges(src, dst)
+    return max((cost.transfer_time_s(a, b, nbytes / len(edges)) for a, b in edges
+                if cost.route(a, b)[0].hops), default=0.0)
+
+
+def bound_costs(plan: Plan, cost: CostModel, costs: list[PipeCosts]) -> list[PipeCosts]:
+    """Each pipeline's `costs` for `order_bound_s`: no memory cap, and each boundary's
+    link time `least_transfer_s`."""
+    out = []
+    for q, pipe in enumerate(plan.pipelines):
+        st, mb = pipe.stages, pipe.micro_batch
+        fwd, bwd = [], []
+        for a, b in zip(st, st[1:], strict=False):
+            nbytes = cost.send_bytes(a.layers, mb)
+            fwd.append(least_transfer_s(cost, a.devices, b.devices, nbytes))
+            bwd.append(least_transfer_s(cost, b.devices, a.devices, nbytes))
+        out.append(replace(costs[q], fwd_link_s=tuple(fwd), bwd_link_s=tuple(bwd),
+                           budget_bytes=(float("inf"),) * len(costs[q].budget_bytes)))
+    return out
+
+
+def order_bound_s(plan: Plan, lower: list[PipeCosts]) -> float:
+    """A lower bound (seconds) on the simulated iteration time of `plan` with its own
+    per-rank orders (any kind): the latest end of `hyperpipe.sim.replay`'s replay of
+    each pipeline's orders with `lower` (`bound_costs`: each action's time on idle
+    links as the simulator prices it, each link's least time, no memory cap). The
+    simulator runs each rank's actions in the same order, each no shorter and no earlier
+    than its input allows, so no rank ends sooner there (all-reduces and the optimizer
+    come on top). 0.0 where an order deadlocks on replay (no bound)."""
+    worst = 0.0
+    seen: set = set()
+    for q in range(len(plan.pipelines)):
+        sched = schedule_for(plan, q)
+        key = (lower[q], sched.actions)
+        if key in seen:
+            continue
+        seen.add(key)
+        times = replay_rows(lower[q], encode_rows(sched.actions), sched.placement)
+        if times is None:
+            return 0.0
+        worst = max(worst, rows_score(times).makespan_s)
+    return worst
+
+
 def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
-               policies: tuple[Policy, ...] = POLICIES) -> SynthResult:
+               policies: tuple[Policy, ...] = POLICIES,
+               known: Mapping[str, Metrics] | None = None) -> SynthResult:
     """Build, simulate and pick (see the module doc). `plan` may be of any kind; its
     stages, devices and micro-batches are kept. `options`: the simulator's (default: no
-    trace)."""
+    trace). `known`: fixed kind -> the simulated metrics of the plan's stages under that
+    kind (as `simulate` with these options gives them), used instead of simulating."""
     t0 = time.perf_counter()
     options = SimOptions(trace=False) if options is None else options
     opts = replace(options, check_plan=False)
@@ -172,19 +233,24 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
     n = 0
     for kind in fixed_kinds(base):
         candidate = replace(base, schedule=kind, actions=None)
-        metrics = simulate(candidate, cost, opts).metrics
-        n += 1
+        metrics = (known or {}).get(kind)
+        if metrics is None:
+            metrics = simulate(candidate, cost, opts).metrics
+            n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")
         if t < fixed_best.time_s or fixed_best.plan is None:
             fixed_best = Priced(t, candidate, metrics, None, kind)
     synth_best: Priced | None = None
     seen: set = set()
     costs = [pipe_costs(base, cost, q) for q in range(len(base.pipelines))]
+    lower = bound_costs(base, cost, costs)
     for policy in policies:
         candidate = synth_plan(base, cost, policy, costs)
         if candidate is None or candidate.actions in seen:
             continue
         seen.add(candidate.actions)
+        if synth_best is not None and order_bound_s(candidate, lower) >= synth_best.time_s:
+            continue                      # it cannot become the best synthesised order
         metrics = simulate(candidate, cost, opts).metrics
         n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")
@@ -198,6 +264,8 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
         if better is None or better.actions in seen:
             continue
         seen.add(better.actions)
+        if synth_best is not None and order_bound_s(better, lower) >= synth_best.time_s:
+            continue
         metrics = simulate(better, cost, opts).metrics
         n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")

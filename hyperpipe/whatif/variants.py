@@ -28,11 +28,12 @@ class Planning:
     workers: int = 1                        # processes per search (local backend)
     plan: Plan | None = None                # today's plan, kept against re-planning
     stack: str = DEFAULT_STACK              # the stack every plan runs on
+    ep: int | None = None                   # expert-parallel degree (None: the search's)
 
     def constraints(self) -> SearchConstraints:
         return SearchConstraints(global_batch=self.global_batch, micro_batch=self.micro_batch,
                                  schedule=self.schedule, objective=self.objective,
-                                 stack=self.stack)
+                                 stack=self.stack, ep=self.ep)
 
 
 @dataclass(frozen=True)

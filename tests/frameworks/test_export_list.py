@@ -169,11 +169,12 @@ def test_a_lost_feature_comes_with_its_simulated_cost(tmp_path):
 def test_zero_and_cp_reach_the_frameworks_that_hold_them_and_are_named_elsewhere(tmp_path):
     """torchtitan's FSDP is zero 3: exported and imported back as zero 3; Megatron-LM and
     DeepSpeed's pipeline engine shard the optimizer state at most beside a pipeline, so
-    their exports name zero 3 as lost; context parallelism is named lost everywhere."""
+    their exports name zero 3 as lost; context parallelism reaches Megatron-LM and
+    torchtitan and is named lost for Megatron-DeepSpeed (no ring attention)."""
     from dataclasses import replace
 
     from hyperpipe.frameworks.importer import import_plan
-    plan = replace(plan_of(UNIFORM), zero=3, distributed_optimizer=True)
+    plan = replace(plan_of(UNIFORM), zero=3)
     plan.check(plan.load_model(), plan.load_cluster())
     files = export_files(plan, "torchtitan", "job.toml")
     assert "cannot express: zero" not in files["job.toml"]
@@ -188,5 +189,8 @@ def test_zero_and_cp_reach_the_frameworks_that_hold_them_and_are_named_elsewhere
     cp = plan_from_dict(plan_doc([{"micro_batch": 2, "num_microbatches": 4, "stages": [
         {"layers": [0, 7], "devices": ["n/0", "n/1"], "cp": 2},
         {"layers": [7, 14], "devices": ["n/2", "n/3"], "cp": 2}]}], model="gpt2-small"))
-    for fw in ("megatron", "torchtitan", "deepspeed"):
-        assert "cannot express: context parallelism (cp 2)" in export(cp, fw)
+    assert "cannot express: context parallelism (cp 2)" in export(cp, "deepspeed")
+    assert "--context-parallel-size 2" in export(cp, "megatron")
+    assert "context_parallel_degree = 2" in export(cp, "torchtitan")
+    for fw in ("megatron", "torchtitan"):
+        assert "cannot express: context" not in export(cp, fw)

@@ -32,7 +32,6 @@ def _files(tmp_path, framework: str, change: str) -> list[str]:
 
 
 @pytest.mark.parametrize("framework, change, needle", [
-    ("megatron", "--context-parallel-size 2", "--context-parallel-size"),
     ("megatron", "--num-experts 8", "mixture-of-experts"),
     ("megatron", "--expert-model-parallel-size 2", "mixture-of-experts"),
     ("megatron", "--num-layers $NLS", "--num-layers"),
@@ -40,7 +39,6 @@ def _files(tmp_path, framework: str, change: str) -> list[str]:
     ("megatron", "--pipeline-model-parallel-layout Ett|tL", "4 blocks"),
     ("megatron", "--decoder-first-pipeline-num-layers 3 --pipeline-model-parallel-size 3",
      "first/last"),
-    ("torchtitan", "context_parallel_degree = 2\n", "context_parallel_degree"),
     ("torchtitan", "expert_parallel_degree = 2\n", "expert_parallel_degree"),
     ("torchtitan", 'module_fqns_per_model_part = [["tok_embeddings", "layers.0"], '
      '["layers.2", "layers.3", "layers.4", "layers.5", "norm", "output"]]\n',
@@ -89,3 +87,13 @@ def _write(tmp_path, name: str, text: str):
     path = tmp_path / name
     path.write_text(text)
     return path
+
+
+def test_megatron_deepspeed_refuses_context_parallelism(tmp_path, capsys):
+    """Megatron-DeepSpeed has no ring attention (its sequence parallelism is Ulysses):
+    a --context-parallel-size there is refused in one line naming the flag."""
+    args = _files(tmp_path, "deepspeed", "")
+    (tmp_path / "d.args").write_text(MEGATRON.rstrip() + " --context-parallel-size 2\n")
+    rc, out, err = cli(capsys, args)
+    assert_one_line(rc, err, 2, "--context-parallel-size")
+    assert out == ""

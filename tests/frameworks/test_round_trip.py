@@ -119,6 +119,33 @@ def test_tensor_parallel_recompute_and_distributed_optimizer_round_trip(framewor
     assert got.distributed_optimizer
 
 
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
+@pytest.mark.parametrize("zero", [1, 3])
+def test_context_parallelism_and_zero_round_trip(framework, zero, tmp_path):
+    """pp 2 x dp 2 x tp 1 x cp 2 on the 8 GPUs, ranks tensor, context, data, pipeline
+    from the inside out (Megatron's and torchtitan's order): the stages' devices, cp and
+    (torchtitan: FSDP as zero 3; Megatron: the distributed optimizer) zero come back."""
+    pipes = []
+    for r in range(2):
+        stages = [{"layers": list(rng), "devices": [f"n/{(k * 2 + r) * 2 + c}"
+                                                    for c in range(2)], "tp": 1, "cp": 2}
+                  for k, rng in enumerate(SPLITS[2])]
+        pipes.append({"micro_batch": 2, "num_microbatches": 4, "stages": stages})
+    plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": "gpt2-small",
+                           "cluster": A100_NODE, "global_batch": 16,
+                           "schedule": {"kind": "1f1b", "chunks": 1}, "zero": zero,
+                           "pipelines": pipes})
+    plan.check(plan.load_model(), plan.load_cluster())
+    got, text = round_trip(plan, framework, tmp_path)
+    assert "cannot express: context" not in text
+    assert shape(got) == shape(plan)
+    assert {s.cp for p in got.pipelines for s in p.stages} == {2}
+    lost_zero = framework == "megatron" and zero == 3
+    assert ("cannot express: zero 3" in text) == lost_zero
+    want = {"torchtitan": 3, "megatron": 1}[framework]
+    assert got.zero == want
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_an_uneven_four_stage_split_round_trips(framework, tmp_path):
     check(plan_of("1f1b", p=4, dp=2), framework, tmp_path)

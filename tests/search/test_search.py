@@ -289,7 +289,9 @@ def test_space_generators():
 
 @pytest.mark.slow
 def test_workers_give_the_same_result():
-    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    # eager attention: a case where a synthesised schedule is among the simulated plans
+    model = load_model({"preset": "gpt2-small", "attention": "eager"})
+    cluster = load_cluster("h100-a100-l4")
     c = SearchConstraints(global_batch=32, micro_batch=2)
     one = search(model, cluster, c, top=3)
     two = search(model, cluster, c, top=3, workers=2)

@@ -41,13 +41,22 @@ def _model(layers: int = 4, stash_gb: float = 1.0, params: int = 0) -> dict:
 def test_ladder_of_memory_modes():
     c = SearchConstraints(global_batch=8)
     assert memory_modes(c, 1, 1, False) == (MemoryMode(), MemoryMode("full"))
+    # every ZeRO stage before each recompute kind: zero 2 and 3 only where 1 does not fit
     assert memory_modes(c, 2, 4, True) == (
-        MemoryMode(), MemoryMode("none", True, True), MemoryMode("selective", True, True),
-        MemoryMode("full", True, True))
+        MemoryMode(), *(MemoryMode(r, True, z) for r in ("none", "selective", "full")
+                        for z in (1, 2, 3)))
+    # ZeRO-3 without resharding holds what ZeRO-1 holds: not tried
+    assert [m.zero for m in memory_modes(c, 1, 4, False, reshard=False)] == [0, 1, 2, 1, 2]
+    # context ranks shard with the replicas: one replica of cp 2 has two shards
+    assert [m.zero for m in memory_modes(c, 1, 1, False, cp=2)] == [0, 1, 2, 3, 1, 2, 3]
+    assert {m.cp for m in memory_modes(c, 1, 1, False, cp=2)} == {2}
     fixed = SearchConstraints(global_batch=8, recompute="selective", sequence_parallel=True)
-    assert memory_modes(fixed, 2, 1, True) == (MemoryMode("selective", True, False),)
+    assert memory_modes(fixed, 2, 1, True) == (MemoryMode("selective", True, 0),)
     assert memory_modes(SearchConstraints(global_batch=8, distributed_optimizer=False),
-                        1, 4, True)[-1] == MemoryMode("full", False, False)
+                        1, 4, True)[-1] == MemoryMode("full", False, 0)
+    assert memory_modes(SearchConstraints(global_batch=8, zero=3), 2, 4, False) == (
+        MemoryMode("none", False, 3), MemoryMode("none", True, 3), MemoryMode("full", True, 3))
+    assert all(m.distributed_optimizer == (m.zero >= 1) for m in memory_modes(c, 2, 4, True))
 
 
 def test_search_recomputes_only_when_memory_needs_it():

@@ -131,9 +131,11 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
     for pt in points:
         if best_key is not None and pt.floor_s > best_key[0]:
             break                            # the floors only grow from here
-        (si, i, dp, j), per = pt.serial, pt.per
+        si, i, dp, j = pt.serial
+        # replica r's groups of type t: its units r, r + dp, ... (pt.per[t] x dp of them)
+        strided = {t: [pt.pools[t].units[r::dp] for r in range(dp)] for t in pt.types}
         for o, order in enumerate(itertools.permutations(pt.types)):
-            rows = [[pt.pools[t].units[q * dp + r] for t in order for q in range(per[t])]
+            rows = [list(itertools.chain.from_iterable(strided[t][r] for t in order))
                     for r in range(dp)]
             found = _balanced(ctx, rows, pt.mb, pt.m)
             if found is None:
