@@ -167,7 +167,7 @@ def bubble_null_s(plan: Plan, cost: CostModel) -> float:
         for k, st in enumerate(pipe.stages):
             dtype = cost.cluster.device(st.devices[0]).type.name
             busy[k % p] += sum(cost.stage_compute_s(st.layers, dtype, pipe.micro_batch, op,
-                                                    st.tp, st.sequence_parallel)
+                                                    st.tp, st.sequence_parallel, st.cp)
                                for op in ("F", "B"))
         pipe_s = max(pipe_s, (pipe.num_microbatches + p - 1) * max(busy))
     model = plan.load_model()

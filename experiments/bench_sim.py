@@ -31,7 +31,10 @@ throughput (the SimPy phase, which is
 what the ratio to raw SimPy events is about; the end-to-end figures above it add
 schedule generation and, with the trace, building one TraceEvent per action and
 message), T the cold 1024-GPU time and E the per-plan time with the cache. Targets:
-ratio >= 0.25, T <= 1 s, E <= 1 ms, X <= 2 s, Y <= 30 s.
+ratio >= 0.25, T <= 1 s, E <= 1 ms, X <= 2 s, Y <= 30 s; then
+``zero_cp_max_gap=G``: the analytic tier against the simulator on the short lists of
+searches whose plans use ZeRO 1-3 and context parallelism (`SHARDED_SEARCHES`),
+target G <= 0.05.
 
 Run: python experiments/bench_sim.py [--quick]
 """
@@ -192,10 +195,44 @@ def main() -> None:
           f"cache, {uncached * 1e3:.3f} ms without ({len(plans)} plans); its iteration "
           f"for the plan above {est:.3f} s ({est / m.iteration_time_s - 1:+.1%} vs simulated)")
     asym_s, asym16k_s = asym_figures(reps, not args.no_full)
+    gap = sharded_short_list_gap()
     print(f"actions_per_s={actions_per_s:.0f} simpy_events_per_s={simpy_rate:.0f} "
           f"ratio={actions_per_s / simpy_rate:.3f} sim_1024gpu_s={cold_s:.3f} "
           f"analytic_per_plan_s={per_plan:.6f} sim_1024gpu_asym_s={asym_s:.3f} "
-          f"sim_16k_asym_s={asym16k_s:.3f}")
+          f"sim_16k_asym_s={asym16k_s:.3f} zero_cp_max_gap={gap:.4f}")
+
+
+# The searches whose short lists hold ZeRO and cp plans (Llama 3 8B on two 8x H100
+# nodes; target: the analytic tier within 5% of the simulator on every ranked plan).
+SHARDED_SEARCHES = (
+    ({"preset": "llama3-8b", "seq_len": 131072}, {"tp": 8, "pp": 1}),   # picks cp 2
+    ({"preset": "llama3-8b", "n_layer": 8, "seq_len": 16384}, {"tp": 4, "cp": 2, "zero": 3}),
+    ({"preset": "llama3-8b", "n_layer": 8, "seq_len": 16384}, {"tp": 4, "cp": 2, "zero": 2}),
+)
+
+
+def sharded_short_list_gap() -> float:
+    """The largest |analytic / simulator - 1| of iteration time over the ranked plans of
+    `SHARDED_SEARCHES`, each search's printed."""
+    from hyperpipe.search.search import SearchConstraints, search
+    doc = {"name": "h100x2", "inter_node": {"bandwidth": "400 Gbit/s", "latency": "5 us"},
+           "nodes": [{"name": f"n{i}", "device": "H100-SXM", "count": 8,
+                      "nics": {"count": 8, "bandwidth": "400 Gbit/s"}} for i in range(2)]}
+    cluster = cluster_from_dict(doc, where="bench", name=doc["name"])
+    worst = 0.0
+    for model_doc, fixed in SHARDED_SEARCHES:
+        model = load_model(model_doc)
+        result = search(model, cluster, SearchConstraints(global_batch=4, micro_batch=1,
+                                                          **fixed), top=5, quiet=True)
+        cost = CostModel(model, cluster)
+        gaps = [abs(estimate(c.plan, cost).iteration_time_s / c.metrics.iteration_time_s
+                    - 1) for c in result.ranked]
+        kinds = sorted({(c.plan.zero, st.cp) for c in result.ranked
+                        for p in c.plan.pipelines for st in p.stages})
+        print(f"analytic vs simulator, short list of {model.name} s={model.seq_len} "
+              f"{fixed}: {len(gaps)} plans, (zero, cp) {kinds}, max gap {max(gaps):.4f}")
+        worst = max(worst, *gaps)
+    return worst
 
 
 if __name__ == "__main__":

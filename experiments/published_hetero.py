@@ -22,6 +22,11 @@ profiling script (generate_known_cost.py: micro-batch 1, one profile per model-p
 degree): seconds of one layer's FORWARD for ONE sample on a T4 of a tensor-parallel group
 of the file's degree, the layer's tensor-parallel all-reduces included.
 
+Memory verdicts (pass 1) count what the T4 gives a process (14.75 GiB with ECC), the
+stage outputs DeepSpeed's engine keeps until each backward (on the last stage the fp16
+logits) and the head backward's fp16 copy of the fp32 logit gradient
+(`CostModel.stage_output_bytes`, `head_backward_work_bytes`).
+
 Printed: one row per plan (measured, AMP's prediction, both passes, memory verdicts),
 AMP's own prediction as the peer model, and a last line
 
