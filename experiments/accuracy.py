@@ -47,6 +47,7 @@ from hyperpipe.exec.emulation import auto_emulation_scale, emulation_factors
 from hyperpipe.exec.placement import dp_groups, placements
 from hyperpipe.exec.profiler import emulated_profile, measure_profile
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+from hyperpipe.plan.profile import Profile
 from hyperpipe.sim.accuracy import compute_only_s, measured_iteration_s, relative_error
 from hyperpipe.sim.calibrate import calibrate
 from hyperpipe.sim.costmodel import CostModel
@@ -191,6 +192,17 @@ def profile_for(p: Plan, profile):
                                                                   allreduce={})
 
 
+def profiles(args) -> tuple[Profile, Profile]:
+    """(tiny-gpt's layer profile measured natively here, the same stretched to
+    demo-hetero's emulated device speeds); fills in `args.emulation_scale` when None
+    (`auto_emulation_scale` for the cluster's ranks on this machine's cores)."""
+    cluster = load_cluster("demo-hetero")
+    if args.emulation_scale is None:
+        args.emulation_scale = auto_emulation_scale(len(cluster.devices), os.cpu_count() or 1)
+    native = measure_profile("tiny-gpt", "demo-hetero", emulate=False)
+    return native, emulated_profile(native, emulation_factors(cluster, args.emulation_scale))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -204,11 +216,7 @@ def main() -> int:
 
     print("profiling each layer kind here (the base of calibration and, with "
           "--reference profile, of emulation)", flush=True)
-    cluster = load_cluster("demo-hetero")
-    if args.emulation_scale is None:
-        args.emulation_scale = auto_emulation_scale(len(cluster.devices), os.cpu_count() or 1)
-    native = measure_profile("tiny-gpt", "demo-hetero", emulate=False)
-    base = emulated_profile(native, emulation_factors(cluster, args.emulation_scale))
+    native, base = profiles(args)
     with tempfile.TemporaryDirectory() as tmp:
         return _study(args, native, base, Path(tmp) / "native.json", t0)
 

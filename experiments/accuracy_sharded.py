@@ -24,19 +24,15 @@ in-sample: the calibration plans, whose errors are not figures).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from accuracy import A0, A1, CALIBRATION, V0, V1, Row, _figures, bubble_null_s
+from accuracy import A0, A1, CALIBRATION, V0, V1, Row, _figures, bubble_null_s, profiles
 
-from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.exec import RunOptions, run_plan
-from hyperpipe.exec.emulation import auto_emulation_scale, emulation_factors
-from hyperpipe.exec.profiler import emulated_profile, measure_profile
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.plan.stack import RuntimeOverrides
 from hyperpipe.sim.accuracy import compute_only_s, measured_iteration_s
@@ -87,11 +83,7 @@ def main() -> int:
     t0 = time.perf_counter()
     print("profiling each layer kind here (the base of calibration and of emulation)",
           flush=True)
-    cluster = load_cluster("demo-hetero")
-    if args.emulation_scale is None:
-        args.emulation_scale = auto_emulation_scale(len(cluster.devices), os.cpu_count() or 1)
-    native = measure_profile("tiny-gpt", "demo-hetero", emulate=False)
-    base = emulated_profile(native, emulation_factors(cluster, args.emulation_scale))
+    native, base = profiles(args)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "native.json"
         native.save(path)

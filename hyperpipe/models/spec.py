@@ -340,21 +340,9 @@ class TransformerBlock:
 
     def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
         c = self.config
-        b, s, h, f, d = micro_batch, seq_len, c.d_model, c.ffn_hidden, dtype_bytes
-        kv = c.kv_dim
-        swiglu = c.mlp == "swiglu"
-        # forward FLOPs
-        qkv = 2 * b * s * h * (h + 2 * kv)
-        attn_s2 = 4 * b * s * s * h             # QKᵀ and AV; no weights
-        out_proj = 2 * b * s * h * h
-        mlp = 2 * b * s * h * f * (3 if swiglu else 2)
-        matmul = qkv + out_proj + mlp
-        stash = self.stash_bytes(b, s, d)
-        out = b * s * h * d
-        return LayerCost(
-            fwd_flops=float(matmul + attn_s2), i_flops=float(matmul + 2 * attn_s2),
-            w_flops=float(matmul), send_bytes=float(out), stash_bytes=float(stash),
-            mem_bytes=float(self.params * d + stash + out))
+        mlp = 2 * micro_batch * seq_len * c.d_model * c.ffn_hidden * \
+            (3 if c.mlp == "swiglu" else 2)
+        return _block_cost(self, micro_batch, seq_len, dtype_bytes, mlp)
 
 
     def stash_parts(self, micro_batch: int, seq_len: int, dtype_bytes: int
@@ -498,21 +486,11 @@ class MoEBlock(TransformerBlock):
 
     def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
         c, m = self.config, self.moe
-        b, s, h, d = micro_batch, seq_len, c.d_model, dtype_bytes
-        kv = c.kv_dim
-        qkv = 2 * b * s * h * (h + 2 * kv)
-        attn_s2 = 4 * b * s * s * h
-        out_proj = 2 * b * s * h * h
+        b, s = micro_batch, seq_len
         routed, shared = self.expert_pairs(b, s)
-        router = 2 * b * s * h * m.experts if m.experts > 1 else 0
+        router = 2 * b * s * c.d_model * m.experts if m.experts > 1 else 0
         experts = (routed + shared) * _mlp_flops_per_token(c, m.expert_hidden)
-        matmul = qkv + out_proj + router + experts
-        stash = self.stash_bytes(b, s, d)
-        out = b * s * h * d
-        return LayerCost(
-            fwd_flops=float(matmul + attn_s2), i_flops=float(matmul + 2 * attn_s2),
-            w_flops=float(matmul), send_bytes=float(out), stash_bytes=float(stash),
-            mem_bytes=float(self.params * d + stash + out))
+        return _block_cost(self, b, s, dtype_bytes, router + experts)
 
     def stash_parts(self, micro_batch: int, seq_len: int, dtype_bytes: int
                     ) -> tuple[float, float, float]:
@@ -612,6 +590,26 @@ class SyntheticLayer:
 
 
 Layer = EmbeddingLayer | TransformerBlock | MoEBlock | HeadLayer | SyntheticLayer
+
+
+def _block_cost(block: TransformerBlock, b: int, s: int, d: int, mlp_flops: float
+                ) -> LayerCost:
+    """One micro-batch's cost of a pre-norm block whose MLP part (dense MLP, or router
+    and experts) does `mlp_flops` of forward matmuls: attention as `TransformerBlock`'s
+    docstring counts it (QKV and output projections, the two weightless s² matmuls),
+    I = matmul + 2 · attention-s², W = matmul."""
+    c = block.config
+    h = c.d_model
+    qkv = 2 * b * s * h * (h + 2 * c.kv_dim)
+    attn_s2 = 4 * b * s * s * h             # QKᵀ and AV; no weights
+    out_proj = 2 * b * s * h * h
+    matmul = qkv + out_proj + mlp_flops
+    stash = block.stash_bytes(b, s, d)
+    out = b * s * h * d
+    return LayerCost(
+        fwd_flops=float(matmul + attn_s2), i_flops=float(matmul + 2 * attn_s2),
+        w_flops=float(matmul), send_bytes=float(out), stash_bytes=float(stash),
+        mem_bytes=float(block.params * d + stash + out))
 
 
 def _learned(c: GPTConfig) -> bool:

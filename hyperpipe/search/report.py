@@ -165,16 +165,21 @@ def gain_lines(result, cost: CostModel) -> list[str]:
     out = ["", f"speed-up over the best other plan ({name}): {total:.2f}x; where it comes "
            "from (the pick with one factor switched to the other's choice, simulated):"]
     for g in attribute(best, other, name, cost):
-        if g.same:
-            out.append(f"  {g.factor:<16} same in both")
-        elif g.ratio is None:
-            out.append(f"  {g.factor:<16} n/a ({g.note})")
-        else:
-            note = f"  {g.note}" if g.note else ""
-            out.append(f"  {g.factor:<16} {format_seconds(g.time_s):>10}  "
-                       f"{g.ratio:.2f}x the pick's time{note}")
+        out.append(f"  {g.factor:<16} same in both" if g.same
+                   else _gain_line(g.factor, 16, g.time_s, g.ratio, g.note))
     out.append("  (factors interact: their ratios need not multiply to the total)")
     return out
+
+
+def _gain_line(label: str, width: int, time_s: float | None, ratio: float | None,
+               note: str) -> str:
+    """One attribution row: the variant's simulated time and its ratio to the pick's, or
+    n/a with the reason when it could not be simulated."""
+    if ratio is None:
+        return f"  {label:<{width}} n/a ({note})"
+    tail = f"  {note}" if note else ""
+    return f"  {label:<{width}} {format_seconds(time_s):>10}  {ratio:.2f}x the pick's " \
+        f"time{tail}"
 
 
 def expert_lines(result, cost: CostModel) -> list[str]:
@@ -201,12 +206,7 @@ def expert_lines(result, cost: CostModel) -> list[str]:
             out.append(f"     {describe_plan(plain.plan, cost.cluster)}")
     gains = {g.what: g for g in attribute_experts(best, cost)}
     for g in gains.values():
-        if g.ratio is None:
-            out.append(f"  {g.what:<30} n/a ({g.note})")
-        else:
-            note = f"  {g.note}" if g.note else ""
-            out.append(f"  {g.what:<30} {format_seconds(g.time_s):>10}  "
-                       f"{g.ratio:.2f}x the pick's time{note}")
+        out.append(_gain_line(g.what, 30, g.time_s, g.ratio, g.note))
     plain, hides = alltoall_kinds()
     one, dual = gains.get(plain), gains.get(hides)
     if one is not None and dual is not None and one.time_s and dual.time_s:
