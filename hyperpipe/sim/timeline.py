@@ -20,11 +20,16 @@ from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import save_figure
 from hyperpipe.plan.trace import COMPUTE_OPS, OP_COLORS, Trace
 
-_COMM_LANE = ("send", "recv", "allreduce")
+# Collectives sit in the lower strip of a device's communication lane, point-to-point
+# sends and waits in the upper one; compute fills the row above them.
+_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
+_COMM_LANE = ("send", "recv", *_COLLECTIVES)
 # What each op is, for the legend (torch.distributed.pipelining's names).
 OP_LABELS = {"F": "F forward", "B": "B full backward", "I": "I backward: input grad",
              "W": "W backward: weight grad", "optimizer": "optimizer", "send": "send",
-             "recv": "recv (waiting)", "allreduce": "all-reduce"}
+             "recv": "recv (waiting)", "allreduce": "all-reduce",
+             "allgather": "all-gather (ZeRO-3)", "reducescatter": "reduce-scatter (ZeRO-2/3)",
+             "alltoall": "all-to-all (experts)"}
 
 
 def replicas_shown(plan, trace: Trace) -> str:
@@ -137,7 +142,7 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
                 labels.append((x + w / 2, row[e.device], str(e.microbatch)))
         for (y, op, c), xs in bars.items():
             if op in _COMM_LANE:
-                lane = (y + 0.22, 0.16) if op != "allreduce" else (y + 0.40, 0.10)
+                lane = (y + 0.22, 0.16) if op not in _COLLECTIVES else (y + 0.40, 0.10)
             else:
                 lane = (y - 0.40, 0.58)
             ax.broken_barh(xs, lane, facecolors=OP_COLORS.get(op, "#999999"),
@@ -159,7 +164,7 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
         else f"; window {window[0]:g}-{window[1]:g} s")
     axes[-1].set_xlabel(f"time ({unit}){zoom}; numbers on boxes: micro-batch")
     handles = [Patch(color=OP_COLORS.get(op, "#999999"), label=OP_LABELS.get(op, op))
-               for op in [o for o in (*COMPUTE_OPS, "optimizer", "send", "recv", "allreduce")
+               for op in [o for o in (*COMPUTE_OPS, "optimizer", *_COMM_LANE)
                           if o in seen_ops]]
     handles += [Patch(facecolor="#777777", alpha=_shade(c, max_chunks),
                       label=f"chunk {c} of a device")

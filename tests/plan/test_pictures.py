@@ -71,8 +71,9 @@ def test_timeline_zoom_keeps_the_first_k_microbatches_and_names_the_replica(tmp_
 @pytest.mark.parametrize("devices,panels", [(1, 1), (2, 1), (6, 1), (2, 2)])
 def test_timeline_legend_never_covers_a_title_or_a_panel(monkeypatch, tmp_path, devices,
                                                          panels):
-    # every op and two chunks per device: ten legend entries, more than one row of them
-    ops = ("F", "I", "W", "B", "optimizer", "send", "recv", "allreduce")
+    # every op and two chunks per device: thirteen legend entries, several rows of them
+    ops = ("F", "I", "W", "B", "optimizer", "send", "recv", "allreduce", "allgather",
+           "reducescatter", "alltoall")
     ev = [TraceEvent(f"a/{d}", op, stage, 0, 2.0 * i + stage, 2.0 * i + stage + 1.0, 8,
                      f"a/{(d + 1) % devices}" if op in ("send", "recv") else "")
           for d in range(devices) for i, op in enumerate(ops) for stage in (d, d + devices)]
@@ -85,7 +86,7 @@ def test_timeline_legend_never_covers_a_title_or_a_panel(monkeypatch, tmp_path, 
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     legend = fig.legends[0].get_window_extent(renderer)
-    assert len(fig.legends[0].get_texts()) == 10
+    assert len(fig.legends[0].get_texts()) == 13
     for ax in fig.axes:
         assert not legend.overlaps(ax.title.get_window_extent(renderer))
         assert not legend.overlaps(ax.get_window_extent(renderer))
