@@ -57,7 +57,12 @@ from hyperpipe.sim.network import bucket_count, p2p_edges, p2p_spec, ring_spec, 
 from hyperpipe.sim.options import Execution, execution_of
 from hyperpipe.sim.replay import schedule_makespan_s
 from hyperpipe.sim.replicas import shape_classes, stage_holding
-from hyperpipe.sim.sharding import dp_shards, fsdp_extra_s, ring_attention_extra_s
+from hyperpipe.sim.sharding import (
+    dp_shards,
+    fsdp_extra_s,
+    rank_static_bytes,
+    ring_attention_extra_s,
+)
 
 _DEVICES, _FIRST, _STAGES = attrgetter("devices"), itemgetter(0), attrgetter("stages")
 
@@ -356,10 +361,8 @@ def _static_bytes(cost: CostModel, plan: Plan, stages: list[StagePlan], type_nam
            type_name, micro_batch, shards, ex.zero, ex.reshard_after_forward, experts)
     got = cache.static_bytes.get(key)
     if got is None:
-        got = cache.static_bytes[key] = cost.device_static_bytes(
-            stages, micro_batch, zero=ex.zero, reshard_after_forward=ex.reshard_after_forward,
-            shards_of=lambda s: dp_shards(plan, s, cost.cluster),
-            experts_of=lambda s: expert_state(cost, plan, s))
+        got = cache.static_bytes[key] = rank_static_bytes(cost, plan, stages, micro_batch,
+                                                          ex.reshard_after_forward)
     return got
 
 

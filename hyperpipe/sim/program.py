@@ -26,7 +26,6 @@ from hyperpipe.sim.experts import (
     expert_extra_s,
     expert_share,
     expert_stash_extra_bytes,
-    expert_state,
     overlaps_alltoall,
 )
 from hyperpipe.sim.network import (
@@ -41,7 +40,11 @@ from hyperpipe.sim.network import (
 )
 from hyperpipe.sim.options import Execution, SimOptions
 from hyperpipe.sim.replicas import stage_holding
-from hyperpipe.sim.sharding import dp_shards, fsdp_extra_s, ring_attention_extra_s
+from hyperpipe.sim.sharding import (
+    fsdp_extra_s,
+    rank_static_bytes,
+    ring_attention_extra_s,
+)
 
 NEVER = float("inf")       # a message's arrival time before it is known
 
@@ -187,12 +190,10 @@ def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe
                                 a2a, a2a is not None and overlaps_alltoall(plan, rank.ops, i)))
         _first_forward_gathers(plan, cost, ex, pipe.index, rank)
         rank.grad_order = _grad_order(rank, ex.overlap_dp_allreduce)
-        static = cost.device_static_bytes(
-            [stages[s] for s in rank_stages(d, sched.num_devices, sched.chunks,
-                                            sched.placement)], mb,
-            zero=plan.zero, reshard_after_forward=ex.reshard_after_forward,
-            shards_of=lambda st: dp_shards(plan, st, cost.cluster),
-            experts_of=lambda st: expert_state(cost, plan, st))
+        static = rank_static_bytes(
+            cost, plan, [stages[s] for s in rank_stages(d, sched.num_devices, sched.chunks,
+                                                        sched.placement)],
+            mb, ex.reshard_after_forward)
         rank.timeline = [(0.0, static)]
         pipe.ranks.append(rank)
     _prepare_boxes(pipe, n_st, m, fwd, bwd)

@@ -65,7 +65,7 @@ from hyperpipe.models.ops import CAUSAL_FRACTION, attention_gemms
 from hyperpipe.plan.plan import Plan, StagePlan
 from hyperpipe.sim.compute import gemm_time_s
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.experts import expert_dp_rings, expert_share, moe_layers
+from hyperpipe.sim.experts import expert_dp_rings, expert_share, expert_state, moe_layers
 from hyperpipe.sim.replicas import stage_holding
 
 
@@ -80,6 +80,19 @@ def reshard_after_forward(plan: Plan) -> bool:
     when the plan pipelines, on otherwise (`Runtime.reshard_after_forward`)."""
     given = plan.runtime_settings().reshard_after_forward
     return (not pipelined(plan)) if given is None else given
+
+
+def rank_static_bytes(cost: CostModel, plan: Plan, stages: Sequence[StagePlan],
+                      micro_batch: int, reshard: bool) -> float:
+    """Bytes one rank holds all iteration for its plan `stages`
+    (`CostModel.device_static_bytes`) under the plan's ZeRO stage, each stage's
+    data-parallel shards (`dp_shards`) and its expert-parallel share of the experts
+    (`experts.expert_state`): what the simulator, the analytic tier and schedule
+    synthesis all count."""
+    return cost.device_static_bytes(
+        list(stages), micro_batch, zero=plan.zero, reshard_after_forward=reshard,
+        shards_of=lambda st: dp_shards(plan, st, cost.cluster),
+        experts_of=lambda st: expert_state(cost, plan, st))
 
 
 def dp_shards(plan: Plan, stage: StagePlan, cluster=None) -> float:

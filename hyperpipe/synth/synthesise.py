@@ -29,7 +29,7 @@ from hyperpipe.plan.schedule import rank_stages, validate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.replay import PipeCosts, encode_rows, replay_rows, rows_score
-from hyperpipe.sim.sharding import dp_shards, reshard_after_forward
+from hyperpipe.sim.sharding import rank_static_bytes, reshard_after_forward
 from hyperpipe.sim.simulator import SimOptions, simulate
 from hyperpipe.synth.improve import improve
 from hyperpipe.synth.listsched import Policy, list_schedule
@@ -112,9 +112,8 @@ def pipe_costs(plan: Plan, cost: CostModel, q: int) -> PipeCosts:
     budget = []
     for d in range(p):
         mine = [st[s] for s in rank_stages(d, p, plan.chunks, placement)]
-        static = cost.device_static_bytes(                     # as the simulator counts it
-            mine, mb, zero=plan.zero, reshard_after_forward=reshard_after_forward(plan),
-            shards_of=lambda s: dp_shards(plan, s, cost.cluster))
+        static = rank_static_bytes(cost, plan, mine, mb,     # as the simulator counts it
+                                   reshard_after_forward(plan))
         budget.append(cost.cluster.device(st[d].devices[0]).type.memory_bytes - static)
     return PipeCosts(times("F"), times("I"), times("W"),
                      tuple(cost.stage_stash_bytes(s, mb) for s in st),

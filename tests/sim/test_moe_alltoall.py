@@ -358,3 +358,17 @@ def test_zero3_gathers_experts_over_the_expert_data_parallel_ring():
 def test_analytic_prices_zero3_with_ep_like_the_simulator(reshard):
     _, _, cost, plan = _zero3_moe(reshard)
     assert_analytic_matches_simulator(plan, cost)
+
+
+def test_synthesis_budgets_the_same_expert_share_as_the_simulator():
+    # the list scheduler's stash budget is device memory less what the simulator holds
+    # static: with ep 2 a rank keeps half of the experts, so its budget grows by them
+    from hyperpipe.synth.synthesise import pipe_costs
+    model, cluster = _model(), _cluster()
+    cost = CostModel(model, cluster)
+    plan = _plan([[f"n0/{i}"] for i in range(4)], 2, model, zero=1)
+    static = simulate(plan, cost, SimOptions(include_optimizer=False)) \
+        .memory_timeline["n0/0"][0][1]
+    budget = pipe_costs(plan, cost, 0).budget_bytes[0]
+    assert budget == pytest.approx(cluster.device("n0/0").type.memory_bytes - static,
+                                   rel=1e-12)
