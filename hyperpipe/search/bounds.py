@@ -52,6 +52,7 @@ class LayerCaps:
     room_bytes: float                  # the device's memory less reserve and work space
     left_out: int                      # layers of the model not in the set
     by_inflight: dict[tuple[int, int], int] = field(default_factory=dict)
+    by_held: dict[tuple[tuple[int, int], ...], np.ndarray] = field(default_factory=dict)
 
     def memory(self, inflight: int, extra: int = 0) -> int:
         """Layers of the set that fit while `inflight` micro-batches' stashes are held,
@@ -62,6 +63,13 @@ class LayerCaps:
             room = self.room_bytes - extra * float(self.stash_bytes.min(initial=0.0))
             self.by_inflight[key] = int(np.searchsorted(need, room, side="right"))
         return self.by_inflight[key]
+
+    def memory_at(self, held: tuple[tuple[int, int], ...]) -> np.ndarray:
+        """`memory(inflight, extra)` for each (inflight, extra) of `held`, in its order."""
+        if held not in self.by_held:
+            self.by_held[held] = np.array([self.memory(h, x) for h, x in held],
+                                          dtype=np.int64)
+        return self.by_held[held]
 
     def in_time(self, budget_s: float) -> int:
         """Layers of the set whose F + B fit in `budget_s`, the fastest first."""
@@ -122,7 +130,7 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     n = ctx.model.num_layers
     p = sum(recipe.values())
     m = -(-(ctx.c.global_batch // mb) // dp)
-    held = device_inflight(ctx, kind, p, m, v)
+    held = tuple(device_inflight(ctx, kind, p, m, v))
     modes = ctx.modes(tp, dp, cp, p > 1, ep)
     used = [t for t in types if recipe.get(t)]
     first: int | None = None
@@ -147,9 +155,10 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
             # (every class at once), and each position holding its roomiest class's most
             room = {}
             for t, c in caps.items():
-                at = np.sort([c.memory(h, x) for h, x in held])
+                at = np.sort(c.memory_at(held))
                 room[t] = at[len(at) - recipe[t]:]
-            best_each = sum(max(c.memory(h, x) for c in caps.values()) for h, x in held)
+            best_each = int(np.max([c.memory_at(held) for c in caps.values()],
+                                   axis=0).sum())
             if min(sum(int(r.sum()) for r in room.values()), best_each) < need:
                 load = math.inf
                 break

@@ -6,7 +6,7 @@ Times in seconds, memory in bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, NamedTuple
 
@@ -80,6 +80,9 @@ class SearchContext:
     peers: PeerCaches = field(default_factory=PeerCaches)
     unit_pools: Cache[tuple[int, int], dict] = field(default_factory=Cache)  # (tp, cp)
     fast_units: Cache[UnitKey, tuple[str, ...]] = field(default_factory=Cache)
+    memories: Cache[tuple, P.LayerTables] = field(default_factory=Cache)  # `table_of`
+    # (stage times key, layers, ring pattern, op, first forward) -> ZeRO-2/3 seconds
+    zero_extras: Cache[tuple, float] = field(default_factory=Cache)
     # (unit, cp, ep) -> `ep_exchange`
     exchanges: Cache[tuple, tuple[tuple, tuple]] = field(default_factory=Cache)
 
@@ -155,6 +158,17 @@ class SearchContext:
         return InflightKey(kind, p, m if m <= 3 * p else 2 * p + m % p, v)
 
     @cached_property
+    def runtime(self):
+        """The `plan.stack.Runtime` the plans of this search run with (stack and
+        overrides of the constraints)."""
+        return resolve_runtime(self.c.stack, self.c.runtime)
+
+    @cached_property
+    def grad_bytes_per_param(self) -> float:
+        """Bytes per gradient element its data-parallel collectives move."""
+        return self.runtime.grad_bytes_per_param(self.cost.grad_bytes_per_param)
+
+    @cached_property
     def refs(self) -> tuple:
         """(model, cluster) as plans name them (built-in name or inline document)."""
         from hyperpipe.cluster.cluster import cluster_ref
@@ -196,10 +210,15 @@ class SearchContext:
             times = self.times_s.memo(t, lambda: P.layer_times(
                 self.cost, group, t.micro_batch, t.recompute, t.sequence_parallel, t.cp,
                 t.ep, edges))
-            self.tables[key] = P.layer_memory(self.cost, t.tp, t.micro_batch, *times,
-                                              t.recompute, t.sequence_parallel, key.shards,
-                                              zero=key.zero, cp=t.cp, reshard=key.reshard,
-                                              ep=t.ep)
+            # memory does not depend on the device type nor its speed: one per kind of
+            # stage and sharding, whatever the times
+            mem = self.memories.memo(
+                (t.tp, t.micro_batch, t.recompute, t.sequence_parallel, t.cp, t.ep,
+                 key.shards, key.zero, key.reshard),
+                lambda: P.layer_memory(self.cost, t.tp, t.micro_batch, *times, t.recompute,
+                                       t.sequence_parallel, key.shards, zero=key.zero,
+                                       cp=t.cp, reshard=key.reshard, ep=t.ep))
+            self.tables[key] = replace(mem, fwd_s=times[0], bwd_s=times[1])
         return self.tables[key]
 
     def ep_exchange(self, unit: tuple[str, ...], cp: int, ep: int
@@ -244,7 +263,7 @@ class SearchContext:
         without pipelining, `sim.sharding.reshard_after_forward`)."""
         cfg = self.model.config
         helps = cfg is not None and cfg.attention == "eager"
-        given = resolve_runtime(self.c.stack, self.c.runtime).reshard_after_forward
+        given = self.runtime.reshard_after_forward
         reshard = (not pipelined) if given is None else given
         return space.memory_modes(self.c, tp, dp, helps, cp, reshard, ep)
 

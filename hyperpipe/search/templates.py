@@ -21,7 +21,7 @@ import bisect
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from hyperpipe.plan.kinds import schedule_kind
@@ -51,6 +51,7 @@ from hyperpipe.search.context import (  # noqa: F401  (re-exported for the other
 from hyperpipe.search.space import MemoryMode
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.network import ring_spec
+from hyperpipe.sim.sharding import stage_fsdp_extra_s
 
 KEEP_PER_GROUP = 3        # templates kept per (schedule, micro-batch, type group) ...
 KEEP_MAX = 32             # ... or up to this many when within TOLERANCE of the best
@@ -197,20 +198,8 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
     p = len(slots[0])
     place = schedule_kind(kind).placement
     homes = [stage_rank(k, p, place) for k in range(len(part.stage_s))]
-    load = [0.0] * p
-    for k, t in enumerate(part.stage_s):
-        load[homes[k]] += t
-    # fill: what a uniform pipeline adds to m x load (equal stages of F = I = W = t:
-    # 1F1B 3(m + p - 1)t, zero-bubble 3mt + (p - 1)t, interleaved 3mvt + 3(p - 1)t with
-    # t per chunk; the generators' docstrings), written with per-stage times
-    if place == "v":     # zb-v / dualpipe-v: 6 m t + (p - 1) t with t per chunk
-        fill = max(load) + part.forward_s / v
-    elif v > 1:
-        fill = part.total_s / v + max(load) * (v - 1) / v
-    elif schedule_kind(kind).splits_backward:
-        fill = part.forward_s + part.last_backward_s
-    else:
-        fill = part.total_s
+    load = _device_loads_s(part, homes, p)
+    fill = _fill_s(kind, v, part, max(load))
     m, cutoff = cut_at
     run_s = max((m - 1) * max(load) + fill, part.total_s, m * max(load))
     if math.isfinite(cutoff):
@@ -218,9 +207,79 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
         lb = objective_value(ctx, run_s + steps, price)
         if lb > cutoff:
             return Skipped(lb)
+    if mode.zero >= 2:
+        # ZeRO-2/3's gathers and scatters of every micro-batch (the cut left them out:
+        # they depend on where the replicas sit); without them zero 2/3 templates
+        # would look as fast as zero 1 ones while moving the gradients m times
+        part, once = _with_zero_collectives(ctx, kind, slots, part, tp, mode, mb)
+        load = _device_loads_s(part, homes, p)
+        fill = _fill_s(kind, v, part, max(load)) + once
     return Template(kind, v, mb, tp, types, tuple(tuple(r) for r in slots), part,
                     max(load), fill, _sync_s(ctx, slots, part, tp, mode, kind, placement),
                     price, mode)
+
+
+def _zero_extra_s(ctx: SearchContext, st: StagePlan, group: tuple[str, ...], mb: int,
+                  mode: MemoryMode, op: str, first: bool = False) -> float:
+    """`sim.sharding.stage_fsdp_extra_s`, cached under what it depends on: stages alike
+    to the cost model (unit kind, layers, where the group's devices sit) cost the same."""
+    key = (ctx.table_key(st.devices, mb, mode).times, st.layers,
+           ctx.ring_pattern((group,)), mode.zero, mode.reshard, op, first)
+    return ctx.zero_extras.memo(key, lambda: stage_fsdp_extra_s(
+        ctx.cost, st, group, op, mb, mode.zero, mode.reshard, ctx.grad_bytes_per_param,
+        first_forward=first))
+
+
+def _device_loads_s(part: P.Partition, homes: list[int], p: int) -> list[float]:
+    """Per device of the pipeline, the per-micro-batch time of the stages it holds."""
+    load = [0.0] * p
+    for k, t in enumerate(part.stage_s):
+        load[homes[k]] += t
+    return load
+
+
+def _fill_s(kind: str, v: int, part: P.Partition, load_s: float) -> float:
+    """What a uniform pipeline adds to m x load (equal stages of F = I = W = t: 1F1B
+    3(m + p - 1)t, zero-bubble 3mt + (p - 1)t, interleaved 3mvt + 3(p - 1)t with t per
+    chunk; the generators' docstrings), written with per-stage times; `load_s`: the
+    busiest device's per-micro-batch load."""
+    if schedule_kind(kind).placement == "v":   # zb-v / dualpipe-v: 6mt + (p - 1)t
+        return load_s + part.forward_s / v
+    if v > 1:
+        return part.total_s / v + load_s * (v - 1) / v
+    if schedule_kind(kind).splits_backward:
+        return part.forward_s + part.last_backward_s
+    return part.total_s
+
+
+def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partition,
+                           tp: int, mode: MemoryMode, mb: int
+                           ) -> tuple[P.Partition, float]:
+    """`part` with each stage's per-micro-batch ZeRO-2/3 time added (its forward's and
+    backward's exposed gathers and scatters, `sim.sharding.stage_fsdp_extra_s`, over
+    the stage's data-parallel group: tensor rank 0 of each context rank of every
+    replica), and the seconds of the once-a-step gathers of ZeRO-3 without resharding
+    (each stage's first forward, on the fill's path)."""
+    p = len(slots[0])
+    place = schedule_kind(kind).placement
+    backward = ("I", "W") if schedule_kind(kind).splits_backward else ("B",)
+    cp = mode.cp
+    stage_s, extra_f, extra_b, once = [], 0.0, 0.0, 0.0
+    for k, (a, b) in enumerate(part.layer_ranges):
+        d = stage_rank(k, p, place)
+        unit = slots[0][d]
+        group = tuple(row[d][c * tp] for row in slots for c in range(cp))
+        st = StagePlan((a, b), unit, tp, mode.recompute, mode.sequence_parallel, cp,
+                       mode.ep)
+        f = _zero_extra_s(ctx, st, group, mb, mode, "F")
+        back = sum(_zero_extra_s(ctx, st, group, mb, mode, op) for op in backward)
+        once += _zero_extra_s(ctx, st, group, mb, mode, "F", first=True) - f
+        stage_s.append(part.stage_s[k] + f + back)
+        extra_f += f
+        extra_b = back
+    return (replace(part, stage_s=tuple(stage_s), bottleneck_s=max(stage_s),
+                    total_s=sum(stage_s), forward_s=part.forward_s + extra_f,
+                    last_backward_s=part.last_backward_s + extra_b), once)
 
 
 def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryMode,

@@ -190,13 +190,8 @@ def fsdp_extra_s(cost: CostModel, plan: Plan, q: int, k: int, op: str, *,
     """Seconds ZeRO-2/3 adds to one `op` of stage k of pipeline q (see the module doc);
     `first_forward`: the stage's first forward of the step (where ZeRO-3 without
     resharding gathers). 0 for ZeRO 0/1 and for a group of one."""
-    zero = plan.zero
-    if zero < 2:
-        return 0.0
     reshard = reshard_after_forward(plan) if reshard is None else reshard
-    gather = zero == 3 and ((op == "F" and (reshard or first_forward))
-                            or (op in ("B", "I") and reshard))
-    scatter = op in ("B", "W") and (zero == 2 or reshard)
+    gather, scatter = zero_collectives(plan.zero, reshard, op, first_forward)
     if not (gather or scatter):
         return 0.0
     group = shard_group(plan, q, k)
@@ -217,6 +212,33 @@ def fsdp_extra_s(cost: CostModel, plan: Plan, q: int, k: int, op: str, *,
         table[key] = _fsdp_extra_s(cost, st, group, op, plan.pipelines[q].micro_batch,
                                    gather, scatter, grad_bytes_per_param, factor,
                                    expert_group, share)
+    return table[key]
+
+
+def zero_collectives(zero: int, reshard: bool, op: str, first_forward: bool = False
+                     ) -> tuple[bool, bool]:
+    """(whether it gathers weights, whether it reduce-scatters gradients): one `op` of a
+    stage under ZeRO stage `zero` (see the module doc); none below ZeRO-2."""
+    gather = zero == 3 and ((op == "F" and (reshard or first_forward))
+                            or (op in ("B", "I") and reshard))
+    scatter = zero >= 2 and op in ("B", "W") and (zero == 2 or reshard)
+    return gather, scatter
+
+
+def stage_fsdp_extra_s(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: str,
+                       micro_batch: int, zero: int, reshard: bool, grad_bytes: float, *,
+                       first_forward: bool = False) -> float:
+    """`fsdp_extra_s` of a stage `st` whose data-parallel group is `group` (tensor rank 0
+    of each of its ranks, `shard_group`), sharded evenly and without expert parallelism's
+    own groups: what the search's templates add per action before a plan exists."""
+    gather, scatter = zero_collectives(zero, reshard, op, first_forward)
+    if not (gather or scatter) or len(group) <= 1:
+        return 0.0
+    key = ("fsdp-stage", st, group, op, micro_batch, gather, scatter, grad_bytes)
+    table = cost.memo("sharding", dict)
+    if key not in table:
+        table[key] = _fsdp_extra_s(cost, st, group, op, micro_batch, gather, scatter,
+                                   grad_bytes)
     return table[key]
 
 
