@@ -53,15 +53,19 @@ class LayerCaps:
     left_out: int                      # layers of the model not in the set
     by_inflight: dict[tuple[int, int], int] = field(default_factory=dict)
     by_held: dict[tuple[tuple[int, int], ...], np.ndarray] = field(default_factory=dict)
+    needs: dict[int, np.ndarray] = field(default_factory=dict)   # by in-flight stashes
 
     def memory(self, inflight: int, extra: int = 0) -> int:
         """Layers of the set that fit while `inflight` micro-batches' stashes are held,
         and `extra` more stashes of its smallest layer (a device's other chunks)."""
         key = (inflight, extra)
         if key not in self.by_inflight:
-            need = np.cumsum(np.sort(self.state_bytes + inflight * self.stash_bytes))
+            if inflight not in self.needs:
+                self.needs[inflight] = np.cumsum(np.sort(self.state_bytes +
+                                                         inflight * self.stash_bytes))
             room = self.room_bytes - extra * float(self.stash_bytes.min(initial=0.0))
-            self.by_inflight[key] = int(np.searchsorted(need, room, side="right"))
+            self.by_inflight[key] = int(np.searchsorted(self.needs[inflight], room,
+                                                        side="right"))
         return self.by_inflight[key]
 
     def memory_at(self, held: tuple[tuple[int, int], ...]) -> np.ndarray:

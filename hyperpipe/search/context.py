@@ -80,6 +80,8 @@ class SearchContext:
     peers: PeerCaches = field(default_factory=PeerCaches)
     unit_pools: Cache[tuple[int, int], dict] = field(default_factory=Cache)  # (tp, cp)
     fast_units: Cache[UnitKey, tuple[str, ...]] = field(default_factory=Cache)
+    group_patterns: Cache[tuple, tuple] = field(default_factory=Cache)  # (placement, slot)
+    table_keys: Cache[tuple, TableKey] = field(default_factory=Cache)   # `table_key`
     memories: Cache[tuple, P.LayerTables] = field(default_factory=Cache)  # `table_of`
     # (stage times key, layers, ring pattern, op, first forward) -> ZeRO-2/3 seconds
     zero_extras: Cache[tuple, float] = field(default_factory=Cache)
@@ -189,6 +191,11 @@ class SearchContext:
         the ZeRO stage nor its shards (nor memory on them at all with ZeRO 0), memory
         not on the device type."""
         mode = mode or MemoryMode()
+        return self.table_keys.memo((group, mb, mode, shards),
+                                    lambda: self._table_key(group, mb, mode, shards))
+
+    def _table_key(self, group: tuple[str, ...], mb: int, mode: MemoryMode,
+                   shards: int) -> TableKey:
         dev = self.cluster.device(group[0])
         node = self.cluster.node(dev.node)
         tp = len(group) // mode.cp

@@ -211,7 +211,8 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
         # ZeRO-2/3's gathers and scatters of every micro-batch (the cut left them out:
         # they depend on where the replicas sit); without them zero 2/3 templates
         # would look as fast as zero 1 ones while moving the gradients m times
-        part, once = _with_zero_collectives(ctx, kind, slots, part, tp, mode, mb)
+        part, once = _with_zero_collectives(ctx, kind, slots, part, tp, mode, mb,
+                                            placement)
         load = _device_loads_s(part, homes, p)
         fill = _fill_s(kind, v, part, max(load)) + once
     return Template(kind, v, mb, tp, types, tuple(tuple(r) for r in slots), part,
@@ -219,12 +220,14 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
                     price, mode)
 
 
-def _zero_extra_s(ctx: SearchContext, st: StagePlan, group: tuple[str, ...], mb: int,
-                  mode: MemoryMode, op: str, first: bool = False) -> float:
+def _zero_extra_s(ctx: SearchContext, st: StagePlan, group: tuple[str, ...],
+                  pattern: tuple, mb: int, mode: MemoryMode, op: str, first: bool = False
+                  ) -> float:
     """`sim.sharding.stage_fsdp_extra_s`, cached under what it depends on: stages alike
-    to the cost model (unit kind, layers, where the group's devices sit) cost the same."""
-    key = (ctx.table_key(st.devices, mb, mode).times, st.layers,
-           ctx.ring_pattern((group,)), mode.zero, mode.reshard, op, first)
+    to the cost model (unit kind, layers, where the group's devices sit: `pattern`, its
+    `ring_pattern`) cost the same."""
+    key = (ctx.table_key(st.devices, mb, mode).times, st.layers, pattern, mode.zero,
+           mode.reshard, op, first)
     return ctx.zero_extras.memo(key, lambda: stage_fsdp_extra_s(
         ctx.cost, st, group, op, mb, mode.zero, mode.reshard, ctx.grad_bytes_per_param,
         first_forward=first))
@@ -253,13 +256,14 @@ def _fill_s(kind: str, v: int, part: P.Partition, load_s: float) -> float:
 
 
 def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partition,
-                           tp: int, mode: MemoryMode, mb: int
+                           tp: int, mode: MemoryMode, mb: int, placement: tuple | None
                            ) -> tuple[P.Partition, float]:
     """`part` with each stage's per-micro-batch ZeRO-2/3 time added (its forward's and
     backward's exposed gathers and scatters, `sim.sharding.stage_fsdp_extra_s`, over
     the stage's data-parallel group: tensor rank 0 of each context rank of every
     replica), and the seconds of the once-a-step gathers of ZeRO-3 without resharding
-    (each stage's first forward, on the fill's path)."""
+    (each stage's first forward, on the fill's path). `placement` names `slots` (as in
+    `_sync_s`): the groups' ring patterns are cached under it."""
     p = len(slots[0])
     place = schedule_kind(kind).placement
     backward = ("I", "W") if schedule_kind(kind).splits_backward else ("B",)
@@ -271,9 +275,11 @@ def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partiti
         group = tuple(row[d][c * tp] for row in slots for c in range(cp))
         st = StagePlan((a, b), unit, tp, mode.recompute, mode.sequence_parallel, cp,
                        mode.ep)
-        f = _zero_extra_s(ctx, st, group, mb, mode, "F")
-        back = sum(_zero_extra_s(ctx, st, group, mb, mode, op) for op in backward)
-        once += _zero_extra_s(ctx, st, group, mb, mode, "F", first=True) - f
+        pattern = ctx.ring_pattern((group,)) if placement is None else \
+            ctx.group_patterns.memo((placement, d), lambda g=group: ctx.ring_pattern((g,)))
+        f = _zero_extra_s(ctx, st, group, pattern, mb, mode, "F")
+        back = sum(_zero_extra_s(ctx, st, group, pattern, mb, mode, op) for op in backward)
+        once += _zero_extra_s(ctx, st, group, pattern, mb, mode, "F", first=True) - f
         stage_s.append(part.stage_s[k] + f + back)
         extra_f += f
         extra_b = back

@@ -108,7 +108,7 @@ class _Tables:
         field(default_factory=dict)
     tp_comm_s: dict[tuple[_Layers, _Devices, int, int], float] = field(default_factory=dict)
     routes: dict[tuple[str, str], CostedRoute] = field(default_factory=dict)
-    allreduce_s: dict[tuple[_Devices, float], float] = field(default_factory=dict)
+    allreduce_s: dict[_Devices, tuple[float, float]] = field(default_factory=dict)
     # (layers, micro-batch, tp, recompute, sequence parallel, cp) -> bytes
     stash_bytes: dict[tuple[_Layers, int, int, str, bool, int], float] = \
         field(default_factory=dict)
@@ -409,9 +409,16 @@ class CostModel:
         if self.profile is not None and "*" in self.profile.allreduce:
             return self.profile.allreduce["*"](2 * (n - 1) / n * nbytes)
         table = self._tables.allreduce_s
-        key = (tuple(devices), nbytes)
-        if key in table:
-            return table[key]
+        key = tuple(devices)
+        if key not in table:
+            table[key] = self._allreduce_line(key)
+        fixed_s, s_per_byte = table[key]
+        return fixed_s + s_per_byte * nbytes
+
+    def _allreduce_line(self, devices: tuple[str, ...]) -> tuple[float, float]:
+        """`allreduce_time_s` over `devices` as (seconds of latency, seconds per byte):
+        both of NCCL's algorithms above are affine in the bytes."""
+        n = len(devices)
         cluster = self.cluster
         per_node: dict[str, list[str]] = {}
         for d in devices:
@@ -419,24 +426,22 @@ class CostModel:
         if len(per_node) == 1 or all(len(v) == 1 for v in per_node.values()):
             bw, lat = self._bus(list(zip(devices, [*devices[1:], devices[0]],
                                          strict=True)))
-            t = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
-        else:
-            groups = list(per_node.values())
-            k_max = max(len(g) for g in groups)
-            intra_edges = [(g[i], g[(i + 1) % len(g)]) for g in groups if len(g) > 1
-                           for i in range(len(g))]
-            bw_in, lat_in = self._bus(intra_edges)
-            phase = (k_max - 1) / k_max * nbytes / bw_in + (k_max - 1) * lat_in
-            nodes = len(groups)
-            # rail r: the r-th device of every node, in node order
-            rails = [[g[r % len(g)] for g in groups] for r in range(k_max)]
-            bw_out, lat_out = self._bus([(rail[i], rail[(i + 1) % nodes])
-                                         for rail in rails for i in range(nodes)])
-            shard = nbytes / k_max          # each rail's; a smaller node's devices carry
-            t = 2 * phase + 2 * (nodes - 1) / nodes * shard / bw_out + \
-                2 * (nodes - 1) * lat_out
-        table[key] = t
-        return t
+            return 2 * (n - 1) * lat, 2 * (n - 1) / n / bw
+        groups = list(per_node.values())
+        k_max = max(len(g) for g in groups)
+        intra_edges = [(g[i], g[(i + 1) % len(g)]) for g in groups if len(g) > 1
+                       for i in range(len(g))]
+        bw_in, lat_in = self._bus(intra_edges)
+        nodes = len(groups)
+        # rail r: the r-th device of every node, in node order
+        rails = [[g[r % len(g)] for g in groups] for r in range(k_max)]
+        bw_out, lat_out = self._bus([(rail[i], rail[(i + 1) % nodes])
+                                     for rail in rails for i in range(nodes)])
+        # intra-node reduce-scatter and all-gather ((k-1)/k of the bytes each), then each
+        # rail's shard of 1/k (a smaller node's devices carry the same) around the nodes
+        fixed_s = 2 * (k_max - 1) * lat_in + 2 * (nodes - 1) * lat_out
+        per_byte = 2 * (k_max - 1) / k_max / bw_in + 2 * (nodes - 1) / nodes / k_max / bw_out
+        return fixed_s, per_byte
 
     def _bus(self, edges: list[tuple[str, str]]) -> tuple[float, float]:
         """(achievable bus bandwidth, latency) of the slowest of `edges`, which all carry

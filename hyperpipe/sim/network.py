@@ -304,15 +304,29 @@ def ring_spec(cost, rings: list[list[str]], nbytes: float, keep=None) -> FlowSpe
     if n <= 1 or nbytes <= 0:
         return None
     time_s = max(cost.allreduce_time_s(ring, nbytes) for ring in rings)
+    if keep is None:        # the rings' hops and latency do not depend on the bytes
+        key = tuple(map(tuple, rings))
+        table = cost.memo("ring_hops", dict)
+        if key not in table:
+            table[key] = _ring_hops(cost, rings, None)
+        hops, lat = table[key]
+    else:
+        hops, lat = _ring_hops(cost, rings, keep)
+    if not hops:                        # every edge local or left out: a pure delay
+        return FlowSpec((), 0.0, time_s, nbytes)
+    return FlowSpec(tuple(hops.items()), max(time_s - lat, 0.0), lat, nbytes)
+
+
+def _ring_hops(cost, rings: list[list[str]], keep) -> tuple[dict[str, int], float]:
+    """(`count_hops` of every ring edge, the rings' latency: 2(n - 1) x the slowest
+    edge's, 0 under a measured all-reduce fit) for `ring_spec`."""
+    n = len(rings[0])
     edges = [(ring[i], ring[(i + 1) % n]) for ring in rings for i in range(n)]
     if cost.profile is not None and "*" in cost.profile.allreduce:
         lat = 0.0                       # a measured fit: no separate latency term
     else:
         lat = 2 * (n - 1) * max(cost.route(a, b).link.latency_s for a, b in edges)
-    hops = count_hops(cost, edges, keep)
-    if not hops:                        # every edge local or left out: a pure delay
-        return FlowSpec((), 0.0, time_s, nbytes)
-    return FlowSpec(tuple(hops.items()), max(time_s - lat, 0.0), lat, nbytes)
+    return count_hops(cost, edges, keep), lat
 
 
 def tp_spec(cost, devices: tuple[str, ...], time_s: float, latency_s: float
