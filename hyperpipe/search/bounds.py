@@ -71,8 +71,16 @@ class LayerCaps:
     def memory_at(self, held: tuple[tuple[int, int], ...]) -> np.ndarray:
         """`memory(inflight, extra)` for each (inflight, extra) of `held`, in its order."""
         if held not in self.by_held:
-            self.by_held[held] = np.array([self.memory(h, x) for h, x in held],
-                                          dtype=np.int64)
+            # every position at once: row i sorts and sums the layers' state plus
+            # inflight_i stashes; the count of prefix sums within the room is `memory`'s
+            # searchsorted (the prefix sums do not decrease)
+            ins = np.array([h for h, _ in held], dtype=np.float64)
+            extra = np.array([x for _, x in held], dtype=np.float64)
+            need = np.cumsum(np.sort(self.state_bytes[None, :] +
+                                     ins[:, None] * self.stash_bytes[None, :], axis=1),
+                             axis=1)
+            room = self.room_bytes - extra * float(self.stash_bytes.min(initial=0.0))
+            self.by_held[held] = (need <= room[:, None]).sum(axis=1).astype(np.int64)
         return self.by_held[held]
 
     def in_time(self, budget_s: float) -> int:
@@ -131,7 +139,6 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     `optimizer_s`: per class, a unit's optimizer step for the whole model unsharded.
     Fill and sync are bounded as `templates._keys` does."""
     kind, v, mb = config
-    n = ctx.model.num_layers
     p = sum(recipe.values())
     m = -(-(ctx.c.global_batch // mb) // dp)
     held = tuple(device_inflight(ctx, kind, p, m, v))
@@ -141,32 +148,13 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     bound = math.inf
     stage_held = sorted(ctx.peak_inflight(kind, p, m, v), reverse=True)
     total_room = sum(recipe[t] * tp * cp * _room(ctx, pools[t]) for t in used)
+    fast = {t: ctx.fastest_unit(pools[t]) for t in used}
     for i in range(start, len(modes)):
         mode = modes[i]
         shards = dp * cp if mode.zero else 1
-        fast = {t: ctx.fastest_unit(pools[t]) for t in used}
         whole_caps = {t: layer_caps(ctx, fast[t], mb, mode, shards, cache) for t in used}
-        if not _fits_in_all(ctx, whole_caps[used[0]], stage_held, total_room, tp * cp):
-            continue
-        load = 0.0
-        for reduced in (False, True):
-            caps = whole_caps if not reduced else \
-                {t: layer_caps(ctx, fast[t], mb, mode, shards, cache, True) for t in used}
-            if any(c is None for c in caps.values()):
-                continue
-            need = n - next(iter(caps.values())).left_out
-            # memory per device: each class on the positions where it holds the most
-            # (every class at once), and each position holding its roomiest class's most
-            room = {}
-            for t, c in caps.items():
-                at = np.sort(c.memory_at(held))
-                room[t] = at[len(at) - recipe[t]:]
-            best_each = int(np.max([c.memory_at(held) for c in caps.values()],
-                                   axis=0).sum())
-            if min(sum(int(r.sum()) for r in room.values()), best_each) < need:
-                load = math.inf
-                break
-            load = max(load, _least_load_s(caps, room, need))
+        load = _mode_load_s(ctx, whole_caps, fast, mb, mode, shards, cache, held,
+                            stage_held, total_room, recipe, tp * cp)
         if math.isinf(load):
             continue
         whole = {t: float(c.time_prefix_s[-1]) for t, c in whole_caps.items()}
@@ -181,6 +169,35 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         first = i if first is None else first
         bound = min(bound, value)
     return None if first is None else (bound, first)
+
+
+def _mode_load_s(ctx, whole_caps: dict[str, LayerCaps], fast: dict[str, tuple[str, ...]],
+                 mb: int, mode: MemoryMode, shards: int, cache, held, stage_held: list[int],
+                 total_room: float, recipe: dict[str, int], width: int) -> float:
+    """`key_bound`'s bound on the busiest device's load in one memory mode (whole
+    layers, memory per device); inf when the pipeline cannot hold the model in it."""
+    used = list(whole_caps)
+    if not _fits_in_all(ctx, whole_caps[used[0]], stage_held, total_room, width):
+        return math.inf
+    n = ctx.model.num_layers
+    load = 0.0
+    for reduced in (False, True):
+        caps = whole_caps if not reduced else \
+            {t: layer_caps(ctx, fast[t], mb, mode, shards, cache, True) for t in used}
+        if any(c is None for c in caps.values()):
+            continue
+        need = n - next(iter(caps.values())).left_out
+        # memory per device: each class on the positions where it holds the most
+        # (every class at once), and each position holding its roomiest class's most
+        room = {}
+        for t, c in caps.items():
+            at = np.sort(c.memory_at(held))
+            room[t] = at[len(at) - recipe[t]:]
+        best_each = int(np.max([c.memory_at(held) for c in caps.values()], axis=0).sum())
+        if min(sum(int(r.sum()) for r in room.values()), best_each) < need:
+            return math.inf
+        load = max(load, _least_load_s(caps, room, need))
+    return load
 
 
 def _room(ctx, pool) -> float:
