@@ -7,7 +7,7 @@ pipeline's devices, no memory limit per device). Keys that survive it get `key_b
 before they are cut, which sees two things the cheap bound does not:
 
 * **Memory per device.** A unit at a pipeline position that stashes i micro-batches
-  holds at most `LayerCaps.memory(i)` layers: its cheapest layers by state plus i
+  holds at most `LayerCaps.memory_at` layers: its cheapest layers by state plus i
   stashes that fit its room (`partition`'s memory rule, summed the cheapest way). Each
   class's units are given the positions of fewest stashes (a relaxation of the
   assignment: every class at once), so when even that holds fewer than the model's
@@ -51,29 +51,15 @@ class LayerCaps:
     stash_bytes: np.ndarray            # per layer of the set, per device, one micro-batch
     room_bytes: float                  # the device's memory less reserve and work space
     left_out: int                      # layers of the model not in the set
-    by_inflight: dict[tuple[int, int], int] = field(default_factory=dict)
     by_held: dict[tuple[tuple[int, int], ...], np.ndarray] = field(default_factory=dict)
-    needs: dict[int, np.ndarray] = field(default_factory=dict)   # by in-flight stashes
-
-    def memory(self, inflight: int, extra: int = 0) -> int:
-        """Layers of the set that fit while `inflight` micro-batches' stashes are held,
-        and `extra` more stashes of its smallest layer (a device's other chunks)."""
-        key = (inflight, extra)
-        if key not in self.by_inflight:
-            if inflight not in self.needs:
-                self.needs[inflight] = np.cumsum(np.sort(self.state_bytes +
-                                                         inflight * self.stash_bytes))
-            room = self.room_bytes - extra * float(self.stash_bytes.min(initial=0.0))
-            self.by_inflight[key] = int(np.searchsorted(self.needs[inflight], room,
-                                                        side="right"))
-        return self.by_inflight[key]
 
     def memory_at(self, held: tuple[tuple[int, int], ...]) -> np.ndarray:
-        """`memory(inflight, extra)` for each (inflight, extra) of `held`, in its order."""
+        """Per (inflight, extra) of `held`, in its order: the layers of the set that fit
+        while `inflight` micro-batches' stashes are held, and `extra` more stashes of its
+        smallest layer (a device's other chunks), the cheapest layers first."""
         if held not in self.by_held:
             # every position at once: row i sorts and sums the layers' state plus
-            # inflight_i stashes; the count of prefix sums within the room is `memory`'s
-            # searchsorted (the prefix sums do not decrease)
+            # inflight_i stashes and counts the prefix sums within the room
             ins = np.array([h for h, _ in held], dtype=np.float64)
             extra = np.array([x for _, x in held], dtype=np.float64)
             need = np.cumsum(np.sort(self.state_bytes[None, :] +

@@ -268,7 +268,7 @@ def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partiti
     place = schedule_kind(kind).placement
     backward = ("I", "W") if schedule_kind(kind).splits_backward else ("B",)
     cp = mode.cp
-    stage_s, extra_f, extra_b, once = [], 0.0, 0.0, 0.0
+    stage_s, extra_f, last_back, once = [], 0.0, 0.0, 0.0
     for k, (a, b) in enumerate(part.layer_ranges):
         d = stage_rank(k, p, place)
         unit = slots[0][d]
@@ -282,10 +282,10 @@ def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partiti
         once += _zero_extra_s(ctx, st, group, pattern, mb, mode, "F", first=True) - f
         stage_s.append(part.stage_s[k] + f + back)
         extra_f += f
-        extra_b = back
+        last_back = back                # the last stage's, for the zero-bubble fill
     return (replace(part, stage_s=tuple(stage_s), bottleneck_s=max(stage_s),
                     total_s=sum(stage_s), forward_s=part.forward_s + extra_f,
-                    last_backward_s=part.last_backward_s + extra_b), once)
+                    last_backward_s=part.last_backward_s + last_back), once)
 
 
 def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryMode,

@@ -205,14 +205,8 @@ def fsdp_extra_s(cost: CostModel, plan: Plan, q: int, k: int, op: str, *,
     factor = 1.0 if kind == "even" else uneven_factor(shard_fractions(
         shard_weights(plan, st, cost.cluster, kind)))
     expert_group, share = _expert_group(cost, plan, q, k)
-    key = ("fsdp", st, group, op, plan.pipelines[q].micro_batch, gather, scatter,
-           grad_bytes_per_param, factor, expert_group, share)
-    table = cost.memo("sharding", dict)
-    if key not in table:
-        table[key] = _fsdp_extra_s(cost, st, group, op, plan.pipelines[q].micro_batch,
-                                   gather, scatter, grad_bytes_per_param, factor,
-                                   expert_group, share)
-    return table[key]
+    return _memo_fsdp_extra_s(cost, st, group, op, plan.pipelines[q].micro_batch, gather,
+                              scatter, grad_bytes_per_param, factor, expert_group, share)
 
 
 def zero_collectives(zero: int, reshard: bool, op: str, first_forward: bool = False
@@ -234,11 +228,15 @@ def stage_fsdp_extra_s(cost: CostModel, st: StagePlan, group: tuple[str, ...], o
     gather, scatter = zero_collectives(zero, reshard, op, first_forward)
     if not (gather or scatter) or len(group) <= 1:
         return 0.0
-    key = ("fsdp-stage", st, group, op, micro_batch, gather, scatter, grad_bytes)
+    return _memo_fsdp_extra_s(cost, st, group, op, micro_batch, gather, scatter, grad_bytes)
+
+
+def _memo_fsdp_extra_s(cost: CostModel, *args) -> float:
+    """`_fsdp_extra_s(cost, *args)`, kept for the cost model's life."""
     table = cost.memo("sharding", dict)
+    key = ("fsdp", *args)
     if key not in table:
-        table[key] = _fsdp_extra_s(cost, st, group, op, micro_batch, gather, scatter,
-                                   grad_bytes)
+        table[key] = _fsdp_extra_s(cost, *args)
     return table[key]
 
 
