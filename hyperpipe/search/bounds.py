@@ -18,7 +18,14 @@ before they are cut, which sees two things the cheap bound does not:
   for which the units hold the model's layers bounds the busiest device's load from
   below (the fractional spread does not see that 98 layers on 64 stages put 2 on some).
 
-Both only relax the cut the DP of `partition` makes (per-layer times on the class's
+* **ZeRO-2/3's collectives.** Under ZeRO-2/3 every micro-batch gathers weights and
+  reduce-scatters gradients layer by layer over the stage's replicas, on one
+  communication stream beside the compute (`sim.sharding.overlapped_pass_s`), so a
+  device's load is at least its layers' collectives, and the busiest device's at
+  least the pipeline's collectives over its devices, each layer's at the cheapest
+  ring any stage of the key's units may get (`zero_ring_line`).
+
+All three only relax the cut the DP of `partition` makes (per-layer times on the class's
 fastest unit, links and collectives left out), so the bound stays below the template's
 closed-form value (`Template.time_s` plus its sync), and a pruned key could not have
 entered the band: the templates kept are those an exhaustive cut of every key keeps.
@@ -36,6 +43,7 @@ from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search.caches import Cache, CapsKey
 from hyperpipe.search.space import MemoryMode
+from hyperpipe.sim.sharding import zero_collectives
 
 
 @dataclass
@@ -144,7 +152,8 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         if math.isinf(load):
             continue
         whole = {t: float(c.time_prefix_s[-1]) for t, c in whole_caps.items()}
-        load = max(load, 1.0 / sum(recipe[t] / whole[t] for t in used))
+        load = max(load, 1.0 / sum(recipe[t] / whole[t] for t in used),
+                   zero_collectives_s(ctx, kind, used, recipe, pools, tp, dp, mode) / p)
         fill = fill_bound_s(kind, v, whole, {t: c.forward_s for t, c in whole_caps.items()})
         sync = 1.0 / sum(recipe[t] * shards / optimizer_s[t] for t in used) \
             if all(optimizer_s[t] for t in used) else 0.0
@@ -235,3 +244,58 @@ def _least_load_s(caps: dict[str, LayerCaps], room: dict[str, np.ndarray], n: in
         held += np.concatenate([[0], np.cumsum(r)])[below] + a * (len(r) - below)
     enough = np.nonzero(held >= n)[0]
     return float(steps[enough[0]] if len(enough) else steps[-1])
+
+
+def zero_collectives_s(ctx, kind: str, types: list[str], recipe: dict[str, int], pools,
+                       tp: int, dp: int, mode: MemoryMode) -> float:
+    """A lower bound on the seconds of ZeRO-2/3 collectives one micro-batch's passes
+    issue over a whole pipeline of the key (every layer's gathers and scatters of
+    `sim.sharding.zero_collectives` in F and the backward, each at least the cheapest
+    ring line of `zero_ring_line` over the key's classes); 0 below ZeRO-2, with
+    expert parallelism (whose experts move over rings of their own) and without
+    replicas."""
+    ranks = dp * mode.cp
+    if mode.zero < 2 or mode.ep > 1 or ranks <= 1:
+        return 0.0
+    layers = [layer.params for layer in ctx.model.layers if layer.params > 0]
+    backward = ("I", "W") if schedule_kind(kind).splits_backward else ("B",)
+    lines = [zero_ring_line(ctx, t, recipe[t], pools[t], tp, dp, mode.cp) for t in types]
+    latency_s = max(0.0, min(a for a, _ in lines))
+    per_byte_s = max(0.0, min(b for _, b in lines))
+    model = ctx.model
+    weight, grad = model.dtype_bytes, ctx.grad_bytes_per_param
+    total = 0.0
+    for op in ("F", *backward):
+        gather, scatter = zero_collectives(mode.zero, mode.reshard, op)
+        if not (gather or scatter):
+            continue
+        per_param = gather * weight + scatter * grad
+        total += (gather + scatter) * len(layers) * latency_s + \
+            per_byte_s * per_param * sum(layers) / tp
+    return total
+
+
+def zero_ring_line(ctx, cls: str, units: int, pool, tp: int, dp: int, cp: int
+                   ) -> tuple[float, float]:
+    """(latency in seconds, seconds per byte) at most those of the all-gather
+    (`CostModel.allgather_time_s`, affine in the bytes) of every ring a stage of
+    class `cls` may get in a pipeline of `units` of its units with `dp` replicas: tensor
+    rank 0 of each context rank of the stage's unit in every replica, in either layout
+    of `templates._assign` (the i-th unit of a replica is unit r units + i or i dp + r
+    of the pool, whatever the stage order)."""
+    def line() -> tuple[float, float]:
+        found = []
+        patterns: dict[tuple, tuple[float, float]] = {}
+        for layout in ("pipeline", "stage"):
+            for i in range(units):
+                picks = [pool.units[r * units + i if layout == "pipeline" else i * dp + r]
+                         for r in range(dp)]
+                group = tuple(u[c * tp] for u in picks for c in range(cp))
+                key = ctx.ring_pattern((group,))
+                if key not in patterns:
+                    one = ctx.cost.allgather_time_s(group, 1e9)
+                    two = ctx.cost.allgather_time_s(group, 2e9)
+                    patterns[key] = (2 * one - two, (two - one) / 1e9)
+                found.append(patterns[key])
+        return min(a for a, _ in found), min(b for _, b in found)
+    return ctx.zero_rings.memo((cls, units, dp, tp, cp), line)

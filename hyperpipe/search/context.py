@@ -85,6 +85,8 @@ class SearchContext:
     memories: Cache[tuple, P.LayerTables] = field(default_factory=Cache)  # `table_of`
     # (stage times key, layers, ring pattern, op, first forward) -> ZeRO-2/3 seconds
     zero_extras: Cache[tuple, float] = field(default_factory=Cache)
+    # (class, units per pipeline, replicas, tp, cp) -> `bounds.zero_ring_line`
+    zero_rings: Cache[tuple, tuple[float, float]] = field(default_factory=Cache)
     # (unit, cp, ep) -> `ep_exchange`
     exchanges: Cache[tuple, tuple[tuple, tuple]] = field(default_factory=Cache)
 

@@ -142,11 +142,51 @@ def test_key_bound_is_below_every_template_of_its_key(model_name, cluster_name, 
     no template may beat its key's bound (else pruning by it would lose templates)."""
     model, cluster = load_model(model_name), load_cluster(cluster_name)
     ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=batch))
+    assert _walk_keys(ctx, batch, 7) > 50
+
+
+# two classes of A100-40GB behind a slow network (one straggling node), where ZeRO-2/3's
+# per-micro-batch collectives dominate
+SLOW_ZERO = {"nodes": [{"name": "a", "device": "A100-40GB", "count": 4, "repeat": 3},
+                       {"name": "s", "device": "A100-40GB", "count": 4, "slowdown": 1.5}],
+             "inter_node": {"bandwidth": "25 Gbit/s", "latency": "5 us"}}
+
+
+@pytest.mark.parametrize("zero,reshard", [(2, None), (3, True), (3, False)])
+def test_key_bound_counts_zero_collectives_and_stays_below_every_template(zero, reshard):
+    """Under ZeRO-2/3 the key bound adds the per-micro-batch collectives
+    (`bounds.zero_collectives_s`): still below every template of its key, and nonzero on
+    most keys with replicas (it must tighten something), except where ZeRO-3 keeps its
+    gathered weights (no collective per micro-batch)."""
+    from hyperpipe.plan.stack import RuntimeOverrides
+    model, cluster = load_model("gpt2-medium"), load_cluster(SLOW_ZERO)
+    runtime = RuntimeOverrides() if reshard is None else \
+        RuntimeOverrides(reshard_after_forward=reshard)
+    c = SearchConstraints(global_batch=32, zero=zero, runtime=runtime)
+    ctx = SearchContext(CostModel(model, cluster), c)
+    assert _walk_keys(ctx, 32, 3) > 20
+    grew = total = 0
+    for key in T._keys(ctx, PhaseStats("t"), tuple(ctx.classes), T.all_configs(ctx)):
+        mode = ctx.modes(key.tp, key.dp, key.cp, sum(key.recipe.values()) > 1)[key.start]
+        comm = B.zero_collectives_s(ctx, key.config[0], list(key.recipe), key.recipe,
+                                    key.pools, key.tp, key.dp, mode)
+        total += key.dp > 1
+        grew += comm > 0
+    if reshard is False:
+        # ZeRO-3 that keeps its weights gathers once a step: nothing per micro-batch
+        assert total and grew == 0
+    else:
+        assert total and grew >= total // 2
+
+
+def _walk_keys(ctx, batch: int, every: int) -> int:
+    """Every `every`-th key of every group, cut in every stage order and layout: asserts
+    each template is at or above its key's bound; returns the templates checked."""
     classes = tuple(ctx.classes)
     checked = 0
     for r in range(1, len(classes) + 1):
         for types in itertools.combinations(classes, r):
-            for key in T._keys(ctx, PhaseStats("t"), types, T.all_configs(ctx))[::7]:
+            for key in T._keys(ctx, PhaseStats("t"), types, T.all_configs(ctx))[::every]:
                 opt = T._optimizer_s(ctx, types, key.pools, key.tp)
                 got = B.key_bound(ctx, types, key.config, key.tp, key.dp, key.recipe,
                                   key.pools, key.start, opt, ctx.layer_caps)
@@ -164,7 +204,7 @@ def test_key_bound_is_below_every_template_of_its_key(model_name, cluster_name, 
                         assert ctx.modes(key.tp, key.dp, key.cp, sum(key.recipe.values())
                                          > 1).index(tpl.mode) >= got[1]
                         checked += 1
-    assert checked > 50
+    return checked
 
 
 @pytest.mark.parametrize("kind", ["1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "gpipe"])
