@@ -125,13 +125,15 @@ def device_inflight(ctx, kind: str, p: int, m: int, v: int) -> list[tuple[int, i
 
 def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int, dp: int,
               recipe: dict[str, int], pools, start: int, optimizer_s: dict[str, float],
-              cache: Cache[CapsKey, LayerCaps | None], cp: int = 1, ep: int = 1
-              ) -> tuple[float, int] | None:
+              cache: Cache[CapsKey, LayerCaps | None], cp: int = 1, ep: int = 1,
+              cutoff_s: float = math.inf) -> tuple[float, int] | None:
     """(a lower bound on the time of every template of the key, the first memory mode
     from `start` in which its units can hold the model), or None when none can. The
     bound is the least over the modes from there that pass the memory checks.
     `optimizer_s`: per class, a unit's optimizer step for the whole model unsharded.
-    Fill and sync are bounded as `templates._keys` does."""
+    Fill and sync are bounded as `templates._keys` does. ZeRO-2/3's collectives
+    (costly to price on thousands of replicas) are added only to a mode whose bound
+    without them is at most `cutoff_s`: above it, the key is pruned either way."""
     kind, v, mb = config
     p = sum(recipe.values())
     m = -(-(ctx.c.global_batch // mb) // dp)
@@ -152,12 +154,15 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         if math.isinf(load):
             continue
         whole = {t: float(c.time_prefix_s[-1]) for t, c in whole_caps.items()}
-        load = max(load, 1.0 / sum(recipe[t] / whole[t] for t in used),
-                   zero_collectives_s(ctx, kind, used, recipe, pools, tp, dp, mode) / p)
+        load = max(load, 1.0 / sum(recipe[t] / whole[t] for t in used))
         fill = fill_bound_s(kind, v, whole, {t: c.forward_s for t, c in whole_caps.items()})
         sync = 1.0 / sum(recipe[t] * shards / optimizer_s[t] for t in used) \
             if all(optimizer_s[t] for t in used) else 0.0
         value = max((m - 1) * load + fill, m * load) + sync
+        if value <= cutoff_s:
+            load = max(load, zero_collectives_s(ctx, kind, used, recipe, pools, tp, dp,
+                                                mode) / p)
+            value = max((m - 1) * load + fill, m * load) + sync
         # the cut takes the first mode that fits, maybe a later one than this: where a
         # later mode holds more per device (sharded state, smaller stashes) its bound
         # may be lower, so the key's bound is the least over the modes that may fit
@@ -246,16 +251,23 @@ def _least_load_s(caps: dict[str, LayerCaps], room: dict[str, np.ndarray], n: in
     return float(steps[enough[0]] if len(enough) else steps[-1])
 
 
+# Rings of more ranks are left out of `zero_collectives_s` (a weaker bound, still a
+# bound): pricing a ring costs about n^2 (`CostModel.allreduce_time_s` over n devices),
+# and on the 8,192-GPU cluster, with replicas up to 512, pricing them cost more time than
+# the cuts they spared (templates 336 s without the bound, 430 s with it, uncapped).
+MAX_PRICED_RANKS = 64
+
+
 def zero_collectives_s(ctx, kind: str, types: list[str], recipe: dict[str, int], pools,
                        tp: int, dp: int, mode: MemoryMode) -> float:
     """A lower bound on the seconds of ZeRO-2/3 collectives one micro-batch's passes
     issue over a whole pipeline of the key (every layer's gathers and scatters of
     `sim.sharding.zero_collectives` in F and the backward, each at least the cheapest
     ring line of `zero_ring_line` over the key's classes); 0 below ZeRO-2, with
-    expert parallelism (whose experts move over rings of their own) and without
-    replicas."""
+    expert parallelism (whose experts move over rings of their own), without replicas
+    and over more than MAX_PRICED_RANKS."""
     ranks = dp * mode.cp
-    if mode.zero < 2 or mode.ep > 1 or ranks <= 1:
+    if mode.zero < 2 or mode.ep > 1 or not 1 < ranks <= MAX_PRICED_RANKS:
         return 0.0
     layers = [layer.params for layer in ctx.model.layers if layer.params > 0]
     backward = ("I", "W") if schedule_kind(kind).splits_backward else ("B",)
@@ -282,20 +294,24 @@ def zero_ring_line(ctx, cls: str, units: int, pool, tp: int, dp: int, cp: int
     class `cls` may get in a pipeline of `units` of its units with `dp` replicas: tensor
     rank 0 of each context rank of the stage's unit in every replica, in either layout
     of `templates._assign` (the i-th unit of a replica is unit r units + i or i dp + r
-    of the pool, whatever the stage order)."""
+    of the pool, whatever the stage order), cached by what they depend on."""
+    def ring_line(group: tuple[str, ...]) -> tuple[float, float]:
+        one = ctx.cost.allgather_time_s(group, 1e9)
+        two = ctx.cost.allgather_time_s(group, 2e9)
+        return 2 * one - two, (two - one) / 1e9
+
     def line() -> tuple[float, float]:
+        # units sit node by node, as many on every node of the class: shifting i by a
+        # node's units shifts every ring member by whole nodes, the same ring pattern
+        node = ctx.cluster.device(pool.units[0][0]).node
+        per_node = sum(1 for u in pool.units if ctx.cluster.device(u[0]).node == node)
         found = []
-        patterns: dict[tuple, tuple[float, float]] = {}
         for layout in ("pipeline", "stage"):
-            for i in range(units):
+            for i in range(min(units, per_node)):
                 picks = [pool.units[r * units + i if layout == "pipeline" else i * dp + r]
                          for r in range(dp)]
                 group = tuple(u[c * tp] for u in picks for c in range(cp))
-                key = ctx.ring_pattern((group,))
-                if key not in patterns:
-                    one = ctx.cost.allgather_time_s(group, 1e9)
-                    two = ctx.cost.allgather_time_s(group, 2e9)
-                    patterns[key] = (2 * one - two, (two - one) / 1e9)
-                found.append(patterns[key])
+                found.append(ctx.gather_lines.memo(ctx.ring_pattern((group,)),
+                                                   lambda g=group: ring_line(g)))
         return min(a for a, _ in found), min(b for _, b in found)
     return ctx.zero_rings.memo((cls, units, dp, tp, cp), line)

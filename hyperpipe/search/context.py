@@ -87,6 +87,8 @@ class SearchContext:
     zero_extras: Cache[tuple, float] = field(default_factory=Cache)
     # (class, units per pipeline, replicas, tp, cp) -> `bounds.zero_ring_line`
     zero_rings: Cache[tuple, tuple[float, float]] = field(default_factory=Cache)
+    # `ring_pattern` of one all-gather group -> its (latency s, s per byte)
+    gather_lines: Cache[tuple, tuple[float, float]] = field(default_factory=Cache)
     # (unit, cp, ep) -> `ep_exchange`
     exchanges: Cache[tuple, tuple[tuple, tuple]] = field(default_factory=Cache)
 
@@ -363,3 +365,12 @@ def objective_value(ctx: SearchContext, time_s: float, price_per_hour: float) ->
     if ctx.c.objective == "cost":
         return price_per_hour * time_s if not math.isnan(price_per_hour) else math.inf
     return time_s
+
+
+def objective_time_s(ctx: SearchContext, value: float, price_per_hour: float) -> float:
+    """The iteration time whose `objective_value` is `value` at `price_per_hour` (inf
+    where the price cannot tell)."""
+    if ctx.c.objective == "cost":
+        ok = price_per_hour > 0 and math.isfinite(price_per_hour)
+        return value / price_per_hour if ok else math.inf
+    return value

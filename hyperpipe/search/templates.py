@@ -46,6 +46,7 @@ from hyperpipe.search.context import (  # noqa: F401  (re-exported for the other
     PhaseCounts,
     PhaseStats,
     SearchContext,
+    objective_time_s,
     objective_value,
 )
 from hyperpipe.search.space import MemoryMode
@@ -608,7 +609,8 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             if tp not in optimizer:
                 optimizer[tp] = _optimizer_s(ctx, types, key.pools, tp)
             got = key_bound(ctx, types, key.config, tp, dp, recipe, key.pools, key.start,
-                            optimizer[tp], ctx.layer_caps, key.cp, key.ep)
+                            optimizer[tp], ctx.layer_caps, key.cp, key.ep,
+                            objective_time_s(ctx, race.cutoff(), key.price_per_hour))
             if got is None:
                 phase.infeasible += 1
                 continue

@@ -172,6 +172,15 @@ def test_key_bound_counts_zero_collectives_and_stays_below_every_template(zero, 
                                     key.pools, key.tp, key.dp, mode)
         total += key.dp > 1
         grew += comm > 0
+    # with a cutoff under its bound a key skips pricing its collectives: a lower bound
+    # still, no higher than the full one
+    for key in T._keys(ctx, PhaseStats("t"), tuple(ctx.classes), T.all_configs(ctx))[::5]:
+        args = (ctx, tuple(ctx.classes), key.config, key.tp, key.dp, key.recipe, key.pools,
+                key.start, T._optimizer_s(ctx, tuple(ctx.classes), key.pools, key.tp),
+                ctx.layer_caps)
+        full, cheap = B.key_bound(*args), B.key_bound(*args, cutoff_s=0.0)
+        assert (full is None) == (cheap is None)
+        assert full is None or cheap[0] <= full[0] * (1 + 1e-12)
     if reshard is False:
         # ZeRO-3 that keeps its weights gathers once a step: nothing per micro-batch
         assert total and grew == 0
