@@ -95,17 +95,24 @@ def padded_vocab(tp: int) -> int:
 
 
 def model_for(tp: int) -> ModelSpec:
-    """GPT-2 medium as Megatron-LM v1.1.5 trains it: learned positions, GeLU, biases,
-    dropout 0.1, fused scale-mask-softmax (eager attention), tied output embedding."""
+    """GPT-2 medium as AMP's Megatron-LM v1.1.5 trains it: learned positions, GeLU,
+    biases, dropout 0.1, eager attention, tied output embedding, and no elementwise
+    fusion: that version's `--scaled-upper-triang-masked-softmax-fusion`,
+    `--scaled-masked-softmax-fusion`, `--bias-gelu-fusion` and `--bias-dropout-fusion`
+    are opt-in switches (megatron/arguments.py, `action='store_true'`) that AMP's launch
+    script (examples/ds_pretrain_gpt2_pipe.sh, run by amp_utils.py `simulate`) does not
+    pass."""
     return load_model({"kind": "gpt", "name": f"gpt2-medium-amp-tp{tp}",
                        "vocab_size": padded_vocab(tp), "n_layer": 24, "n_head": 16,
                        "d_model": 1024, "seq_len": 1024, "dtype": "fp16",
-                       "attention": "eager", "dropout": 0.1, "tie_embeddings": True})
+                       "attention": "eager", "dropout": 0.1, "tie_embeddings": True,
+                       "fused_elementwise": False})
 
 
 def g4dn_cluster() -> Cluster:
-    """Four g4dn.12xlarge: 4 T4 on PCIe (the catalog's T4 link) and one 50 Gbit/s NIC
-    each (AWS EC2 G4 instance specifications)."""
+    """Four g4dn.12xlarge: 4 T4 on PCIe (the catalog's T4 link, without peer-to-peer:
+    NCCL stages through host memory) and one 50 Gbit/s NIC each (AWS EC2 G4 instance
+    specifications)."""
     return load_cluster({
         "name": "g4dn-12xlarge-x4",
         "nodes": [{"name": "g4dn", "device": "T4", "count": PER_NODE, "repeat": NODES}],

@@ -96,6 +96,22 @@ KERNEL_FLOOR_S = 3.8e-6
 # read-only gradient norm of the same series reached 87%). Their mean over 320 GB/s.
 T4_MEM_EFFICIENCY = (226 + 234 + 242) / 3 / 320
 
+# Intra-node transfers between GPUs that cannot reach each other directly (no PCIe
+# peer-to-peer: GeForce parts on NVIDIA's stock driver, GPUs behind a CPU host bridge,
+# where NCCL's path search refuses P2P by default) go through host shared memory (NCCL's
+# SHM transport): each byte is copied into pinned host memory and out again, and the CPU
+# and its memory carry both directions at once. nccl-tests over SHM on two GPUs on PCIe
+# Gen3 x16 (16 GB/s per direction) moved 3.9 GB/s bus bandwidth in all-reduce (both
+# directions at once) and 10.31 GB/s in broadcast (one direction) (NVIDIA/nccl issue
+# #384, NCCL 2.4.8, NCCL_P2P_DISABLE=1); the maintainers' answer there: some CPUs do not
+# handle bidirectional traffic well. Fractions of the nominal per-direction PCIe link:
+HOST_STAGED_COLLECTIVE_EFFICIENCY = 3.9 / 16      # collectives (ring steps, both ways)
+HOST_STAGED_SEND_EFFICIENCY = 10.31 / 16          # a point-to-point send (one way)
+# Latency of one host-staged step: an 8-byte all-reduce between two T4s over SHM took
+# 20.36 us (NVIDIA/nccl issue #428, NCCL 2.8.3; the two across CPU sockets, where NCCL
+# uses SHM by default), i.e. two ring steps of about 10 us.
+HOST_STAGED_LATENCY_S = 20.36e-6 / 2
+
 # Training dtypes a peak table may name, and what a part without one computes in.
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 DTYPE_FALLBACK: Mapping[str, str] = MappingProxyType({"bf16": "fp16", "fp8": "bf16",
@@ -200,6 +216,11 @@ class DeviceType:
     # one peak for every dtype (a type defined in a file by one number).
     peak_ratios: tuple[tuple[str, float], ...] = ()
     kernel_floor_s: float = 0.0                 # least time of one kernel (catalog: launch)
+    # Whether GPUs of this type reach each other directly (PCIe peer-to-peer or NVLink)
+    # in the servers they usually come in; False: NCCL stages every intra-node transfer
+    # through host shared memory (`HOST_STAGED_*`). A cluster file's node may say
+    # otherwise (`peer_to_peer`).
+    peer_to_peer: bool = True
 
     @staticmethod
     def reserve_for(memory_bytes: float) -> float:
@@ -256,7 +277,7 @@ def peak_ratios(peaks: Mapping[str, float]) -> tuple[float, tuple[tuple[str, flo
 
 
 def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None,
-       mem_efficiency=DEFAULT_MEM_EFFICIENCY):
+       mem_efficiency=DEFAULT_MEM_EFFICIENCY, peer_to_peer=True):
     """A catalog entry; `peaks` in TFLOP/s per dtype, dense."""
     head, ratios = peak_ratios({d: v * 1e12 for d, v in peaks.items()})
     return DeviceType(name=name, peak_flops=head, memory_bytes=mem_gb * 1e9,
@@ -265,7 +286,7 @@ def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None,
                       link_latency_s=latency_us * 1e-6, source=source, gemm=gemm,
                       runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9),
                       peak_ratios=ratios, kernel_floor_s=KERNEL_FLOOR_S,
-                      mem_efficiency=mem_efficiency)
+                      mem_efficiency=mem_efficiency, peer_to_peer=peer_to_peer)
 
 
 _MAMF = ("stas00/ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul "
@@ -408,7 +429,13 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA T4 datasheet: 8.1 TFLOPS single, 65 TFLOPS FP16 mixed precision, "
        "16 GB GDDR6 (14.75 GiB usable with ECC), 320 GB/s, 70 W, PCIe Gen3 x16 32 GB/s; "
        "no bf16/tf32", latency_us=5.0,
-       gemm=_T4, mem_efficiency=T4_MEM_EFFICIENCY),
+       gemm=_T4, mem_efficiency=T4_MEM_EFFICIENCY,
+       # No peer-to-peer as T4s are deployed: the cloud's 4-T4 servers (AWS g4dn.12xlarge)
+       # join their GPUs through the CPU's host bridge (PHB), where NCCL does not use P2P
+       # by default; NCCL over 4 T4s there allocates SHM segments (pytorch/ci-infra issue
+       # #490, NVIDIA/nccl issue #525) and peer access fails "unsupported on T4"
+       # (ray-project/ray PR #64109).
+       peer_to_peer=False),
     _d("A10", {"fp32": 31.2, "tf32": 62.5, "fp16": 125, "bf16": 125}, 24, 600, 32,
        "NVIDIA A10 datasheet: 31.2 FP32, 62.5 TF32, 125 BF16/FP16 TFLOPS dense (half "
        "the sparse figures), 24 GB GDDR6, 600 GB/s, 150 W, PCIe Gen4 64 GB/s",
@@ -417,13 +444,20 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA Ampere GA102 whitepaper (appendix): RTX 3090 35.6 FP32, 35.6 TF32, 71 "
        "FP16/BF16 tensor TFLOPS with FP32 accumulate (dense), 24 GB GDDR6X, 936 GB/s, "
        "PCIe Gen4", latency_us=5.0,
-       gemm=_mag(78.0, 71, "5248x15040x1024", 82, "GeForce RTX 3090")),
+       gemm=_mag(78.0, 71, "5248x15040x1024", 82, "GeForce RTX 3090"),
+       # GeForce: no PCIe peer-to-peer on the stock driver ("CANNOT Access Peer" between
+       # all 8 RTX 3090s of a server, NVIDIA/nccl issue #1127; a patched open kernel module
+       # exists to add it, aikitoria/open-gpu-kernel-modules).
+       peer_to_peer=False),
     _d("RTX-4090", {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2,
                     "fp8": 330.3}, 24, 1008, 32,
        "NVIDIA Ada Lovelace whitepaper (appendix): RTX 4090 82.6 FP32, 82.6 TF32, 165.2 "
        "FP16/BF16, 330.3 FP8 tensor TFLOPS with FP32 accumulate (dense), 24 GB GDDR6X, "
        "1,008 GB/s, PCIe Gen4", latency_us=5.0,
-       gemm=_mag(178.8, 165.2, "14336x4096x4096", 128, "GeForce RTX 4090")),
+       gemm=_mag(178.8, 165.2, "14336x4096x4096", 128, "GeForce RTX 4090"),
+       # No peer-to-peer on the stock driver: NCCL on 8 RTX 4090s connects "via SHM"
+       # (NVIDIA/nccl-tests issue #307); tinygrad/open-gpu-kernel-modules patches it in.
+       peer_to_peer=False),
     _d("Titan-RTX", {"fp32": 16.3, "fp16": 130.5}, 24, 672, 16,
        "NVIDIA Turing whitepaper (appendix) and Titan RTX page: 16.3 FP32, 130.5 FP16 "
        "tensor TFLOPS with FP32 accumulate (full rate on Titan), 24 GB GDDR6, 672 GB/s, "
@@ -433,7 +467,10 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA Turing whitepaper (appendix): RTX 2080 Ti (reference clocks) 13.4 FP32, "
        "53.8 FP16 tensor TFLOPS with FP32 accumulate (107.6 with FP16 accumulate), 11 GB "
        "GDDR6, 616 GB/s, 250 W, PCIe Gen3; no bf16/tf32", latency_us=5.0,
-       gemm=_unmeasured(68)),
+       gemm=_unmeasured(68),
+       # "the 2080ti has never supported p2p": p2pBandwidthLatencyTest reports "CANNOT
+       # Access Peer" between every pair of 8 (NVIDIA/nccl-tests issue #117).
+       peer_to_peer=False),
     _d("A6000", {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8}, 48, 768, 32,
        "NVIDIA RTX A6000 datasheet: 38.7 FP32, 77.4 TF32, 154.8 BF16/FP16 tensor TFLOPS "
        "dense (half the sparse figures), 48 GB GDDR6, 768 GB/s, 300 W, PCIe Gen4",

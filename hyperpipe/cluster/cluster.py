@@ -24,7 +24,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hyperpipe.cluster.catalog import DTYPES, DeviceType, builtin_device_types, peak_ratios
+from hyperpipe.cluster.catalog import (
+    DTYPES,
+    HOST_STAGED_COLLECTIVE_EFFICIENCY,
+    HOST_STAGED_LATENCY_S,
+    HOST_STAGED_SEND_EFFICIENCY,
+    DeviceType,
+    builtin_device_types,
+    peak_ratios,
+)
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, printable
 from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
@@ -95,6 +103,9 @@ class Node:
     # Straggler: compute time multiplier of each device (1.0 = catalog speed), index order.
     slowdown: tuple[float, ...] = ()      # empty: every device 1.0
     mtbf_s: float | None = None           # mean time between failures of the node, s
+    # False: the node's GPUs cannot reach each other directly; NCCL stages intra-node
+    # transfers through host shared memory (`hyperpipe.cluster.catalog.HOST_STAGED_*`).
+    peer_to_peer: bool = True
 
     def __post_init__(self) -> None:
         if self.nics is None:
@@ -102,6 +113,16 @@ class Node:
 
     def device_slowdown(self, index: int) -> float:
         return self.slowdown[index] if self.slowdown else 1.0
+
+    @property
+    def device_link(self) -> Link:
+        """What a transfer between two of the node's devices gets: the `intra_link`, or
+        without peer-to-peer the host-staged path through it (a fraction of its
+        bandwidth, at least the staging latency)."""
+        if self.peer_to_peer:
+            return self.intra_link
+        return Link(self.intra_link.bandwidth_bytes_per_s * HOST_STAGED_SEND_EFFICIENCY,
+                    max(self.intra_link.latency_s, HOST_STAGED_LATENCY_S))
 
 
 @dataclass(frozen=True)
@@ -161,7 +182,7 @@ class Cluster:
         if a.name == b.name:
             return Route((), Link(float("inf"), 0.0), "local")
         if a.node == b.node:
-            link = self.node(a.node).intra_link
+            link = self.node(a.node).device_link
             return Route((Hop(f"{a.name}:out", link.bandwidth_bytes_per_s),
                           Hop(f"{b.name}:in", link.bandwidth_bytes_per_s)),
                          link, f"intra:{a.node}")
@@ -170,6 +191,19 @@ class Cluster:
         in_name, in_bw = _rail(nb, b.index, "in")
         link = Link(min(out_bw, in_bw), max(na.nic.latency_s, nb.nic.latency_s))
         return Route((Hop(out_name, out_bw), Hop(in_name, in_bw)), link, "inter")
+
+    def bus_efficiency(self, src: str, link_class: str) -> float:
+        """Achievable collective bus bandwidth over a route's link bandwidth, for a
+        collective stream that device `src` sends on a route of `link_class`: its type's
+        `nic_efficiency` across nodes, `collective_efficiency` inside a node, and inside a
+        node without peer-to-peer the host-staged collective rate over the host-staged
+        send rate (`Node.device_link`: a ring's steps move both ways through the host)."""
+        d = self.device(src)
+        if link_class == "inter":
+            return d.type.nic_efficiency
+        if not self.node(d.node).peer_to_peer:
+            return HOST_STAGED_COLLECTIVE_EFFICIENCY / HOST_STAGED_SEND_EFFICIENCY
+        return d.type.collective_efficiency
 
     def price_per_hour(self, device: str) -> float | None:
         d = self.device(device)
@@ -193,7 +227,7 @@ def _rail(node: Node, index: int, direction: str) -> tuple[str, float]:
 _DEVICE_KEYS = ("peak_flops", "efficiency", "memory", "mem_bandwidth", "link_bandwidth",
                 "link_latency", "price_per_hour", "base", "source", "runtime_reserve")
 _NODE_KEYS = ("name", "device", "count", "intra_link", "nic", "nics", "price_per_hour",
-              "repeat", "slowdown", "mtbf")
+              "peer_to_peer", "repeat", "slowdown", "mtbf")
 _LINK_KEYS = ("bandwidth", "latency")
 
 
@@ -373,6 +407,10 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
             raise BadInput(nf.at("count"), f"at most {limits.MAX_CLUSTER_DEVICES} devices in "
                            "the whole cluster (hyperpipe.core.limits)", f"{total_devices} so far")
         slowdown = _slowdown(nf, count)
+        p2p = nf.raw("peer_to_peer", dtype.peer_to_peer)
+        if not isinstance(p2p, bool):
+            raise BadInput(nf.at("peer_to_peer"), "true or false (whether the node's GPUs "
+                           "reach each other by PCIe peer-to-peer or NVLink)", p2p)
         mtbf = nf.quantity("mtbf", "time") if nf.has("mtbf") else None
         base_name = printable(nf.string("name", f"n{len(nodes)}"))   # shown everywhere
         for r in range(repeat):
@@ -381,7 +419,7 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
                 raise BadInput(nf.at("name"), "a unique node name without '/'", node_name)
             names.add(node_name)
             nodes.append(Node(node_name, dev_name, count, intra, nic, price, nics, slowdown,
-                              mtbf))
+                              mtbf, p2p))
     used = {n.device_type for n in nodes}
     return Cluster(name=printable(top.raw("name", name)),
                    device_types={k: v for k, v in catalog.items() if k in used},

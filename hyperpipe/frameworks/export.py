@@ -331,6 +331,9 @@ def megatron_model_args(spec: ModelSpec, tp: int, lost: list[str]) -> list[str]:
         args.append("--disable-bias-linear")
     if not getattr(c, "tie_embeddings", True):
         args.append("--untie-embeddings-and-output-weights")
+    if not getattr(c, "fused_elementwise", True):
+        args += ["--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
+                 "--no-masked-softmax-fusion"]
     if spec.dtype in ("bf16", "fp16"):
         args.append(f"--{spec.dtype}")
     elif spec.dtype != "fp32":

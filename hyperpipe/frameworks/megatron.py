@@ -154,7 +154,7 @@ def model_document(a: Args, source: str, notes: Notes, tp: int, n: int) -> dict[
         "d_model": hidden, "seq_len": seq, "ffn_hidden": ffn, "n_kv_head": kv,
         "mlp": "swiglu" if swiglu else "gelu", "norm": norm, "position": position,
         "dropout": hidden_dropout, "bias": not a.flag("disable-bias-linear"),
-        "attention": _attention(a, notes)}
+        "attention": _attention(a, notes), "fused_elementwise": _fused(a)}
     if position == "rope":
         doc["rope_theta"] = a.number("rotary-base", ROTARY_BASE)
     untie = a.flag("untie-embeddings-and-output-weights")
@@ -186,6 +186,15 @@ def _vocab(a: Args, source: str, notes: Notes, tp: int) -> int:
         vocab = GPT2_VOCAB
         notes.assumed.append(f"vocabulary: GPT-2's BPE, {GPT2_VOCAB} tokens")
     return padded_vocab(vocab, divisible, tp)
+
+
+def _fused(a: Args) -> bool:
+    """Megatron-LM fuses bias+GeLU, bias+dropout+add and scale-mask-softmax unless told
+    not to (`--no-bias-gelu-fusion`, `--no-bias-dropout-fusion`,
+    `--no-masked-softmax-fusion`; megatron/training/arguments.py); any of them prices the
+    block's elementwise work unfused (`GPTConfig.fused_elementwise`)."""
+    return not any([a.flag(f"no-{k}-fusion") for k in ("bias-gelu", "bias-swiglu",
+                                                        "bias-dropout", "masked-softmax")])
 
 
 def _attention(a: Args, notes: Notes) -> str:

@@ -126,7 +126,13 @@ def _weight_gemms(op: str, tokens: float, shapes: list[tuple[float, float]]
 #   FLOP count (`TransformerBlock`, what MFU reports) keeps the whole square;
 # * elementwise kernels are fused as Megatron fuses them (bias+GeLU, bias+dropout+add);
 #   without sequence parallelism the norms, dropouts and residual adds run on the whole
-#   (T, h) activation on every tensor-parallel rank, with it on T/t tokens.
+#   (T, h) activation on every tensor-parallel rank, with it on T/t tokens;
+# * unfused (`GPTConfig.fused_elementwise` false; Megatron-LM v1.1.5's `bias_dropout_add`,
+#   `activation_func(x + bias)` and `FusedScaleMaskSoftmax`'s torch fallback): each link
+#   of a chain reads its input and writes its output. Forward: bias add then GeLU (or
+#   silu(gate) then x up), bias add, dropout, residual add, and mask (`masked_fill`)
+#   then softmax; backward: the mask's gradient is one more pass over the scores; the
+#   other backward chains move what the fused kernels move.
 def attention_gemms(c: GPTConfig, op: str, b: int, s: float, t: int, cp: int = 1
                     ) -> list[Gemm]:
     """The attention core's GEMMs (no weights) of pass `op` on one device: b·a/t heads;
@@ -163,19 +169,27 @@ def _block(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool, cp: 
     drop = c.dropout > 0
     mask = MASK_BYTES if drop else 0
     rope = c.position == "rope"
+    fused = getattr(c, "fused_elementwise", True)
     if op == "F":
         norms = 2 * 2 * e_h * d                         # two norms: read x, write y
-        resid = 2 * e_h * (3 * d + mask)                # bias(+dropout)+add: 2 reads, 1 write
-        act = (3 if swiglu else 2) * e_f * d            # bias+GeLU or silu(gate)*up
+        if fused:
+            resid = 2 * e_h * (3 * d + mask)            # bias(+dropout)+add: 2 reads, 1 write
+            act = (3 if swiglu else 2) * e_f * d        # bias+GeLU or silu(gate)*up
+        else:       # (bias add) (dropout) residual add; (bias add) GeLU or silu, then x up
+            resid = 2 * e_h * ((2 * d if c.bias else 0) + (2 * d + mask if drop else 0)
+                               + 3 * d)
+            act = ((5 if swiglu else 2) + (2 if c.bias else 0)) * e_f * d
         rot = 2 * tokens * (h + kv) / t * d if rope else 0
-        attn = 0.0 if flash else 2 * e_s * d + (e_s * (2 * d + mask) if drop else 0)
+        softmax = 2 * e_s * d * (1 if fused else 2)     # (mask, then) softmax
+        attn = 0.0 if flash else softmax + (e_s * (2 * d + mask) if drop else 0)
         return PassWork(tuple(gemms), norms + resid + act + rot + attn)
     if op == "I":
         norms = 2 * 3 * e_h * d                         # read x and dy, write dx
         resid = 2 * e_h * (2 * d + mask) + 2 * 3 * e_h * d   # dropout bwd, grad add
         act = (5 if swiglu else 3) * e_f * d
         rot = 2 * tokens * (h + kv) / t * d if rope else 0
-        attn = 0.0 if flash else 3 * e_s * d + (e_s * (2 * d + mask) if drop else 0)
+        softmax = 3 * e_s * d + (0 if fused else 2 * e_s * d)   # (and the mask's) backward
+        attn = 0.0 if flash else softmax + (e_s * (2 * d + mask) if drop else 0)
         return PassWork(tuple(gemms), norms + resid + act + rot + attn)
     # W: bias gradients reduce dY over the tokens (read once)
     bias = tokens * ((h + 2 * kv) / t + h + up + h) * d if c.bias else 0.0
@@ -313,6 +327,8 @@ def block_launches(c: GPTConfig, op: str) -> int:
         core = 1 if flash else 3 + (1 if drop else 0)   # QK^T, mask-softmax, AV (dropout)
         rope = 2 if c.position == "rope" else 0
         n = norms + resid + 2 + core + rope + _mlp_launches(c, op)
+        if not getattr(c, "fused_elementwise", True):   # the links of the unfused chains
+            n += (0 if flash else 1) + (3 if c.bias else 0)   # mask; three bias adds
     return n
 
 

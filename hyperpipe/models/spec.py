@@ -177,6 +177,11 @@ class GPTConfig:
     bias: bool = True               # biases in linears and layernorms (GPT: yes, Llama: no)
     rope_theta: float = 10000.0     # RoPE base (Su et al. 2021); Llama 3 uses 500000
     attention: str = "flash"        # one of ATTENTION_KINDS: fused kernels are the default today
+    # Elementwise work fused as Megatron-LM fuses it (bias+GeLU, bias+dropout+add, scale-
+    # mask-softmax: one kernel each, its default since v2); False: each a chain of
+    # PyTorch kernels, every link a round trip through memory (Megatron-LM v1.x without
+    # its `--*-fusion` flags, or with today's `--no-*-fusion`).
+    fused_elementwise: bool = True
     # The head's output projection reuses the token embedding's V x h matrix (GPT-2,
     # OPT, Megatron-LM's GPT default: its flag is `--untie-embeddings-and-output-weights`);
     # False: the head has its own (Llama). Absent from a model file: true.
@@ -219,7 +224,7 @@ def check_config(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
             or not 0 <= dropout < 1:
         raise BadInput(at("dropout"), "a number in [0, 1)", dropout)
-    for key in ("bias", "tie_embeddings"):
+    for key in ("bias", "tie_embeddings", "fused_elementwise"):
         if not isinstance(v[key], bool):
             raise BadInput(at(key), "true or false", v[key])
     moe = v.get("moe")

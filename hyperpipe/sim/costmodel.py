@@ -400,7 +400,8 @@ class CostModel:
 
         Achievable bus bandwidth = link bandwidth x the device type's
         `collective_efficiency` (NVLink/PCIe) or `nic_efficiency` (network), from
-        published nccl-tests runs (`hyperpipe.cluster.catalog`). A profile's measured
+        published nccl-tests runs (`hyperpipe.cluster.catalog`); inside a node without
+        peer-to-peer, the host-staged rate (`Cluster.bus_efficiency`). A profile's measured
         all-reduce fit replaces all of this.
         """
         n = len(devices)
@@ -447,16 +448,15 @@ class CostModel:
         """(achievable bus bandwidth, latency) of the slowest of `edges`, which all carry
         a stream at once: each route's bandwidth, shared on every hop among the edges
         crossing it (`shared_bandwidths_bytes_per_s`: the rails of a node sharing its
-        NICs), x the sender's collective (intra-node) or NIC efficiency."""
+        NICs), x `Cluster.bus_efficiency` (the sender's collective or NIC efficiency,
+        host-staged inside a node without peer-to-peer)."""
         costed = [self.route(a, b) for a, b in edges]
         shared = shared_bandwidths_bytes_per_s([c.route for c in costed])
         bw, lat = float("inf"), 0.0
         for (a, _), (route, link), own_bw in zip(edges, costed, shared, strict=True):
             if not route.hops:
                 continue
-            dev = self.cluster.device(a).type
-            eff = dev.nic_efficiency if route.link_class == "inter" else \
-                dev.collective_efficiency
+            eff = self.cluster.bus_efficiency(a, route.link_class)
             share = own_bw / route.bandwidth_bytes_per_s      # 1 when nothing shares
             bw = min(bw, link.bandwidth_bytes_per_s * share * eff)
             lat = max(lat, link.latency_s)

@@ -23,9 +23,10 @@ dropped pairs are not sent), so (ep - 1)/ep · P(T)·h·d bytes per rank and dir
 Every group of the stage exchanges at once, over the real routes (NVLink ports inside a
 node, NICs shared by a node's GPUs across nodes, `cluster.path`): on idle links one
 exchange takes the most loaded hop's bytes over its achievable bandwidth (link
-bandwidth x the sender's `collective_efficiency` inside a node, `nic_efficiency`
-across), plus the slowest route's latency (`alltoall_time_s`). The simulator runs a
-stage's exchanges of one action as one flow over those hops (`alltoall_spec`).
+bandwidth x `Cluster.bus_efficiency`: the sender's `collective_efficiency` inside a
+node, host-staged without peer-to-peer, `nic_efficiency` across), plus the slowest
+route's latency (`alltoall_time_s`). The simulator runs a stage's exchanges of one
+action as one flow over those hops (`alltoall_spec`).
 
 **Overlap.** 1F1B-like schedules run one micro-batch's block at a time, so the
 all-to-all sits between the router and the experts on the critical path: it follows the
@@ -144,17 +145,15 @@ def alltoall_time_s(cost: CostModel, edges: list[tuple[str, str]], pair_bytes: f
                     ) -> tuple[float, float, dict[str, float]]:
     """(seconds, of which latency, hop -> its busy seconds) of `edges` each sending
     `pair_bytes` at once, on idle links: the most loaded hop's bytes over its achievable
-    bandwidth (hop bandwidth x the sender's `collective_efficiency`, or `nic_efficiency`
-    across nodes), plus the slowest route's latency."""
+    bandwidth (hop bandwidth x `Cluster.bus_efficiency`), plus the slowest route's
+    latency."""
     busy: Counter[str] = Counter()
     lat = 0.0
     for a, b in edges:
         route, link = cost.route(a, b)
         if not route.hops:
             continue
-        dev = cost.cluster.device(a).type
-        eff = dev.nic_efficiency if route.link_class == "inter" else \
-            dev.collective_efficiency
+        eff = cost.cluster.bus_efficiency(a, route.link_class)
         lat = max(lat, link.latency_s)
         for hop in route.hops:
             busy[hop.name] += pair_bytes / (hop.bandwidth_bytes_per_s * eff)
