@@ -453,9 +453,11 @@ def mosaic_runs(mean_x: float) -> tuple[list[float], list[float]]:
 # RoCE per GPU (taken as 8 NICs of 400 Gbit/s per node, rail-optimised); ranks ordered
 # [TP, CP, PP, DP], TP innermost; FSDP over DP that does not reshard after forward
 # (zero 3, `runtime.reshard_after_forward` false); an interleaved pipeline schedule
-# with "one Transformer layer each" fewer on the first and last stages: taken as v = 2
-# chunks of 4 layers (the embedding counting as the first stage's fourth layer, the
-# head as the last's), micro-batch 1, so batch size per DP = micro-batches. Assumed,
+# with one Transformer layer fewer on the first and last stages, which "means that the
+# first model chunk on the first stage has only the embedding, and the last model chunk
+# on the last stage has only output projection and loss calculation" (sec. 3.3.2): so a
+# chunk is one layer, v = 128 / 16 = 8 chunks per rank (the embedding, 126 blocks and
+# the head, one each), micro-batch 1, so batch size per DP = micro-batches. Assumed,
 # not published: bf16 with Megatron's 18 bytes of state per parameter, fp32 gradient
 # reduction (torchtitan's default), sequence parallelism with TP (as Megatron pairs
 # them), and recompute as `LLAMA3_RECOMPUTE` says. Published seconds per step = the
@@ -474,8 +476,9 @@ LLAMA3_RECOMPUTE = {8192: ("none",)}
 
 def llama3_plan(model, cluster, cp: int, pp: int, dp: int, m: int, recompute: str):
     """The Llama 3 layout: tensor rank innermost, then context, pipeline, data parallel;
-    32 stages of 4 layers on 16 ranks (interleaved, v = 2)."""
-    tp, v = 8, 2
+    128 stages of one layer on 16 ranks (interleaved, v = 8)."""
+    tp, v = 8, 8
+    per = model.num_layers // (pp * v)            # 1: the embedding, a block or the head
     names = [d.name for d in cluster.devices]
     per_rank = tp * cp
     pipelines = []
@@ -484,7 +487,7 @@ def llama3_plan(model, cluster, cp: int, pp: int, dp: int, m: int, recompute: st
         for j in range(pp * v):
             rank = j % pp
             first = ((r * pp) + rank) * per_rank
-            stages.append({"layers": [4 * j, 4 * j + 4], "tp": tp, "cp": cp,
+            stages.append({"layers": [per * j, per * j + per], "tp": tp, "cp": cp,
                            "devices": names[first:first + per_rank],
                            "recompute": recompute, "sequence_parallel": True})
         pipelines.append({"micro_batch": 1, "num_microbatches": m, "stages": stages})
