@@ -104,7 +104,9 @@ T4_MEM_EFFICIENCY = (226 + 234 + 242) / 3 / 320
 # Gen3 x16 (16 GB/s per direction) moved 3.9 GB/s bus bandwidth in all-reduce (both
 # directions at once) and 10.31 GB/s in broadcast (one direction) (NVIDIA/nccl issue
 # #384, NCCL 2.4.8, NCCL_P2P_DISABLE=1); the maintainers' answer there: some CPUs do not
-# handle bidirectional traffic well. Fractions of the nominal per-direction PCIe link:
+# handle bidirectional traffic well. Fractions of the nominal per-direction PCIe link,
+# measured on Gen3 and applied to every generation (an assumption: the host's memory
+# and CPU, not the link, set the rate, and no public SHM figure on Gen4 was found):
 HOST_STAGED_COLLECTIVE_EFFICIENCY = 3.9 / 16      # collectives (ring steps, both ways)
 HOST_STAGED_SEND_EFFICIENCY = 10.31 / 16          # a point-to-point send (one way)
 # Latency of one host-staged step: an 8-byte all-reduce between two T4s over SHM took
@@ -419,7 +421,11 @@ _CATALOG: tuple[DeviceType, ...] = (
        24, 300, 32,
        "NVIDIA L4 datasheet: 30.3 FP32, 120/242/485 TF32/BF16/FP8 TFLOPS with sparsity "
        "(half dense), 24 GB GDDR6, 300 GB/s, 72 W, PCIe Gen4 x16 64 GB/s", latency_us=5.0,
-       gemm=_mag(91.4, 121, "1024x6016x1792", 58, "NVIDIA L4")),
+       gemm=_mag(91.4, 121, "1024x6016x1792", 58, "NVIDIA L4"),
+       # No peer-to-peer as L4s are deployed: "AWS g6 series does not have NVLink/
+       # NVSwitch or PCIe P2P" (llm-d-incubation/llm-d-infra issue #181); NCCL over 4 L4s
+       # runs its SHM transport (NVIDIA/nccl issue #1838, transport/shm.cc).
+       peer_to_peer=False),
     # Memory: what CUDA gives a process, not the 16 GB on the board: ECC (on by default
     # on data-centre T4s, e.g. AWS g4dn, Google Colab) holds back part of the GDDR6, and
     # PyTorch's out-of-memory message on a T4 reads "14.75 GiB total capacity"

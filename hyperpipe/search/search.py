@@ -48,6 +48,7 @@ from hyperpipe.search.space import SearchConstraints
 from hyperpipe.search.synthesis import ruled_out, synthesise_top
 from hyperpipe.search.templates import (
     KEEP_PER_GROUP,
+    TOLERANCE,
     PhaseCounts,
     PhaseStats,
     SearchContext,
@@ -406,19 +407,9 @@ def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str]
     """Phase 2: combine type groups, split the batch, build plans, check them with the
     analytic tier (out of memory: infeasible)."""
     combos = list(_combinations(ctx, phase, types))
-    # the best few of every way of grouping the types first, then the best overall:
-    # the closed form misjudges some groupings (shared links, all-reduces across
-    # unlike pipelines), so no grouping may crowd the others out
-    by_groups: dict[tuple, list[int]] = {}
-    for i, combo in enumerate(combos):
-        by_groups.setdefault(tuple(t.types for t in combo.templates), []).append(i)
-    value_of = [combo.value for combo in combos]
-    picked = dict.fromkeys(i for group in by_groups.values()
-                           for i in heapq.nsmallest(ASSEMBLE_PER_GROUPING, group,
-                                                    key=value_of.__getitem__))
-    picked.update(dict.fromkeys(heapq.nsmallest(ASSEMBLE_LIMIT, range(len(combos)),
-                                                key=value_of.__getitem__)))
-    best = sorted(picked, key=value_of.__getitem__)[:ASSEMBLE_LIMIT + len(by_groups)]
+    best = assemble_picks([(tuple(t.types for t in combo.templates),
+                            combo.templates[0].kind) for combo in combos],
+                          [combo.value for combo in combos])
     phase.pruned += len(combos) - len(best)
     out: list[Candidate] = []
     for tpls in (combos[i].templates for i in best):
@@ -433,6 +424,32 @@ def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str]
             continue
         out.append(Candidate(plan, metrics))
     return out
+
+
+def assemble_picks(keys: list[tuple[tuple, str]], values: list[float]) -> list[int]:
+    """Which combinations to build as plans and estimate, best closed form first: each
+    is (grouping of the device types, schedule kind) with its closed-form value. The
+    best ASSEMBLE_PER_GROUPING of every grouping, the best of every kind in every
+    grouping within the templates' TOLERANCE of that grouping's best, and the best
+    ASSEMBLE_LIMIT overall: the closed form misjudges some groupings (shared links,
+    all-reduces across unlike pipelines) and ranks close kinds by its own bubble model
+    (zb-h1 over zb-v where the analytic tier and the simulator say otherwise), so no
+    grouping, nor a kind close to its best, may crowd the others out."""
+    by_groups: dict[tuple, list[int]] = {}
+    by_kinds: dict[tuple, list[int]] = {}
+    for i, (grouping, kind) in enumerate(keys):
+        by_groups.setdefault(grouping, []).append(i)
+        by_kinds.setdefault((grouping, kind), []).append(i)
+    picked = dict.fromkeys(i for group in by_groups.values()
+                           for i in heapq.nsmallest(ASSEMBLE_PER_GROUPING, group,
+                                                    key=values.__getitem__))
+    best = {g: min(values[i] for i in group) for g, group in by_groups.items()}
+    picked.update(dict.fromkeys(i for (grouping, _), group in by_kinds.items()
+                                if values[i := min(group, key=values.__getitem__)]
+                                <= best[grouping] * (1 + TOLERANCE)))
+    picked.update(dict.fromkeys(heapq.nsmallest(ASSEMBLE_LIMIT, range(len(keys)),
+                                                key=values.__getitem__)))
+    return sorted(picked, key=values.__getitem__)
 
 
 def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate],

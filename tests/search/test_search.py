@@ -466,3 +466,38 @@ def test_search_caches_are_keyed_by_records_that_resolve():
     assert all(k.table in ctx.tables and k in ctx.stage_costs for k in stages)
     assert all(k.link is None or k.link in ctx.links for k in stages)
     assert all(k.table.times in ctx.times_s for k in stages)
+
+
+def test_assemble_picks_every_close_kind_of_every_grouping():
+    """The closed form may rank one schedule kind above another; the analytic tier
+    still sees the best combination of every kind in every grouping that is within the
+    templates' TOLERANCE of the grouping's best, besides the best few per grouping and
+    overall, best closed form first. Oracle: the sets built here by sorting."""
+    import random
+
+    from hyperpipe.search.search import (
+        ASSEMBLE_LIMIT,
+        ASSEMBLE_PER_GROUPING,
+        TOLERANCE,
+        assemble_picks,
+    )
+    rng = random.Random(7)
+    groupings = [("A",), ("B",), ("A", "B")]
+    # zb-h1 in [100, 101), zb-v in [101 + TOLERANCE * 50, ...): close enough; 1f1b far
+    offsets = {"zb-h1": 100.0, "zb-v": 101.0 + 50 * TOLERANCE, "1f1b": 200.0}
+    keys, values = [], []
+    for g in groupings:
+        for kind, offset in offsets.items():
+            for _ in range(30):         # every zb-v value above every zb-h1 value
+                keys.append((g, kind))
+                values.append(offset + rng.random())
+    picks = assemble_picks(keys, values)
+    assert picks == sorted(picks, key=values.__getitem__) and len(set(picks)) == len(picks)
+    by_value = sorted(range(len(keys)), key=values.__getitem__)
+    want = set(by_value[:ASSEMBLE_LIMIT])
+    for g in groupings:
+        want |= set([i for i in by_value if keys[i][0] == g][:ASSEMBLE_PER_GROUPING])
+        want.add(next(i for i in by_value if keys[i] == (g, "zb-v")))
+    assert set(picks) == want
+    kinds = {keys[i] for i in picks}
+    assert all((g, "zb-v") in kinds and (g, "1f1b") not in kinds for g in groupings)
