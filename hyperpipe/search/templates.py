@@ -22,6 +22,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import NamedTuple
 
 from hyperpipe.plan.kinds import schedule_kind
@@ -103,20 +104,20 @@ class Template:
 
 
 def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
-              slots: list[list[tuple[str, ...]]], m: int, price: float,
+              row: list[tuple[str, ...]], dp: int, all_slots, m: int, price: float,
               start: int = 0, placement: tuple | None = None,
               cutoff: float = math.inf, cp: int = 1, ep: int = 1
               ) -> Template | Skipped | None:
-    """Cut the layers for the pipelines `slots` (replica 0 stands for all) in the first
-    memory mode that fits (`SearchContext.modes`, from `start`); None if none fits.
+    """Cut the layers for `dp` pipelines like `row` (replica 0 stands for all; their
+    slots, from `all_slots()`, are built only once the cut fits) in the first memory
+    mode that fits (`SearchContext.modes`, from `start`); None if none fits.
     The cut depends on replica 0's row only through `SearchContext.row_signature`, so
     rows alike (other replica counts, layouts, units of the same classes) share one
     (`RowKey`); `placement` names `slots` for the gradient sync's cache (`_sync_s`).
     A template whose objective, with its optimizer steps but before its all-reduces
     are costed, is already above `cutoff` (the band of its race) is `Skipped`: it could
     not be kept, and its rings are the costly part at thousands of replicas."""
-    row = slots[0]
-    p, dp = len(row), len(slots)
+    p = len(row)
     modes = ctx.modes(tp, dp, cp, p > 1, ep)[start:]
     shards = dp * cp if any(mode.zero for mode in modes) else 1
     key = RowKey(kind, v, mb, ctx.inflight_key(kind, p, m, v), tp, dp * cp > 1, start,
@@ -126,8 +127,8 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     got = ctx.row_cuts[key]
     if got is None:
         return None
-    return _finish(ctx, kind, v, mb, tp, types, slots, price, got.mode, got.part, placement,
-                   (m, cutoff))
+    return _finish(ctx, kind, v, mb, tp, types, all_slots(), price, got.mode, got.part,
+                   placement, (m, cutoff))
 
 
 def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str, ...]],
@@ -358,23 +359,25 @@ def _ring_cost(ctx: SearchContext, groups: tuple[tuple[str, ...], ...]) -> RingC
 
 
 def _assign(pools: dict[str, space.UnitPool], recipe: dict[str, int], dp: int,
-            order: tuple[str, ...], layout: str) -> list[list[tuple[str, ...]]]:
-    """slots[r][j]: the unit of replica r at position j of `order`. The i-th unit of
-    type t in a replica is unit r k_t + i of its pool ("pipeline" layout: a pipeline's
-    units sit together, node by node, so stage-to-stage traffic stays inside nodes) or
-    unit i dp + r ("stage" layout, Megatron's rank order: the replicas of one stage sit
-    together, so the gradient all-reduce stays inside nodes)."""
-    slots = []
-    for r in range(dp):
-        seen = dict.fromkeys(recipe, 0)
-        row = []
-        for t in order:
-            i = seen[t]
-            seen[t] += 1
-            row.append(pools[t].units[r * recipe[t] + i if layout == "pipeline"
-                                      else i * dp + r])
-        slots.append(row)
-    return slots
+            order: tuple[str, ...], layout: str, replicas: range | None = None
+            ) -> list[list[tuple[str, ...]]]:
+    """slots[r][j]: the unit of replica r at position j of `order`, for r in `replicas`
+    (None: all dp). The i-th unit of type t in a replica is unit r k_t + i of its pool
+    ("pipeline" layout: a pipeline's units sit together, node by node, so stage-to-stage
+    traffic stays inside nodes) or unit i dp + r ("stage" layout, Megatron's rank order:
+    the replicas of one stage sit together, so the gradient all-reduce stays inside
+    nodes)."""
+    seen = dict.fromkeys(recipe, 0)
+    picks = []                          # (units, stride, offset) of each position
+    for t in order:
+        i = seen[t]
+        seen[t] += 1
+        if layout == "pipeline":
+            picks.append((pools[t].units, recipe[t], i))
+        else:
+            picks.append((pools[t].units, 1, i * dp))
+    return [[units[r * stride + offset] for units, stride, offset in picks]
+            for r in (range(dp) if replicas is None else replicas)]
 
 
 class TemplateKey(NamedTuple):
@@ -655,9 +658,11 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: 
     values = []
     recipe = tuple(sorted(shape.recipe.items()))
     for order, layout in tries:
-        slots = _assign(shape.pools, shape.recipe, shape.dp, order, layout)
+        row = _assign(shape.pools, shape.recipe, shape.dp, order, layout, range(1))[0]
         phase.seen += 1
-        tpl = _template(ctx, shape.kind, shape.v, shape.mb, shape.tp, shape.types, slots, m,
+        tpl = _template(ctx, shape.kind, shape.v, shape.mb, shape.tp, shape.types, row,
+                        shape.dp, partial(_assign, shape.pools, shape.recipe, shape.dp,
+                                          order, layout), m,
                         shape.price_per_hour, shape.start,
                         Placement(shape.tp, shape.dp, layout, order, recipe, shape.cp),
                         race.cutoff(), shape.cp, shape.ep)

@@ -501,3 +501,23 @@ def test_assemble_picks_every_close_kind_of_every_grouping():
     assert set(picks) == want
     kinds = {keys[i] for i in picks}
     assert all((g, "zb-v") in kinds and (g, "1f1b") not in kinds for g in groupings)
+
+
+@pytest.mark.parametrize("layout", ["pipeline", "stage"])
+def test_assign_rows_follow_the_layout_formula(layout):
+    """Replica r's i-th unit of type t is pool unit r·k_t + i ("pipeline") or i·dp + r
+    ("stage"); any subset of the replicas gives the same rows as all of them."""
+    from hyperpipe.search import space
+    from hyperpipe.search.templates import _assign
+    pools = {t: space.UnitPool(t, 1, tuple((f"{t}/{j}",) for j in range(12)))
+             for t in ("a", "b")}
+    recipe, dp, order = {"a": 2, "b": 1}, 4, ("a", "b", "a")
+    rows = _assign(pools, recipe, dp, order, layout)
+    for r, row in enumerate(rows):
+        seen = {"a": 0, "b": 0}
+        for t, unit in zip(order, row, strict=True):
+            i = seen[t]
+            seen[t] += 1
+            j = r * recipe[t] + i if layout == "pipeline" else i * dp + r
+            assert unit == (f"{t}/{j}",)
+    assert _assign(pools, recipe, dp, order, layout, range(2, 4)) == rows[2:]

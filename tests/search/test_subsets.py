@@ -204,8 +204,8 @@ def _walk_keys(ctx, batch: int, every: int) -> int:
                 for order in space.stage_orders(key.recipe):
                     for lay in space.layouts(key.dp, key.recipe):
                         slots = T._assign(key.pools, key.recipe, key.dp, order, lay)
-                        tpl = T._template(ctx, kind, v, mb, key.tp, types, slots, m, 0.0,
-                                          key.start)
+                        tpl = T._template(ctx, kind, v, mb, key.tp, types, slots[0],
+                                          key.dp, lambda s=slots: s, m, 0.0, key.start)
                         if tpl is None:
                             continue
                         assert got is not None, (types, key.config, key.dp, key.recipe)
@@ -257,8 +257,8 @@ def test_pruned_walk_keeps_the_best_template_of_the_exhaustive_walk(model_name,
                 for lay in space.layouts(key.dp, key.recipe):
                     slots = T._assign(key.pools, key.recipe, key.dp,
                                       T.canonical_order(ctx, key.recipe), lay)
-                    tpl = T._template(ctx, kind, v, mb, key.tp, types, slots, m, 0.0,
-                                      key.start)
+                    tpl = T._template(ctx, kind, v, mb, key.tp, types, slots[0], key.dp,
+                                      lambda s=slots: s, m, 0.0, key.start)
                     if tpl is not None:
                         best = min(best, tpl.time_s(m))
             got = min((t.time_s(-(-(batch // t.micro_batch) // t.dp)) for t in kept),
