@@ -41,6 +41,7 @@ import numpy as np
 
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.schedule import stage_rank
+from hyperpipe.search import space
 from hyperpipe.search.caches import Cache, CapsKey
 from hyperpipe.search.space import MemoryMode
 from hyperpipe.sim.sharding import zero_collectives
@@ -292,8 +293,7 @@ def zero_ring_line(ctx, cls: str, units: int, pool, tp: int, dp: int, cp: int
     (`CostModel.allgather_time_s`, affine in the bytes) of every ring a stage of
     class `cls` may get in a pipeline of `units` of its units with `dp` replicas: tensor
     rank 0 of each context rank of the stage's unit in every replica, in either layout
-    of `templates._assign` (the i-th unit of a replica is unit r units + i or i dp + r
-    of the pool, whatever the stage order), cached by what they depend on."""
+    (`space.unit_index`, whatever the stage order), cached by what they depend on."""
     def ring_line(group: tuple[str, ...]) -> tuple[float, float]:
         one = ctx.cost.allgather_time_s(group, 1e9)
         two = ctx.cost.allgather_time_s(group, 2e9)
@@ -307,7 +307,7 @@ def zero_ring_line(ctx, cls: str, units: int, pool, tp: int, dp: int, cp: int
         found = []
         for layout in ("pipeline", "stage"):
             for i in range(min(units, per_node)):
-                picks = [pool.units[r * units + i if layout == "pipeline" else i * dp + r]
+                picks = [pool.units[space.unit_index(layout, r, i, units, dp)]
                          for r in range(dp)]
                 group = tuple(u[c * tp] for u in picks for c in range(cp))
                 found.append(ctx.gather_lines.memo(ctx.ring_pattern((group,)),

@@ -452,6 +452,15 @@ def _multiset_permutations(items: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
             yield (head, *tail)
 
 
+def unit_index(layout: str, replica: int, i: int, per_replica: int, dp: int) -> int:
+    """Which unit of its class's pool is the i-th unit of that class in `replica` (of
+    `dp`, `per_replica` units of the class each): unit r·k + i in the "pipeline" layout
+    (a pipeline's units sit together, node by node, so stage-to-stage traffic stays
+    inside nodes), i·dp + r in the "stage" layout (Megatron's rank order: the replicas
+    of one stage sit together, so the gradient all-reduce stays inside nodes)."""
+    return replica * per_replica + i if layout == "pipeline" else i * dp + replica
+
+
 def layouts(dp: int, recipe: dict[str, int], ep: int = 1) -> tuple[str, ...]:
     """How replicas take units: "pipeline" (each replica's units together) and, with
     several replicas taking several units of some type, "stage" (the replicas of each

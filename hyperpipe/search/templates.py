@@ -362,20 +362,16 @@ def _assign(pools: dict[str, space.UnitPool], recipe: dict[str, int], dp: int,
             order: tuple[str, ...], layout: str, replicas: range | None = None
             ) -> list[list[tuple[str, ...]]]:
     """slots[r][j]: the unit of replica r at position j of `order`, for r in `replicas`
-    (None: all dp). The i-th unit of type t in a replica is unit r k_t + i of its pool
-    ("pipeline" layout: a pipeline's units sit together, node by node, so stage-to-stage
-    traffic stays inside nodes) or unit i dp + r ("stage" layout, Megatron's rank order:
-    the replicas of one stage sit together, so the gradient all-reduce stays inside
-    nodes)."""
+    (None: all dp); the i-th unit of type t in a replica is its pool's
+    `space.unit_index`, affine in r (so each position is a stride and an offset)."""
     seen = dict.fromkeys(recipe, 0)
     picks = []                          # (units, stride, offset) of each position
     for t in order:
         i = seen[t]
         seen[t] += 1
-        if layout == "pipeline":
-            picks.append((pools[t].units, recipe[t], i))
-        else:
-            picks.append((pools[t].units, 1, i * dp))
+        offset = space.unit_index(layout, 0, i, recipe[t], dp)
+        stride = space.unit_index(layout, 1, i, recipe[t], dp) - offset
+        picks.append((pools[t].units, stride, offset))
     return [[units[r * stride + offset] for units, stride, offset in picks]
             for r in (range(dp) if replicas is None else replicas)]
 
