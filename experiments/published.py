@@ -557,18 +557,60 @@ def llama3_runs(mean_x: float) -> tuple[list[float], list[float]]:
 # Null model: each run at the mean MFU (the spec's model FLOPs per step over time x GPUs
 # x the dtype's peak) of the OTHER runs of this block (leave-one-out: out of sample).
 DSV3_STAGES = (2,) + (2,) * 30 + (1,)     # spec layers (embedding, 61 blocks, head) a stage
+
+
+@dataclass(frozen=True)
+class MoERun:
+    """One published MoE run: model, cluster, layout, stack and seconds per step."""
+
+    name: str
+    preset: str
+    cluster: str | int        # "h800-fp8", or a count of DGX H100 nodes
+    pp: int
+    chunks: int
+    kind: str
+    ep: int
+    zero: int
+    micro_batch: int
+    global_batch: int
+    stack: str
+    published_s: float
+    routing: str              # MoEConfig.routing
+    optimizer_state: str      # ModelSpec.optimizer_state
+    recompute: str = "none"
+    runtime: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def mode(self) -> str:
+        return f"ep{self.ep} v{self.chunks} z{self.zero}"
+
+
+# NeMo Automodel's benchmark configs for these rows (NVIDIA-NeMo/Automodel examples/
+# benchmark/configs/deepseek_v3_te_deepep.yaml, deepseek_v3_te_deepep_1024.yaml,
+# qwen3_moe_30b_te_deepep.yaml): `activation_checkpointing: true` (every block under
+# torch's `checkpoint_wrapper`, nemo_automodel/components/moe/parallelizer.py
+# `apply_ac`: full recompute), FSDP2 with `reshard_after_forward` false (the
+# parallelizer's default; the DeepSeek-V3 configs also set it), `enable_deepep: true`
+# and `fake_balanced_gate: true` (token t to experts t·k .. t·k+k-1: routing
+# "contiguous"); the models are cast to bf16 (`initialize_weights(dtype=torch.
+# bfloat16)`, e.g. nemo_automodel/components/models/qwen3_moe/model.py) and stepped by
+# `torch.optim.Adam`, which keeps its moments in the parameters' dtype: optimizer state
+# "model-dtype".
+AUTOMODEL = (("moe_dispatcher", "deepep"), ("reshard_after_forward", False))
 MOE_RUNS = (
-    # (name, preset, dtype, cluster, pp, v, kind, ep, zero, micro-batch,
-    #  global batch, stack, published seconds per step); the cluster is "h800-fp8" or a
-    #  count of DGX H100 nodes
-    ("DSV3 report", "deepseek-v3", "bf16", "h800-fp8", 16, 2, "dualpipe-v", 64, 1, 1,
-     15360, "megatron-lm", 180e3 * 3600 * 15360 * 4096 / 1e12 / 2048),
-    ("DSV3 AM 256", "deepseek-v3", "bf16", 32, 4, 8, "interleaved-1f1b", 64, 3, 1, 512,
-     "torchtitan", 8.18),
-    ("DSV3 AM 1024", "deepseek-v3", "bf16", 128, 4, 8, "interleaved-1f1b", 64, 3, 1, 8192,
-     "torchtitan", 37.87),
-    ("Qwen3 AM 8", "qwen3-30b-a3b", "bf16", 1, 1, 1, "1f1b", 8, 3, 4, 512, "torchtitan",
-     21.773),
+    # DeepSeek-V3's own stack dispatches with its DeepEP kernels (sec. 3.2.2) and keeps
+    # Adam's moments in bf16 (sec. 3.3.3); its recompute is of RMSNorm and the MLA
+    # up-projections only (sec. 3.2.3), left out, as is its node-limited routing (each
+    # token to at most 4 nodes, sec. 2.1.2), which lowers what DeepEP sends.
+    MoERun("DSV3 report", "deepseek-v3", "h800-fp8", 16, 2, "dualpipe-v", 64, 1, 1, 15360,
+           "megatron-lm", 180e3 * 3600 * 15360 * 4096 / 1e12 / 2048, "learned",
+           "bf16-moments", runtime=(("moe_dispatcher", "deepep"),)),
+    MoERun("DSV3 AM 256", "deepseek-v3", 32, 4, 8, "interleaved-1f1b", 64, 3, 1, 512,
+           "torchtitan", 8.18, "contiguous", "model-dtype", "full", AUTOMODEL),
+    MoERun("DSV3 AM 1024", "deepseek-v3", 128, 4, 8, "interleaved-1f1b", 64, 3, 1, 8192,
+           "torchtitan", 37.87, "contiguous", "model-dtype", "full", AUTOMODEL),
+    MoERun("Qwen3 AM 8", "qwen3-30b-a3b", 1, 1, 1, "1f1b", 8, 3, 4, 512, "torchtitan",
+           21.773, "contiguous", "model-dtype", "full", AUTOMODEL),
 )
 
 
@@ -584,31 +626,32 @@ def h800_fp8_cluster() -> Cluster:
         "inter_node": {"bandwidth": "400 Gbit/s", "latency": "5 us"}}))
 
 
-def moe_plan(model, cluster, pp: int, v: int, kind: str, ep: int, zero: int, mb: int,
-             global_batch: int, stack: str):
+def moe_plan(model, cluster, run: MoERun):
     """Megatron's rank order (data parallel inside, pipeline outside: stage rank k of
     replica r on device k·dp + r, so an EP group of `ep` replicas is `ep` consecutive
     GPUs); 32 stages of DSV3_STAGES for DeepSeek-V3, one stage else."""
     from hyperpipe.plan.kinds import schedule_kind
     from hyperpipe.plan.schedule import stage_rank
     names = [d.name for d in cluster.devices]
+    pp, mb = run.pp, run.micro_batch
     dp = len(names) // pp
-    sizes = DSV3_STAGES if pp * v > 1 else (model.num_layers,)
-    place = schedule_kind(kind).placement
+    sizes = DSV3_STAGES if pp * run.chunks > 1 else (model.num_layers,)
+    place = schedule_kind(run.kind).placement
     pipelines = []
     for r in range(dp):
         stages, start = [], 0
         for j, size in enumerate(sizes):
             k = stage_rank(j, pp, place)
             stages.append({"layers": [start, start + size], "devices": [names[k * dp + r]],
-                           "ep": ep})
+                           "ep": run.ep, "recompute": run.recompute})
             start += size
-        pipelines.append({"micro_batch": mb, "num_microbatches": global_batch // dp // mb,
+        pipelines.append({"micro_batch": mb, "num_microbatches": run.global_batch // dp // mb,
                           "stages": stages})
     return plan_from_dict({"format": "hyperpipe.plan/1", "model": model.to_dict(),
-                           "cluster": cluster_ref(cluster), "global_batch": global_batch,
-                           "schedule": {"kind": kind, "chunks": v}, "zero": zero,
-                           "stack": stack, "pipelines": pipelines})
+                           "cluster": cluster_ref(cluster), "global_batch": run.global_batch,
+                           "schedule": {"kind": run.kind, "chunks": run.chunks},
+                           "zero": run.zero, "stack": run.stack,
+                           "runtime": dict(run.runtime), "pipelines": pipelines})
 
 
 def moe_model_flops(model, global_batch: int) -> float:
@@ -622,30 +665,34 @@ def moe_model_flops(model, global_batch: int) -> float:
 def moe_runs() -> tuple[list[float], list[float]]:
     """|error| of each MoE run, printed as it goes, and of the leave-one-out MFU null."""
     rows = []
-    for name, preset, dtype, where, pp, v, kind, ep, zero, mb, gb, stack, pub in MOE_RUNS:
-        base = load_model({"preset": preset, "dtype": dtype})
+    for run in MOE_RUNS:
+        base = load_model({"preset": run.preset, "dtype": "bf16"})
         # every row routes evenly (see above), not at the preset's default imbalance
-        model = load_model({"preset": preset, "dtype": dtype,
-                            "moe": {**asdict(base.config.moe), "imbalance": 1.0}})
-        cluster = h800_fp8_cluster() if where == "h800-fp8" \
-            else dgx_cluster(where, "H100-SXM", "400 Gbit/s")
-        peak = cluster.devices[0].type.peak_for(dtype)
+        model = load_model({"preset": run.preset, "dtype": "bf16",
+                            "optimizer_state": run.optimizer_state,
+                            "moe": {**asdict(base.config.moe), "imbalance": 1.0,
+                                    "routing": run.routing}})
+        cluster = h800_fp8_cluster() if run.cluster == "h800-fp8" \
+            else dgx_cluster(run.cluster, "H100-SXM", "400 Gbit/s")
+        peak = cluster.devices[0].type.peak_for("bf16")
         gpus = len(cluster.devices)
-        flops = moe_model_flops(model, gb)
-        rows.append((name, pp, v, ep, mb, gpus, pub, flops, peak, model, cluster,
-                     (pp, v, kind, ep, zero, mb, gb, stack)))
-    mfus = [flops / (pub * gpus * peak) for *_, gpus, pub, flops, peak, _m, _c, _a in rows]
+        flops = moe_model_flops(model, run.global_batch)
+        rows.append((run, model, cluster, flops / (run.published_s * gpus * peak)))
     errors, nulls = [], []
-    for i, (name, pp, v, ep, mb, gpus, pub, flops, peak, model, cluster, args) in \
-            enumerate(rows):
-        plan = moe_plan(model, cluster, *args)
+    for i, (run, model, cluster, mfu) in enumerate(rows):
+        plan = moe_plan(model, cluster, run)
         m = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
-        others = mean([x for j, x in enumerate(mfus) if j != i])
-        null = flops / (others * gpus * peak) / pub - 1
-        run = Run(name, 0, 0, 0, 1, pp, gpus, args[6], mb, None)
-        errors.append(abs(print_row(run, f"ep{ep} v{v} z{args[4]}", pub, m, null)))
+        others = mean([x for j, (*_, x) in enumerate(rows) if j != i])
+        null = mfu / others - 1
+        gpus = len(cluster.devices)
+        shown = Run(run.name, 0, 0, 0, 1, run.pp, gpus, run.global_batch, run.micro_batch,
+                    None)
+        errors.append(abs(print_row(shown, run.mode, run.published_s, m, null)))
         nulls.append(abs(null))
-        print(f"{'':>8} published MFU {mfus[i]:.4f}, the others' mean {others:.4f}")
+        print(f"{'':>8} published MFU {mfu:.4f}, the others' mean {others:.4f}; "
+              f"recompute {run.recompute}, routing {run.routing}, optimizer state "
+              f"{run.optimizer_state}, "
+              f"runtime {dict(run.runtime) or 'as the stack'}")
     return errors, nulls
 
 

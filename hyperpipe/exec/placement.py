@@ -141,7 +141,14 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
     feed-forward width or (with sequence parallelism) sequence; a layer whose
     data-parallel replicas differ in tensor-parallel degree; a ZeRO-2/3 plan it cannot
     shard (`check_sharding`); stages of one pipeline that differ in cp, and cp with
-    attention dropout (the ring attention has none); uneven sharding."""
+    attention dropout (the ring attention has none); uneven sharding; expert parallelism
+    with a dispatcher other than "alltoall"."""
+    dispatcher = plan.runtime_settings().moe_dispatcher
+    if dispatcher != "alltoall" and any(st.ep > 1 for pipe in plan.pipelines
+                                        for st in pipe.stages):
+        raise BadInput(f"{plan.source}: runtime.moe_dispatcher", "'alltoall' for a real "
+                       "run (the executor sends one copy per routed token-expert pair with "
+                       "all_to_all_single)", dispatcher)
     shard = plan.runtime_settings().shard
     if shard != "even" and plan.zero >= 1:
         raise BadInput(f"{plan.source}: runtime.shard", "'even' for a real run (the "

@@ -174,14 +174,22 @@ class MLP(nn.Module):
 # test can check them against a per-token loop and expert parallelism (exec.experts) can
 # reuse them on each rank's own tokens.
 
-def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def route(logits: torch.Tensor, top_k: int, routing: str = "learned"
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing: logits (T, E) -> (gates (T, k) fp32, experts (T, k) long).
 
-    Softmax over all E experts, the k most probable kept and renormalised to sum to 1 per
-    token, as Mixtral does (huggingface/transformers,
-    src/transformers/models/mixtral/modeling_mixtral.py, MixtralSparseMoeBlock.forward)."""
+    "learned": softmax over all E experts, the k most probable kept and renormalised to
+    sum to 1 per token, as Mixtral does (huggingface/transformers,
+    src/transformers/models/mixtral/modeling_mixtral.py, MixtralSparseMoeBlock.forward).
+    "contiguous" (`MoEConfig.routing`): token t to experts t·k, ..., t·k + k - 1 (mod
+    E), each weighted by its renormalised probability, so the router still trains."""
     probs = logits.float().softmax(dim=-1)                               # (T, E)
-    gates, experts = probs.topk(top_k, dim=-1)                           # (T, k) each
+    if routing == "contiguous":
+        t, e = probs.shape
+        experts = torch.arange(t * top_k, device=probs.device).view(t, top_k) % e
+        gates = probs.gather(1, experts)
+    else:
+        gates, experts = probs.topk(top_k, dim=-1)                       # (T, k) each
     return gates / gates.sum(dim=-1, keepdim=True), experts
 
 
@@ -249,6 +257,7 @@ class MoE(nn.Module):
         m = c.moe
         self.num_experts, self.top_k = m.experts, m.top_k
         self.capacity_factor = m.capacity_factor
+        self.routing = m.routing
         self.router = nn.Linear(c.d_model, m.experts, bias=False)        # h -> E logits
         self.experts = nn.ModuleDict({str(e): MLP(c, m.expert_hidden)
                                       for e in range(m.experts)})
@@ -258,7 +267,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape
         flat = x.reshape(B * S, D)                                       # (T, D)
-        gates, chosen = route(self.router(flat), self.top_k)             # (T, k) each
+        gates, chosen = route(self.router(flat), self.top_k, self.routing)  # (T, k)
         keep = kept(chosen, self.num_experts, expert_capacity(
             B * S, self.num_experts, self.top_k, self.capacity_factor))
         order, counts = dispatch_order(chosen, keep, self.num_experts)   # (N,), (E,)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, fields
+from dataclasses import MISSING, asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
 from hyperpipe.models.presets import PRESETS
 from hyperpipe.models.spec import (
     DTYPE_BYTES,
+    OPTIMIZER_STATES,
     GPTConfig,
     ModelSpec,
     SyntheticLayer,
@@ -99,7 +100,8 @@ def _dir(base_dir: str | os.PathLike | None) -> Path | None:
 
 
 def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
-    f = _Fields(data, where, allowed=("kind", "name", "preset", "dtype", *GPT_KEYS))
+    f = _Fields(data, where, allowed=("kind", "name", "preset", "dtype", "optimizer_state",
+                                      *GPT_KEYS))
     base: dict[str, Any] = {}
     name, dtype = "gpt", "bf16"
     if f.has("preset"):
@@ -130,13 +132,16 @@ def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
     check_config(values, f.at)
     config = GPTConfig(**values)
     dtype = f.choice("dtype", list(DTYPE_BYTES), dtype)
-    return gpt_spec(printable(f.string("name", name)), config, dtype)
+    state = f.choice("optimizer_state", list(OPTIMIZER_STATES), "mixed")
+    return replace(gpt_spec(printable(f.string("name", name)), config, dtype),
+                   optimizer_state=state)
 
 
 def _load_synthetic(data: dict, where: str) -> ModelSpec:
-    f = _Fields(data, where, allowed=("kind", "name", "dtype", "seq_len", "layers",
-                                      *SYNTHETIC_LAYER_KEYS))
+    f = _Fields(data, where, allowed=("kind", "name", "dtype", "optimizer_state", "seq_len",
+                                      "layers", *SYNTHETIC_LAYER_KEYS))
     dtype = f.choice("dtype", list(DTYPE_BYTES), "bf16")
+    state = f.choice("optimizer_state", list(OPTIMIZER_STATES), "mixed")
     # tokens per sample, for tokens/s metrics
     seq_len = f.positive_int("seq_len", 1, at_most=limits.MAX_MODEL_DIM)
     defaults = _synthetic_values(f)
@@ -165,7 +170,7 @@ def _load_synthetic(data: dict, where: str) -> ModelSpec:
         raise BadInput(f.at("layers"), "at least one layer with FLOPs, activation bytes "
                        "or parameters above 0", has_got=False)
     return ModelSpec(name=printable(f.string("name", "synthetic")), layers=tuple(layers),
-                     seq_len=seq_len, dtype=dtype, config=None)
+                     seq_len=seq_len, dtype=dtype, config=None, optimizer_state=state)
 
 
 def _synthetic_values(f: _Fields) -> dict[str, Any]:

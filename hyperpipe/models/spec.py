@@ -19,8 +19,9 @@ model from a name, file or dict is `hyperpipe.models.loader`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
+from math import comb
 from typing import Any, ClassVar
 
 from hyperpipe.core import limits
@@ -28,6 +29,10 @@ from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import check_int
 
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+# What the optimizer keeps per parameter (`hyperpipe.sim.costmodel.state_bytes_per_param`):
+# "mixed" fp32 master weights and Adam moments; "bf16-moments" fp32 master weights with
+# 2-byte moments (DeepSeek-V3); "model-dtype" no master copy, everything in the dtype.
+OPTIMIZER_STATES = ("mixed", "bf16-moments", "model-dtype")
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -79,6 +84,13 @@ class MoEConfig:
     per model, independent of `ep`, is what they support. At least 1 (perfectly
     even); priced at most experts / top_k (every token's choices include the busiest
     expert), so the default holds for any shape.
+
+    `routing`: which experts a token's top_k are, as far as a deduplicating dispatcher
+    (`hit_fraction`) cares. "learned" (default): a trained router's choices, taken as
+    top_k distinct experts with no locality, every set equally likely. "contiguous":
+    token t goes to experts t·top_k, ..., t·top_k + top_k - 1 (mod experts), the
+    benchmark gate of NVIDIA NeMo Automodel (`FakeBalancedGate`, nemo_automodel/
+    components/moe/layers.py), which its published MoE throughput table runs with.
     """
 
     experts: int
@@ -89,9 +101,24 @@ class MoEConfig:
     first_dense: int = 0
     shared_experts: int = 0
     imbalance: float = 1.25
+    routing: str = "learned"
 
     def __post_init__(self):
         check_moe(asdict(self), lambda key: f"MoEConfig: {key}")
+
+    def hit_fraction(self, held: Collection[int]) -> float:
+        """Probability that a token has at least one of its top_k experts among `held`
+        (expert indices 0 .. experts-1): what one copy of the token sent to a rank or a
+        node holding those experts carries, under `routing`. "learned": 1 - C(E - n, k) /
+        C(E, k) for n held of E experts; "contiguous": the share of the gate's windows of
+        k consecutive experts (starting at every multiple of k, mod E) that meet `held`."""
+        e, k = self.experts, self.top_k
+        ids = {i % e for i in held}
+        if self.routing == "contiguous":
+            starts = {(t * k) % e for t in range(e)}
+            hits = sum(any((s + j) % e in ids for j in range(k)) for s in starts)
+            return hits / len(starts)
+        return 1.0 - comb(e - len(ids), k) / comb(e, k)
 
     def is_moe_block(self, block: int) -> bool:
         """Whether transformer block `block` (0-based, embedding not counted) is MoE."""
@@ -127,7 +154,8 @@ class MoEConfig:
 
 
 MOE_KEYS = ("experts", "top_k", "expert_hidden", "capacity_factor", "every",
-            "first_dense", "shared_experts", "imbalance")
+            "first_dense", "shared_experts", "imbalance", "routing")
+MOE_ROUTINGS = ("learned", "contiguous")
 
 
 def check_moe(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
@@ -157,6 +185,9 @@ def check_moe(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
             or not 1 <= imb < float("inf"):
         raise BadInput(at("imbalance"), "a number of at least 1: the busiest expert's "
                        "tokens over the mean", imb)
+    routing = v.get("routing", "learned")
+    if routing not in MOE_ROUTINGS:
+        raise BadInput(at("routing"), f"one of {list(MOE_ROUTINGS)}", routing)
 
 
 @dataclass(frozen=True)
@@ -637,6 +668,7 @@ class ModelSpec:
     seq_len: int                        # tokens per sample
     dtype: str = "bf16"                 # training dtype of weights and activations
     config: GPTConfig | None = None     # None for synthetic models
+    optimizer_state: str = "mixed"      # one of OPTIMIZER_STATES
 
     def __post_init__(self):
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -646,6 +678,9 @@ class ModelSpec:
         if self.dtype not in DTYPE_BYTES:
             raise BadInput(f"model {self.name}: dtype", f"one of {list(DTYPE_BYTES)}",
                            self.dtype)
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            raise BadInput(f"model {self.name}: optimizer_state",
+                           f"one of {list(OPTIMIZER_STATES)}", self.optimizer_state)
 
     @property
     def num_layers(self) -> int:
@@ -703,12 +738,14 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         """A JSON-able form that `load_model` reads back to an equal spec."""
+        state = {} if self.optimizer_state == "mixed" else \
+            {"optimizer_state": self.optimizer_state}
         if self.config is not None:
-            return {"kind": "gpt", "name": self.name, "dtype": self.dtype,
+            return {"kind": "gpt", "name": self.name, "dtype": self.dtype, **state,
                     **asdict(self.config)}
         rows = [_synthetic_row(layer) for layer in self.layers]
         out: dict[str, Any] = {"kind": "synthetic", "name": self.name, "dtype": self.dtype,
-                               "seq_len": self.seq_len}
+                               **state, "seq_len": self.seq_len}
         if all(row == rows[0] for row in rows):
             out.update(rows[0], layers=len(rows))
         else:

@@ -37,6 +37,7 @@ from hyperpipe.plan.stack import (
     DEFAULT_STACK,
     EXPERT_PLACEMENTS,
     GRAD_REDUCE_DTYPES,
+    MOE_DISPATCHERS,
     NO_OVERRIDES,
     P2P_KINDS,
     RUNTIME_KEYS,
@@ -394,7 +395,9 @@ def _runtime(top: Fields) -> RuntimeOverrides:
     placement = rf.choice("expert_placement", EXPERT_PLACEMENTS) \
         if rf.has("expert_placement") else None
     shard = rf.choice("shard", SHARD_KINDS) if rf.has("shard") else None
-    return RuntimeOverrides(p2p, overlap, dtype, reshard, placement, shard)
+    dispatcher = rf.choice("moe_dispatcher", MOE_DISPATCHERS) \
+        if rf.has("moe_dispatcher") else None
+    return RuntimeOverrides(p2p, overlap, dtype, reshard, placement, shard, dispatcher)
 
 
 def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = None) -> Plan:

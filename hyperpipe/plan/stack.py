@@ -32,7 +32,7 @@ GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 # Bytes per gradient element that data parallelism moves, per `grad_reduce_dtype`.
 GRAD_REDUCE_BYTES: Mapping[str, float] = MappingProxyType({"fp32": 4.0, "bf16": 2.0})
 RUNTIME_KEYS = ("p2p", "overlap_grad_reduce", "grad_reduce_dtype", "reshard_after_forward",
-                "expert_placement", "shard")
+                "expert_placement", "shard", "moe_dispatcher")
 # How a data-parallel group of unequal devices splits what ZeRO shards: "even" (1/n each,
 # as every framework does), or in proportion to each device's "memory" or "speed" (peak
 # FLOP/s): the uneven sharding of heterogeneous FSDP planners (Cephalo, HexiScale).
@@ -42,6 +42,13 @@ SHARD_KINDS = ("even", "memory", "speed")
 # the slowest rank sets the time) or "speed" (more experts on faster devices, in
 # proportion to their speed: `hyperpipe.sim.experts`).
 EXPERT_PLACEMENTS = ("even", "speed")
+# How an MoE block's tokens travel to their experts' ranks and back: "alltoall" (one copy
+# per routed token-expert pair, `all_to_all_single` of the permuted tokens: Megatron-Core's
+# `MoEAlltoAllTokenDispatcher`, torchtitan's MoE) or "deepep" (one copy per token and
+# destination rank inside a node, one per token and destination node across nodes,
+# forwarded inside the node over NVLink: deepseek-ai/DeepEP's normal kernels, which
+# DeepSeek-V3 trains with, arXiv 2412.19437 sec. 3.2.2).
+MOE_DISPATCHERS = ("alltoall", "deepep")
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,10 @@ class Runtime:
     shard: str = "even"
     """One of `SHARD_KINDS`: each data-parallel rank's share of what ZeRO shards
     (`hyperpipe.sim.sharding.shard_fractions`)."""
+
+    moe_dispatcher: str = "alltoall"
+    """One of `MOE_DISPATCHERS`: what an expert-parallel all-to-all sends
+    (`hyperpipe.sim.experts.alltoall_edge_bytes`)."""
 
     def grad_bytes_per_param(self, model_dtype_grad_bytes: float) -> float:
         """Bytes per gradient element reduced: the `grad_reduce_dtype`'s, or
@@ -162,9 +173,12 @@ class RuntimeOverrides:
     reshard_after_forward: bool | None = None
     expert_placement: str | None = None
     shard: str | None = None
+    moe_dispatcher: str | None = None
 
     def __post_init__(self) -> None:
         for key, value, options in (("p2p", self.p2p, P2P_KINDS),
+                                    ("moe_dispatcher", self.moe_dispatcher,
+                                     MOE_DISPATCHERS),
                                     ("shard", self.shard, SHARD_KINDS),
                                     ("expert_placement", self.expert_placement,
                                      EXPERT_PLACEMENTS),

@@ -220,7 +220,7 @@ class SearchContext:
             edges = self.ep_exchange(group, t.cp, t.ep)[1] if t.ep > 1 else ()
             times = self.times_s.memo(t, lambda: P.layer_times(
                 self.cost, group, t.micro_batch, t.recompute, t.sequence_parallel, t.cp,
-                t.ep, edges))
+                t.ep, edges, self.runtime.moe_dispatcher))
             # memory does not depend on the device type nor its speed: one per kind of
             # stage and sharding, whatever the times
             mem = self.memories.memo(

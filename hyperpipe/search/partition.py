@@ -23,7 +23,7 @@ from hyperpipe.plan.plan import StagePlan
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.experts import (
     alltoall_count,
-    alltoall_pair_bytes,
+    alltoall_edge_bytes,
     alltoall_time_s,
     routed_expert_s,
 )
@@ -80,8 +80,8 @@ def layer_tables(cost: CostModel, devices: tuple[str, ...], micro_batch: int, *,
 
 def layer_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
                 recompute: str = "none", sequence_parallel: bool = False, cp: int = 1,
-                ep: int = 1, a2a_edges: tuple[tuple[str, str], ...] = ()
-                ) -> tuple[np.ndarray, np.ndarray]:
+                ep: int = 1, a2a_edges: tuple[tuple[str, str], ...] = (),
+                dispatcher: str = "alltoall") -> tuple[np.ndarray, np.ndarray]:
     """Prefix sums of the per-layer forward and backward (B, with its recompute) times;
     `devices` is cp tp groups with context parallelism, each layer's exposed ring
     exchange included (`sim.sharding.ring_attention_extra_s`). ZeRO-2/3's per
@@ -103,26 +103,30 @@ def layer_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
             bwd[i + 1] += ring_attention_extra_s(cost, st, micro_batch, "B")
         if ep > 1 and cost.model.layers[i].kind == "moe":
             st = StagePlan(one, devices, tp, recompute, sequence_parallel, cp, ep)
-            fwd[i + 1] += expert_parallel_extra_s(cost, st, micro_batch, "F", a2a_edges)
-            bwd[i + 1] += expert_parallel_extra_s(cost, st, micro_batch, "B", a2a_edges)
+            fwd[i + 1] += expert_parallel_extra_s(cost, st, micro_batch, "F", a2a_edges,
+                                                  dispatcher)
+            bwd[i + 1] += expert_parallel_extra_s(cost, st, micro_batch, "B", a2a_edges,
+                                                  dispatcher)
     return np.cumsum(fwd), np.cumsum(bwd)
 
 
 def expert_parallel_extra_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str,
-                            a2a_edges: tuple[tuple[str, str], ...]) -> float:
+                            a2a_edges: tuple[tuple[str, str], ...],
+                            dispatcher: str = "alltoall") -> float:
     """Seconds expert parallelism adds to `op` (F or B) of the one MoE layer of `stage`
     on its devices, beyond `CostModel.stage_time_s` (every expert on the rank, ep 1), as
     `sim.experts` prices it for a group of alike ranks with experts placed evenly: the
     all-to-alls of the op (`alltoall_count`) over `a2a_edges` (every (sender, receiver)
-    pair of the groups that exchange at once) on idle links, plus the busiest rank's
+    pair of the groups that exchange at once) on idle links, each carrying what
+    `dispatcher` sends (`alltoall_edge_bytes`), plus the busiest rank's
     extra expert work: its experts / ep experts, one of them the busiest, over all ep·T
     tokens, against its own ep-1 share (`MoEConfig.rank_pairs` over `routed_pairs`).
     A full-recompute backward counts its recomputed forward's expert work too."""
     layer = stage.layers[0]
     moe = cost.model.layers[layer].moe
     n = alltoall_count(cost, stage, op)
-    a2a = alltoall_time_s(cost, list(a2a_edges),
-                          alltoall_pair_bytes(cost, stage, micro_batch))[0] if n else 0.0
+    a2a = alltoall_time_s(cost, list(a2a_edges), alltoall_edge_bytes(
+        cost, stage, micro_batch, a2a_edges, dispatcher))[0] if n else 0.0
     tokens = micro_batch * cost.model.seq_len / stage.cp
     ratio = moe.rank_pairs(stage.ep * tokens, moe.experts // stage.ep) / \
         moe.routed_pairs(tokens) - 1.0
@@ -153,14 +157,16 @@ def layer_memory(cost: CostModel, tp: int, micro_batch: int, fwd_s: np.ndarray,
         state[i + 1] = cost.state_bytes(one, tp, dp_shards, zero, **expert_state(ep, zero,
                                                                              dp_shards))
         if zero == 3 and not reshard:
-            state[i + 1] += cost.zero3_working_bytes(one, tp, False, expert_share=1.0 / ep)
+            state[i + 1] += cost.zero3_working_bytes(one, tp, False,
+                                                     **expert_state(ep, zero, dp_shards))
         # the head's backward working set, counted with the head's layer (on top of the
         # recompute working set: the simulator takes the larger of the two)
         state[i + 1] += cost.head_backward_work_bytes(one, micro_batch, tp, cp)
         stash[i + 1] = cost.stash_bytes(one, micro_batch, tp, **kw)
     work = cost.recompute_work_bytes((0, n), micro_batch, tp, **kw)
     if zero == 3 and reshard:
-        work += cost.zero3_working_bytes((0, n), tp, True, expert_share=1.0 / ep)
+        work += cost.zero3_working_bytes((0, n), tp, True,
+                                         **expert_state(ep, zero, dp_shards))
     return LayerTables(fwd_s, bwd_s, np.cumsum(state), np.cumsum(stash), work)
 
 

@@ -512,7 +512,7 @@ def _total_bytes(ctx: SearchContext, mode: MemoryMode, dp: int, mb: int, held: i
                                  **P.expert_state(mode.ep, mode.zero, shards))
         if mode.zero == 3 and not mode.reshard:
             state += cost.zero3_working_bytes(whole, 1, False,
-                                               expert_share=1.0 / mode.ep)
+                                               **P.expert_state(mode.ep, mode.zero, shards))
         ctx.totals[key] = StateStash(mode.cp * state,
                                      cost.stash_bytes(whole, mb, recompute=mode.recompute))
     state, stash = ctx.totals[key]

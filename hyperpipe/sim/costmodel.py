@@ -21,6 +21,7 @@ from typing import NamedTuple, TypeVar
 from hyperpipe.cluster.cluster import Cluster, Link, Route
 from hyperpipe.models import ModelSpec
 from hyperpipe.models.ops import block_launches, layer_work, pass_launches
+from hyperpipe.models.spec import DTYPE_BYTES
 from hyperpipe.plan.profile import Profile
 from hyperpipe.plan.stack import DEFAULT_STACK, Runtime, resolve_runtime
 from hyperpipe.sim.compute import pass_time_s
@@ -51,6 +52,44 @@ ZERO3_STATE_BYTES_PER_PARAM: Mapping[str, float] = MappingProxyType(
     {"fp16": 16.0, "bf16": 16.0, "fp32": 16.0})
 # An Adam step reads and writes the fp32 state and reads the gradient: about 2·12 + 2 + 2.
 ADAM_STEP_BYTES_PER_PARAM = 28
+
+
+class StateBytes(NamedTuple):
+    """Bytes per parameter of a training dtype and optimizer state
+    (`ModelSpec.optimizer_state`)."""
+
+    kept: float         # on every data-parallel replica: the weight and its gradient
+    shardable: float    # what the distributed optimizer (ZeRO-1) splits
+    zero3: float        # ZeRO-3's sharded state, all of it split
+    grad: float         # the gradient data parallelism reduces
+    weight: float       # the copy the forward reads (the model dtype)
+    step: float         # what an Adam step reads and writes
+
+    @property
+    def total(self) -> float:
+        return self.kept + self.shardable
+
+
+def state_bytes_per_param(dtype: str, optimizer_state: str = "mixed") -> StateBytes:
+    """`StateBytes` of `dtype` under `optimizer_state`: "mixed" (the tables above: fp32
+    master weights and Adam moments); "bf16-moments", the moments at 2 bytes each
+    (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.3: 4 bytes less per parameter, master
+    weights and gradients in fp32); "model-dtype", no master copy: weight, gradient and
+    moments in the model dtype, stepped in place (torch.optim.Adam on a model cast to
+    bf16, as NVIDIA NeMo Automodel's MoE models are by `initialize_weights`;
+    fp32 training is the same as "mixed")."""
+    kept, shardable = STATE_BYTES_PER_PARAM[dtype]
+    weight = float(DTYPE_BYTES[dtype])
+    zero3, grad, step = ZERO3_STATE_BYTES_PER_PARAM[dtype], GRAD_BYTES_PER_PARAM[dtype], \
+        float(ADAM_STEP_BYTES_PER_PARAM)
+    if optimizer_state == "bf16-moments":
+        return StateBytes(kept, shardable - 4.0, zero3 - 4.0, grad, weight, step - 8.0)
+    if optimizer_state == "model-dtype" and dtype != "fp32":
+        # weight and gradient kept, two moments sharded; a step reads the gradient and
+        # reads and writes the weight and both moments
+        return StateBytes(2 * weight, 2 * weight, 4 * weight, weight, weight, 7 * weight)
+    return StateBytes(kept, shardable, zero3, grad, weight, step)
+
 
 _T = TypeVar("_T")
 
@@ -486,16 +525,21 @@ class CostModel:
         return self.model.tied_params
 
     @property
+    def param_state(self) -> StateBytes:
+        """Bytes per parameter of the model's dtype and optimizer state
+        (`state_bytes_per_param`)."""
+        return state_bytes_per_param(self.model.dtype, self.model.optimizer_state)
+
+    @property
     def state_bytes_per_param(self) -> float:
         """Weights, gradients and optimizer state per parameter without the distributed
-        optimizer (18 for bf16: `STATE_BYTES_PER_PARAM`)."""
-        kept, shardable = STATE_BYTES_PER_PARAM[self.model.dtype]
-        return kept + shardable
+        optimizer (18 for bf16 with fp32 master weights: `STATE_BYTES_PER_PARAM`)."""
+        return self.param_state.total
 
     @property
     def grad_bytes_per_param(self) -> float:
         """Bytes per parameter of the gradients data parallelism reduces."""
-        return GRAD_BYTES_PER_PARAM[self.model.dtype]
+        return self.param_state.grad
 
     def dp_sync_bytes_per_param(self, distributed_optimizer: bool = False,
                                 runtime: Runtime | None = None, zero: int | None = None,
@@ -541,14 +585,14 @@ class CostModel:
         `zero3_working_bytes`. With expert parallelism a device holds `expert_share` of
         the routed experts (`expert_params`), sharded over `expert_shards` ranks (their
         expert-data-parallel group; None: `dp_shards`)."""
-        kept, shardable = STATE_BYTES_PER_PARAM[self.model.dtype]
-        weight = float(self.model.dtype_bytes)
+        bytes_ = self.param_state
+        kept, shardable, weight = bytes_.kept, bytes_.shardable, bytes_.weight
         grad = kept - weight
 
         def per_param(n: int) -> float:
             return {None: kept + shardable / n, 0: kept + shardable,
                     1: kept + shardable / n, 2: weight + (grad + shardable) / n,
-                    3: ZERO3_STATE_BYTES_PER_PARAM[self.model.dtype] / n}[zero]
+                    3: bytes_.zero3 / n}[zero]
         experts = self.expert_params(layers) if expert_share != 1.0 or \
             expert_shards not in (None, dp_shards) else 0
         dense = self.stage_params(layers) - experts
@@ -557,7 +601,8 @@ class CostModel:
 
     def zero3_working_bytes(self, layers: tuple[int, int], tp: int = 1,
                             reshard_after_forward: bool = True, *,
-                            expert_share: float = 1.0) -> float:
+                            expert_share: float = 1.0, expert_shards: int | None = None
+                            ) -> float:
         """Bytes ZeRO-3/FSDP holds unsharded on top of its shards, per device of a TP
         group. Resharding after forward (FSDP's FULL_SHARD; torchtitan wraps each block in
         `fully_shard`): the weights of two units (the one computing and the one
@@ -570,14 +615,22 @@ class CostModel:
         parallelism a rank gathers only the routed experts it holds, `expert_share` of
         them (torchtitan shards them with `fully_shard` over the expert-data-parallel
         mesh `dp_mod_ep`, torchtitan/models/llama4/infra/parallelize.py `apply_fsdp`): a
-        unit counts its other parameters and that share of its `expert_params`."""
-        kept, _ = STATE_BYTES_PER_PARAM[self.model.dtype]
-        weight = float(self.model.dtype_bytes)
+        unit counts its other parameters and that share of its `expert_params`, none of
+        them when their shard group is one rank (`expert_shards` 1) and the weights are
+        stored in the dtype the forward uses (fp32, or `optimizer_state` "model-dtype"),
+        so that nothing is gathered nor cast (NeMo Automodel leaves them out of FSDP then:
+        `ignored_params`, nemo_automodel/components/moe/parallelizer.py `apply_fsdp`)."""
+        bytes_ = self.param_state
+        kept, weight = bytes_.kept, bytes_.weight
         grad = kept - weight
+        stored_as_used = self.model.dtype == "fp32" or \
+            self.model.optimizer_state == "model-dtype"
+        whole = expert_shards == 1 and stored_as_used
+        share = 0.0 if whole else expert_share
 
         def held(i: int) -> float:
             layer = self.model.layers[i]
-            return layer.params - getattr(layer, "expert_params", 0) * (1.0 - expert_share)
+            return layer.params - getattr(layer, "expert_params", 0) * (1.0 - share)
         if not reshard_after_forward:
             return sum(held(i) for i in range(*layers)) * kept / tp
         unit = max(held(i) for i in range(*layers))
@@ -691,7 +744,7 @@ class CostModel:
                    for st in stages)
         if zero == 3:
             gathered = [self.zero3_working_bytes(st.layers, st.tp, reshard_after_forward,
-                                                 expert_share=e[0])
+                                                 expert_share=e[0], expert_shards=e[1])
                         for st, e in zip(stages, experts, strict=True)]
             work += sum(gathered) if not reshard_after_forward else max(gathered)
         return state + work + self.runtime_reserve_bytes(dtype)
@@ -717,5 +770,5 @@ class CostModel:
         if self.profile is not None and device_type in self.profile.optimizer:
             return slow * self.profile.optimizer[device_type](params)
         dev = self.cluster.device_types[device_type]
-        return slow * params * ADAM_STEP_BYTES_PER_PARAM / \
+        return slow * params * self.param_state.step / \
             dev.achievable_mem_bandwidth_bytes_per_s

@@ -20,6 +20,9 @@ group splits its tokens, as Megatron-Core's dispatcher does with sequence parall
 which it requires with ep and tp together) and sends each other rank of its group the
 pairs routed to that rank's experts, P(T)·h·d / ep bytes (P: `MoEConfig.routed_pairs`,
 dropped pairs are not sent), so (ep - 1)/ep · P(T)·h·d bytes per rank and direction.
+That is the "alltoall" dispatcher (`runtime.moe_dispatcher`); "deepep" sends a token
+once per destination rank inside the node and once per destination node across nodes,
+however many of its experts are there (`alltoall_edge_bytes`).
 Every group of the stage exchanges at once, over the real routes (NVLink ports inside a
 node, NICs shared by a node's GPUs across nodes, `cluster.path`): on idle links one
 exchange takes the most loaded hop's bytes over its achievable bandwidth (link
@@ -127,11 +130,54 @@ def expert_dp_rings(plan: Plan, q: int, k: int) -> list[list[str]]:
 
 def alltoall_pair_bytes(cost: CostModel, stage: StagePlan, micro_batch: int) -> float:
     """Bytes one rank sends each other rank of its group in one dispatch (or combine) of
-    one MoE block: P(T)·h·d / ep with T = b·s / (cp·tp) (see the module doc)."""
+    one MoE block under the "alltoall" dispatcher: P(T)·h·d / ep with T = b·s / (cp·tp)
+    (see the module doc)."""
+    moe, tokens, token_bytes = _exchange_terms(cost, stage, micro_batch)
+    return moe.routed_pairs(tokens) * token_bytes / stage.ep
+
+
+def _exchange_terms(cost: CostModel, stage: StagePlan, micro_batch: int):
+    """(MoEConfig, tokens T a rank holds, bytes of one token's hidden state) of the
+    stage's MoE blocks."""
     layer = next(cost.model.layers[i] for i in moe_layers(cost, stage.layers))
     tokens = micro_batch * cost.model.seq_len / (stage.cp * stage.tp)
-    return layer.moe.routed_pairs(tokens) * layer.config.d_model * \
-        cost.model.dtype_bytes / stage.ep
+    return layer.moe, tokens, layer.config.d_model * cost.model.dtype_bytes
+
+
+def alltoall_edge_bytes(cost: CostModel, stage: StagePlan, micro_batch: int,
+                        edges: list[tuple[str, str]] | tuple[tuple[str, str], ...],
+                        dispatcher: str = "alltoall") -> list[float]:
+    """Bytes each (sender, receiver) of `edges` carries in one dispatch (or combine) of
+    one MoE block (`plan.stack.MOE_DISPATCHERS`):
+
+    - "alltoall": `alltoall_pair_bytes` on every edge;
+    - "deepep": a token crosses to a rank of its own node once if any of its experts is
+      there, T·h·d · hit(experts of the rank), and to another node once if any is on
+      that node, T·h·d · hit(experts of the group's n ranks there) / n, spread evenly
+      over those n receivers (DeepEP sends each token to the same-index GPU of every
+      target node, which forwards it over NVLink; that forward is not priced: NVLink
+      runs several times a GPU's NIC share). hit = `MoEConfig.hit_fraction` of the
+      experts ranks hold under even placement (E / ep consecutive each, taken from
+      expert 0), times the routed pairs' share that capacity keeps.
+
+    A rank's receivers on each node are counted from `edges`, so they must list every
+    member of its group."""
+    if dispatcher == "alltoall":
+        return [alltoall_pair_bytes(cost, stage, micro_batch)] * len(edges)
+    moe, tokens, token_bytes = _exchange_terms(cost, stage, micro_batch)
+    kept = moe.routed_pairs(tokens) / (tokens * moe.top_k)
+    per_rank = moe.experts // stage.ep
+    node = {d: cost.cluster.device(d).node for e in edges for d in e}
+    there: Counter[tuple[str, str]] = Counter((a, node[b]) for a, b in edges)
+    hit: dict[int, float] = {}
+
+    def share(n: int) -> float:
+        if n not in hit:
+            hit[n] = moe.hit_fraction(range(n * per_rank)) / n
+        return hit[n]
+    return [tokens * token_bytes * kept * (share(1) if node[a] == node[b]
+                                           else share(there[a, node[b]]))
+            for a, b in edges]
 
 
 def alltoall_edges(plan: Plan, q: int, k: int) -> list[tuple[str, str]]:
@@ -141,22 +187,22 @@ def alltoall_edges(plan: Plan, q: int, k: int) -> list[tuple[str, str]]:
             for a in g for b in g if a != b]
 
 
-def alltoall_time_s(cost: CostModel, edges: list[tuple[str, str]], pair_bytes: float
-                    ) -> tuple[float, float, dict[str, float]]:
-    """(seconds, of which latency, hop -> its busy seconds) of `edges` each sending
-    `pair_bytes` at once, on idle links: the most loaded hop's bytes over its achievable
+def alltoall_time_s(cost: CostModel, edges: list[tuple[str, str]],
+                    edge_bytes: list[float]) -> tuple[float, float, dict[str, float]]:
+    """(seconds, of which latency, hop -> its busy seconds) of `edges` each sending its
+    `edge_bytes` at once, on idle links: the most loaded hop's bytes over its achievable
     bandwidth (hop bandwidth x `Cluster.bus_efficiency`), plus the slowest route's
     latency."""
     busy: Counter[str] = Counter()
     lat = 0.0
-    for a, b in edges:
+    for (a, b), nbytes in zip(edges, edge_bytes, strict=True):
         route, link = cost.route(a, b)
         if not route.hops:
             continue
         eff = cost.cluster.bus_efficiency(a, route.link_class)
         lat = max(lat, link.latency_s)
         for hop in route.hops:
-            busy[hop.name] += pair_bytes / (hop.bandwidth_bytes_per_s * eff)
+            busy[hop.name] += nbytes / (hop.bandwidth_bytes_per_s * eff)
     if not busy:
         return 0.0, 0.0, {}
     return max(busy.values()) + lat, lat, dict(busy)
@@ -188,17 +234,22 @@ def alltoall_spec(cost: CostModel, plan: Plan, q: int, k: int, op: str,
     mb = plan.pipelines[q].micro_batch
     senders = None if members is None else frozenset(
         d for r in members for d in plan.pipelines[r].stages[k].devices)
-    key = ("a2a", st, mb, op, alltoall_edges_key(plan, q, k), senders)
+    key = ("a2a", st, mb, op, alltoall_edges_key(plan, q, k), senders,
+           plan.runtime_settings().moe_dispatcher)
     table = cost.memo("experts", dict)
     if key not in table:
-        pair = alltoall_pair_bytes(cost, st, mb)
-        edges = [(a, b) for a, b in alltoall_edges(plan, q, k)
-                 if senders is None or a in senders]
-        _, lat, busy = alltoall_time_s(cost, edges, pair)
+        every = alltoall_edges(plan, q, k)
+        nbytes = alltoall_edge_bytes(cost, st, mb, every,
+                                     plan.runtime_settings().moe_dispatcher)
+        kept = [i for i, (a, _) in enumerate(every) if senders is None or a in senders]
+        edges = [every[i] for i in kept]
+        _, lat, busy = alltoall_time_s(cost, edges, [nbytes[i] for i in kept])
         unit = max(busy.values(), default=0.0)
+        first = edges[0][0] if edges else None
+        sent = sum(nbytes[i] for i in kept if every[i][0] == first)
         table[key] = None if unit <= 0 else FlowSpec(
             tuple((hop, busy[hop] / unit) for hop in sorted(busy)), n * unit, n * lat,
-            n * pair * (st.ep - 1))
+            n * sent)
     return table[key]
 
 
@@ -386,8 +437,8 @@ def expert_state(cost: CostModel, plan: Plan, stage: StagePlan) -> tuple[float, 
     return expert_share(cost, plan, q, k), shards
 
 
-__all__ = ["alltoall_count", "alltoall_edges", "alltoall_pair_bytes", "alltoall_s",
-           "alltoall_spec", "alltoall_time_s", "ep_groups", "expert_counts",
+__all__ = ["alltoall_count", "alltoall_edge_bytes", "alltoall_edges", "alltoall_pair_bytes",
+           "alltoall_s", "alltoall_spec", "alltoall_time_s", "ep_groups", "expert_counts",
            "expert_dp_rings", "expert_extra_s", "expert_share", "expert_stash_extra_bytes",
            "expert_state", "moe_layers", "overlaps_alltoall", "own_group",
            "paired_fraction", "routed_expert_s"]

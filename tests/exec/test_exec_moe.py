@@ -36,7 +36,7 @@ from hyperpipe.exec.experts import (
     local_experts,
     reduction_groups,
 )
-from hyperpipe.exec.placement import placements
+from hyperpipe.exec.placement import check_runnable, placements
 from hyperpipe.models.gpt import MoE
 from hyperpipe.models.spec import GPTConfig, MoEConfig
 from hyperpipe.plan.plan import plan_from_dict
@@ -107,6 +107,12 @@ def test_plans_the_executor_cannot_pair_are_refused():
         {"layers": [0, 6], "devices": ["n/0", "n/1"], "tp": 2}]}], model="tiny-moe"))
     with pytest.raises(BadInput, match="tp"):
         check_expert_parallel(tp, tp.load_model())
+    # DeepEP's deduplicated dispatch is priced, not run: the executor says so
+    deepep = moe_plan([["n/0"], ["n/1"]], [0, 6], runtime={"moe_dispatcher": "deepep"})
+    with pytest.raises(BadInput, match="runtime.moe_dispatcher.*'alltoall' for a real run"):
+        check_runnable(deepep, deepep.load_model())
+    check_runnable(moe_plan([["n/0", "n/1"]], [0, 3, 6], ep=1,
+                            runtime={"moe_dispatcher": "deepep"}), deepep.load_model())
 
 
 # ---------------------------------------------------------------------------- dispatch

@@ -95,6 +95,19 @@ def test_route_is_softmax_top_k_renormalised():
     assert gates.sum(dim=-1).tolist() == pytest.approx([1.0] * 50)
 
 
+def test_contiguous_route_is_the_benchmark_gate_with_renormalised_probabilities():
+    """Token t to experts t·k .. t·k+k-1 (mod E), NeMo Automodel's FakeBalancedGate,
+    each weighted by its softmax probability over those k, counted token by token."""
+    logits = torch.randn(9, 6, generator=torch.Generator().manual_seed(2))
+    gates, experts = route(logits, 4, "contiguous")
+    probs = logits.softmax(dim=-1)
+    for t in range(9):
+        want = [(t * 4 + j) % 6 for j in range(4)]
+        assert experts[t].tolist() == want
+        p = probs[t, want]
+        assert torch.allclose(gates[t], p / p.sum(), atol=1e-6)
+
+
 @pytest.mark.parametrize("experts,top_k,factor", [(4, 2, 0.5), (4, 2, 1.0), (8, 1, 1.25),
                                                   (3, 3, 0.7), (4, 2, None)])
 def test_capacity_drop_follows_gshard_order(experts, top_k, factor):

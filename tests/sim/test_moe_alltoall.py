@@ -6,15 +6,24 @@ the simulator."""
 
 from __future__ import annotations
 
+from itertools import combinations
+
 import pytest
 from factories import assert_analytic_matches_simulator
 
 from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.core.errors import BadInput
 from hyperpipe.models import load_model
+from hyperpipe.models.spec import MoEConfig
 from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.experts import alltoall_spec, expert_extra_s
+from hyperpipe.sim.experts import (
+    alltoall_edge_bytes,
+    alltoall_edges,
+    alltoall_spec,
+    expert_extra_s,
+)
 from hyperpipe.sim.options import SimOptions
 from hyperpipe.sim.sharding import fsdp_extra_s, overlapped_pass_s
 from hyperpipe.sim.simulator import simulate
@@ -23,12 +32,13 @@ H, FE, E, K, S, V = 256, 512, 8, 2, 1024, 512
 NVLINK_BPS, NIC_BPS, LAT_S, NIC_LAT_S = 100e9, 5e9, 2e-6, 5e-6
 
 
-def _model(imbalance=1.0, cf=None, n_layer=4, dtype="bf16"):
+def _model(imbalance=1.0, cf=None, n_layer=4, dtype="bf16", routing="learned"):
     return load_model({"kind": "gpt", "name": "moe-test", "vocab_size": V, "n_layer": n_layer,
                        "n_head": 4, "d_model": H, "seq_len": S, "ffn_hidden": 4 * H,
                        "dtype": dtype, "tie_embeddings": False,
                        "moe": {"experts": E, "top_k": K, "expert_hidden": FE,
-                               "capacity_factor": cf, "imbalance": imbalance}})
+                               "capacity_factor": cf, "imbalance": imbalance,
+                               "routing": routing}})
 
 
 def _cluster(nodes=1, per_node=4, nics=1, types=("fast",), nic_bps=NIC_BPS):
@@ -101,6 +111,89 @@ def test_alltoall_on_one_node_matches_its_closed_form():
     # the backward's pair (the transposes) too, none in W
     assert alltoall_spec(cost, plan, 0, 0, "B").time_s == pytest.approx(spec.time_s)
     assert alltoall_spec(cost, plan, 0, 0, "W") is None
+
+
+def test_hit_fraction_matches_brute_force():
+    """A token's chance of meeting a set of experts: every top-k set equally likely
+    ("learned"), and NeMo Automodel's benchmark gate ("contiguous": token t to experts
+    t·k .. t·k+k-1 mod E), each counted out over all cases."""
+    for experts, k in ((8, 2), (12, 3), (16, 8)):
+        moe = MoEConfig(experts=experts, top_k=k, expert_hidden=4)
+        gate = MoEConfig(experts=experts, top_k=k, expert_hidden=4, routing="contiguous")
+        sets = list(combinations(range(experts), k))
+        tokens = [[(t * k + j) % experts for j in range(k)] for t in range(experts * k)]
+        for held in (range(1), range(2), range(3, 7), (0, 5, experts - 1)):
+            held = set(held)
+            learned = sum(bool(held & set(c)) for c in sets) / len(sets)
+            assert moe.hit_fraction(held) == pytest.approx(learned, rel=1e-12)
+            window = sum(bool(held & set(t)) for t in tokens) / len(tokens)
+            assert gate.hit_fraction(held) == pytest.approx(window, rel=1e-12)
+
+
+def test_deepep_sends_a_token_once_per_rank_on_one_node():
+    """One node, ep 4 (2 experts a rank), top-2 windows aligned to a rank's pair: each
+    token meets one rank, so "deepep" sends T·h·d / 4 to each peer where "alltoall"
+    sends its k = 2 pairs' share, T·2·h·d / 4; learned routing meets a rank with
+    probability 1 - C(6, 2) / C(8, 2) = 13/28."""
+    cluster = _cluster()
+    devices = [[f"n0/{i}"] for i in range(4)]
+    token = S * H * 2
+    eff = cluster.device("n0/0").type.collective_efficiency
+    blocks = sum(layer.kind == "moe" for layer in _model().layers)
+    for routing, hit in (("contiguous", 1 / 4), ("learned", 13 / 28)):
+        model = _model(routing=routing)
+        cost = CostModel(model, cluster)
+        flat = alltoall_spec(cost, _plan(devices, 4, model), 0, 0, "F")
+        plan = _plan(devices, 4, model, runtime={"moe_dispatcher": "deepep"})
+        st = plan.pipelines[0].stages[0]
+        edges = alltoall_edges(plan, 0, 0)
+        assert alltoall_edge_bytes(cost, st, 1, edges, "deepep") == \
+            pytest.approx([token * hit] * 12, rel=1e-12)
+        one = 3 * token * hit / (NVLINK_BPS * eff) + LAT_S
+        spec = alltoall_spec(cost, plan, 0, 0, "F")
+        assert spec.time_s == pytest.approx(2 * blocks * one, rel=1e-12)
+        assert spec.time_s < flat.time_s
+        res = simulate(plan, cost, SimOptions(include_optimizer=False,
+                                              collapse_replicas=False))
+        compute = cost.stage_time_s((0, model.num_layers), ("n0/0",), 1, "F")
+        assert _forward_s(res, "n0/0") == pytest.approx(compute + 2 * blocks * one,
+                                                        rel=1e-9)
+
+
+def test_deepep_sends_a_token_once_per_node_through_a_shared_nic():
+    """Two nodes of two, ep 4, learned routing: a token crosses to the other node once
+    if any of its 2 experts is among that node's 4, 1 - C(4, 2) / C(8, 2) = 22/28, split
+    over the node's 2 receivers; each GPU's 2 remote sends share the node's one NIC."""
+    model, cluster = _model(), _cluster(nodes=2, per_node=2, nics=1)
+    cost = CostModel(model, cluster)
+    plan = _plan([["n0/0"], ["n0/1"], ["n1/0"], ["n1/1"]], 4, model,
+                 runtime={"moe_dispatcher": "deepep"})
+    token = S * H * 2
+    remote = token * (22 / 28) / 2
+    local = token * (13 / 28)
+    st = plan.pipelines[0].stages[0]
+    edges = alltoall_edges(plan, 0, 0)
+    got = alltoall_edge_bytes(cost, st, 1, edges, "deepep")
+    for (a, b), nbytes in zip(edges, got, strict=True):
+        same = a.split("/")[0] == b.split("/")[0]
+        assert nbytes == pytest.approx(local if same else remote, rel=1e-12)
+    dev = cluster.device("n0/0").type
+    nic_s = 4 * remote / (NIC_BPS * dev.nic_efficiency)
+    port_s = local / (NVLINK_BPS * dev.collective_efficiency)
+    blocks = sum(layer.kind == "moe" for layer in model.layers)
+    assert alltoall_spec(cost, plan, 0, 0, "F").time_s == pytest.approx(
+        2 * blocks * (max(nic_s, port_s) + NIC_LAT_S), rel=1e-12)
+
+
+def test_moe_dispatcher_and_routing_are_checked():
+    model = _model()
+    with pytest.raises(BadInput, match="moe_dispatcher"):
+        _plan([["n0/0"], ["n0/1"]], 2, model, runtime={"moe_dispatcher": "nccl"})
+    with pytest.raises(BadInput, match="routing"):
+        _model(routing="random")
+    plan = _plan([["n0/0"], ["n0/1"]], 2, model, runtime={"moe_dispatcher": "deepep"})
+    assert plan.to_dict()["runtime"] == {"moe_dispatcher": "deepep"}
+    assert plan_from_dict(plan.to_dict()).runtime_settings().moe_dispatcher == "deepep"
 
 
 @pytest.mark.parametrize("nics", [1, 2])
