@@ -550,10 +550,11 @@ def llama3_runs(mean_x: float) -> tuple[list[float], list[float]]:
 #   GPUs (GBS 512, MBS 1, local batch 8, PP 4, VP 8, EP 64, FSDP 64: 8.18 s) and on 1024
 #   (GBS 8192, local batch 8, GA 4, FSDP 256: 37.87 s), Qwen3 MoE 30B on 8 (GBS 512, MBS 4,
 #   GA 16, EP 8, FSDP 8: 21.773 s). Assumed: the torchtitan stack (torch FSDP2 and
-#   pipelining) with its defaults, FSDP as zero 3; PP 4 x VP 8 = 32 stages laid out as
-#   above under `interleaved-1f1b`; the 1024-GPU row's four accumulation passes of 8
-#   micro-batches as one schedule of 32 (one fill and drain instead of four). Routing:
-#   the table's "Fake balanced gate" assigns tokens evenly, so `imbalance` 1.
+#   pipelining) with the recipe's settings (`AUTOMODEL` below), FSDP as zero 3; PP 4 x
+#   VP 8 = 32 stages laid out as above under `interleaved-1f1b`; the 1024-GPU row's four
+#   accumulation passes of 8 micro-batches as one schedule of 32 (one fill and drain
+#   instead of four). Routing: the table's "Fake balanced gate" assigns tokens evenly,
+#   so `imbalance` 1, and in windows of k consecutive experts: routing "contiguous".
 # Null model: each run at the mean MFU (the spec's model FLOPs per step over time x GPUs
 # x the dtype's peak) of the OTHER runs of this block (leave-one-out: out of sample).
 DSV3_STAGES = (2,) + (2,) * 30 + (1,)     # spec layers (embedding, 61 blocks, head) a stage

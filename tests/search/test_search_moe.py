@@ -13,12 +13,15 @@ import pytest
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
+from hyperpipe.plan.plan import StagePlan
+from hyperpipe.plan.stack import RuntimeOverrides
 from hyperpipe.search import space
 from hyperpipe.search.attribution import attribute_experts
 from hyperpipe.search.context import SearchContext
 from hyperpipe.search.report import format_search
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.experts import alltoall_edge_bytes, alltoall_time_s
 
 # Megatron's bytes of state per parameter for bf16 with fp32 main grads and Adam
 # (Korthikanti et al. 2022; docs/architecture.md, "Memory"): 2 + 4 + 4 + 4 + 4.
@@ -69,6 +72,28 @@ def test_expert_parallel_time_adds_the_all_to_all():
     head = model.num_layers - 1
     assert four.fwd_s[head + 1] - four.fwd_s[head] == \
         pytest.approx(one.fwd_s[head + 1] - one.fwd_s[head])
+
+
+def test_tables_price_the_dispatcher_the_search_runs_with():
+    """Under `moe_dispatcher: deepep` a MoE layer's forward in the tables differs from
+    "alltoall"'s by its all-to-alls alone: 2 exchanges (dispatch, combine) over the same
+    edges, each carrying `alltoall_edge_bytes` of its dispatcher."""
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("h100-a100-moe")
+    cost = CostModel(model, cluster)
+    unit, mode = ("a100-0/0", "a100-0/1"), space.MemoryMode(ep=4)
+    runs = {}
+    for name in ("alltoall", "deepep"):
+        ctx = SearchContext(cost, SearchConstraints(
+            global_batch=64, runtime=RuntimeOverrides(moe_dispatcher=name)))
+        table = ctx.table(unit, 1, mode)
+        edges = ctx.ep_exchange(unit, 1, 4)[1]
+        st = StagePlan((1, 2), unit, 2, ep=4)
+        a2a = alltoall_time_s(cost, list(edges),
+                              alltoall_edge_bytes(cost, st, 1, edges, name))[0]
+        runs[name] = (table.fwd_s[2] - table.fwd_s[1], a2a)
+    (flat_f, flat_a2a), (dedup_f, dedup_a2a) = runs["alltoall"], runs["deepep"]
+    assert dedup_a2a < flat_a2a
+    assert flat_f - dedup_f == pytest.approx(2 * (flat_a2a - dedup_a2a), rel=1e-9)
 
 
 def test_fixed_ep_is_kept(capsys):

@@ -314,10 +314,13 @@ def test_speed_placement_gives_the_fast_devices_more_experts():
     assert expert_extra_s(cost, plan, 1, 0, "F") == pytest.approx(0.0, abs=1e-15)
 
 
-@pytest.mark.parametrize("kind,ep,pp,imb,nics", [
-    ("1f1b", 2, 1, 1.25, 1), ("1f1b", 4, 1, 1.0, 1), ("1f1b", 4, 2, 1.0, 4),
-    ("gpipe", 2, 2, 1.5, 4), ("dualpipe-v", 4, 2, 1.25, 4)])
-def test_analytic_tier_prices_moe_plans_within_five_percent(kind, ep, pp, imb, nics):
+@pytest.mark.parametrize("kind,ep,pp,imb,nics,dispatcher", [
+    ("1f1b", 2, 1, 1.25, 1, "alltoall"), ("1f1b", 4, 1, 1.0, 1, "alltoall"),
+    ("1f1b", 4, 2, 1.0, 4, "alltoall"), ("gpipe", 2, 2, 1.5, 4, "alltoall"),
+    ("dualpipe-v", 4, 2, 1.25, 4, "alltoall"), ("1f1b", 4, 1, 1.0, 1, "deepep"),
+    ("dualpipe-v", 4, 2, 1.25, 4, "deepep")])
+def test_analytic_tier_prices_moe_plans_within_five_percent(kind, ep, pp, imb, nics,
+                                                            dispatcher):
     """Pipelines over both nodes (pp 2, one NIC per GPU: the analytic tier leaves out
     replicas sharing a NIC for their point-to-point sends), or one-stage replicas
     alternating between the nodes so that a group of 4 spans both (one shared NIC)."""
@@ -326,7 +329,8 @@ def test_analytic_tier_prices_moe_plans_within_five_percent(kind, ep, pp, imb, n
     cost = CostModel(model, cluster)
     devices = [[f"n0/{i}", f"n1/{i}"] for i in range(4)] if pp == 2 else \
         [[f"n{i % 2}/{i // 2}"] for i in range(8)]
-    plan = _plan(devices, ep, model, kind, m=8, pp=pp)
+    plan = _plan(devices, ep, model, kind, m=8, pp=pp,
+                 runtime={"moe_dispatcher": dispatcher})
     sim = simulate(plan, cost).metrics.iteration_time_s
     est = estimate(plan, cost).iteration_time_s
     assert est == pytest.approx(sim, rel=0.05)
