@@ -90,7 +90,8 @@ class MoEConfig:
     top_k distinct experts with no locality, every set equally likely. "contiguous":
     token t goes to experts t·top_k, ..., t·top_k + top_k - 1 (mod experts), the
     benchmark gate of NVIDIA NeMo Automodel (`FakeBalancedGate`, nemo_automodel/
-    components/moe/layers.py), which its published MoE throughput table runs with.
+    components/moe/layers.py), which its published MoE throughput table runs with; it
+    loads every expert evenly, so `imbalance` does not apply to it.
     """
 
     experts: int
@@ -127,11 +128,11 @@ class MoEConfig:
     def expert_loads(self, tokens: float) -> tuple[float, float]:
         """Token-expert pairs the busiest expert and each other expert compute for
         `tokens` tokens (a two-level load: the busiest at `imbalance` x the mean
-        T·top_k/experts, the rest sharing the remainder evenly), each capped at the
-        capacity capacity_factor · T·top_k/experts (GShard; a dropped pair costs
-        nothing); dropless: no cap. With one expert: (T·top_k, 0)."""
+        T·top_k/experts, 1 x under "contiguous" routing, the rest sharing the remainder
+        evenly), each capped at the capacity capacity_factor · T·top_k/experts (GShard;
+        a dropped pair costs nothing); dropless: no cap. With one expert: (T·top_k, 0)."""
         e, mean = self.experts, tokens * self.top_k / self.experts
-        imb = min(self.imbalance, e / self.top_k)
+        imb = 1.0 if self.routing == "contiguous" else min(self.imbalance, e / self.top_k)
         busiest = imb * mean if e > 1 else mean
         other = (e - imb) / (e - 1) * mean if e > 1 else 0.0
         if self.capacity_factor is not None:

@@ -62,6 +62,21 @@ def test_routed_pairs_and_rank_pairs_match_the_per_expert_loads(experts, top_k, 
         assert m.routed_pairs(1000) == pytest.approx(1000 * top_k)
 
 
+def test_contiguous_routing_loads_every_expert_evenly():
+    """The benchmark gate's assignments (token t to experts t·k .. t·k+k-1 mod E),
+    counted per expert, are even whatever `imbalance` says."""
+    m = MoEConfig(experts=16, top_k=4, expert_hidden=8, capacity_factor=None,
+                  imbalance=1.5, routing="contiguous")
+    tokens = 64
+    counts = [0] * 16
+    for t in range(tokens):
+        for j in range(4):
+            counts[(t * 4 + j) % 16] += 1
+    busiest, other = m.expert_loads(tokens)
+    assert busiest == pytest.approx(max(counts)) and other == pytest.approx(min(counts))
+    assert m.rank_pairs(tokens, 4) == pytest.approx(sum(counts[:4]))
+
+
 def test_flops_and_params_closed_forms():
     h, fe, e, k, sh, b, s = 64, 96, 8, 2, 1, 2, 32
     for mlp, n_mats in (("gelu", 2), ("swiglu", 3)):
