@@ -392,8 +392,13 @@ def nemo_runs(mean_x: float) -> tuple[list[float], list[float]]:
 # FSDP runs they were: data parallel 8, zero 3 (FULL_SHARD: weights gathered per layer
 # in every forward and again in every backward, gradients reduce-scattered every
 # micro-batch: `runtime.reshard_after_forward` true, torchtitan's default without
-# pipelining), on the torchtitan stack (torch FSDP) with bf16 gradient reduction
-# (llm-foundry's `mixed_precision: PURE`). Assumed, not published: Megatron's 18 bytes of
+# pipelining), on the torchtitan stack (torch FSDP) with bf16 gradient reduction. The
+# table's rows say precision `amp_bf16` and FSDP `mixed_precision: DEFAULT` (an earlier
+# note here said PURE: wrong); Composer's DEFAULT of its 2023 releases (composer/trainer/
+# mosaic_fsdp.py `get_mixed_precision`) reduces in the precision's dtype, bf16, and leaves
+# the weights unconverted, so it gathers them in fp32, which a plan cannot say (ZeRO-3
+# gathers in the model dtype); later releases gather in bf16 and reduce in fp32, which
+# moves `mosaic_mape` from 0.0811 to 0.0802. Assumed, not published: Megatron's 18 bytes of
 # state per parameter (bf16 weight, fp32 gradient, fp32 master and Adam moments), sharded
 # over the 8 GPUs; each transformer block one FSDP unit (llm-foundry wraps MPTBlock).
 # (name, layers, hidden, heads, micro-batch, accumulation steps, checkpointing, tokens/s)
