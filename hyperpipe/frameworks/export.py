@@ -218,10 +218,11 @@ def _flavor(spec: ModelSpec) -> str | None:
     c = spec.config
     for name, (dim, layers, heads, kv, mult, multiple_of, theta, vocab) in \
             LLAMA3_FLAVORS.items():
-        if (c.d_model, c.n_layer, c.n_head, c.n_kv_head, c.ffn_hidden, c.vocab_size,
-                c.mlp, c.norm, c.position, c.rope_theta, c.bias) == \
-                (dim, layers, heads, kv or heads, ffn_hidden(dim, mult, multiple_of), vocab,
-                 "swiglu", "rmsnorm", "rope", theta, False):
+        if (c.d_model, c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.ffn_hidden,
+                c.vocab_size, c.mlp, c.norm, c.position, c.rope_theta, c.bias) == \
+                (dim, layers, heads, kv or heads, dim // heads,
+                 ffn_hidden(dim, mult, multiple_of), vocab, "swiglu", "rmsnorm", "rope",
+                 theta, False):
             return name
     return None
 
@@ -321,6 +322,8 @@ def megatron_model_args(spec: ModelSpec, tp: int, lost: list[str]) -> list[str]:
                     f"({-(-c.vocab_size // tp) * tp})")
     if c.n_kv_head != c.n_head:
         args += ["--group-query-attention", f"--num-query-groups {c.n_kv_head}"]
+    if c.head_dim * c.n_head != c.d_model:
+        args.append(f"--kv-channels {c.head_dim}")     # Megatron's name for the head size
     if c.mlp == "swiglu":
         args.append("--swiglu")
     if c.norm == "rmsnorm":

@@ -155,6 +155,9 @@ def model_document(a: Args, source: str, notes: Notes, tp: int, n: int) -> dict[
         "mlp": "swiglu" if swiglu else "gelu", "norm": norm, "position": position,
         "dropout": hidden_dropout, "bias": not a.flag("disable-bias-linear"),
         "attention": _attention(a, notes), "fused_elementwise": _fused(a)}
+    head_size = a.integer("kv-channels")            # the head size; default hidden / heads
+    if head_size is not None and head_size * heads != hidden:
+        doc["head_dim"] = head_size
     if position == "rope":
         doc["rope_theta"] = a.number("rotary-base", ROTARY_BASE)
     untie = a.flag("untie-embeddings-and-output-weights")

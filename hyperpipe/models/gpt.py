@@ -95,8 +95,8 @@ class CausalSelfAttention(nn.Module):
         self.kv_dim = c.kv_dim
         self.rope_theta = c.rope_theta if c.position == "rope" else None
         self.dropout = c.dropout
-        self.c_attn = nn.Linear(c.d_model, c.d_model + 2 * c.kv_dim, bias=c.bias)  # Q, K, V
-        self.c_proj = nn.Linear(c.d_model, c.d_model, bias=c.bias)
+        self.c_attn = nn.Linear(c.d_model, c.q_dim + 2 * c.kv_dim, bias=c.bias)  # Q, K, V
+        self.c_proj = nn.Linear(c.q_dim, c.d_model, bias=c.bias)
         self.attn_drop = nn.Dropout(c.dropout)
         self.resid_drop = nn.Dropout(c.dropout)
         self.recompute_core = False     # checkpoint `core` (selective activation recompute)

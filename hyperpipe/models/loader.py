@@ -115,6 +115,8 @@ def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
             del base["ffn_hidden"]
         if base["n_kv_head"] == base["n_head"]:
             del base["n_kv_head"]
+        if base["head_dim"] == base["d_model"] // base["n_head"]:
+            del base["head_dim"]
         name, dtype = preset, presets[preset].dtype
     values = dict(base)
     for key in GPT_KEYS:

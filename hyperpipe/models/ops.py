@@ -154,11 +154,11 @@ def attention_gemms(c: GPTConfig, op: str, b: int, s: float, t: int, cp: int = 1
 
 def _block(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool, cp: int = 1
            ) -> PassWork:
-    h, f, a, kv = c.d_model, c.ffn_hidden, c.n_head, c.kv_dim
+    h, f, a, kv, q = c.d_model, c.ffn_hidden, c.n_head, c.kv_dim, c.q_dim
     tokens = b * s / cp
     swiglu = c.mlp == "swiglu"
     up = (2 if swiglu else 1) * f / t                   # gate and up, or up
-    shapes = [(h, (h + 2 * kv) / t), (h / t, h), (h, up), (f / t, h)]
+    shapes = [(h, (q + 2 * kv) / t), (q / t, h), (h, up), (f / t, h)]
     gemms = _weight_gemms(op, tokens, shapes) + attention_gemms(c, op, b, s, t, cp)
     heads = b * a / t
     flash = getattr(c, "attention", "flash") == "flash"
@@ -179,7 +179,7 @@ def _block(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool, cp: 
             resid = 2 * e_h * ((2 * d if c.bias else 0) + (2 * d + mask if drop else 0)
                                + 3 * d)
             act = ((5 if swiglu else 2) + (2 if c.bias else 0)) * e_f * d
-        rot = 2 * tokens * (h + kv) / t * d if rope else 0
+        rot = 2 * tokens * (q + kv) / t * d if rope else 0
         softmax = 2 * e_s * d * (1 if fused else 2)     # (mask, then) softmax
         attn = 0.0 if flash else softmax + (e_s * (2 * d + mask) if drop else 0)
         return PassWork(tuple(gemms), norms + resid + act + rot + attn)
@@ -187,12 +187,12 @@ def _block(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool, cp: 
         norms = 2 * 3 * e_h * d                         # read x and dy, write dx
         resid = 2 * e_h * (2 * d + mask) + 2 * 3 * e_h * d   # dropout bwd, grad add
         act = (5 if swiglu else 3) * e_f * d
-        rot = 2 * tokens * (h + kv) / t * d if rope else 0
+        rot = 2 * tokens * (q + kv) / t * d if rope else 0
         softmax = 3 * e_s * d + (0 if fused else 2 * e_s * d)   # (and the mask's) backward
         attn = 0.0 if flash else softmax + (e_s * (2 * d + mask) if drop else 0)
         return PassWork(tuple(gemms), norms + resid + act + rot + attn)
     # W: bias gradients reduce dY over the tokens (read once)
-    bias = tokens * ((h + 2 * kv) / t + h + up + h) * d if c.bias else 0.0
+    bias = tokens * ((q + 2 * kv) / t + h + up + h) * d if c.bias else 0.0
     return PassWork(tuple(gemms), bias)
 
 

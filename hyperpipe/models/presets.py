@@ -62,12 +62,12 @@ def _llama(n_layer: int, n_head: int, d_model: int, ffn: int, *, vocab: int = 32
 
 def _moe_llama(n_layer: int, n_head: int, d_model: int, ffn: int, *, moe: MoEConfig,
                vocab: int = 32000, n_kv_head: int | None = None, seq_len: int = 4096,
-               rope_theta: float = 10000.0) -> Preset:
+               rope_theta: float = 10000.0, head_dim: int | None = None) -> Preset:
     # The Llama block (RMSNorm, SwiGLU, RoPE, no biases, untied head) with `moe` MLPs;
     # `ffn` is the dense MLP's hidden size, used by blocks that are not MoE.
     base = _llama(n_layer, n_head, d_model, ffn, vocab=vocab, n_kv_head=n_kv_head,
                   seq_len=seq_len, rope_theta=rope_theta).config
-    return Preset(replace(base, moe=moe))
+    return Preset(replace(base, moe=moe, head_dim=head_dim or base.head_dim))
 
 
 PRESETS: Mapping[str, Preset] = MappingProxyType({
@@ -160,15 +160,11 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
     # decoder_sparse_step 1 and no mlp_only_layers (every block MoE). Sequence 4096: the
     # general and reasoning pretraining stages (sec. 3.2; a later long-context stage
     # runs at 32768). 30.5B parameters in all, 3.3B active (the model card).
-    # Approximation: Qwen3 sets head_dim 128 with 32 heads on a 2048 model (queries of
-    # 4096); the spec ties head size to d_model / n_head, so this is 16 heads of 128
-    # with 4 KV heads: K/V widths (512 each) and the KV bytes are exact; the query and
-    # output projections are half (2 x 2048^2 against 2 x 2048 x 4096: 8.4M fewer
-    # parameters a block, 0.40B in all) and so is the attention core (4 s x 2048 FLOPs
-    # per token pair against 4 s x 4096). QK-norm (two RMSNorms of 128) is left out.
+    # 32 query heads of head_dim 128 on a 2048 model (queries 4096 wide), 4 KV heads
+    # (K and V 512 wide each). QK-norm (two RMSNorms of 128) is left out.
     # Dropless: the Hugging Face Qwen3MoeSparseMoeBlock computes every routed token.
-    "qwen3-30b-a3b": _moe_llama(48, 16, 2048, 6144, vocab=151936, n_kv_head=4,
-                                seq_len=4096, rope_theta=1e6,
+    "qwen3-30b-a3b": _moe_llama(48, 32, 2048, 6144, vocab=151936, n_kv_head=4,
+                                seq_len=4096, rope_theta=1e6, head_dim=128,
                                 moe=MoEConfig(experts=128, top_k=8, expert_hidden=768,
                                               capacity_factor=None)),
     # Ours: tiny-gpt's shape with 4 blocks, every other one (blocks 0 and 2) a mixture of

@@ -221,6 +221,10 @@ class GPTConfig:
     # Mixture-of-experts MLPs in some blocks (MoEConfig); None: every block is dense.
     # A file gives it as a mapping with MoEConfig's fields.
     moe: MoEConfig | None = None
+    # Width of one attention head; None -> d_model // n_head. Set where a model's heads
+    # are wider or narrower than that (Qwen3: 32 heads of 128 on d_model 2048), so that
+    # Q and the output projection are n_head x head_dim wide (`q_dim`), not d_model.
+    head_dim: int | None = None
 
     def __post_init__(self):
         if isinstance(self.moe, Mapping):
@@ -231,14 +235,17 @@ class GPTConfig:
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
         check_config(asdict(self), lambda key: f"GPTConfig: {key}")
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.d_model // self.n_head)
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
+    def q_dim(self) -> int:
+        """Width of Q and of the output projection's input: n_head * head_dim."""
+        return self.n_head * self.head_dim
 
     @property
     def kv_dim(self) -> int:
-        """Width of K (and of V): d_model * n_kv_head / n_head."""
+        """Width of K (and of V): head_dim * n_kv_head."""
         return self.head_dim * self.n_kv_head
 
 
@@ -272,14 +279,19 @@ def check_config(v: Mapping[str, Any], at: Callable[[str], str]) -> None:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0 \
             or theta == float("inf"):
         raise BadInput(at("rope_theta"), "a positive number", theta)
-    if v["d_model"] % v["n_head"]:
-        raise BadInput(at("n_head"), f"a divisor of d_model ({v['d_model']})", v["n_head"])
+    head_dim = v.get("head_dim")
+    if head_dim is None and v["d_model"] % v["n_head"]:
+        raise BadInput(at("n_head"), f"a divisor of d_model ({v['d_model']}), or a "
+                       "head_dim", v["n_head"])
+    if head_dim is not None:
+        check_int(head_dim, at("head_dim"), at_most=limits.MAX_MODEL_DIM)
     if v["n_head"] % v["n_kv_head"]:
         raise BadInput(at("n_kv_head"), f"a divisor of n_head ({v['n_head']})",
                        v["n_kv_head"])
-    if v["position"] == "rope" and (v["d_model"] // v["n_head"]) % 2:
-        raise BadInput(at("d_model"), "an even head size d_model / n_head with rope",
-                       f"{v['d_model']} / {v['n_head']}")
+    if v["position"] == "rope" and (head_dim or v["d_model"] // v["n_head"]) % 2:
+        raise BadInput(at("head_dim" if head_dim else "d_model"), "an even head size "
+                       "(head_dim, or d_model / n_head) with rope",
+                       head_dim or f"{v['d_model']} / {v['n_head']}")
 
 
 # --------------------------------------------------------------------------- layers
@@ -329,7 +341,9 @@ class TransformerBlock:
     """One pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(x)).
 
     With b micro-batch, s sequence, h d_model, f ffn_hidden, a heads, h_kv the K/V width
-    (h · n_kv_head / n_head), forward FLOPs (2 per multiply-add, matmuls only):
+    (head_dim · n_kv_head), forward FLOPs (2 per multiply-add, matmuls only), written for
+    Q as wide as h (head_dim = h / a; otherwise Q, the s² matmuls and the output
+    projection are `q_dim` = a · head_dim wide where h stands for Q's width below):
 
     * QKV projection 2bsh(h + 2h_kv); scores QKᵀ 2bs²h and weighted sum AV 2bs²h, counted
       over the full s x s square (causal kernels may skip half; the papers and torch's
@@ -369,10 +383,10 @@ class TransformerBlock:
     @property
     def params(self) -> int:
         c = self.config
-        h, f, kv = c.d_model, c.ffn_hidden, c.kv_dim
+        h, f, kv, q = c.d_model, c.ffn_hidden, c.kv_dim, c.q_dim
         n_in = 2 if c.mlp == "swiglu" else 1                  # gate and up, or just up
-        weights = h * (h + 2 * kv) + h * h + n_in * h * f + f * h
-        biases = (h + 2 * kv) + h + n_in * f + h if c.bias else 0
+        weights = h * (q + 2 * kv) + q * h + n_in * h * f + f * h
+        biases = (q + 2 * kv) + h + n_in * f + h if c.bias else 0
         return weights + biases + 2 * _norm_params(c)
 
     def cost(self, micro_batch: int, seq_len: int, dtype_bytes: int) -> LayerCost:
@@ -396,7 +410,8 @@ class TransformerBlock:
         b, s, h, f, a, d = micro_batch, seq_len, c.d_model, c.ffn_hidden, c.n_head, dtype_bytes
         tokens = b * s
         outside = 4 * tokens * h * d                   # 2 norm inputs, attn and MLP inputs
-        inside = tokens * (2 * h + 2 * c.kv_dim) * d + (4 if c.mlp == "swiglu" else 2) * \
+        inside = tokens * (2 * c.q_dim + 2 * c.kv_dim) * d + \
+            (4 if c.mlp == "swiglu" else 2) * \
             tokens * f * d                              # Q, K, V, out-proj input, MLP
         if c.attention == "eager":
             core = a * s * s * b * d                    # softmax output
@@ -417,7 +432,7 @@ class TransformerBlock:
             return 1.0
         if recompute == "selective" and self.config.attention == "eager":
             c = self.cost(micro_batch, seq_len, 2)
-            return 4 * micro_batch * seq_len * seq_len * self.config.d_model / c.fwd_flops
+            return 4 * micro_batch * seq_len * seq_len * self.config.q_dim / c.fwd_flops
         return 0.0
 
     def stash_bytes(self, micro_batch: int, seq_len: int, dtype_bytes: int, *, tp: int = 1,
@@ -636,10 +651,10 @@ def _block_cost(block: TransformerBlock, b: int, s: int, d: int, mlp_flops: floa
     docstring counts it (QKV and output projections, the two weightless s² matmuls),
     I = matmul + 2 · attention-s², W = matmul."""
     c = block.config
-    h = c.d_model
-    qkv = 2 * b * s * h * (h + 2 * c.kv_dim)
-    attn_s2 = 4 * b * s * s * h             # QKᵀ and AV; no weights
-    out_proj = 2 * b * s * h * h
+    h, q = c.d_model, c.q_dim
+    qkv = 2 * b * s * h * (q + 2 * c.kv_dim)
+    attn_s2 = 4 * b * s * s * q             # QKᵀ and AV; no weights
+    out_proj = 2 * b * s * q * h
     matmul = qkv + out_proj + mlp_flops
     stash = block.stash_bytes(b, s, d)
     out = b * s * h * d

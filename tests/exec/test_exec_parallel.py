@@ -68,6 +68,14 @@ def test_tensor_and_sequence_parallel_train_like_single_process(kind, stages, st
     check(plan_of([{"micro_batch": 2, "num_microbatches": 4, "stages": stages}], kind), steps)
 
 
+def test_heads_wider_than_d_model_over_n_head_split_like_single_process():
+    # Qwen3-style attention: 4 heads of 48 on d_model 128 (Q and the output projection
+    # 192 wide), split over tp 2 with sequence parallelism
+    check(plan_of([{"micro_batch": 2, "num_microbatches": 2, "stages": [
+        stage((0, 4), (0, 1), sequence_parallel=True), stage((4, 8), (2,))]}],
+        model={"preset": "tiny-gpt", "head_dim": 48}))
+
+
 def test_recompute_full_and_selective_gradients_equal_single_process():
     check(plan_of([{"micro_batch": 2, "num_microbatches": 3, "stages": [
         stage((0, 4), (0,), recompute="full"), stage((4, 8), (1,), recompute="selective")]}],

@@ -23,6 +23,7 @@ from hyperpipe.frameworks import deepspeed as ds
 from hyperpipe.frameworks.export import export, export_files, layout_of
 from hyperpipe.frameworks.importer import import_plan
 from hyperpipe.frameworks.job import Notes
+from hyperpipe.models import load_model
 from hyperpipe.plan.kinds import KINDS, SYNTH, generate
 from hyperpipe.plan.plan import Plan, load_plan, plan_from_dict
 from hyperpipe.plan.schedule import stage_rank
@@ -253,3 +254,17 @@ def test_world_size_from_the_cluster_when_the_line_names_no_launcher(tmp_path):
     assert plan.pipelines[1].stages[0].devices == ("n/2", "n/3")
     assert plan.pipelines[0].stages[1].devices == ("n/4", "n/5")
     assert any("not read" in line for line in notes.lines()) is False
+
+
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
+def test_heads_wider_than_hidden_over_heads_round_trip(framework, tmp_path):
+    """A model whose heads are not hidden / heads wide (Qwen3's head_dim) leaves as
+    Megatron's --kv-channels and comes back with the same head_dim."""
+    plan = plan_of("1f1b")
+    doc = plan.to_dict()
+    doc["model"] = {**load_model("gpt2-small").to_dict(), "head_dim": 96}
+    plan = plan_from_dict(doc)
+    got, text = round_trip(plan, framework, tmp_path)
+    assert "--kv-channels 96" in text
+    assert got.load_model().config.head_dim == 96
+    assert got.load_model().config.q_dim == 12 * 96

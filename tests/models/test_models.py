@@ -85,12 +85,15 @@ def _counted_flops(spec: ModelSpec, micro_batch: int) -> tuple[int, int]:
 @pytest.mark.parametrize("name,seq_len,micro_batch", [
     ("tiny-gpt", 64, 2), ("gpt2-small", 128, 1),
     ("llama-like", 32, 2),   # SwiGLU, RMSNorm, RoPE, GQA
+    ("qwen-like", 32, 2),    # and heads wider than d_model / n_head (Qwen3's head_dim)
 ])
 def test_spec_flops_match_torch_flop_counter(name, seq_len, micro_batch):
-    if name == "llama-like":
+    if name in ("llama-like", "qwen-like"):
         spec = load_model({"preset": "llama3-8b", "n_layer": 2, "d_model": 128, "n_head": 8,
                            "n_kv_head": 2, "ffn_hidden": 352, "vocab_size": 300,
-                           "seq_len": seq_len})
+                           "seq_len": seq_len,
+                           **({"head_dim": 32} if name == "qwen-like" else {})})
+        assert spec.config.q_dim == (256 if name == "qwen-like" else 128)
     else:
         spec = load_model(name, overrides={"seq_len": seq_len})
     costs = [spec.layer_cost(i, micro_batch) for i in range(spec.num_layers)]
@@ -251,6 +254,8 @@ def test_overrides_and_preset_forms(tmp_path):
     {"kind": "gpt", "vocab_size": 100, "n_layer": 2, "n_head": 2, "d_model": 8,
      "seq_len": 16, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False,
      "dropout": 0.1, "n_kv_head": 1, "name": "mine"},
+    {"kind": "gpt", "vocab_size": 100, "n_layer": 2, "n_head": 4, "d_model": 8,
+     "seq_len": 16, "position": "rope", "n_kv_head": 2, "head_dim": 6},
     {"kind": "synthetic", "layers": 3, "fwd_flops_per_sample": 1e9, "hidden": 8},
     {"kind": "synthetic", "layers": [{"fwd_flops_per_sample": 1e9},
                                      {"fwd_flops_per_sample": 2e9, "params_per_layer": 7}]},
@@ -278,6 +283,9 @@ def test_round_trip_through_to_dict(ref, tmp_path):
     ({"preset": "tiny-gpt", "seq_len": "long"}, "seq_len"),
     ({"preset": "tiny-gpt", "d_model": 12.5}, "d_model"),
     ({"preset": "llama2-7b", "d_model": 96, "n_head": 32}, "d_model"),  # odd head size, RoPE
+    ({"preset": "llama2-7b", "head_dim": 33}, "head_dim"),             # odd head size, RoPE
+    ({"preset": "tiny-gpt", "head_dim": 0}, "head_dim"),
+    ({"preset": "tiny-gpt", "n_head": 5, "head_dim": 5.5}, "head_dim"),
     ({"kind": "rnn"}, "kind"),
     ({"kind": "synthetic", "layers": 0, "fwd_flops_per_sample": 1}, "layers"),
     ({"kind": "synthetic", "layers": 2, "fwd_flops_per_sample": -1}, "fwd_flops_per_sample"),

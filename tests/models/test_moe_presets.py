@@ -40,9 +40,8 @@ def spec_active_params(spec) -> int:
 # DeepSeek-V3's MLA (187.1M a block) modelled as 4 h^2 = 205.5M, in each of 61 blocks.
 MLA_PARAMS = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
 DSV3_DELTA = 61 * (4 * 7168 ** 2 - MLA_PARAMS)
-# Qwen3-30B-A3B's queries of 32 x 128 = 4096 modelled as 2048: Q and O each lose
-# 2048 x 2048, in each of 48 blocks.
-QWEN3_DELTA = -48 * 2 * 2048 * 2048
+# Qwen3-30B-A3B's QK-norm (two RMSNorms of head_dim 128 a block) left out.
+QWEN3_DELTA = -48 * 2 * 128
 
 # (preset, published total, published active, spec-minus-real delta, tolerance, source)
 PUBLISHED = (
@@ -67,6 +66,18 @@ def test_params_match_published(name, total, active, delta, tol):
           f"stated approximation {delta / 1e9:+.2f}B")
     assert got_total == pytest.approx(total + delta, rel=tol)
     assert got_active == pytest.approx(active + delta, rel=tol)
+
+
+def test_qwen3_counts_its_checkpoint_by_hand():
+    """Qwen/Qwen3-30B-A3B config.json counted by hand: embedding and untied head V x h,
+    per block Q (h x 32·128), K and V (h x 4·128 each), O (32·128 x h), QK-norm (2 x
+    128), two norms, router (h x 128) and 128 SwiGLU experts of 768, and the final norm:
+    30,532,122,624; the spec leaves out QK-norm only."""
+    h, v, q, kv = 2048, 151936, 32 * 128, 4 * 128
+    block = h * q + 2 * h * kv + q * h + 2 * 128 + 2 * h + h * 128 + 128 * 3 * h * 768
+    real = 2 * v * h + 48 * block + h
+    assert real == 30_532_122_624
+    assert load_model("qwen3-30b-a3b").params == real - 48 * 2 * 128
 
 
 def test_moe_presets_have_the_published_layout():
