@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, fields, replace
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +135,7 @@ def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
     config = GPTConfig(**values)
     dtype = f.choice("dtype", list(DTYPE_BYTES), dtype)
     state = f.choice("optimizer_state", list(OPTIMIZER_STATES), "mixed")
-    return replace(gpt_spec(printable(f.string("name", name)), config, dtype),
-                   optimizer_state=state)
+    return gpt_spec(printable(f.string("name", name)), config, dtype, state)
 
 
 def _load_synthetic(data: dict, where: str) -> ModelSpec:

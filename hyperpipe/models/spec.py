@@ -29,7 +29,7 @@ from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import check_int
 
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
-# What the optimizer keeps per parameter (`hyperpipe.sim.costmodel.state_bytes_per_param`):
+# What the optimizer keeps per parameter (`hyperpipe.sim.costmodel.param_bytes`):
 # "mixed" fp32 master weights and Adam moments; "bf16-moments" fp32 master weights with
 # 2-byte moments (DeepSeek-V3); "model-dtype" no master copy, everything in the dtype.
 OPTIMIZER_STATES = ("mixed", "bf16-moments", "model-dtype")
@@ -769,7 +769,8 @@ class ModelSpec:
         return out
 
 
-def gpt_spec(name: str, config: GPTConfig, dtype: str = "bf16") -> ModelSpec:
+def gpt_spec(name: str, config: GPTConfig, dtype: str = "bf16",
+             optimizer_state: str = "mixed") -> ModelSpec:
     """The layers of a GPT: embedding, config.n_layer blocks (MoE blocks where
     `MoEConfig.is_moe_block`), head."""
     block = TransformerBlock(config)
@@ -778,7 +779,7 @@ def gpt_spec(name: str, config: GPTConfig, dtype: str = "bf16") -> ModelSpec:
               for i in range(config.n_layer)]
     layers = (EmbeddingLayer(config), *blocks, HeadLayer(config))
     return ModelSpec(name=name, layers=layers, seq_len=config.seq_len, dtype=dtype,
-                     config=config)
+                     config=config, optimizer_state=optimizer_state)
 
 
 def _synthetic_row(layer: Layer) -> dict:

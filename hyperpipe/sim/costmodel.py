@@ -64,13 +64,14 @@ class StateBytes(NamedTuple):
     grad: float         # the gradient data parallelism reduces
     weight: float       # the copy the forward reads (the model dtype)
     step: float         # what an Adam step reads and writes
+    cast: bool          # the forward's weights are a cast of stored ones (a master copy)
 
     @property
     def total(self) -> float:
         return self.kept + self.shardable
 
 
-def state_bytes_per_param(dtype: str, optimizer_state: str = "mixed") -> StateBytes:
+def param_bytes(dtype: str, optimizer_state: str = "mixed") -> StateBytes:
     """`StateBytes` of `dtype` under `optimizer_state`: "mixed" (the tables above: fp32
     master weights and Adam moments); "bf16-moments", the moments at 2 bytes each
     (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.3: 4 bytes less per parameter, master
@@ -82,13 +83,16 @@ def state_bytes_per_param(dtype: str, optimizer_state: str = "mixed") -> StateBy
     weight = float(DTYPE_BYTES[dtype])
     zero3, grad, step = ZERO3_STATE_BYTES_PER_PARAM[dtype], GRAD_BYTES_PER_PARAM[dtype], \
         float(ADAM_STEP_BYTES_PER_PARAM)
+    cast = dtype != "fp32"
     if optimizer_state == "bf16-moments":
-        return StateBytes(kept, shardable - 4.0, zero3 - 4.0, grad, weight, step - 8.0)
-    if optimizer_state == "model-dtype" and dtype != "fp32":
+        return StateBytes(kept, shardable - 4.0, zero3 - 4.0, grad, weight, step - 8.0,
+                          cast)
+    if optimizer_state == "model-dtype" and cast:
         # weight and gradient kept, two moments sharded; a step reads the gradient and
         # reads and writes the weight and both moments
-        return StateBytes(2 * weight, 2 * weight, 4 * weight, weight, weight, 7 * weight)
-    return StateBytes(kept, shardable, zero3, grad, weight, step)
+        return StateBytes(2 * weight, 2 * weight, 4 * weight, weight, weight, 7 * weight,
+                          False)
+    return StateBytes(kept, shardable, zero3, grad, weight, step, cast)
 
 
 _T = TypeVar("_T")
@@ -527,8 +531,8 @@ class CostModel:
     @property
     def param_state(self) -> StateBytes:
         """Bytes per parameter of the model's dtype and optimizer state
-        (`state_bytes_per_param`)."""
-        return state_bytes_per_param(self.model.dtype, self.model.optimizer_state)
+        (`param_bytes`)."""
+        return param_bytes(self.model.dtype, self.model.optimizer_state)
 
     @property
     def state_bytes_per_param(self) -> float:
@@ -617,16 +621,14 @@ class CostModel:
         mesh `dp_mod_ep`, torchtitan/models/llama4/infra/parallelize.py `apply_fsdp`): a
         unit counts its other parameters and that share of its `expert_params`, none of
         them when their shard group is one rank (`expert_shards` 1) and the weights are
-        stored in the dtype the forward uses (fp32, or `optimizer_state` "model-dtype"),
-        so that nothing is gathered nor cast (NeMo Automodel leaves them out of FSDP then:
-        `ignored_params`, nemo_automodel/components/moe/parallelizer.py `apply_fsdp`)."""
+        stored in the dtype the forward uses (`StateBytes.cast` false: fp32, or
+        `optimizer_state` "model-dtype"), so that nothing is gathered nor cast (NeMo
+        Automodel leaves them out of FSDP then: `ignored_params`, nemo_automodel/
+        components/moe/parallelizer.py `apply_fsdp`)."""
         bytes_ = self.param_state
         kept, weight = bytes_.kept, bytes_.weight
         grad = kept - weight
-        stored_as_used = self.model.dtype == "fp32" or \
-            self.model.optimizer_state == "model-dtype"
-        whole = expert_shards == 1 and stored_as_used
-        share = 0.0 if whole else expert_share
+        share = 0.0 if expert_shards == 1 and not bytes_.cast else expert_share
 
         def held(i: int) -> float:
             layer = self.model.layers[i]
