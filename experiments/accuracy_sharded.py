@@ -6,12 +6,13 @@ the two short dense runs of `accuracy.CALIBRATION` (no sharded plan among them).
 predicts and measures PLANS (tiny-gpt on the demo cluster, device speeds emulated on
 this CPU, links emulated by exec.links from the cluster file's nominal figures,
 independently of the simulator), each of them out of sample: ZeRO-3 run with torch
-FSDP2 (exec.fsdp) with and without resharding after forward, alone and inside a
-two-stage pipeline, ZeRO-2 (exec.dataparallel), and context parallelism (cp 2 per
-stage of a two-stage pipeline, ring attention: exec.context_parallel). Replicas are alike (each
-data-parallel group on one node's two devices of one type): the simulator times the
-gathers and reduce-scatters of a stage on idle links per replica, not in lock-step
-with the other replicas' compute.
+FSDP2 (exec.fsdp) with and without resharding after forward, alone, inside a two-stage
+pipeline and inside an interleaved one of two stages a rank; ZeRO-2
+(exec.dataparallel); and context parallelism (cp 2 per stage of a two-stage pipeline,
+ring attention: exec.context_parallel). Replicas are alike (each data-parallel group on
+one node's two devices of one type): the simulator times the gathers and
+reduce-scatters of a stage on idle links per replica, not in lock-step with the other
+replicas' compute.
 
 Null models as in `accuracy.py`: compute only, and the bubble null (which knows
 nothing of sharding: its all-reduce stands for the gradient sync). Prints a row per
@@ -42,19 +43,23 @@ from hyperpipe.sim.simulator import simulate
 
 
 def sharded(zero: int, pipes: list[tuple[int, int, list[tuple[tuple[int, int], str]]]], *,
-            kind: str = "1f1b", reshard: bool | None = None) -> Plan:
+            kind: str = "1f1b", chunks: int = 1, reshard: bool | None = None) -> Plan:
     """A plan of tiny-gpt on demo-hetero with ZeRO stage `zero`: each pipe (micro-batch,
     count, [(layers, device)])."""
     pipelines = tuple(PipelinePlan(mb, m, tuple(StagePlan(layers, (dev,))
                                                 for layers, dev in stages))
                       for mb, m, stages in pipes)
-    return Plan("tiny-gpt", "demo-hetero", sum(p.samples for p in pipelines), kind, 1,
+    return Plan("tiny-gpt", "demo-hetero", sum(p.samples for p in pipelines), kind, chunks,
                 pipelines, zero=zero,
                 runtime=RuntimeOverrides(reshard_after_forward=reshard))
 
 
 def _two_stage(a: str, v: str) -> list[tuple[tuple[int, int], str]]:
     return [((0, 5), a), ((5, 8), v)]
+
+
+def _four_stage(a: str, v: str) -> list[tuple[tuple[int, int], str]]:
+    return [((0, 3), a), ((3, 5), v), ((5, 7), a), ((7, 8), v)]
 
 
 PLANS = {
@@ -65,6 +70,9 @@ PLANS = {
     # the same, gathered and reduce-scattered every micro-batch
     "fsdp-pp2-dp2-reshard": sharded(3, [(2, 4, _two_stage(A0, V0)),
                                         (2, 4, _two_stage(A1, V1))], reshard=True),
+    # two stages a rank (interleaved): each rank gathers both at the step's start
+    "fsdp-pp2x2-dp2": sharded(3, [(2, 4, _four_stage(A0, V0)), (2, 4, _four_stage(A1, V1))],
+                              kind="interleaved-1f1b", chunks=2),
     "zero2-pp2-dp2": sharded(2, [(2, 4, _two_stage(A0, V0)), (2, 4, _two_stage(A1, V1))]),
     # context parallelism (exec.context_parallel): each stage's sequence over one node's
     # two devices, ring attention's K/V hops over the intra-node links, the gradients

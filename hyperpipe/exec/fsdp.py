@@ -26,8 +26,9 @@ reduce-scatters its gradient after it. Off: what torch's pipelining stage does f
 FSDP module (torch/distributed/pipelining/stage.py, `backward_maybe_with_nosync` and
 `perform_reduce_grad`, which torchtitan's pipeline_parallel.py relies on): no gradient
 sync and no reshard on every backward but the stage's last, so a stage's units are
-gathered by its first forward of the step and its gradients, accumulated whole,
-reduce-scattered once by its last backward.
+gathered once a step and their gradients, accumulated whole, reduce-scattered once by
+its last backward. A rank of one stage gathers them in its first forward; a rank of
+several issues every gather at the step's start (`ShardedStages.start_step`).
 
 **Timing.** The data moves with gloo's collectives inside FSDP2 (its all-gather and
 reduce-scatter replaced by `_Gather` and `_Scatter`, `set_custom_all_gather`). With
@@ -273,7 +274,10 @@ class ShardedStages:
     # ------------------------------------------------------------------ per step
     def start_step(self) -> None:
         """Before a step's first action: without resharding, no unit syncs or reshards
-        until its stage's last backward (`arm`)."""
+        until its stage's last backward (`arm`), and a rank of several stages issues
+        all their gathers now, in stage order (the order of their first forwards), as
+        torch's multi-stage pipelining runtime unshards stages ahead of their actions
+        (`sim.sharding.first_forwards`); each unit's forward waits for its own."""
         self.events.clear()
         self.emulating = True
         for units in self._units.values():
@@ -281,6 +285,10 @@ class ShardedStages:
                 unit.set_is_last_backward(self.reshard)
                 unit.set_requires_gradient_sync(self.reshard, recurse=False)
                 unit.set_reshard_after_backward(self.reshard, recurse=False)
+        if not self.reshard and len(self.roots) > 1:
+            for s in sorted(self._units):
+                for unit in self._units[s]:
+                    unit.unshard(async_op=True)
 
     def arm(self, stage: int) -> None:
         """The next backward action is `stage`'s last of the step: its units reduce-

@@ -53,7 +53,13 @@ from hyperpipe.search.context import (  # noqa: F401  (re-exported for the other
 from hyperpipe.search.space import MemoryMode
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.network import ring_spec
-from hyperpipe.sim.sharding import stage_fsdp_extra_s
+from hyperpipe.sim.sharding import (
+    FirstForward,
+    FsdpCost,
+    fill_delay_s,
+    first_forwards,
+    stage_fsdp_cost,
+)
 
 KEEP_PER_GROUP = 3        # templates kept per (schedule, micro-batch, type group) ...
 KEEP_MAX = 32             # ... or up to this many when within TOLERANCE of the best
@@ -222,15 +228,15 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
                     price, mode)
 
 
-def _zero_extra_s(ctx: SearchContext, st: StagePlan, group: tuple[str, ...],
-                  pattern: tuple, mb: int, mode: MemoryMode, op: str, first: bool = False
-                  ) -> float:
-    """`sim.sharding.stage_fsdp_extra_s`, cached under what it depends on: stages alike
+def _zero_cost(ctx: SearchContext, st: StagePlan, group: tuple[str, ...],
+               pattern: tuple, mb: int, mode: MemoryMode, op: str, first: bool = False
+               ) -> FsdpCost:
+    """`sim.sharding.stage_fsdp_cost`, cached under what it depends on: stages alike
     to the cost model (unit kind, layers, where the group's devices sit: `pattern`, its
     `ring_pattern`) cost the same."""
     key = (ctx.table_key(st.devices, mb, mode).times, st.layers, pattern, mode.zero,
            mode.reshard, op, first)
-    return ctx.zero_extras.memo(key, lambda: stage_fsdp_extra_s(
+    return ctx.zero_extras.memo(key, lambda: stage_fsdp_cost(
         ctx.cost, st, group, op, mb, mode.zero, mode.reshard, ctx.grad_bytes_per_param,
         first_forward=first))
 
@@ -261,16 +267,19 @@ def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partiti
                            tp: int, mode: MemoryMode, mb: int, placement: tuple | None
                            ) -> tuple[P.Partition, float]:
     """`part` with each stage's per-micro-batch ZeRO-2/3 time added (its forward's and
-    backward's exposed gathers and scatters, `sim.sharding.stage_fsdp_extra_s`, over
+    backward's exposed gathers and scatters, `sim.sharding.stage_fsdp_cost`, over
     the stage's data-parallel group: tensor rank 0 of each context rank of every
-    replica), and the seconds of the once-a-step gathers of ZeRO-3 without resharding
-    (each stage's first forward, on the fill's path). `placement` names `slots` (as in
+    replica), and the seconds by which ZeRO-3 without resharding's once-a-step gathers
+    delay the first micro-batch's forward path (`sim.sharding.first_forwards` and
+    `fill_delay_s`, links left out). `placement` names `slots` (as in
     `_sync_s`): the groups' ring patterns are cached under it."""
     p = len(slots[0])
     place = schedule_kind(kind).placement
     backward = ("I", "W") if schedule_kind(kind).splits_backward else ("B",)
     cp = mode.cp
-    stage_s, extra_f, last_back, once = [], 0.0, 0.0, 0.0
+    stage_s, extra_f, last_back = [], 0.0, 0.0
+    forward, firsts = [], []
+    once_a_step = mode.zero == 3 and not mode.reshard
     for k, (a, b) in enumerate(part.layer_ranges):
         d = stage_rank(k, p, place)
         unit = slots[0][d]
@@ -279,12 +288,24 @@ def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partiti
                        mode.ep)
         pattern = ctx.ring_pattern((group,)) if placement is None else \
             ctx.group_patterns.memo((placement, d), lambda g=group: ctx.ring_pattern((g,)))
-        f = _zero_extra_s(ctx, st, group, pattern, mb, mode, "F")
-        back = sum(_zero_extra_s(ctx, st, group, pattern, mb, mode, op) for op in backward)
-        once += _zero_extra_s(ctx, st, group, pattern, mb, mode, "F", first=True) - f
+        f = _zero_cost(ctx, st, group, pattern, mb, mode, "F").extra_s
+        back = sum(_zero_cost(ctx, st, group, pattern, mb, mode, op).extra_s
+                   for op in backward)
+        if once_a_step:
+            firsts.append(_zero_cost(ctx, st, group, pattern, mb, mode, "F", first=True))
+            table = ctx.table(unit, mb, mode)
+            forward.append(float(table.fwd_s[b] - table.fwd_s[a]))
         stage_s.append(part.stage_s[k] + f + back)
         extra_f += f
         last_back = back                # the last stage's, for the zero-bubble fill
+    once = 0.0
+    if once_a_step:
+        waits = [FirstForward(0.0, 0.0)] * len(firsts)
+        for d in range(p):
+            mine = [k for k in range(len(firsts)) if stage_rank(k, p, place) == d]
+            for k, w in zip(mine, first_forwards([firsts[k] for k in mine]), strict=True):
+                waits[k] = w
+        once = fill_delay_s(waits, forward)
     return (replace(part, stage_s=tuple(stage_s), bottleneck_s=max(stage_s),
                     total_s=sum(stage_s), forward_s=part.forward_s + extra_f,
                     last_backward_s=part.last_backward_s + last_back), once)

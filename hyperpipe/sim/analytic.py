@@ -58,7 +58,11 @@ from hyperpipe.sim.options import Execution, execution_of
 from hyperpipe.sim.replay import schedule_makespan_s
 from hyperpipe.sim.replicas import shape_classes, stage_holding
 from hyperpipe.sim.sharding import (
+    FirstForward,
     dp_shards,
+    fill_delay_s,
+    first_forwards,
+    first_gather,
     fsdp_extra_s,
     rank_static_bytes,
     ring_attention_extra_s,
@@ -188,8 +192,7 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     gradients are ready. `sched`: kind synth's own orders, else None. With blocking
     sends (`ex.blocking_p2p`) each send is waited out by its sender (`_blocking`);
     ZeRO-2/3's gathers and scatters join the actions (`sharding.fsdp_extra_s`), and
-    without resharding each stage's first forward gathers its weights once, on the
-    fill's path (added to the span)."""
+    without resharding the once-a-step gathers delay the fill (`_gather_delay_s`)."""
     blocking = ex.blocking_p2p
 
     def add(k: int, op: str) -> float:
@@ -227,9 +230,7 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     work = [sum(times.f[s] + times.b[s] for s in homes[r]) for r in range(p)]
     span = _span_s(cost, pipe, times, sched, v, crossed, work, whole_b, add)
     if plan.zero == 3 and not ex.reshard_after_forward:
-        span += sum(fsdp_extra_s(cost, plan, members[0], k, "F", first_forward=True,
-                                 reshard=False, grad_bytes_per_param=ex.grad_bytes_per_param)
-                    for k in range(len(st)))
+        span += _gather_delay_s(cost, plan, members[0], homes, times.f, crossed, ex)
     # The last backward wave leaves stage s after the stages below it have run
     # theirs: a rank's chunks end their backwards (and start their rings) apart.
     below = [0.0, *accumulate(times.b)]
@@ -249,6 +250,22 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
         stage_devices.update(dict.fromkeys(mine, devices))
         ranks.append(RankUse(devices, device_type, tuple(mine), peak, m * work[r]))
     return ClassEstimate(span, ranks, ready, rank_ends, stage_devices)
+
+
+def _gather_delay_s(cost: CostModel, plan: Plan, q: int, homes: list[tuple[int, ...]],
+                    forward_s: list[float], crossed: list[LinkCost], ex: Execution
+                    ) -> float:
+    """ZeRO-3 without resharding: how much later the first micro-batch's forward path
+    (stage by stage, with its sends) ends when each stage's first forward waits for its
+    once-a-step gather (`sharding.first_forwards`; a rank's stages meet their first
+    forwards in stage order). The path is the fill's: the schedule's span moves with it."""
+    waits = [FirstForward(0.0, 0.0)] * len(forward_s)
+    for mine in homes:
+        gathers = [first_gather(cost, plan, q, s, ex.grad_bytes_per_param) for s in mine]
+        for s, w in zip(mine, first_forwards(gathers), strict=True):
+            waits[s] = w
+    links = [link.fwd_s for link in crossed] + [0.0]
+    return fill_delay_s(waits, [f + x for f, x in zip(forward_s, links, strict=True)])
 
 
 def _no_add(k: int, op: str) -> float:

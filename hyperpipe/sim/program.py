@@ -41,6 +41,8 @@ from hyperpipe.sim.network import (
 from hyperpipe.sim.options import Execution, SimOptions
 from hyperpipe.sim.replicas import stage_holding
 from hyperpipe.sim.sharding import (
+    first_forwards,
+    first_gather,
     fsdp_extra_s,
     rank_static_bytes,
     ring_attention_extra_s,
@@ -62,6 +64,7 @@ class Step(NamedTuple):
     tp: FlowSpec | None           # the tensor-parallel flow after its compute, or None
     a2a: FlowSpec | None = None   # expert parallelism's all-to-alls, or None
     a2a_overlap: bool = False     # they run beside the compute (DualPipe), not after it
+    ready_s: float = 0.0          # it may not start before this, from the step's start
 
     def busy_s(self) -> float:
         """Its time on idle links: its compute, its tensor-parallel flow and its
@@ -203,18 +206,21 @@ def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe
 
 def _first_forward_gathers(plan: Plan, cost: CostModel, ex: Execution, q: int,
                            rank: Rank) -> None:
-    """ZeRO-3 without resharding: each stage's first forward of the step gathers its
-    weights (`sharding.fsdp_extra_s` with `first_forward`), added to that action."""
+    """ZeRO-3 without resharding: each stage's weights are gathered once a step, and its
+    first forward waits for them (`sharding.first_forwards`): not before its
+    `Step.ready_s`, and its exposed part added to its compute."""
     if plan.zero < 3 or ex.reshard_after_forward:
         return
-    seen: set[int] = set()
+    firsts: dict[int, int] = {}               # stage -> index of its first forward
     for i, (s, op) in enumerate(zip(rank.stages, rank.ops, strict=True)):
-        if op == "F" and s not in seen:
-            seen.add(s)
-            extra = fsdp_extra_s(cost, plan, q, s, "F", first_forward=True,
-                                 reshard=False, grad_bytes_per_param=ex.grad_bytes_per_param)
-            step = rank.program[i]
-            rank.program[i] = step._replace(compute_s=step.compute_s + extra)
+        if op == "F" and s not in firsts:
+            firsts[s] = i
+    waits = first_forwards([first_gather(cost, plan, q, s, ex.grad_bytes_per_param)
+                            for s in firsts])
+    for i, w in zip(firsts.values(), waits, strict=True):
+        step = rank.program[i]
+        rank.program[i] = step._replace(compute_s=step.compute_s + w.extra_s,
+                                        ready_s=w.ready_s)
 
 
 def prepare_tie(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Tie | None:

@@ -25,8 +25,18 @@ each unit's weights, the next unit's gather prefetched while the current one com
 backward gathers them again (B or I) and reduce-scatters each unit's gradient after it
 (B or W) on the same stream, overlapped with the next unit (`overlapped_pass_s`).
 Without it (torchtitan's default with pipelining, "to avoid per-microbatch
-all-gathers"): each stage's first forward of the step gathers its units, and the
-gradients are reduce-scattered once, in the step's data-parallel segment.
+all-gathers"; Llama 3's FSDP, arXiv 2407.21783 sec. 3.3): a stage's weights are
+gathered once a step and held, and the gradients are reduce-scattered once, in the
+step's data-parallel segment. Where the gathers start (`first_forwards`): a rank
+holding several stages issues them all at the step's start, in the order of their
+first forwards (torch's multi-stage runtime unshards the next stages it will run ahead
+of their actions, torch/distributed/pipelining/schedules.py `_add_unshard_reshard`), so
+a stage's first forward waits only for what of its gather is not done; a rank of one
+stage gathers in its first forward (FSDP2's pre-forward hooks under torch's
+single-stage schedules), layer by layer with the next layer prefetched. Left out:
+torch's runtime keeps at most 3 stages unsharded (evicting the others, re-gathered
+ahead of their next use): memory counts every stage of a rank unsharded, and the
+re-gathers are taken as hidden.
 Under expert parallelism an MoE block's routed experts are a unit of their own, sharded
 over the expert-data-parallel mesh (torchtitan `fully_shard(transformer_block.moe.
 experts, mesh=dp_mod_ep_mesh)`, torchtitan/models/llama4/infra/parallelize.py
@@ -60,6 +70,7 @@ the data-parallel segments.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from hyperpipe.models.ops import CAUSAL_FRACTION, attention_gemms
 from hyperpipe.plan.plan import Plan, StagePlan
@@ -184,19 +195,77 @@ def overlapped_pass_s(compute_s: Sequence[float], gather_s: Sequence[float],
     return max(now, comm)
 
 
+class FsdpCost(NamedTuple):
+    """What ZeRO-2/3 adds to one action of a stage."""
+
+    extra_s: float         # beyond its compute: gathers and scatters overlapped with it,
+    #                        the first gather starting with it (layer-by-layer prefetch)
+    gather_s: float        # its gathers alone, back to back on the communication stream
+
+
 def fsdp_extra_s(cost: CostModel, plan: Plan, q: int, k: int, op: str, *,
                  first_forward: bool = False, reshard: bool | None = None,
                  grad_bytes_per_param: float | None = None) -> float:
     """Seconds ZeRO-2/3 adds to one `op` of stage k of pipeline q (see the module doc);
     `first_forward`: the stage's first forward of the step (where ZeRO-3 without
-    resharding gathers). 0 for ZeRO 0/1 and for a group of one."""
+    resharding gathers), as if its gather started with it. 0 for ZeRO 0/1 and for a
+    group of one."""
+    return _fsdp_pass(cost, plan, q, k, op, first_forward, reshard,
+                      grad_bytes_per_param).extra_s
+
+
+def first_gather(cost: CostModel, plan: Plan, q: int, k: int,
+                 grad_bytes_per_param: float | None = None) -> FsdpCost:
+    """The once-a-step gather of stage k of pipeline q under ZeRO-3 without resharding,
+    at its first forward (zeros for a group of one)."""
+    return _fsdp_pass(cost, plan, q, k, "F", True, False, grad_bytes_per_param)
+
+
+class FirstForward(NamedTuple):
+    """What a stage's first forward of the step waits for under ZeRO-3 without
+    resharding (`first_forwards`)."""
+
+    ready_s: float         # it may not start before this, from the step's start
+    extra_s: float         # it takes this much beyond its compute
+
+
+def first_forwards(gathers: Sequence[FsdpCost]) -> list[FirstForward]:
+    """One rank's stages, in the order of their first forwards, given each one's
+    once-a-step gather (`first_gather`). A rank of several stages (torch's multi-stage
+    runtime) issues all their gathers back to back at the step's start: a first forward
+    may start once the gathers before it are done plus its own exposed part, which
+    ends it as if its gather had started with it; a gather done before the forward
+    starts costs it nothing. A rank of one stage (torch's single-stage schedules:
+    FSDP2's pre-forward hook) gathers when its first forward starts: that forward takes
+    the exposed part longer."""
+    if len(gathers) == 1:
+        return [FirstForward(0.0, gathers[0].extra_s)]
+    out, before = [], 0.0
+    for g in gathers:
+        out.append(FirstForward(before + g.extra_s, 0.0))
+        before += g.gather_s
+    return out
+
+
+def fill_delay_s(waits: Sequence[FirstForward], forward_s: Sequence[float]) -> float:
+    """How much later the first micro-batch's forward path ends when stage k's forward
+    (`forward_s[k]`, its send included) starts once stage k - 1's is done but not before
+    `waits[k].ready_s`, and takes `waits[k].extra_s` longer."""
+    t = 0.0
+    for w, f in zip(waits, forward_s, strict=True):
+        t = max(t, w.ready_s) + w.extra_s + f
+    return max(0.0, t - sum(forward_s))
+
+
+def _fsdp_pass(cost: CostModel, plan: Plan, q: int, k: int, op: str, first_forward: bool,
+               reshard: bool | None, grad_bytes_per_param: float | None) -> FsdpCost:
     reshard = reshard_after_forward(plan) if reshard is None else reshard
     gather, scatter = zero_collectives(plan.zero, reshard, op, first_forward)
     if not (gather or scatter):
-        return 0.0
+        return FsdpCost(0.0, 0.0)
     group = shard_group(plan, q, k)
     if len(group) <= 1:
-        return 0.0
+        return FsdpCost(0.0, 0.0)
     if grad_bytes_per_param is None:
         grad_bytes_per_param = plan.runtime_settings().grad_bytes_per_param(
             cost.grad_bytes_per_param)
@@ -205,8 +274,8 @@ def fsdp_extra_s(cost: CostModel, plan: Plan, q: int, k: int, op: str, *,
     factor = 1.0 if kind == "even" else uneven_factor(shard_fractions(
         shard_weights(plan, st, cost.cluster, kind)))
     expert_group, share = _expert_group(cost, plan, q, k)
-    return _memo_fsdp_extra_s(cost, st, group, op, plan.pipelines[q].micro_batch, gather,
-                              scatter, grad_bytes_per_param, factor, expert_group, share)
+    return _memo_fsdp_pass(cost, st, group, op, plan.pipelines[q].micro_batch, gather,
+                           scatter, grad_bytes_per_param, factor, expert_group, share)
 
 
 def zero_collectives(zero: int, reshard: bool, op: str, first_forward: bool = False
@@ -219,24 +288,25 @@ def zero_collectives(zero: int, reshard: bool, op: str, first_forward: bool = Fa
     return gather, scatter
 
 
-def stage_fsdp_extra_s(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: str,
-                       micro_batch: int, zero: int, reshard: bool, grad_bytes: float, *,
-                       first_forward: bool = False) -> float:
-    """`fsdp_extra_s` of a stage `st` whose data-parallel group is `group` (tensor rank 0
-    of each of its ranks, `shard_group`), sharded evenly and without expert parallelism's
-    own groups: what the search's templates add per action before a plan exists."""
+def stage_fsdp_cost(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: str,
+                    micro_batch: int, zero: int, reshard: bool, grad_bytes: float, *,
+                    first_forward: bool = False) -> FsdpCost:
+    """What ZeRO-2/3 adds to `op` of a stage `st` whose data-parallel group is `group`
+    (tensor rank 0 of each of its ranks, `shard_group`), sharded evenly and without
+    expert parallelism's own groups: what the search's templates add per action before
+    a plan exists."""
     gather, scatter = zero_collectives(zero, reshard, op, first_forward)
     if not (gather or scatter) or len(group) <= 1:
-        return 0.0
-    return _memo_fsdp_extra_s(cost, st, group, op, micro_batch, gather, scatter, grad_bytes)
+        return FsdpCost(0.0, 0.0)
+    return _memo_fsdp_pass(cost, st, group, op, micro_batch, gather, scatter, grad_bytes)
 
 
-def _memo_fsdp_extra_s(cost: CostModel, *args) -> float:
-    """`_fsdp_extra_s(cost, *args)`, kept for the cost model's life."""
+def _memo_fsdp_pass(cost: CostModel, *args) -> FsdpCost:
+    """`_stage_pass(cost, *args)`, kept for the cost model's life."""
     table = cost.memo("sharding", dict)
     key = ("fsdp", *args)
     if key not in table:
-        table[key] = _fsdp_extra_s(cost, *args)
+        table[key] = _stage_pass(cost, *args)
     return table[key]
 
 
@@ -253,10 +323,10 @@ def _expert_group(cost: CostModel, plan: Plan, q: int, k: int
     return tuple(ring), expert_share(cost, plan, q, k)
 
 
-def _fsdp_extra_s(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: str,
-                  mb: int, gather: bool, scatter: bool, grad_bytes: float,
-                  factor: float = 1.0, expert_group: tuple[str, ...] = (),
-                  share: float = 1.0) -> float:
+def _stage_pass(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: str,
+                 mb: int, gather: bool, scatter: bool, grad_bytes: float,
+                 factor: float = 1.0, expert_group: tuple[str, ...] = (),
+                 share: float = 1.0) -> FsdpCost:
     units = list(range(*st.layers))
     if op != "F":
         units.reverse()                      # the backward meets the layers last first
@@ -276,7 +346,7 @@ def _fsdp_extra_s(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: st
         scatters.append(sum(f * cost.allgather_time_s(g, p * grad_bytes)
                             for g, f, p in parts if len(g) > 1 and p > 0)
                         if scatter else 0.0)
-    return overlapped_pass_s(compute, gathers, scatters) - sum(compute)
+    return FsdpCost(overlapped_pass_s(compute, gathers, scatters) - sum(compute), sum(gathers))
 
 
 def ring_exposed_s(steps: int, exchange_s: float, step_s: float) -> float:
@@ -363,7 +433,9 @@ def _step_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> flo
     return t * cost.cluster.slowdown(stage.devices)
 
 
-__all__ = ["dp_shards", "fsdp_extra_s", "overlapped_pass_s", "pipelined",
+__all__ = ["FirstForward", "FsdpCost", "dp_shards", "fill_delay_s", "first_forwards",
+           "first_gather",
+           "fsdp_extra_s", "overlapped_pass_s", "pipelined",
            "reshard_after_forward", "ring_attention_extra_s", "ring_edges",
            "ring_exposed_s", "ring_step_bytes", "shard_fractions", "shard_group",
-           "shard_weights", "uneven_factor"]
+           "shard_weights", "stage_fsdp_cost", "uneven_factor"]

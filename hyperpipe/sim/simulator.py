@@ -133,7 +133,7 @@ class _Engine:
         start_lazy, sent_at, fuse, report_to = self.net.start_lazy, pipe.sent_at, pipe.fuse, \
             self._report
         t1 = env.now
-        for i, (dur, wait, box, chan, spec, delta, report, tp, a2a, a2a_beside) in \
+        for i, (dur, wait, box, chan, spec, delta, report, tp, a2a, a2a_beside, ready) in \
                 enumerate(rank.program):
             if wait >= 0 and eta[wait] > t1:
                 rank.cursor = i
@@ -141,8 +141,10 @@ class _Engine:
                 while eta[wait] > env.now:           # not sent yet, or still on its way
                     if eta[wait] == NEVER:
                         # The sender learns the arrival time first; unless this action
-                        # must report its start, it wakes us at the action's end.
-                        fuse[wait] = dur if report < 0 and a2a is None else -1.0
+                        # must report its start or wait for a gather, it wakes us at
+                        # the action's end.
+                        fuse[wait] = dur if report < 0 and a2a is None and not ready \
+                            else -1.0
                         ev = waiters[wait] = env.event()
                         started = yield ev
                         if started is not None and eta[wait] == started:
@@ -153,6 +155,9 @@ class _Engine:
                 t0 = env.now if started is None else started
             else:
                 t0, started = t1, None
+            if ready > t0:                           # its weights' gather not done yet
+                yield timeout(ready - t0)
+                t0 = env.now
             if delta > 0:
                 current += delta
                 timeline.append((t0, current))

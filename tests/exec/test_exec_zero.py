@@ -76,6 +76,32 @@ def test_zero_trains_like_single_process(zero, pp, reshard):
 
 
 @pytest.mark.slow
+def test_zero3_interleaved_gathers_every_stage_at_the_step_start():
+    # pp 2 x 2 chunks x dp 2, zero 3 without resharding: a rank of two stages issues
+    # all four of its units' gathers before its first forward ends, and trains like
+    # one process
+    cuts = [(0, 2), (2, 4), (4, 6), (6, 8)]
+    pipes = [{"micro_batch": 2, "num_microbatches": 2,
+              "stages": [_stage(c, q * 2 + k % 2) for k, c in enumerate(cuts)]}
+             for q in (0, 1)]
+    plan = plan_from_dict(plan_doc(pipes, schedule={"kind": "interleaved-1f1b",
+                                                    "chunks": 2}, zero=3))
+    result = run_plan(plan, RunOptions(steps=3, emulate=False, capture_state=True,
+                                       probe_links=False, lr=LR))
+    losses, grads, _ = single_process(plan, 3, lr=LR)
+    assert result.losses == pytest.approx(losses, abs=LOSS_TOL)
+    for rank_state in result.state:
+        for name, st in rank_state.items():
+            assert (st["grad"] - grads[name]).abs().max().item() <= TOL, (name, "grad")
+    for device in ("n/0", "n/1"):
+        events = [e for e in result.trace.events if e.step == 2 and e.device == device]
+        first_f = min((e for e in events if e.op == "F"), key=lambda e: e.start_s)
+        gathers = [e for e in events if e.op == "allgather"]
+        assert len(gathers) == 4                       # two units a stage, once a step
+        assert max(e.start_s for e in gathers) <= first_f.end_s
+
+
+@pytest.mark.slow
 def test_zero3_parameter_bytes_per_rank_are_the_dim0_shards(tmp_path):
     """FSDP2 shards every parameter on dim 0 into ceil(d0 / dp) rows per rank (the last
     ranks fewer): each rank keeps about 1/dp of the parameters, all ranks together

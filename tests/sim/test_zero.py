@@ -14,7 +14,16 @@ from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.sharding import fsdp_extra_s, overlapped_pass_s, shard_group
+from hyperpipe.sim.sharding import (
+    FirstForward,
+    FsdpCost,
+    fill_delay_s,
+    first_forwards,
+    first_gather,
+    fsdp_extra_s,
+    overlapped_pass_s,
+    shard_group,
+)
 from hyperpipe.sim.simulator import SimOptions, simulate
 
 FLOPS = 1e12
@@ -120,6 +129,68 @@ def test_zero3_gather_bound_forward_takes_the_gathers():
     events = simulate(plan, cost).trace.events
     f = [e for e in events if e.op == "F" and e.device == "n0/0"]
     assert f[0].duration_s == pytest.approx(layers * gather_s + 1e-3)
+
+
+def test_first_forwards_closed_form():
+    # three stages of one rank, gathers of 2, 3 and 1 s issued back to back at 0: each
+    # first forward may start once the gathers before it are done, plus its own exposed
+    # part; one stage alone gathers when its forward starts, which takes that longer
+    costs = [FsdpCost(1.5, 2.0), FsdpCost(0.5, 3.0), FsdpCost(1.0, 1.0)]
+    assert first_forwards(costs) == [FirstForward(1.5, 0.0), FirstForward(2.0 + 0.5, 0.0),
+                                     FirstForward(2.0 + 3.0 + 1.0, 0.0)]
+    assert first_forwards(costs[:1]) == [FirstForward(0.0, 1.5)]
+
+
+@pytest.mark.parametrize("waits,forward,delay", [
+    # ready at 1 s, then a stage reached at 2.5 s and ready at 3: late by 1 s at the start
+    ([(1.0, 0.0), (3.0, 0.0)], [2.5, 1.0], 1.0),
+    # late by 0.5 at the start, then reached at 0.5 + 2.5 and ready at 4: 1 s more
+    ([(0.5, 0.0), (4.0, 0.0)], [2.5, 1.0], 1.5),
+    ([(0.0, 0.0), (1.0, 0.0)], [2.5, 1.0], 0.0),
+    # one stage a rank: the exposed parts add up along the path
+    ([(0.0, 0.5), (0.0, 0.25)], [2.5, 1.0], 0.75)])
+def test_fill_delay_is_a_longest_path(waits, forward, delay):
+    assert fill_delay_s([FirstForward(*w) for w in waits], forward) == pytest.approx(delay)
+
+
+@pytest.mark.parametrize("kind,chunks", [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_zero3_once_a_step_gathers(kind, chunks):
+    # pp 2 x dp 2, 4 gather-bound layers (gather g > 2 t, t = 1 ms of F a layer), zero 3
+    # without resharding.
+    params, t = 4_000_000_000, 1e-3
+    model = synthetic_model(4, fwd_flops_per_sample=LAYER_FLOPS, params_per_layer=params,
+                            activation_bytes_per_sample=0)
+    cluster = _unit_cluster(4, bandwidth=1e12)
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=1, global_batch=4,
+                        schedule=kind, chunks=chunks)
+    plan = plan.with_memory(zero=3).on_stack(None, reshard_after_forward=False)
+    eff = cluster.device_types["unit"].collective_efficiency
+    g = params * model.dtype_bytes / 2 / (1e12 * eff)
+    assert g > 2 * t
+    events = simulate(plan, cost).trace.events
+    first = {}
+    for e in sorted(events, key=lambda e: e.start_s):
+        if e.op == "F" and e.device in plan.pipelines[0].stages[e.stage].devices:
+            first.setdefault(e.stage, e)
+    if chunks == 1:
+        # a rank of one stage (two layers) gathers in its first forward, the second
+        # layer's gather beside the first layer's compute: 2g + t, on each rank in turn
+        assert first_gather(cost, plan, 0, 0) == pytest.approx(FsdpCost(2 * g - t, 2 * g))
+        assert first[0].start_s == pytest.approx(0.0)
+        assert first[0].duration_s == pytest.approx(2 * g + t)
+        assert first[1].start_s == pytest.approx(2 * g + t)
+        assert first[1].duration_s == pytest.approx(2 * g + t)
+    else:
+        # ranks of two one-layer stages gather both from the step's start: stage 0 (and
+        # 1) ready at g, stage 2 (and 3) at 2g, each forward its compute alone; rank 1
+        # gets micro-batch 0 at g + t, rank 0 gets it back at g + 2t < 2g
+        assert first_gather(cost, plan, 0, 0) == pytest.approx(FsdpCost(g, g))
+        assert [first[k].start_s for k in range(4)] == \
+            pytest.approx([g, g + t, 2 * g, 2 * g + t])
+        assert all(first[k].duration_s == pytest.approx(t) for k in range(4))
+    # the analytic tier's fill moves as much
+    assert_analytic_matches_simulator(plan, cost)
 
 
 def test_zero_plans_need_a_group_to_add_time():
