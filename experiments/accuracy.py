@@ -221,17 +221,25 @@ def main() -> int:
         return _study(args, native, base, Path(tmp) / "native.json", t0)
 
 
-def _study(args, native, base, native_path: Path, t0: float) -> int:
+def calibrated(args, native, base, native_path: Path):
+    """(the run options of the study: `args.steps` steps at `args.emulation_scale`,
+    emulated against the `native` profile, saved to `native_path`, unless
+    `args.reference` is "measured"; the profile calibrated on the CALIBRATION runs from
+    `base`), the calibration runs printed as they end."""
     native.save(native_path)
     opts = RunOptions(steps=args.steps, emulation_scale=args.emulation_scale,
-                      reference_profile=str(native_path) if args.reference == "profile"
-                      else None)
+                      reference_profile=None if getattr(args, "reference", "profile")
+                      == "measured" else str(native_path))
     print(f"calibration runs ({len(CALIBRATION)}):", flush=True)
     traces = []
     for name, p in CALIBRATION.items():
         traces.append(run_plan(p, opts).trace)
         print(f"  {name}: {measured_iteration_s(traces[-1]) * 1e3:.1f} ms", flush=True)
-    profile = calibrate(traces, sources=list(CALIBRATION), base=base)
+    return opts, calibrate(traces, sources=list(CALIBRATION), base=base)
+
+
+def _study(args, native, base, native_path: Path, t0: float) -> int:
+    opts, profile = calibrated(args, native, base, native_path)
 
     # the plans' own link probes feed nothing here (only the calibration runs' do)
     plan_opts = replace(opts, probe_links=False)

@@ -28,13 +28,12 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from accuracy import A0, A1, CALIBRATION, V0, V1, profiles
+from accuracy import A0, A1, V0, V1, calibrated, profiles
 
 import hyperpipe.sim.program as program
-from hyperpipe.exec import RunOptions, run_plan
+from hyperpipe.exec import run_plan
 from hyperpipe.plan.plan import Plan, plan_from_dict
 from hyperpipe.sim.accuracy import measured_iteration_s
-from hyperpipe.sim.calibrate import calibrate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.sharding import FirstForward, first_forwards
 from hyperpipe.sim.simulator import simulate
@@ -84,12 +83,7 @@ def main() -> int:
     args = ap.parse_args()
     native, base = profiles(args)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "native.json"
-        native.save(path)
-        opts = RunOptions(steps=args.steps, emulation_scale=args.emulation_scale,
-                          reference_profile=str(path))
-        profile = calibrate([run_plan(p, opts).trace for p in CALIBRATION.values()],
-                            sources=list(CALIBRATION), base=base)
+        opts, profile = calibrated(args, native, base, Path(tmp) / "native.json")
         # compute from the calibration; links from each plan's own cluster file
         profile = replace(profile, links={}, allreduce={})
         for link in LINKS:

@@ -31,13 +31,23 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from accuracy import A0, A1, CALIBRATION, V0, V1, Row, _figures, bubble_null_s, profiles
+from accuracy import (
+    A0,
+    A1,
+    CALIBRATION,
+    V0,
+    V1,
+    Row,
+    _figures,
+    bubble_null_s,
+    calibrated,
+    profiles,
+)
 
-from hyperpipe.exec import RunOptions, run_plan
+from hyperpipe.exec import run_plan
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.plan.stack import RuntimeOverrides
 from hyperpipe.sim.accuracy import compute_only_s, measured_iteration_s
-from hyperpipe.sim.calibrate import calibrate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
 
@@ -93,13 +103,7 @@ def main() -> int:
           flush=True)
     native, base = profiles(args)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "native.json"
-        native.save(path)
-        opts = RunOptions(steps=args.steps, emulation_scale=args.emulation_scale,
-                          reference_profile=str(path))
-        print(f"calibration runs (dense, {len(CALIBRATION)}):", flush=True)
-        traces = [run_plan(p, opts).trace for p in CALIBRATION.values()]
-        profile = calibrate(traces, sources=list(CALIBRATION), base=base)
+        opts, profile = calibrated(args, native, base, Path(tmp) / "native.json")
         rows = []
         for name, p in PLANS.items():
             cost = CostModel(p.load_model(), p.load_cluster(), profile)

@@ -126,6 +126,34 @@ def single_process(plan: Plan, steps: int, seed: int = 0, lr: float = 1e-3):
     return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def assert_trains_like_single_process(plan: Plan, steps: int, *, loss_tol: float,
+                                      grad_tol: float, lr: float = 1e-3, **options: Any):
+    """Run `plan` (gloo, no emulation unless `options` say) for `steps` with AdamW(lr)
+    and compare it with `single_process`: every step's loss within `loss_tol`, the last
+    step's gradients within `grad_tol` and the final weights within lr / 2 (AdamW moves
+    a weight by about lr whatever its gradient: tests/exec/test_exec_parallel.py) on
+    every rank holding each parameter; every parameter held somewhere. Returns the
+    run's result."""
+    import pytest
+
+    from hyperpipe.exec import RunOptions, run_plan
+    result = run_plan(plan, RunOptions(**{"steps": steps, "emulate": False,
+                                          "capture_state": True, "probe_links": False,
+                                          "lr": lr, **options}))
+    losses, grads, weights = single_process(plan, steps, lr=lr)
+    assert result.losses == pytest.approx(losses, abs=loss_tol)
+    seen = set()
+    for rank_state in result.state:
+        for name, st in rank_state.items():
+            diff = (st["grad"] - grads[name]).abs().max().item()
+            assert diff <= grad_tol, (name, "grad", diff)
+            diff = (st["param"] - weights[name]).abs().max().item()
+            assert diff <= lr / 2, (name, "weight", diff)
+            seen.add(name)
+    assert seen == set(grads)
+    return result
+
+
 def assert_analytic_matches_simulator(plan: Plan, cost, rel: float = 0.05) -> None:
     """The analytic tier prices `plan` like the simulator: iteration time and every
     device's peak memory within `rel`."""

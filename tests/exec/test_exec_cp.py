@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from factories import plan_doc, single_process
+from factories import assert_trains_like_single_process, plan_doc
 
 from hyperpipe.exec import RunOptions, run_plan
 from hyperpipe.exec.context_parallel import Ring, attach, local_positions, local_sequence
@@ -198,25 +198,11 @@ def stage(layers, devices, cp, **fields) -> dict:
 
 
 def check(pipelines: list[dict], steps: int = 3, **top):
-    """Run the plan (gloo, no emulation) and compare with the single process: every
-    step's loss, the last step's gradients and the final weights on every rank holding
-    each layer."""
+    """Run the plan (gloo, no emulation) against the single process
+    (`factories.assert_trains_like_single_process`)."""
     plan = plan_from_dict(plan_doc(pipelines, **top))
-    result = run_plan(plan, RunOptions(steps=steps, emulate=False, capture_state=True,
-                                       probe_links=False, lr=LR))
-    losses, grads, weights = single_process(plan, steps, lr=LR)
-    assert result.losses == pytest.approx(losses, abs=LOSS_TOL)
-    seen = set()
-    for rank_state in result.state:
-        for name, st in rank_state.items():
-            diff = (st["grad"] - grads[name]).abs().max().item()
-            assert diff <= RUN_GRAD_TOL, (name, diff)
-            # AdamW moves a weight by about lr whatever its gradient (test_exec_parallel)
-            diff = (st["param"] - weights[name]).abs().max().item()
-            assert diff <= LR / 2, (name, "weight", diff)
-            seen.add(name)
-    assert seen == set(grads)
-    return result
+    return assert_trains_like_single_process(plan, steps, loss_tol=LOSS_TOL,
+                                             grad_tol=RUN_GRAD_TOL, lr=LR)
 
 
 def test_cp2_run_trains_like_single_process():

@@ -8,7 +8,7 @@ exchanging over queues: each rank's output equals the whole layer's on that rank
 tokens, each expert's gradient the sum over the ranks' tokens); for real runs, a single
 process training the whole model on the whole batch (`factories.single_process`): losses
 within 2e-4 over three steps, last-step gradients within GRAD_TOL and weights within
-WEIGHT_TOL (as tests/exec/test_exec_parallel.py argues) on every rank holding each
+lr / 2 (as tests/exec/test_exec_parallel.py argues) on every rank holding each
 parameter. Dropless routing is per token, so micro-batching does not change it.
 """
 
@@ -21,10 +21,9 @@ from threading import Thread
 
 import pytest
 import torch
-from factories import plan_doc, single_process
+from factories import assert_trains_like_single_process, plan_doc
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.exec import RunOptions, run_plan
 from hyperpipe.exec.experts import (
     DENSE,
     Dispatcher,
@@ -45,7 +44,6 @@ from hyperpipe.plan.trace import load_trace
 LOSS_TOL = 2e-4
 GRAD_TOL = 1e-5
 LR = 1e-3
-WEIGHT_TOL = LR / 2
 TWO_NODES = {"nodes": [{"name": "x", "device": "A100-80GB", "count": 2},
                        {"name": "y", "device": "A100-80GB", "count": 2}],
              "inter_node": {"bandwidth": "1 Gbit/s", "latency": "100 us"}}
@@ -200,21 +198,9 @@ def test_dispatch_and_combine_equal_the_whole_layer(ep, factor, one_thread):
 
 # ---------------------------------------------------------------------------- real runs
 def check(plan, steps: int = 3, **options):
-    """Run `plan` and compare with the single process: losses, last-step gradients and
-    final weights on every rank holding each parameter; every parameter held."""
-    result = run_plan(plan, RunOptions(**{"steps": steps, "emulate": False,
-                                          "capture_state": True, "probe_links": False,
-                                          "lr": LR, **options}))
-    losses, grads, weights = single_process(plan, steps, lr=LR)
-    assert result.losses == pytest.approx(losses, abs=LOSS_TOL)
-    seen = set()
-    for rank_state in result.state:
-        for name, st in rank_state.items():
-            assert (st["grad"] - grads[name]).abs().max().item() <= GRAD_TOL, name
-            assert (st["param"] - weights[name]).abs().max().item() <= WEIGHT_TOL, name
-            seen.add(name)
-    assert seen == set(grads)
-    return result
+    """`factories.assert_trains_like_single_process` at this file's tolerances."""
+    return assert_trains_like_single_process(plan, steps, loss_tol=LOSS_TOL,
+                                             grad_tol=GRAD_TOL, lr=LR, **options)
 
 
 def _experts_held(state: dict) -> set[tuple[int, int]]:

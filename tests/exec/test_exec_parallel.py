@@ -5,7 +5,7 @@ Oracle: a single process training the whole model on the whole batch (`build_mod
 the same data stream, torch's own AdamW). Every gradient of the last step must match it
 within 1e-5 on every rank that holds the layer; after more than one step (the last
 step's gradients then depend on the updated weights), so must every loss, and every
-weight within WEIGHT_TOL = lr / 2: AdamW's first steps move each weight by about lr
+weight within lr / 2: AdamW's first steps move each weight by about lr
 whatever the gradient's size (m / sqrt(v)), so an element whose gradient is near zero
 turns a 1e-7 rounding difference into a visible step; a wrong, missing or doubled
 shard update is off by lr = 1e-3 or more.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import plan_doc, single_process
+from factories import assert_trains_like_single_process, plan_doc, single_process
 
 from hyperpipe.exec import RunOptions, run_plan
 from hyperpipe.plan.plan import plan_from_dict
@@ -24,7 +24,6 @@ pytestmark = pytest.mark.slow
 
 TOL = 1e-5
 LR = 1e-3
-WEIGHT_TOL = LR / 2
 
 
 def plan_of(pipelines: list[dict], kind: str = "1f1b", **top) -> object:
@@ -37,23 +36,9 @@ def stage(layers, devices, **fields) -> dict:
 
 
 def check(plan, steps: int = 1, **options):
-    """Run `plan` for `steps` and compare with the single process: losses, last-step
-    gradients and final weights, on every rank holding each layer."""
-    result = run_plan(plan, RunOptions(**{"steps": steps, "emulate": False,
-                                          "capture_state": True, "probe_links": False,
-                                          "lr": LR, **options}))
-    losses, grads, weights = single_process(plan, steps, lr=LR)
-    assert result.losses == pytest.approx(losses, abs=1e-5)
-    seen = set()
-    for rank_state in result.state:
-        for name, st in rank_state.items():
-            diff = (st["grad"] - grads[name]).abs().max().item()
-            assert diff <= TOL, (name, "grad", diff)
-            diff = (st["param"] - weights[name]).abs().max().item()
-            assert diff <= WEIGHT_TOL, (name, "weight", diff)
-            seen.add(name)
-    assert seen == set(grads)
-    return result
+    """`factories.assert_trains_like_single_process` at this file's tolerances."""
+    return assert_trains_like_single_process(plan, steps, loss_tol=1e-5, grad_tol=TOL,
+                                             lr=LR, **options)
 
 
 @pytest.mark.parametrize("kind,stages,steps", [

@@ -14,10 +14,9 @@ import math
 
 import pytest
 import torch
-from factories import plan_doc, single_process
+from factories import assert_trains_like_single_process, plan_doc
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.exec import RunOptions, run_plan
 from hyperpipe.exec.placement import check_runnable
 from hyperpipe.models import build_stage, load_model
 from hyperpipe.plan.plan import plan_from_dict
@@ -25,7 +24,6 @@ from hyperpipe.plan.plan import plan_from_dict
 LOSS_TOL = 2e-4
 TOL = 1e-5
 LR = 1e-3
-WEIGHT_TOL = LR / 2
 
 
 def _stage(layers, device: int) -> dict:
@@ -41,6 +39,12 @@ def _plan(zero: int, pp: int, reshard: bool | None = None, kind: str = "1f1b", *
     return plan_from_dict(plan_doc(pipes, schedule=kind, zero=zero, **top))
 
 
+def _trains_like_single_process(plan, steps: int, *, emulate: bool):
+    """`factories.assert_trains_like_single_process` at this file's tolerances."""
+    return assert_trains_like_single_process(plan, steps, loss_tol=LOSS_TOL, grad_tol=TOL,
+                                             lr=LR, emulate=emulate)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("zero,pp,reshard", [
     (3, 1, None),       # not pipelined: FSDP's default, gathered again for backward
@@ -51,17 +55,7 @@ def _plan(zero: int, pp: int, reshard: bool | None = None, kind: str = "1f1b", *
 ])
 def test_zero_trains_like_single_process(zero, pp, reshard):
     plan = _plan(zero, pp, reshard)
-    result = run_plan(plan, RunOptions(steps=3, emulate=False, capture_state=True,
-                                       probe_links=False, lr=LR))
-    losses, grads, weights = single_process(plan, 3, lr=LR)
-    assert result.losses == pytest.approx(losses, abs=LOSS_TOL)
-    seen = set()
-    for rank_state in result.state:
-        for name, st in rank_state.items():
-            assert (st["grad"] - grads[name]).abs().max().item() <= TOL, (name, "grad")
-            assert (st["param"] - weights[name]).abs().max().item() <= WEIGHT_TOL, name
-            seen.add(name)
-    assert seen == set(grads)
+    result = _trains_like_single_process(plan, 3, emulate=False)
     ops = {e.op for e in result.trace.events}
     assert {"allgather", "reducescatter"} <= ops
     scatters = [e for e in result.trace.events if e.op == "reducescatter" and e.step == 2
@@ -86,13 +80,7 @@ def test_zero3_interleaved_gathers_every_stage_at_the_step_start():
              for q in (0, 1)]
     plan = plan_from_dict(plan_doc(pipes, schedule={"kind": "interleaved-1f1b",
                                                     "chunks": 2}, zero=3))
-    result = run_plan(plan, RunOptions(steps=3, emulate=False, capture_state=True,
-                                       probe_links=False, lr=LR))
-    losses, grads, _ = single_process(plan, 3, lr=LR)
-    assert result.losses == pytest.approx(losses, abs=LOSS_TOL)
-    for rank_state in result.state:
-        for name, st in rank_state.items():
-            assert (st["grad"] - grads[name]).abs().max().item() <= TOL, (name, "grad")
+    result = _trains_like_single_process(plan, 3, emulate=False)
     for device in ("n/0", "n/1"):
         events = [e for e in result.trace.events if e.step == 2 and e.device == device]
         first_f = min((e for e in events if e.op == "F"), key=lambda e: e.start_s)
@@ -174,13 +162,7 @@ def test_emulated_zero3_collectives_take_their_link_time_and_train_alike():
         [{"micro_batch": 2, "num_microbatches": 2, "stages": [
             {"layers": [0, 8], "devices": [d], "tp": 1}]} for d in ("x/0", "y/0")],
         cluster=SLOW_NODES, zero=3))
-    result = run_plan(plan, RunOptions(steps=2, emulate=True, capture_state=True,
-                                       probe_links=False, lr=LR))
-    losses, grads, _ = single_process(plan, 2, lr=LR)
-    assert result.losses == pytest.approx(losses, abs=LOSS_TOL)
-    for rank_state in result.state:
-        for name, st in rank_state.items():
-            assert (st["grad"] - grads[name]).abs().max().item() <= TOL, name
+    result = _trains_like_single_process(plan, 2, emulate=True)
     bandwidth = 200e6 / 8
     for device in ("x/0", "y/0"):
         events = [e for e in result.trace.events if e.step == 1 and e.device == device]
