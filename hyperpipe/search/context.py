@@ -41,6 +41,7 @@ from hyperpipe.search.caches import (
 )
 from hyperpipe.search.space import MemoryMode, SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.sharding import FsdpCost
 
 
 def v_peak_inflight(p: int, m: int) -> tuple[int, ...]:
@@ -83,8 +84,8 @@ class SearchContext:
     group_patterns: Cache[tuple, tuple] = field(default_factory=Cache)  # (placement, slot)
     table_keys: Cache[tuple, TableKey] = field(default_factory=Cache)   # `table_key`
     memories: Cache[tuple, P.LayerTables] = field(default_factory=Cache)  # `table_of`
-    # (stage times key, layers, ring pattern, op, first forward) -> ZeRO-2/3 seconds
-    zero_extras: Cache[tuple, float] = field(default_factory=Cache)
+    # (stage times key, layers, ring pattern, op, first forward) -> what ZeRO-2/3 adds
+    zero_extras: Cache[tuple, FsdpCost] = field(default_factory=Cache)
     # (class, units per pipeline, replicas, tp, cp) -> `bounds.zero_ring_line`
     zero_rings: Cache[tuple, tuple[float, float]] = field(default_factory=Cache)
     # `ring_pattern` of one all-gather group -> its (latency s, s per byte)
