@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import StagePlan
-from hyperpipe.plan.schedule import stage_rank
+from hyperpipe.plan.schedule import rank_stages, stage_rank
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
 from hyperpipe.search.bounds import fill_bound_s, key_bound
@@ -54,11 +54,10 @@ from hyperpipe.search.space import MemoryMode
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.network import ring_spec
 from hyperpipe.sim.sharding import (
-    FirstForward,
     FsdpCost,
     fill_delay_s,
-    first_forwards,
     stage_fsdp_cost,
+    stage_waits,
 )
 
 KEEP_PER_GROUP = 3        # templates kept per (schedule, micro-batch, type group) ...
@@ -300,12 +299,8 @@ def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partiti
         last_back = back                # the last stage's, for the zero-bubble fill
     once = 0.0
     if once_a_step:
-        waits = [FirstForward(0.0, 0.0)] * len(firsts)
-        for d in range(p):
-            mine = [k for k in range(len(firsts)) if stage_rank(k, p, place) == d]
-            for k, w in zip(mine, first_forwards([firsts[k] for k in mine]), strict=True):
-                waits[k] = w
-        once = fill_delay_s(waits, forward)
+        homes = [rank_stages(d, p, len(firsts) // p, place) for d in range(p)]
+        once = fill_delay_s(stage_waits(firsts, homes), forward)
     return (replace(part, stage_s=tuple(stage_s), bottleneck_s=max(stage_s),
                     total_s=sum(stage_s), forward_s=part.forward_s + extra_f,
                     last_backward_s=part.last_backward_s + last_back), once)

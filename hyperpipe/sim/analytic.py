@@ -58,14 +58,13 @@ from hyperpipe.sim.options import Execution, execution_of
 from hyperpipe.sim.replay import schedule_makespan_s
 from hyperpipe.sim.replicas import shape_classes, stage_holding
 from hyperpipe.sim.sharding import (
-    FirstForward,
     dp_shards,
     fill_delay_s,
-    first_forwards,
     first_gather,
     fsdp_extra_s,
     rank_static_bytes,
     ring_attention_extra_s,
+    stage_waits,
 )
 
 _DEVICES, _FIRST, _STAGES = attrgetter("devices"), itemgetter(0), attrgetter("stages")
@@ -259,13 +258,11 @@ def _gather_delay_s(cost: CostModel, plan: Plan, q: int, homes: list[tuple[int, 
     (stage by stage, with its sends) ends when each stage's first forward waits for its
     once-a-step gather (`sharding.first_forwards`; a rank's stages meet their first
     forwards in stage order). The path is the fill's: the schedule's span moves with it."""
-    waits = [FirstForward(0.0, 0.0)] * len(forward_s)
-    for mine in homes:
-        gathers = [first_gather(cost, plan, q, s, ex.grad_bytes_per_param) for s in mine]
-        for s, w in zip(mine, first_forwards(gathers), strict=True):
-            waits[s] = w
+    gathers = [first_gather(cost, plan, q, k, ex.grad_bytes_per_param)
+               for k in range(len(forward_s))]
     links = [link.fwd_s for link in crossed] + [0.0]
-    return fill_delay_s(waits, [f + x for f, x in zip(forward_s, links, strict=True)])
+    return fill_delay_s(stage_waits(gathers, homes),
+                        [f + x for f, x in zip(forward_s, links, strict=True)])
 
 
 def _no_add(k: int, op: str) -> float:

@@ -247,6 +247,18 @@ def first_forwards(gathers: Sequence[FsdpCost]) -> list[FirstForward]:
     return out
 
 
+def stage_waits(gathers: Sequence[FsdpCost], homes: Sequence[Sequence[int]]
+                ) -> list[FirstForward]:
+    """Per stage of a pipeline, what its first forward waits for (`first_forwards`),
+    given each stage's once-a-step gather (`first_gather`) and the stages each rank
+    holds in stage order (the order their first forwards come in)."""
+    waits = [FirstForward(0.0, 0.0)] * len(gathers)
+    for mine in homes:
+        for k, w in zip(mine, first_forwards([gathers[k] for k in mine]), strict=True):
+            waits[k] = w
+    return waits
+
+
 def fill_delay_s(waits: Sequence[FirstForward], forward_s: Sequence[float]) -> float:
     """How much later the first micro-batch's forward path ends when stage k's forward
     (`forward_s[k]`, its send included) starts once stage k - 1's is done but not before
@@ -438,4 +450,4 @@ __all__ = ["FirstForward", "FsdpCost", "dp_shards", "fill_delay_s", "first_forwa
            "fsdp_extra_s", "overlapped_pass_s", "pipelined",
            "reshard_after_forward", "ring_attention_extra_s", "ring_edges",
            "ring_exposed_s", "ring_step_bytes", "shard_fractions", "shard_group",
-           "shard_weights", "stage_fsdp_cost", "uneven_factor"]
+           "shard_weights", "stage_fsdp_cost", "stage_waits", "uneven_factor"]

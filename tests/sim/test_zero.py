@@ -23,6 +23,7 @@ from hyperpipe.sim.sharding import (
     fsdp_extra_s,
     overlapped_pass_s,
     shard_group,
+    stage_waits,
 )
 from hyperpipe.sim.simulator import SimOptions, simulate
 
@@ -139,6 +140,17 @@ def test_first_forwards_closed_form():
     assert first_forwards(costs) == [FirstForward(1.5, 0.0), FirstForward(2.0 + 0.5, 0.0),
                                      FirstForward(2.0 + 3.0 + 1.0, 0.0)]
     assert first_forwards(costs[:1]) == [FirstForward(0.0, 1.5)]
+
+
+def test_stage_waits_take_each_ranks_stages_in_order():
+    # two ranks of two stages (0, 2 and 1, 3): each rank's gathers back to back; a
+    # pipeline of one stage a rank adds each exposed part instead
+    g = [FsdpCost(0.5, 1.0), FsdpCost(0.25, 2.0), FsdpCost(0.75, 3.0), FsdpCost(1.5, 4.0)]
+    assert stage_waits(g, [(0, 2), (1, 3)]) == [
+        FirstForward(0.5, 0.0), FirstForward(0.25, 0.0),
+        FirstForward(1.0 + 0.75, 0.0), FirstForward(2.0 + 1.5, 0.0)]
+    assert stage_waits(g[:2], [(0,), (1,)]) == [FirstForward(0.0, 0.5),
+                                                FirstForward(0.0, 0.25)]
 
 
 @pytest.mark.parametrize("waits,forward,delay", [
