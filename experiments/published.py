@@ -394,13 +394,14 @@ def nemo_runs(mean_x: float) -> tuple[list[float], list[float]]:
 # micro-batch: `runtime.reshard_after_forward` true, torchtitan's default without
 # pipelining), on the torchtitan stack (torch FSDP) with bf16 gradient reduction. The
 # table's rows say precision `amp_bf16` and FSDP `mixed_precision: DEFAULT` (an earlier
-# note here said PURE: wrong); Composer's DEFAULT of its 2023 releases (composer/trainer/
-# mosaic_fsdp.py `get_mixed_precision`) reduces in the precision's dtype, bf16, and leaves
-# the weights unconverted, so it gathers them in fp32, which a plan cannot say (ZeRO-3
-# gathers in the model dtype); later releases gather in bf16 and reduce in fp32, which
-# moves `mosaic_mape` from 0.0811 to 0.0802. Assumed, not published: Megatron's 18 bytes of
-# state per parameter (bf16 weight, fp32 gradient, fp32 master and Adam moments), sharded
-# over the 8 GPUs; each transformer block one FSDP unit (llm-foundry wraps MPTBlock).
+# note here said PURE: wrong). Composer's DEFAULT of its 2023 releases (composer/trainer/
+# mosaic_fsdp.py `get_mixed_precision`, the version with torch 1.13's `_auto_wrap`; the
+# table's own note says it predates torch 2.0) leaves `param_dtype` None and reduces in
+# the precision's dtype, bf16: the weights stay fp32 and are gathered in fp32, and
+# autocast casts each of them at every use (model `optimizer_state: autocast`: 16 bytes
+# of fp32 state per parameter, sharded over the 8 GPUs). Later releases gather in bf16
+# and reduce in fp32, a configuration these rows did not run. Assumed, not published:
+# each transformer block one FSDP unit (llm-foundry wraps MPTBlock).
 # (name, layers, hidden, heads, micro-batch, accumulation steps, checkpointing, tokens/s)
 MOSAIC_A100 = (("1B", 24, 2048, 16, 14, 4, False, 164109),
                ("3B", 32, 2560, 20, 10, 2, False, 86491),
@@ -429,7 +430,7 @@ def mosaic_runs(mean_x: float) -> tuple[list[float], list[float]]:
         model = load_model({"kind": "gpt", "name": f"mpt-{run.name}", "vocab_size": MPT_VOCAB,
                             "n_layer": run.layers, "n_head": run.heads, "d_model": run.hidden,
                             "seq_len": SEQ, "dtype": "bf16", "attention": "flash",
-                            "dropout": 0.0, "bias": False})
+                            "dropout": 0.0, "bias": False, "optimizer_state": "autocast"})
         mode = "full" if ckpt else "none"
         plan = plan_of(run, model, cluster, mode, zero=3, stack="torchtitan",
                        runtime={"grad_reduce_dtype": "bf16"})

@@ -31,8 +31,9 @@ from hyperpipe.core.files import check_int
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 # What the optimizer keeps per parameter (`hyperpipe.sim.costmodel.param_bytes`):
 # "mixed" fp32 master weights and Adam moments; "bf16-moments" fp32 master weights with
-# 2-byte moments (DeepSeek-V3); "model-dtype" no master copy, everything in the dtype.
-OPTIMIZER_STATES = ("mixed", "bf16-moments", "model-dtype")
+# 2-byte moments (DeepSeek-V3); "model-dtype" no master copy, everything in the dtype;
+# "autocast" fp32 weights, gradients and moments, cast to the dtype at every use (torch AMP).
+OPTIMIZER_STATES = ("mixed", "bf16-moments", "model-dtype", "autocast")
 
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")

@@ -275,7 +275,7 @@ def zero_collectives_s(ctx, kind: str, types: list[str], recipe: dict[str, int],
     lines = [zero_ring_line(ctx, t, recipe[t], pools[t], tp, dp, mode.cp) for t in types]
     latency_s = max(0.0, min(a for a, _ in lines))
     per_byte_s = max(0.0, min(b for _, b in lines))
-    weight, grad = ctx.model.dtype_bytes, ctx.grad_bytes_per_param
+    weight, grad = ctx.cost.param_state.weight, ctx.grad_bytes_per_param
     total = 0.0
     for op in ("F", *backward):
         gather, scatter = zero_collectives(mode.zero, mode.reshard, op)

@@ -62,9 +62,11 @@ class StateBytes(NamedTuple):
     shardable: float    # what the distributed optimizer (ZeRO-1) splits
     zero3: float        # ZeRO-3's sharded state, all of it split
     grad: float         # the gradient data parallelism reduces
-    weight: float       # the copy the forward reads (the model dtype)
+    weight: float       # the stored weight the forward starts from, what ZeRO gathers
     step: float         # what an Adam step reads and writes
     cast: bool          # the forward's weights are a cast of stored ones (a master copy)
+    use_cast: float = 0.0   # moved by a cast of the weight at each use, and again by its
+    #                         gradient's cast back in the backward (autocast; 0: none)
 
     @property
     def total(self) -> float:
@@ -78,7 +80,13 @@ def param_bytes(dtype: str, optimizer_state: str = "mixed") -> StateBytes:
     weights and gradients in fp32); "model-dtype", no master copy: weight, gradient and
     moments in the model dtype, stepped in place (torch.optim.Adam on a model cast to
     bf16, as NVIDIA NeMo Automodel's MoE models are by `initialize_weights`;
-    fp32 training is the same as "mixed")."""
+    fp32 training is the same as "mixed"); "autocast", torch's automatic mixed precision:
+    weight, gradient and both moments in fp32 and no model-dtype copy kept (4 + 4 kept,
+    8 sharded), each weight cast to the model dtype every time an op uses it (reads 4
+    bytes, writes the dtype's) and its gradient cast back to fp32 in the backward
+    (`torch.autocast`'s `cached_cast`; torch FSDP's `MixedPrecision(param_dtype=None)`,
+    which gathers the fp32 weights: Composer's FSDP `mixed_precision: DEFAULT` of 2023,
+    composer/trainer/mosaic_fsdp.py `get_mixed_precision`)."""
     kept, shardable = STATE_BYTES_PER_PARAM[dtype]
     weight = float(DTYPE_BYTES[dtype])
     zero3, grad, step = ZERO3_STATE_BYTES_PER_PARAM[dtype], GRAD_BYTES_PER_PARAM[dtype], \
@@ -87,6 +95,10 @@ def param_bytes(dtype: str, optimizer_state: str = "mixed") -> StateBytes:
     if optimizer_state == "bf16-moments":
         return StateBytes(kept, shardable - 4.0, zero3 - 4.0, grad, weight, step - 8.0,
                           cast)
+    if optimizer_state == "autocast" and cast:
+        # an fp32 weight and gradient kept, two fp32 moments sharded; a step reads the
+        # gradient and reads and writes the weight and both moments
+        return StateBytes(8.0, 8.0, 16.0, 4.0, 4.0, 28.0, True, 4.0 + weight)
     if optimizer_state == "model-dtype" and cast:
         # weight and gradient kept, two moments sharded; a step reads the gradient and
         # reads and writes the weight and both moments
@@ -216,14 +228,29 @@ class CostModel:
                     return i(self.op_flops(layer, micro_batch, "I") / (tp * cp)) + \
                         w(self.op_flops(layer, micro_batch, "W") / (tp * cp))
         dev = self.cluster.device_types[device_type]
+        cast = self._cast_s(layer, dev, op, tp)
         if dev.gemm is not None:
             t = self._op_time_s(layer, dev, micro_batch, op, tp, sequence_parallel, cp)
             if t is not None:
-                return t
+                return t + cast
         mem = self.model.layer_cost(layer, micro_batch).mem_bytes / (tp * cp)
         mem *= {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}[op]
         return max(flops / dev.achievable_flops_for(self.model.dtype),
-                   mem / dev.mem_bandwidth_bytes_per_s)
+                   mem / dev.mem_bandwidth_bytes_per_s) + cast
+
+    def _cast_s(self, layer: int, dev, op: str, tp: int) -> float:
+        """Seconds `op` of one layer spends casting weights under autocast
+        (`StateBytes.use_cast`): F casts each weight it uses, W (and B, which holds it)
+        casts each weight gradient back; I reuses the forward's casts, which autograd
+        saved. An embedding's lookup is not autocast and casts nothing. A tensor rank
+        casts its 1/tp of the weights, a context rank all of them. 0 without autocast.
+        Under expert parallelism every routed expert is counted (an overestimate by the
+        experts the rank does not hold)."""
+        spec = self.model.layers[layer]
+        per_param = self.param_state.use_cast
+        if per_param == 0.0 or op == "I" or spec.kind == "embedding":
+            return 0.0
+        return spec.params / tp * per_param / dev.achievable_mem_bandwidth_bytes_per_s
 
     def _moe_at_dense_rate_s(self, layer: int, device_type: str, micro_batch: int, op: str,
                              tp: int, cp: int, local_experts: int | None = None
@@ -554,7 +581,8 @@ class CostModel:
         unless the runtime names a dtype); with the distributed optimizer a
         reduce-scatter of the gradients and an all-gather of the updated weights
         (Megatron's distributed optimizer, ZeRO-1), each carrying (n-1)/n of its tensor,
-        half of a ring all-reduce of the same size: (grad + weight bytes) / 2; on a stack
+        half of a ring all-reduce of the same size: (grad + weight bytes) / 2, the weight
+        the stored one (`StateBytes.weight`: fp32 under autocast); on a stack
         that all-reduces the gradients in full before the sharded step
         (`Runtime.allreduce_sharded_grads`: DeepSpeed's pipeline engine with bf16),
         grad + weight bytes / 2.
@@ -568,15 +596,16 @@ class CostModel:
         rt = runtime if runtime is not None else resolve_runtime(DEFAULT_STACK)
         grad = rt.grad_bytes_per_param(self.grad_bytes_per_param)
         zero = (1 if distributed_optimizer else 0) if zero is None else zero
+        weight = self.param_state.weight
         if zero == 2:
-            return self.model.dtype_bytes / 2
+            return weight / 2
         if zero == 3:
             return 0.0 if reshard_after_forward else grad / 2
         if zero == 0:
             return grad
         if self.model.dtype in rt.allreduce_sharded_grads:
-            return grad + self.model.dtype_bytes / 2
-        return (grad + self.model.dtype_bytes) / 2
+            return grad + weight / 2
+        return (grad + weight) / 2
 
     def state_bytes(self, layers: tuple[int, int], tp: int = 1, dp_shards: int = 1,
                     zero: int | None = None, *, expert_share: float = 1.0,

@@ -342,7 +342,7 @@ def _stage_pass(cost: CostModel, st: StagePlan, group: tuple[str, ...], op: str,
     units = list(range(*st.layers))
     if op != "F":
         units.reverse()                      # the backward meets the layers last first
-    weight = cost.model.dtype_bytes
+    weight = cost.param_state.weight          # the stored weights: fp32 under autocast
     compute, gathers, scatters = [], [], []
     for i in units:
         compute.append(cost.stage_time_s((i, i + 1), st.devices, mb, op, st.recompute,

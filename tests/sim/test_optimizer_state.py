@@ -26,8 +26,10 @@ GPT = {"kind": "gpt", "vocab_size": 1000, "n_layer": 2, "n_head": 2, "d_model": 
 # bytes per parameter by hand, (kept on every replica, sharded by ZeRO-1, ZeRO-3's):
 # bf16 weight 2 + fp32 main grad 4, fp32 master 4 + Adam moments 4 + 4 ("mixed");
 # the moments at 2 bytes each ("bf16-moments"); bf16 weight 2 + bf16 grad 2, moments
-# 2 + 2, no master ("model-dtype")
-HAND = {"mixed": (6, 12, 16), "bf16-moments": (6, 8, 12), "model-dtype": (4, 4, 8)}
+# 2 + 2, no master ("model-dtype"); fp32 weight 4 + fp32 grad 4, fp32 moments 4 + 4, no
+# bf16 copy kept ("autocast")
+HAND = {"mixed": (6, 12, 16), "bf16-moments": (6, 8, 12), "model-dtype": (4, 4, 8),
+        "autocast": (8, 8, 16)}
 
 
 @pytest.mark.parametrize("state", sorted(HAND))
@@ -110,3 +112,38 @@ def test_optimizer_state_round_trips_and_bad_values_exit_2(tmp_path, capsys):
                  "--micro-batch", "1", "--global-batch", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "optimizer_state" in err and "model-dtype" in err and "\n" not in err
+
+
+def test_autocast_casts_each_weight_at_use_and_its_gradient_back():
+    # per use: read the fp32 weight (4), write its bf16 copy (2); the gradient's cast back
+    # moves as many; F casts, W (and B, which holds it) casts back, I reuses F's casts;
+    # the embedding's lookup is not autocast. A100's achievable bandwidth, both tiers of
+    # compute pricing: the GEMM curve (catalog A100) and the flat roofline (`unit`).
+    catalog = load_cluster({"name": "a100", "nodes": [{"name": "a", "device": "A100-80GB",
+                                                       "count": 2}],
+                            "inter_node": {"bandwidth": 1e9, "latency": 1e-5}})
+    for cluster, device in ((catalog, "A100-80GB"), (CLUSTER, "unit")):
+        mixed = CostModel(load_model(GPT), cluster)
+        amp = CostModel(load_model({**GPT, "optimizer_state": "autocast"}), cluster)
+        bw = cluster.device_types[device].achievable_mem_bandwidth_bytes_per_s
+        for i, layer in enumerate(amp.model.layers):
+            cast = 0.0 if layer.kind == "embedding" else layer.params * 6 / bw
+            for op, casts in (("F", 1), ("I", 0), ("W", 1), ("B", 1)):
+                for tp in (1, 2):
+                    got = amp.layer_time_s(i, device, 1, op, tp) - \
+                        mixed.layer_time_s(i, device, 1, op, tp)
+                    assert got == pytest.approx(casts * cast / tp, rel=1e-9, abs=1e-15)
+
+
+def test_autocast_moves_fp32_weights():
+    # ZeRO-1's all-gather of the updated weights and ZeRO-2's carry the stored fp32
+    # weight (4 bytes), not a bf16 copy: (fp32 grad 4 + weight 4) / 2 and 4 / 2
+    amp = CostModel(load_model({**GPT, "optimizer_state": "autocast"}), CLUSTER)
+    mixed = CostModel(load_model(GPT), CLUSTER)
+    assert amp.dp_sync_bytes_per_param(zero=1) == pytest.approx((4 + 4) / 2)
+    assert mixed.dp_sync_bytes_per_param(zero=1) == pytest.approx((4 + 2) / 2)
+    assert amp.dp_sync_bytes_per_param(zero=2) == pytest.approx(4 / 2)
+    # Adam reads the fp32 gradient and reads and writes weight and moments: 28 bytes
+    whole = (0, amp.model.num_layers)
+    assert amp.optimizer_time_s(whole, "unit") == pytest.approx(
+        mixed.optimizer_time_s(whole, "unit"))

@@ -132,6 +132,24 @@ def test_zero3_gather_bound_forward_takes_the_gathers():
     assert f[0].duration_s == pytest.approx(layers * gather_s + 1e-3)
 
 
+def test_zero3_gathers_the_stored_weights_under_autocast():
+    # autocast keeps the weights in fp32 and FSDP gathers them so (param_dtype None):
+    # the gather-bound forward above moves 4 bytes a parameter, not the model dtype's 2
+    params, layers = 4_000_000_000, 4
+    doc = synthetic_model(layers, fwd_flops_per_sample=LAYER_FLOPS, params_per_layer=params,
+                          activation_bytes_per_sample=0).to_dict()
+    model = load_model({**doc, "optimizer_state": "autocast"})
+    cluster = _unit_cluster(2, bandwidth=1e12)
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=1, dp=2, micro_batch=1, global_batch=2)
+    plan = plan.with_memory(zero=3)
+    eff = cluster.device_types["unit"].collective_efficiency
+    gather_s = params * 4 / 2 / (1e12 * eff)
+    assert fsdp_extra_s(cost, plan, 0, 0, "F", reshard=True) == pytest.approx(
+        layers * gather_s + 1e-3 - layers * 1e-3)
+    assert first_gather(cost, plan, 0, 0).gather_s == pytest.approx(layers * gather_s)
+
+
 def test_first_forwards_closed_form():
     # three stages of one rank, gathers of 2, 3 and 1 s issued back to back at 0: each
     # first forward may start once the gathers before it are done, plus its own exposed
