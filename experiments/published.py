@@ -21,27 +21,27 @@ see the answers: an in-sample upper bar the simulator is not given), and the las
 
     published_mape=X published_max_ape=Y n_rows=10 n_oom=K
 
-(X, Y as fractions). Before it, out of sample: the eight end-to-end runs of Korthikanti et
-al. 2022 (table 5: 22B to 1T, full recompute and selective recompute + sequence
+(X, Y as fractions). Before it, out of sample: the eight end-to-end runs of Korthikanti
+et al. 2022 (table 5: 22B to 1T, full recompute and selective recompute + sequence
 parallelism, data parallel size one), with their own null model (Table 1's mean TFLOP/s
 per GPU) and a line `korthikanti_mape=X korthikanti_max_ape=Y n_rows=8`; then NVIDIA's
 NeMo GPT-3 175B benchmark on 128 to 2048 H100s (the layout the search picks for that
 model: tensor parallelism 4, pipeline 8, interleaved, distributed optimizer) and a line
 `nemo_mape=X nemo_max_ape=Y n_rows=5`; then Megatron-Turing NLG 530B on 2240 to 3360
 A100s (Megatron-DeepSpeed, tp 8, pp 35) and a line `mtnlg_mape=X mtnlg_max_ape=Y
-n_rows=3`; then MosaicML's MPT 1B to 30B on one DGX A100 (a current stack: FlashAttention,
-bf16, FSDP, simulated as zero 3), with a second, in-sample null model (their own mean
-MFU) and a line `mosaic_mape=X mosaic_max_ape=Y n_rows=5`; then Llama 3 405B's three
-layouts of its paper's table 4 (FSDP, tp 8, pp 16, cp 1 and 16 at sequence 131,072) and
-a line `llama3_mape=X llama3_max_ape=Y n_rows=3`; then four mixture-of-experts runs with
-expert parallelism (DeepSeek-V3 on its 2048 H800s, from its technical report; DeepSeek-V3
-and Qwen3-30B-A3B on DGX H100 from NeMo Automodel's published table), against the other
-MoE runs' mean MFU (leave-one-out), and a line `moe_mape=X moe_max_ape=Y n_rows=4`; then
-BLOOM-176B (another stack, tensor
-parallelism 4, like the layouts the search picks at this scale) and a line
-`bloom_error=E` (signed). Each plan names the stack it ran on (plan `stack` and
-`runtime`): Megatron-LM's 1F1B of the time waits for its sends (`p2p: blocking`), and
-its "local" DDP reduces the gradients after the last micro-batch.
+n_rows=3`; then MosaicML's MPT 1B to 30B on one DGX A100 (a current stack:
+FlashAttention, bf16 under autocast, FSDP, simulated as zero 3), with a second, in-sample
+null model (their own mean MFU) and a line `mosaic_mape=X mosaic_max_ape=Y n_rows=5`;
+then Llama 3 405B's three layouts of its paper's table 4 (FSDP, tp 8, pp 16, cp 1 and 16
+at sequence 131,072) and a line `llama3_mape=X llama3_max_ape=Y n_rows=3`; then four
+mixture-of-experts runs with expert parallelism (DeepSeek-V3 on its 2048 H800s, from its
+technical report; DeepSeek-V3 and Qwen3-30B-A3B on DGX H100 from NeMo Automodel's
+published table), against the other MoE runs' mean MFU (leave-one-out), and a line
+`moe_mape=X moe_max_ape=Y n_rows=4`; then BLOOM-176B (another stack, tensor parallelism
+4, like the layouts the search picks at this scale) and a line `bloom_error=E` (signed).
+Each plan names the stack it ran on (plan `stack` and `runtime`): Megatron-LM's 1F1B of
+the time waits for its sends (`p2p: blocking`), and its "local" DDP reduces the gradients
+after the last micro-batch.
 
 Every block prints its null model beside it, per row and as a MAPE, with four decimals,
 and says whether the simulator beats it; a summary table closes the run. With
