@@ -204,14 +204,12 @@ class FsdpCost(NamedTuple):
 
 
 def fsdp_extra_s(cost: CostModel, plan: Plan, q: int, k: int, op: str, *,
-                 first_forward: bool = False, reshard: bool | None = None,
+                 reshard: bool | None = None,
                  grad_bytes_per_param: float | None = None) -> float:
-    """Seconds ZeRO-2/3 adds to one `op` of stage k of pipeline q (see the module doc);
-    `first_forward`: the stage's first forward of the step (where ZeRO-3 without
-    resharding gathers), as if its gather started with it. 0 for ZeRO 0/1 and for a
-    group of one."""
-    return _fsdp_pass(cost, plan, q, k, op, first_forward, reshard,
-                      grad_bytes_per_param).extra_s
+    """Seconds ZeRO-2/3 adds to every `op` of stage k of pipeline q (see the module doc;
+    the once-a-step gather of ZeRO-3 without resharding is `first_gather`'s). 0 for ZeRO
+    0/1 and for a group of one."""
+    return _fsdp_pass(cost, plan, q, k, op, False, reshard, grad_bytes_per_param).extra_s
 
 
 def first_gather(cost: CostModel, plan: Plan, q: int, k: int,
@@ -446,8 +444,7 @@ def _step_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> flo
 
 
 __all__ = ["FirstForward", "FsdpCost", "dp_shards", "fill_delay_s", "first_forwards",
-           "first_gather",
-           "fsdp_extra_s", "overlapped_pass_s", "pipelined",
+           "first_gather", "fsdp_extra_s", "overlapped_pass_s", "pipelined",
            "reshard_after_forward", "ring_attention_extra_s", "ring_edges",
            "ring_exposed_s", "ring_step_bytes", "shard_fractions", "shard_group",
            "shard_weights", "stage_fsdp_cost", "stage_waits", "uneven_factor"]
