@@ -10,8 +10,10 @@ choose, as their users would), and the tuned baselines' picks get the same sched
 synthesis as the search's (the script prints each one's freedoms first). Every plan is
 judged by the same SimPy simulator (so this figure tests the search against other
 planners under our cost model; it does not test the cost model: see
-experiments/accuracy.py and speedup_validation.py). The search's pick is never replaced
-by a baseline.
+experiments/accuracy.py and speedup_validation.py). The tuned baselines' plans are
+points of the search's own space and join its ranking as seeds, so the pick is never
+slower than either of them: the ``seed`` column says when the pick is one, and the
+search's own best (``own``, what it picks without the seeds) is compared too.
 
 Per case: simulated iteration times of the pick and of each other plan, and the pick's
 speed-up over the best other (the fastest feasible baseline or peer). What the newer schedule
@@ -23,6 +25,7 @@ log speed-up over the best other that the new kinds and synthesis bring,
 log(old kinds / pick) / log(best other / pick). The baselines are tuned over every
 kind, the new ones included, either way. Last lines:
 ``geomean_vs_best_other_old_kinds=X geomean_new_kinds_gain=G new_kinds_share=S`` and
+``own_geomean_vs_best_other=X own_min_vs_best_other=Y picks_from_seeds=K`` and
 ``geomean_vs_best_other=X min_vs_best_other=Y n_cases=N``.
 
     python experiments/search_quality.py [--workers 2] [--quick]
@@ -103,9 +106,11 @@ def main() -> int:
     for name, text in competitor_freedoms().items():
         print(f"  {name:<13}{text}")
     print(f"{'cluster':<15} {'model':<11} {'pick':>9} " + " ".join(f"{k[:9]:>9}" for k in OTHERS)
-          + f" {'vs other':>9} {'old kinds':>9} {'new gain':>8} {'search':>7}  pick's plan",
+          + f" {'vs other':>9} {'own':>9} {'seed':>12} {'old kinds':>9} {'new gain':>8} "
+          f"{'search':>7}  pick's plan",
           flush=True)
     ratios, losses, old_ratios, new_gains = [], [], [], []
+    own_ratios, seeded = [], 0
     for cname in CLUSTERS:
         cluster = _cluster(cname)
         for mname in models:
@@ -127,6 +132,9 @@ def main() -> int:
             ratios.append(ratio)
             if ratio < 1:
                 losses.append((cname, mname, name, ratio))
+            own = res.own_best or res.best
+            own_ratios.append(other.metrics.iteration_time_s / own.metrics.iteration_time_s)
+            seeded += res.seeded_from is not None
             pick_s = res.best.metrics.iteration_time_s
             old_s = min((c.metrics.iteration_time_s for c in res.simulated
                          if c.plan.schedule in OLD_KINDS), default=math.inf)
@@ -136,7 +144,8 @@ def main() -> int:
             used = sorted({cluster.device(d).type.name for d in res.best.plan.devices})
             print(f"{cname:<15} {mname:<11} {_cell(res.best)} "
                   + " ".join(_cell(res.baselines.get(k)) for k in OTHERS)
-                  + f" {ratio:8.2f}x {old_s:9.3f} {old_s / pick_s:7.3f}x {took:6.1f}s"
+                  + f" {ratio:8.2f}x {_cell(own)} {res.seeded_from or '-':>12}"
+                  f" {old_s:9.3f} {old_s / pick_s:7.3f}x {took:6.1f}s"
                   f"  [{'+'.join(used)}] "
                   f"{describe_plan(res.best.plan, cluster)[:80]}", flush=True)
     if not ratios:
@@ -156,6 +165,11 @@ def main() -> int:
         print(f"geomean_vs_best_other_old_kinds={geo_old:.3f} "
               f"geomean_new_kinds_gain={geo_new:.3f} new_kinds_share={share:.2f} "
               f"n_cases={len(old_ratios)}")
+    own_geo = math.exp(sum(map(math.log, own_ratios)) / len(own_ratios))
+    print("own: the search's best plan without the seeds; seed: the tuned baseline the "
+          "pick is, if it is one")
+    print(f"own_geomean_vs_best_other={own_geo:.4f} own_min_vs_best_other="
+          f"{min(own_ratios):.4f} picks_from_seeds={seeded}")
     print(f"geomean_vs_best_other={geo:.4f} min_vs_best_other={min(ratios):.4f} "
           f"n_cases={len(ratios)}")
     return 0

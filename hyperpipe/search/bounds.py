@@ -270,7 +270,7 @@ def zero_collectives_s(ctx, kind: str, types: list[str], recipe: dict[str, int],
     ranks = dp * mode.cp
     if mode.zero < 2 or mode.ep > 1 or not 1 < ranks <= MAX_PRICED_RANKS:
         return 0.0
-    layers = [layer.params for layer in ctx.model.layers if layer.params > 0]
+    layers = ctx.weighted_params
     backward = ("I", "W") if schedule_kind(kind).splits_backward else ("B",)
     lines = [zero_ring_line(ctx, t, recipe[t], pools[t], tp, dp, mode.cp) for t in types]
     latency_s = max(0.0, min(a for a, _ in lines))

@@ -176,6 +176,11 @@ class SearchContext:
         return self.runtime.grad_bytes_per_param(self.cost.grad_bytes_per_param)
 
     @cached_property
+    def weighted_params(self) -> tuple[int, ...]:
+        """Parameters of each layer of the model that has any, in layer order."""
+        return tuple(n for layer in self.model.layers if (n := layer.params) > 0)
+
+    @cached_property
     def refs(self) -> tuple:
         """(model, cluster) as plans name them (built-in name or inline document)."""
         from hyperpipe.cluster.cluster import cluster_ref

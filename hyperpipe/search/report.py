@@ -217,6 +217,20 @@ def expert_lines(result, cost: CostModel) -> list[str]:
     return out
 
 
+def seed_lines(result, cluster, unit) -> list[str]:
+    """When the pick is a seed (a tuned baseline's plan, `SearchResult.seeded_from`):
+    which, and the best plan of the search's own."""
+    if result.seeded_from is None:
+        return []
+    out = ["", f"the pick is the tuned {result.seeded_from} baseline's plan (a seed): no "
+           "plan of the search's own was as fast"]
+    own = result.own_best
+    if own is not None:
+        out.append(f"  the search's own best: {_metrics_row(own.metrics, unit)}")
+        out.append(f"     {describe_plan(own.plan, cluster)}")
+    return out
+
+
 def format_search(result, cost: CostModel, *, objective: str = "throughput") -> str:
     cluster, model = cost.cluster, cost.model
     best = result.best
@@ -230,6 +244,7 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
         out.append(f"{i:>3}. {_metrics_row(cand.metrics, unit)}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
     out += idle_lines(result, cluster, unit)
+    out += seed_lines(result, cluster, unit)
     out += ["", "baselines and peer planners (each picks its own plan; all judged by the "
             "same simulator):", f"  {'':<13}{_header(unit)}"]
     for name, cand in result.baselines.items():

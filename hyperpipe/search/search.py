@@ -8,9 +8,12 @@ Five phases, each reported with the candidates it saw, pruned and found infeasib
 3. refine (`refine`): single layers moved across cuts, judged by the analytic tier.
 4. simulate: the short list and the baselines ranked by the SimPy simulator, the best
    polished by the simulator, then schedules synthesised for the best few (`synthesis`).
+   The tuned uniform and proportional baselines' best plans (synthesised alike) are
+   points of the search's own space (equal or proportional cuts): they join the ranking
+   as seeds, so the pick is never slower than either; the result says when the pick is
+   a seed (`SearchResult.seeded_from`) and what the search's own best was (`own_best`).
 5. baselines (`baselines`, `peers`): tuned uniform/proportional plans and the Metis and
-   AMP picks, judged by the same simulator; the report says when one beats the pick,
-   which is never replaced.
+   AMP picks, judged by the same simulator; the report says when one beats the pick.
 
 Objectives: least iteration time, or least USD per million tokens; the result carries
 the (time, cost) Pareto front of the simulated plans either way.
@@ -45,7 +48,7 @@ from hyperpipe.search.evaluate import (
 )
 from hyperpipe.search.refine import polish, refine
 from hyperpipe.search.space import SearchConstraints
-from hyperpipe.search.synthesis import ruled_out, synthesise_top
+from hyperpipe.search.synthesis import SYNTHESISED_BASELINES, ruled_out, synthesise_top
 from hyperpipe.search.templates import (
     KEEP_PER_GROUP,
     TOLERANCE,
@@ -82,6 +85,12 @@ class SearchResult:
     # the best simulated plan of the search's own that also uses the devices the pick
     # leaves idle (None when it leaves none, or no simulated plan uses them all)
     using_idle: Candidate | None = None
+    # the seed baseline ("uniform" or "proportional") the pick is, when no plan of the
+    # search's own had its devices, stages and micro-batching; None when the pick is
+    # the search's own
+    seeded_from: str | None = None
+    # the best feasible plan of the search's own (what it picks without the seeds)
+    own_best: Candidate | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The `search --json` object: best, ranked, baselines, candidates_evaluated,
@@ -256,18 +265,37 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
         base_plans = _timed(phases[4], _collect, baselines_done)
         short = sorted(dedupe(refined + estimated),
                        key=lambda cand: rank_key(c, cand.metrics))
-        ranked, baselines = _timed(phases[3], _simulate_phase, ctx, short, base_plans,
-                                   pool, show, max(top, SIMULATE_MIN))
+        ranked, baselines, seeds = _timed(phases[3], _simulate_phase, ctx, short,
+                                          base_plans, pool, show, max(top, SIMULATE_MIN))
     feasible = [cand for cand in ranked if cand.metrics.feasible]
     if not feasible:
         raise InfeasiblePlan(_shortfall(ctx))
     feasible = dedupe_equivalent(feasible, cluster)     # no look-alikes in the list
+    origin = [seed_of(cand.plan, seeds) for cand in feasible]
     return SearchResult(best=feasible[0], ranked=feasible[:top], baselines=baselines,
                         candidates_evaluated=sum(p.seen for p in phases),
                         search_time_s=time.perf_counter() - start,
                         phases=[p.as_dict() for p in phases],
                         pareto=pareto_front(ranked + list(baselines.values())),
-                        simulated=feasible, using_idle=_using_idle(cluster, feasible))
+                        simulated=feasible, using_idle=_using_idle(cluster, feasible),
+                        seeded_from=origin[0],
+                        own_best=next((cand for cand, seed in zip(feasible, origin,
+                                                                  strict=True)
+                                       if seed is None), None))
+
+
+def layout_key(plan: Plan) -> tuple:
+    """Per pipeline its micro-batching and each stage's devices: what polish (layers
+    moved across cuts) and synthesis (actions reordered) keep of a plan."""
+    return tuple((pipe.micro_batch, pipe.num_microbatches,
+                  tuple(st.devices for st in pipe.stages)) for pipe in plan.pipelines)
+
+
+def seed_of(plan: Plan, seeds: dict[str, tuple]) -> str | None:
+    """The seed (`SearchResult.seeded_from`) whose layout `plan` keeps, or None;
+    `seeds`: name -> `layout_key` of each seed no plan of the search's own shared."""
+    key = layout_key(plan)
+    return next((name for name, lay in seeds.items() if lay == key), None)
 
 
 def idle_devices(cluster, plan: Plan) -> list[str]:
@@ -458,7 +486,10 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     short list is the best `n_min` by the analytic tier, longer while the simulation
     budget (in schedule actions) allows: the analytic tier ties plans that differ only
     in which stage sits where, the simulator does not. Then single-layer moves on the
-    best simulated plans, judged by the simulator, while budget is left."""
+    best simulated plans, judged by the simulator, while budget is left, schedules
+    synthesised for the best, and the seeds join (see the module doc). Returns the
+    ranking, the baselines and the seeds no plan of the search's own shared (name ->
+    `layout_key`)."""
     from hyperpipe.core.progress import Progress
     from hyperpipe.plan.plan import plan_over_action_limit
     # plans whose schedule could not be built (the analytic tier's closed forms do not
@@ -514,6 +545,14 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     ranked, budget = polish(ctx, phase, ranked, budget, pool)
     ranked, baselines = synthesise_top(ctx, phase, ranked, pool=pool, baselines=baselines,
                                        budget=budget)
-    # the search's own pick stays first even where a baseline beats it: the report
-    # compares the two honestly
-    return ranked, baselines
+    # the seeds: the tuned baselines of the search's own space (`SYNTHESISED_BASELINES`,
+    # synthesised as the search's best are) that keep what the user fixed join the
+    # ranking, under their names where no plan of the search's own has their layout
+    own = {layout_key(cand.plan) for cand in ranked}
+    joined = {k: baselines[k] for k in SYNTHESISED_BASELINES if k in baselines
+              and baselines[k].metrics.feasible and ctx.c.admits(baselines[k].plan)}
+    seeds = {k: lay for k, cand in joined.items()
+             if (lay := layout_key(cand.plan)) not in own}
+    ranked = sorted(dedupe(ranked + list(joined.values())),
+                    key=lambda cand: rank_key(ctx.c, cand.metrics))
+    return ranked, baselines, seeds

@@ -98,6 +98,22 @@ class SearchConstraints:
             raise BadInput("dp", f"at most global batch / micro-batch = "
                            f"{self.global_batch // (self.micro_batch or 1)} pipelines", self.dp)
 
+    def admits(self, plan) -> bool:
+        """Whether `plan` (a `plan.Plan`) keeps every dimension fixed here."""
+        stages = [st for pipe in plan.pipelines for st in pipe.stages]
+        every = {"tp": {st.tp for st in stages}, "cp": {st.cp for st in stages},
+                 "ep": {st.ep for st in stages},
+                 "recompute": {st.recompute for st in stages},
+                 "sequence_parallel": {st.sequence_parallel for st in stages if st.tp > 1},
+                 "micro_batch": {pipe.micro_batch for pipe in plan.pipelines},
+                 "pp": {len(pipe.stages) // plan.chunks for pipe in plan.pipelines},
+                 "dp": {len(plan.pipelines)}, "schedule": {plan.schedule},
+                 "chunks": {plan.chunks}, "zero": {plan.zero},
+                 "distributed_optimizer": {plan.distributed_optimizer}}
+        return all(getattr(self, name) is None or values <= {getattr(self, name)}
+                   for name, values in every.items()) \
+            and plan.stack == self.stack and plan.runtime == self.runtime
+
 
 @dataclass(frozen=True)
 class MemoryMode:

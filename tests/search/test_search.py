@@ -368,7 +368,7 @@ def test_plans_over_the_action_limit_are_infeasible_not_a_crash(monkeypatch):
     try:
         phase = PhaseStats("simulate")
         cands = [Candidate(p, estimate(p, ctx.cost)) for p in (over, ok)]
-        ranked, baselines = _simulate_phase(ctx, phase, cands, {"uniform": [over, ok]},
+        ranked, baselines, _ = _simulate_phase(ctx, phase, cands, {"uniform": [over, ok]},
                                             None, False, 1)
     finally:
         kinds._generate.cache_clear()
@@ -521,3 +521,24 @@ def test_assign_rows_follow_the_layout_formula(layout):
             j = r * recipe[t] + i if layout == "pipeline" else i * dp + r
             assert unit == (f"{t}/{j}",)
     assert _assign(pools, recipe, dp, order, layout, range(2, 4)) == rows[2:]
+
+
+def test_constraints_admit_only_plans_that_keep_what_they_fix():
+    """`SearchConstraints.admits` (which tuned baselines may join the ranking as seeds):
+    every fixed dimension must match the plan's, a free one anything."""
+    from dataclasses import replace
+
+    from hyperpipe.search.baselines import uniform_plan
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    plan = uniform_plan(model, cluster, pp=2, micro_batch=2, global_batch=16)
+    c = SearchConstraints(global_batch=16)
+    assert c.admits(plan)
+    for fixed, ok in [({"pp": 2}, True), ({"pp": 4}, False), ({"micro_batch": 2}, True),
+                      ({"micro_batch": 1}, False), ({"dp": len(plan.pipelines)}, True),
+                      ({"dp": len(plan.pipelines) + 1}, False), ({"tp": 1}, True),
+                      ({"tp": 2}, False), ({"zero": plan.zero}, True),
+                      ({"zero": 3}, False), ({"recompute": "full"}, False),
+                      ({"schedule": plan.schedule}, True),
+                      ({"schedule": "gpipe" if plan.schedule != "gpipe" else "1f1b"}, False),
+                      ({"stack": "megatron-deepspeed"}, False)]:
+        assert replace(c, **fixed).admits(plan) is ok, fixed

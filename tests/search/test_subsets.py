@@ -265,3 +265,29 @@ def test_pruned_walk_keeps_the_best_template_of_the_exhaustive_walk(model_name,
                       default=np.inf)
             assert got <= best * (1 + 1e-12), types
     assert pruned > 0
+
+
+def test_pick_is_never_slower_than_a_tuned_baseline_and_says_when_it_is_one():
+    """On a case where the search's own best loses to the tuned proportional baseline
+    (synthesised alike), that plan joins the ranking as a seed and is picked: the result
+    names it, keeps the search's own best beside it, and the report says so."""
+    from hyperpipe.search.report import format_search
+    from hyperpipe.search.search import layout_key
+    model, cluster = load_model("gpt2-xl"), load_cluster("h100-a100-l4")
+    res = search(model, cluster, SearchConstraints(global_batch=64), workers=1)
+    tuned = [res.baselines[k] for k in ("uniform", "proportional") if k in res.baselines
+             and res.baselines[k].metrics.feasible]
+    assert tuned
+    assert res.best.metrics.iteration_time_s <= \
+        min(b.metrics.iteration_time_s for b in tuned)
+    assert res.own_best is not None
+    # (if the search's own best comes to win here, this test needs another such case)
+    assert res.seeded_from is not None, "the search's own best no longer loses here"
+    seed = res.baselines[res.seeded_from]
+    assert layout_key(res.best.plan) == layout_key(seed.plan)
+    assert res.best.metrics.iteration_time_s == seed.metrics.iteration_time_s
+    assert res.own_best.metrics.iteration_time_s > res.best.metrics.iteration_time_s
+    assert layout_key(res.own_best.plan) != layout_key(seed.plan)
+    text = format_search(res, CostModel(model, cluster))
+    assert f"the pick is the tuned {res.seeded_from} baseline's plan" in text
+    assert "the search's own best" in text
