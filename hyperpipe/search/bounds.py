@@ -34,6 +34,8 @@ Times in seconds, memory in bytes.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -42,7 +44,7 @@ import numpy as np
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search import space
-from hyperpipe.search.caches import Cache, CapsKey
+from hyperpipe.search.caches import Cache, CapsKey, LoadKey, ModeLoad
 from hyperpipe.search.space import MemoryMode
 from hyperpipe.sim.sharding import zero_collectives
 
@@ -61,6 +63,7 @@ class LayerCaps:
     room_bytes: float                  # the device's memory less reserve and work space
     left_out: int                      # layers of the model not in the set
     by_held: dict[tuple[tuple[int, int], ...], np.ndarray] = field(default_factory=dict)
+    _prefix: list[float] | None = None
 
     def memory_at(self, held: tuple[tuple[int, int], ...]) -> np.ndarray:
         """Per (inflight, extra) of `held`, in its order: the layers of the set that fit
@@ -77,6 +80,12 @@ class LayerCaps:
             room = self.room_bytes - extra * float(self.stash_bytes.min(initial=0.0))
             self.by_held[held] = (need <= room[:, None]).sum(axis=1).astype(np.int64)
         return self.by_held[held]
+
+    def prefix_list(self) -> list[float]:
+        """`time_prefix_s` as Python floats (bisected on the bound's hot path)."""
+        if self._prefix is None:
+            self._prefix = [float(x) for x in self.time_prefix_s]
+        return self._prefix
 
     def in_time(self, budget_s: float) -> int:
         """Layers of the set whose F + B fit in `budget_s`, the fastest first."""
@@ -146,17 +155,21 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     stage_held = sorted(ctx.peak_inflight(kind, p, m, v), reverse=True)
     total_room = sum(recipe[t] * tp * cp * _room(ctx, pools[t]) for t in used)
     fast = {t: ctx.fastest_unit(pools[t]) for t in used}
+    units, counts = tuple(fast[t] for t in used), tuple(recipe[t] for t in used)
     for i in range(start, len(modes)):
         mode = modes[i]
         shards = dp * cp if mode.zero else 1
-        whole_caps = {t: layer_caps(ctx, fast[t], mb, mode, shards, cache) for t in used}
-        load = _mode_load_s(ctx, whole_caps, fast, mb, mode, shards, cache, held,
-                            stage_held, total_room, recipe, tp * cp)
-        if math.isinf(load):
+        key = LoadKey(units, counts, mb, mode, shards, held, tuple(stage_held), tp * cp)
+        got = ctx.mode_loads.get(key)
+        if got is None:
+            got = ctx.mode_loads[key] = _mode_load(ctx, used, fast, mb, mode, shards,
+                                                   cache, held, stage_held, total_room,
+                                                   recipe, tp * cp)
+        if math.isinf(got.load_s):
             continue
-        whole = {t: float(c.time_prefix_s[-1]) for t, c in whole_caps.items()}
-        load = max(load, 1.0 / sum(recipe[t] / whole[t] for t in used))
-        fill = fill_bound_s(kind, v, whole, {t: c.forward_s for t, c in whole_caps.items()})
+        whole = dict(zip(used, got.whole_s, strict=True))
+        load = max(got.load_s, 1.0 / sum(recipe[t] / whole[t] for t in used))
+        fill = fill_bound_s(kind, v, whole, dict(zip(used, got.forward_s, strict=True)))
         sync = 1.0 / sum(recipe[t] * shards / optimizer_s[t] for t in used) \
             if all(optimizer_s[t] for t in used) else 0.0
         value = max((m - 1) * load + fill, m * load) + sync
@@ -170,6 +183,18 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         first = i if first is None else first
         bound = min(bound, value)
     return None if first is None else (bound, first)
+
+
+def _mode_load(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: int,
+               mode: MemoryMode, shards: int, cache, held, stage_held: list[int],
+               total_room: float, recipe: dict[str, int], width: int) -> ModeLoad:
+    """`key_bound`'s reading of one memory mode (`caches.ModeLoad`): `_mode_load_s`
+    and the used classes' whole-model times."""
+    whole_caps = {t: layer_caps(ctx, fast[t], mb, mode, shards, cache) for t in used}
+    return ModeLoad(_mode_load_s(ctx, whole_caps, fast, mb, mode, shards, cache, held,
+                                 stage_held, total_room, recipe, width),
+                    tuple(float(c.time_prefix_s[-1]) for c in whole_caps.values()),
+                    tuple(c.forward_s for c in whole_caps.values()))
 
 
 def _mode_load_s(ctx, whole_caps: dict[str, LayerCaps], fast: dict[str, tuple[str, ...]],
@@ -239,17 +264,35 @@ def fill_bound_s(kind: str, v: int, whole: dict[str, float],
 
 def _least_load_s(caps: dict[str, LayerCaps], room: dict[str, np.ndarray], n: int) -> float:
     """The least B at which the units hold `n` layers, each at most its layers that fit
-    in B and in its memory: evaluated at every B where some unit's count steps (the
-    units of a class, with rooms r_j, hold sum_j min(a, r_j) for a layers in time)."""
-    steps = np.unique(np.concatenate([c.time_prefix_s for c in caps.values()]))
-    held = np.zeros(len(steps), dtype=np.int64)
+    in B and in its memory: the least of the B where some unit's count steps (the units
+    of a class, with rooms r_j, hold sum_j min(a, r_j) for a layers in time), found per
+    class by bisection (what the units hold never falls as B grows); the largest step
+    when none holds them."""
+    classes = []
     for t, c in caps.items():
-        a = np.searchsorted(c.time_prefix_s, steps * (1 + 1e-12), side="right")
-        r = np.sort(room[t])
-        below = np.searchsorted(r, a, side="left")         # rooms smaller than a
-        held += np.concatenate([[0], np.cumsum(r)])[below] + a * (len(r) - below)
-    enough = np.nonzero(held >= n)[0]
-    return float(steps[enough[0]] if len(enough) else steps[-1])
+        r = sorted(int(x) for x in room[t])
+        classes.append((c.prefix_list(), r, list(itertools.accumulate(r, initial=0))))
+
+    def holds(b: float) -> bool:
+        got, scaled = 0, b * (1 + 1e-12)
+        for prefix, r, cum in classes:
+            a = bisect.bisect_right(prefix, scaled)
+            below = bisect.bisect_left(r, a)          # rooms smaller than a
+            got += cum[below] + a * (len(r) - below)
+        return got >= n
+
+    best = math.inf
+    for prefix, _, _ in classes:
+        lo, hi = 0, len(prefix)                       # the first step of this class held
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if holds(prefix[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < len(prefix):
+            best = min(best, prefix[lo])
+    return best if math.isfinite(best) else max(p[-1] for p, _, _ in classes)
 
 
 # Rings of more ranks are left out of `zero_collectives_s` (a weaker bound, still a

@@ -137,6 +137,31 @@ class CapsKey(NamedTuple):
     reduced: bool
 
 
+class LoadKey(NamedTuple):
+    """What `bounds.key_bound` reads of one memory mode: the busiest device's load bound
+    and the classes' whole-model times depend on each used class's fastest unit and its
+    units per pipeline, the micro-batch, the mode and its shards, and the stashes the
+    pipeline's devices and stages hold (`bounds.device_inflight`, stage counts)."""
+
+    units: tuple[tuple[str, ...], ...]     # each used class's fastest unit
+    recipe: tuple[int, ...]                # its units per pipeline, in the same order
+    micro_batch: int
+    mode: Any                              # `space.MemoryMode`
+    shards: int
+    held: tuple[tuple[int, int], ...]      # per device: (least in flight, extra)
+    stage_held: tuple[int, ...]            # per stage in flight, descending
+    width: int                             # devices per unit (tp x cp)
+
+
+class ModeLoad(NamedTuple):
+    """`LoadKey`'s entry: the load bound (inf: the model does not fit in the mode), and
+    per used class a unit's forward + backward and forward time of the whole model."""
+
+    load_s: float
+    whole_s: tuple[float, ...]
+    forward_s: tuple[float, ...]
+
+
 class RowKey(NamedTuple):
     """All one pipeline's cut depends on (`templates._row_cut`): its config, in-flight
     class, tp, whether it has replicas, the first memory mode, the optimizer's shards

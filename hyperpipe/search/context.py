@@ -23,7 +23,9 @@ from hyperpipe.search.caches import (
     InflightKey,
     LayersOn,
     LinkKey,
+    LoadKey,
     MatrixKey,
+    ModeLoad,
     PeerCaches,
     Placement,
     ReplicaKey,
@@ -62,6 +64,9 @@ class SearchContext:
     times_s: Cache[TimesKey, tuple[np.ndarray, np.ndarray]] = field(default_factory=Cache)
     tables: Cache[TableKey, P.LayerTables] = field(default_factory=Cache)
     links: Cache[LinkKey, np.ndarray] = field(default_factory=Cache)
+    link_keys: Cache[tuple[str, str, int], LinkKey] = field(default_factory=Cache)
+    # (ZeRO stage, reshard) -> `CostModel.dp_sync_bytes_per_param` on the search's stack
+    sync_bytes: Cache[tuple[int, bool], float] = field(default_factory=Cache)
     inflight: Cache[InflightKey, tuple[int, ...]] = field(default_factory=Cache)
     book: Cache[BookKey, list] = field(default_factory=Cache)     # of `templates.Template`
     matrices: Cache[MatrixKey, np.ndarray] = field(default_factory=Cache)
@@ -72,6 +77,7 @@ class SearchContext:
     placed_rings: Cache[Placement, list] = field(default_factory=Cache)  # per device slot
     unit_signs: Cache[tuple[str, ...], tuple] = field(default_factory=Cache)
     layer_caps: Cache[CapsKey, Any] = field(default_factory=Cache)    # `bounds.LayerCaps`
+    mode_loads: Cache[LoadKey, ModeLoad] = field(default_factory=Cache)   # `bounds.key_bound`
     totals: Cache[TotalKey, StateStash] = field(default_factory=Cache)
     device_bounds_s: Cache[StageShape, float] = field(default_factory=Cache)
     stage_ops: Cache[StageShape, dict[str, float]] = field(default_factory=Cache)
@@ -287,6 +293,9 @@ class SearchContext:
     def link_key(self, src: str, dst: str, mb: int) -> LinkKey:
         """Routes cost only by their link class; a calibration profile measures
         intra-node links per node, so then per node."""
+        return self.link_keys.memo((src, dst, mb), lambda: self._link_key(src, dst, mb))
+
+    def _link_key(self, src: str, dst: str, mb: int) -> LinkKey:
         if src == dst:          # two chunks on one device (V kinds): no transfer at all
             return LinkKey(None, mb)
         a, b = self.cluster.device(src), self.cluster.device(dst)

@@ -146,12 +146,16 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
     homes = [stage_rank(k, p, schedule_kind(kind).placement) for k in range(stages)]
     for mode in modes:
         tables, links, rooms, split, keys = [], [], [], [], []
-        for k in range(stages):
-            group = row[homes[k]]
+        units = []                      # per device of the row: table key, table, room
+        for group in row:
             dev = ctx.cluster.device(group[0]).type
             tkey = ctx.table_key(group, mb, mode, dp)
             t = ctx.table_of(tkey, group)
-            room = dev.memory_bytes - dev.runtime_reserve_bytes - t.work_bytes
+            units.append((tkey, t, dev.memory_bytes - dev.runtime_reserve_bytes
+                          - t.work_bytes))
+        for k in range(stages):
+            group = row[homes[k]]
+            tkey, t, room = units[homes[k]]
             if k == stages - 1:
                 lkey, link = None, None
             else:
@@ -310,9 +314,10 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
             slots_kind: str = "", placement: tuple | None = None, rings: bool = True
             ) -> float:
     """Per iteration: ring all-reduce of each device's gradients over the replicas
-    (`CostModel.dp_sync_bytes_per_param`: fp32 main grads for bf16; reduce-scatter and
-    all-gather with the distributed optimizer), the rings of a tp group's ranks at once
-    (`network.ring_spec`: rings that cross one NIC share it), plus its optimizer step
+    (`CostModel.dp_sync_bytes_per_param` on the search's stack: fp32 main grads for
+    bf16; reduce-scatter and all-gather with the distributed optimizer), the rings of a
+    tp group's ranks at once (`network.ring_spec`: rings that cross one NIC share it),
+    plus its optimizer step
     (sharded with it); the busiest device counts. `placement`: a name for `slots` (what
     built them), under which each device's ring is cached. `rings` False: the optimizer
     steps alone (a lower bound, without the costly all-reduces). With context
@@ -322,8 +327,10 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
     cost = ctx.cost
     p = len(slots[0])
     shards = len(slots) * mode.cp if mode.zero else 1
-    per_param = cost.dp_sync_bytes_per_param(zero=mode.zero,
-                                             reshard_after_forward=mode.reshard)
+    per_param = ctx.sync_bytes.memo((mode.zero, mode.reshard),
+                                    lambda: cost.dp_sync_bytes_per_param(
+                                        runtime=ctx.runtime, zero=mode.zero,
+                                        reshard_after_forward=mode.reshard))
     per_device = [0.0] * p
     place = schedule_kind(slots_kind).placement if slots_kind else "loop"
     placed = ctx.placed_rings.get(placement) if placement is not None else None

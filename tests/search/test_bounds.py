@@ -31,3 +31,32 @@ def test_memory_at_equals_the_rule_per_position():
         held = tuple((int(rng.integers(0, 40)), int(rng.integers(0, 20)))
                      for _ in range(int(rng.integers(1, 30))))
         assert list(caps.memory_at(held)) == [_layers_that_fit(caps, h, x) for h, x in held]
+
+
+def test_least_load_is_the_first_step_of_the_union_that_holds_the_layers():
+    """`bounds._least_load_s` (bisection per class) against the plain rule: every step
+    of every class's time prefix, in order, the first at which the units hold n layers
+    (sum over classes and rooms r_j of min(layers in time, r_j)), else the last step."""
+
+    from hyperpipe.search import bounds as B
+    rng = np.random.default_rng(11)
+    for _ in range(400):
+        n_layers = int(rng.integers(2, 30))
+        caps, room = {}, {}
+        for t in range(int(rng.integers(1, 4))):
+            times = np.round(rng.uniform(0.5, 3.0, n_layers), int(rng.integers(0, 3)))
+            prefix = np.cumsum(np.sort(times))
+            caps[f"c{t}"] = B.LayerCaps(prefix, 1.0, np.zeros(n_layers), np.zeros(n_layers),
+                                        1.0, 0)
+            room[f"c{t}"] = rng.integers(0, n_layers + 1, int(rng.integers(1, 6)))
+        need = int(rng.integers(1, 2 * n_layers))
+        steps = sorted({float(x) for c in caps.values() for x in c.time_prefix_s})
+        want = steps[-1]
+        for s in steps:
+            held = sum(min(int(np.searchsorted(caps[t].time_prefix_s, s * (1 + 1e-12),
+                                                  side="right")), int(r))
+                       for t in caps for r in room[t])
+            if held >= need:
+                want = s
+                break
+        assert B._least_load_s(caps, room, need) == want

@@ -291,3 +291,24 @@ def test_pick_is_never_slower_than_a_tuned_baseline_and_says_when_it_is_one():
     text = format_search(res, CostModel(model, cluster))
     assert f"the pick is the tuned {res.seeded_from} baseline's plan" in text
     assert "the search's own best" in text
+
+
+@pytest.mark.parametrize("dtype,nbytes", [("fp32", 4.0), ("bf16", 2.0)])
+def test_template_sync_reduces_in_the_search_stacks_gradient_dtype(dtype, nbytes):
+    """A template's gradient sync (`templates._sync_s`) all-reduces each device's
+    parameters at the bytes per gradient of the search's runtime (`grad_reduce_dtype`),
+    beside its optimizer step: two replicas of one whole-model stage."""
+    from hyperpipe.plan.stack import RuntimeOverrides
+    from hyperpipe.search import partition as P
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(
+        global_batch=16, runtime=RuntimeOverrides(grad_reduce_dtype=dtype)))
+    n = model.num_layers
+    slots = [[("a100/0",)], [("a100/1",)]]
+    part = P.Partition((0, n), (1.0,), 1.0, 1.0, 0.5, 0.5)
+    mode = space.MemoryMode()
+    got = T._sync_s(ctx, slots, part, 1, mode)
+    step = ctx.cost.optimizer_time_s((0, n), "A100-80GB", 1, 1, ("a100/0",))
+    ring = T._ring_s(ctx, (("a100/0",), ("a100/1",)), ctx.cost.stage_params((0, n)) * nbytes)
+    assert got == pytest.approx(step + ring, rel=1e-12)
+    assert ring > 0
