@@ -164,6 +164,9 @@ class _Tables:
     tp_comm_s: dict[tuple[_Layers, _Devices, int, int], float] = field(default_factory=dict)
     routes: dict[tuple[str, str], CostedRoute] = field(default_factory=dict)
     allreduce_s: dict[_Devices, tuple[float, float]] = field(default_factory=dict)
+    # `CostModel.ring_pattern` -> the all-reduce line of every device tuple of it
+    allreduce_patterns: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    node_kinds: dict[str, tuple] = field(default_factory=dict)     # node -> its kind
     # (layers, micro-batch, tp, recompute, sequence parallel, cp) -> bytes
     stash_bytes: dict[tuple[_Layers, int, int, str, bool, int], float] = \
         field(default_factory=dict)
@@ -482,9 +485,35 @@ class CostModel:
         table = self._tables.allreduce_s
         key = tuple(devices)
         if key not in table:
-            table[key] = self._allreduce_line(key)
+            if self.profile is not None:       # measured links: each tuple its own
+                table[key] = self._allreduce_line(key)
+            else:
+                lines = self._tables.allreduce_patterns
+                pattern = self.ring_pattern(key)
+                if pattern not in lines:
+                    lines[pattern] = self._allreduce_line(key)
+                table[key] = lines[pattern]
         fixed_s, s_per_byte = table[key]
         return fixed_s + s_per_byte * nbytes
+
+    def ring_pattern(self, devices: tuple[str, ...]) -> tuple:
+        """What an all-reduce's line depends on under the cluster's topology model
+        (`hyperpipe.cluster.cluster`: per-node ports and NICs into a non-blocking
+        fabric): per device its node's kind (device type, devices, intra link, NIC,
+        NICs, peer-to-peer), its node numbered in order of first appearance, and its
+        index on the node. Device tuples of one pattern cost the same."""
+        kinds = self._tables.node_kinds
+        seen: dict[str, int] = {}
+        out = []
+        for name in devices:
+            dev = self.cluster.device(name)
+            kind = kinds.get(dev.node)
+            if kind is None:
+                n = self.cluster.node(dev.node)
+                kind = kinds[dev.node] = (n.device_type, n.count, n.intra_link, n.nic,
+                                          n.nics, n.peer_to_peer)
+            out.append((kind, seen.setdefault(dev.node, len(seen)), dev.index))
+        return tuple(out)
 
     def _allreduce_line(self, devices: tuple[str, ...]) -> tuple[float, float]:
         """`allreduce_time_s` over `devices` as (seconds of latency, seconds per byte):

@@ -121,3 +121,32 @@ def test_issue_repro_one_nic_against_four(tmp_path, capsys):
     bus = 1.25e9 * cluster.devices[0].type.nic_efficiency
     assert times[1] - times[4] == pytest.approx(0.75 * nbytes / bus, rel=1e-6)
     assert times[1] / times[4] > 3.0           # the inter phase dominates on 10 Gbit/s
+
+
+def test_all_reduce_lines_shared_by_ring_pattern_are_each_tuples_own():
+    """`CostModel.allreduce_time_s` prices a device tuple once per `ring_pattern` (node
+    kinds, nodes in order of appearance, device indices): on scale-1024 (four node kinds,
+    several NICs) every ring, rails across nodes and random ones, costs exactly what its
+    own `_allreduce_line` computes afresh, and rails of one shape share one line."""
+    import random
+
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
+    from hyperpipe.sim.costmodel import CostModel
+    cluster = load_cluster("scale-1024")
+    cost = CostModel(load_model("gpt2-medium"), cluster)
+    rng = random.Random(3)
+    names = [d.name for d in cluster.devices]
+    rings = []
+    for _ in range(600):
+        n = rng.choice([2, 3, 4, 8, 16, 32])
+        if rng.random() < 0.5:           # a rail: device i of n nodes
+            i = rng.randrange(cluster.nodes[0].count)
+            rings.append(tuple(f"{cluster.nodes[k].name}/{i}"
+                               for k in rng.sample(range(len(cluster.nodes)), n)))
+        else:
+            rings.append(tuple(rng.sample(names, n)))
+    for ring in rings:
+        fixed_s, per_byte_s = CostModel(cost.model, cluster)._allreduce_line(ring)
+        assert cost.allreduce_time_s(ring, 1e9) == fixed_s + per_byte_s * 1e9
+    assert len(cost._tables.allreduce_patterns) < len(cost._tables.allreduce_s)
