@@ -403,6 +403,10 @@ def _megatron(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
     if not _runs_in(lay.schedule, "megatron"):
         lost.append(f"schedule {lay.schedule}: Megatron-LM runs 1F1B (interleaved with "
                     "virtual stages)")
+    from hyperpipe.plan.plan import pipeline_placement
+    if lay.chunks > 1 and pipeline_placement(plan, plan.pipelines[0]) == "v":
+        lost.append("V placement: Megatron-LM's virtual stages are looped (chunk c of "
+                    "pipeline rank r is stage c x pp + r), so stages move to other ranks")
     launch = [f"torchrun --nnodes 1 --nproc-per-node {world} pretrain_gpt.py"] + args
     text = (f"# {world} ranks; across nodes: torchrun --nnodes N --nproc-per-node "
             f"{world}/N ...\n" + " \\\n    ".join(launch) + "\n")
