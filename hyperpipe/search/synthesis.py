@@ -26,7 +26,8 @@ from hyperpipe.sim.sharding import dp_shards
 
 SYNTH_TOP = 3         # plans of the short list a schedule is synthesised for
 # Competitors whose best plan gets the same synthesis as the pick's (Megatron-style
-# layouts a user could run with any schedule; the peer planners' papers fix 1F1B).
+# layouts a user could run with any schedule; the peer planners' papers fix 1F1B), and
+# which, being points of the search's own space, join its ranking as seeds (`search`).
 SYNTHESISED_BASELINES = ("uniform", "proportional")
 
 
