@@ -317,13 +317,12 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
     (`CostModel.dp_sync_bytes_per_param` on the search's stack: fp32 main grads for
     bf16; reduce-scatter and all-gather with the distributed optimizer), the rings of a
     tp group's ranks at once (`network.ring_spec`: rings that cross one NIC share it),
-    plus its optimizer step
-    (sharded with it); the busiest device counts. `placement`: a name for `slots` (what
-    built them), under which each device's ring is cached. `rings` False: the optimizer
-    steps alone (a lower bound, without the costly all-reduces). With context
-    parallelism the reduction over dp x cp ranks is costed as the rings of each context
-    rank's tp group over the replicas, all at once; ZeRO 2 and 3 leave here only what
-    they move once a step (`CostModel.dp_sync_bytes_per_param`)."""
+    plus its optimizer step (sharded with it); the busiest device counts. `placement`: a
+    name for `slots` (what built them), under which each device's ring is cached.
+    `rings` False: the optimizer steps alone (a lower bound, without the costly
+    all-reduces). With context parallelism the reduction over dp x cp ranks is costed as
+    the rings of each context rank's tp group over the replicas, all at once; ZeRO 2 and
+    3 leave here only what they move once a step (`CostModel.dp_sync_bytes_per_param`)."""
     cost = ctx.cost
     p = len(slots[0])
     shards = len(slots) * mode.cp if mode.zero else 1
