@@ -104,7 +104,7 @@ def layer_caps(ctx, unit: tuple[str, ...], mb: int, mode: MemoryMode, shards: in
     if key not in cache:
         t = ctx.table_of(tkey, unit)
         dev = ctx.cluster.device(unit[0]).type
-        times = np.diff(t.fwd_s + t.bwd_s)
+        times = t.least_layer_s()
         state, stash = np.diff(t.state_bytes), np.diff(t.stash_bytes)
         keep = np.ones(len(times), dtype=bool)
         if reduced:

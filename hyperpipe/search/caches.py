@@ -69,6 +69,7 @@ class LinkKey(NamedTuple):
 class MatrixKey(NamedTuple):
     times: TimesKey
     link: LinkKey | None
+    split: bool = False          # the backward as I and W (`LayerTables.splits`)
 
 
 class StageKey(NamedTuple):
@@ -78,6 +79,7 @@ class StageKey(NamedTuple):
     inflight: int
     capacity_bytes: float
     link: LinkKey | None
+    split: bool = False          # the backward as I and W (`LayerTables.splits`)
 
 
 class InflightKey(NamedTuple):

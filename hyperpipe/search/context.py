@@ -62,6 +62,8 @@ class SearchContext:
     cost: CostModel
     c: SearchConstraints
     times_s: Cache[TimesKey, tuple[np.ndarray, np.ndarray]] = field(default_factory=Cache)
+    actions_s: Cache[TimesKey, tuple[np.ndarray | None, P.ActionTimes]] = field(
+        default_factory=Cache)
     tables: Cache[TableKey, P.LayerTables] = field(default_factory=Cache)
     links: Cache[LinkKey, np.ndarray] = field(default_factory=Cache)
     link_keys: Cache[tuple[str, str, int], LinkKey] = field(default_factory=Cache)
@@ -241,7 +243,10 @@ class SearchContext:
                 lambda: P.layer_memory(self.cost, t.tp, t.micro_batch, *times, t.recompute,
                                        t.sequence_parallel, key.shards, zero=key.zero,
                                        cp=t.cp, reshard=key.reshard, ep=t.ep))
-            self.tables[key] = replace(mem, fwd_s=times[0], bwd_s=times[1])
+            split, actions = self.actions_s.memo(t, lambda: P.action_times(
+                self.cost, group, t.micro_batch, t.recompute, t.sequence_parallel, t.cp))
+            self.tables[key] = replace(mem, fwd_s=times[0], bwd_s=times[1], split_s=split,
+                                       actions=actions)
         return self.tables[key]
 
     def ep_exchange(self, unit: tuple[str, ...], cp: int, ep: int
@@ -323,8 +328,8 @@ class SearchContext:
         """`partition.stage_matrix` of one stage (`table`, `link`: those under `key`'s);
         the same stage recurs across replica counts and stage orders."""
         if key not in self.stage_costs:
-            times = self.matrices.memo(MatrixKey(key.table.times, key.link),
-                                       lambda: P.time_matrix(table, link))
+            times = self.matrices.memo(MatrixKey(key.table.times, key.link, key.split),
+                                       lambda: P.time_matrix(table, link, key.split))
             self.stage_costs[key] = P.stage_matrix(table, slot, times)
         return self.stage_costs[key]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,15 +57,57 @@ class Partition:
         return list(itertools.pairwise(self.bounds))
 
 
+class ActionTimes(NamedTuple):
+    """What each action of a stage costs once, whatever its layers (seconds): a
+    calibration profile's per-action overhead of F, B, I and W (0 without one)."""
+
+    f_s: float = 0.0
+    b_s: float = 0.0
+    i_s: float = 0.0
+    w_s: float = 0.0
+
+    def per_microbatch_s(self, split: bool) -> float:
+        """A stage's per-micro-batch share: F and B, or F, I and W when `split`."""
+        return self.f_s + (self.i_s + self.w_s if split else self.b_s)
+
+
 @dataclass(frozen=True)
 class LayerTables:
-    """Per-layer prefix sums for one kind of stage (device type, tp group, micro-batch)."""
+    """Per-layer prefix sums for one kind of stage (device type, tp group, micro-batch).
+    A stage's per-micro-batch time is its layers' F and B (with `split_s` when the
+    schedule splits the backward into I and W) plus `actions` once."""
 
     fwd_s: np.ndarray          # prefix sums, length L+1: forward time
-    bwd_s: np.ndarray          # prefix sums: backward (B = I + W) time
+    bwd_s: np.ndarray          # prefix sums: backward (B) time
     state_bytes: np.ndarray    # prefix sums: weights + grads + optimizer state per device
     stash_bytes: np.ndarray    # prefix sums: activations one micro-batch stashes
     work_bytes: float = 0.0    # the largest one-layer recompute working set (not summed)
+    # prefix sums of I + W - B per layer; None where the cost model prices B as I + W
+    split_s: np.ndarray | None = None
+    actions: ActionTimes = ActionTimes()
+
+    def splits(self, kind_splits: bool) -> bool:
+        """Whether a schedule that does (`kind_splits`) or does not split the backward
+        prices this stage kind apart from one that does not."""
+        return kind_splits and (self.split_s is not None or self.actions.b_s !=
+                                self.actions.i_s + self.actions.w_s)
+
+    def stage_prefix_s(self, split: bool) -> np.ndarray:
+        """Prefix sums of a stage's per-micro-batch layer time (no per-action part)."""
+        t = self.fwd_s + self.bwd_s
+        return t + self.split_s if split and self.split_s is not None else t
+
+    def least_whole_s(self) -> float:
+        """The whole model's `least_layer_s`, summed."""
+        t = float(self.fwd_s[-1] + self.bwd_s[-1])
+        return t if self.split_s is None else \
+            t + float(np.minimum(np.diff(self.split_s), 0.0).sum())
+
+    def least_layer_s(self) -> np.ndarray:
+        """Per layer, the least of its F + B and F + I + W (no per-action part): what
+        any schedule spends on it at least."""
+        t = np.diff(self.fwd_s + self.bwd_s)
+        return t if self.split_s is None else t + np.minimum(np.diff(self.split_s), 0.0)
 
 
 def layer_tables(cost: CostModel, devices: tuple[str, ...], micro_batch: int, *,
@@ -74,29 +117,52 @@ def layer_tables(cost: CostModel, devices: tuple[str, ...], micro_batch: int, *,
     with its recompute, sequence parallelism and optimizer shards (the distributed
     optimizer's replicas; 1 without it)."""
     fwd, bwd = layer_times(cost, devices, micro_batch, recompute, sequence_parallel)
-    return layer_memory(cost, len(devices), micro_batch, fwd, bwd, recompute,
-                        sequence_parallel, dp_shards)
+    split, actions = action_times(cost, devices, micro_batch, recompute, sequence_parallel)
+    return replace(layer_memory(cost, len(devices), micro_batch, fwd, bwd, recompute,
+                                sequence_parallel, dp_shards), split_s=split, actions=actions)
+
+
+def action_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
+                 recompute: str = "none", sequence_parallel: bool = False, cp: int = 1
+                 ) -> tuple[np.ndarray | None, ActionTimes]:
+    """(`LayerTables.split_s`, `LayerTables.actions`) of one stage kind: per layer what
+    a split backward's I + W costs beyond B, as `CostModel.stage_time_s` prices each
+    action (None where that is B to the last few ulps, as op-by-op pricing gives it),
+    and the per-action overheads, each once per stage (`CostModel.action_overhead_s`)."""
+    over = ActionTimes(*(cost.action_overhead_s(devices, op) for op in "FBIW"))
+    n = cost.model.num_layers
+    extra = np.zeros(n + 1)
+    for i in range(n):
+        one = (i, i + 1)
+        b, i_, w = (cost.stage_time_s(one, devices, micro_batch, op, recompute,
+                                      sequence_parallel, cp) for op in "BIW")
+        e = (i_ - over.i_s) + (w - over.w_s) - (b - over.b_s)
+        extra[i + 1] = 0.0 if abs(e) <= 1e-9 * abs(b) else e
+    return (np.cumsum(extra) if extra.any() else None), over
 
 
 def layer_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
                 recompute: str = "none", sequence_parallel: bool = False, cp: int = 1,
                 ep: int = 1, a2a_edges: tuple[tuple[str, str], ...] = (),
                 dispatcher: str = "alltoall") -> tuple[np.ndarray, np.ndarray]:
-    """Prefix sums of the per-layer forward and backward (B, with its recompute) times;
-    `devices` is cp tp groups with context parallelism, each layer's exposed ring
-    exchange included (`sim.sharding.ring_attention_extra_s`). ZeRO-2/3's per
+    """Prefix sums of the per-layer forward and backward (B, with its recompute) times,
+    without a profile's per-action overhead (`action_times`); `devices` is cp tp groups
+    with context parallelism, each layer's exposed ring exchange included
+    (`sim.sharding.ring_attention_extra_s`). ZeRO-2/3's per
     micro-batch collectives are left to the analytic tier and the simulator (they
     overlap the compute; the search tries them only where ZeRO-1 does not fit)."""
     n = cost.model.num_layers
     fwd = np.zeros(n + 1)
     bwd = np.zeros(n + 1)
     tp = len(devices) // cp
+    # a profile's per-action overhead is paid once per stage (`action_times`), not per layer
+    over_f, over_b = (cost.action_overhead_s(devices, op) for op in "FB")
     for i in range(n):
         one = (i, i + 1)
         fwd[i + 1] = cost.stage_time_s(one, devices, micro_batch, "F",
-                                       sequence_parallel=sequence_parallel, cp=cp)
+                                       sequence_parallel=sequence_parallel, cp=cp) - over_f
         bwd[i + 1] = cost.stage_time_s(one, devices, micro_batch, "B", recompute,
-                                       sequence_parallel, cp)
+                                       sequence_parallel, cp) - over_b
         if cp > 1:
             st = StagePlan(one, devices, tp, recompute, sequence_parallel, cp)
             fwd[i + 1] += ring_attention_extra_s(cost, st, micro_batch, "F")
@@ -192,11 +258,13 @@ def link_costs(cost: CostModel, src: str, dst: str, micro_batch: int) -> np.ndar
     return np.array([0.0] + [times[b] for b in sizes])
 
 
-def time_matrix(tables: LayerTables, link: np.ndarray | None) -> np.ndarray:
-    """T[i, j]: per-micro-batch time of a stage holding layers [i, j), the link after it
-    included (inf where j <= i)."""
-    t = tables.fwd_s + tables.bwd_s
-    c = t[None, :] - t[:, None]
+def time_matrix(tables: LayerTables, link: np.ndarray | None, split: bool = False
+                ) -> np.ndarray:
+    """T[i, j]: per-micro-batch time of a stage holding layers [i, j), its per-action
+    part and the link after it included (inf where j <= i); `split`: its backward runs
+    as I and W (`LayerTables.splits`)."""
+    t = tables.stage_prefix_s(split)
+    c = t[None, :] - t[:, None] + tables.actions.per_microbatch_s(split)
     if link is not None:
         c = c + link[None, :]
     c[np.tril_indices_from(c)] = _INF
@@ -316,13 +384,17 @@ def partition(mats: list[StageCost], *, bottleneck_slack: float = 0.0
 
 
 def describe(bounds: tuple[int, ...], tables: list[LayerTables],
-             links: list[np.ndarray | None]) -> Partition:
-    """The per-stage times of a cut (the same numbers the DP minimised)."""
+             links: list[np.ndarray | None], split: list[bool] | None = None) -> Partition:
+    """The per-stage times of a cut (the same numbers the DP minimised; `split` per
+    stage as `time_matrix`'s)."""
     stage, fwd, bwd = [], 0.0, 0.0
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         t = tables[s]
-        f = float(t.fwd_s[b] - t.fwd_s[a])
-        bwd = float(t.bwd_s[b] - t.bwd_s[a])
+        sp = split is not None and split[s]
+        f = float(t.fwd_s[b] - t.fwd_s[a]) + t.actions.f_s
+        bwd = float(t.bwd_s[b] - t.bwd_s[a]) + t.actions.per_microbatch_s(sp) - t.actions.f_s
+        if sp and t.split_s is not None:
+            bwd += float(t.split_s[b] - t.split_s[a])
         link = 0.0 if links[s] is None else float(links[s][b])
         stage.append(f + bwd + link)
         fwd += f

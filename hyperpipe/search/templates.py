@@ -144,6 +144,7 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
     stages = p * v
     inflight = ctx.peak_inflight(kind, p, m, v)
     homes = [stage_rank(k, p, schedule_kind(kind).placement) for k in range(stages)]
+    splits = schedule_kind(kind).splits_backward
     for mode in modes:
         tables, links, rooms, split, keys = [], [], [], [], []
         units = []                      # per device of the row: table key, table, room
@@ -164,7 +165,7 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
                 link = ctx.link_of(lkey, src, dst)
             tables.append(t)
             links.append(link)
-            keys.append((tkey, lkey))
+            keys.append((tkey, lkey, t.splits(splits)))
             rooms.append(P.Slot(group, inflight[k], room))
             split.append(P.Slot(group, inflight[k], room / v))
         # A device's v chunks get a v-th of its room each; if no cut fits so, shares
@@ -173,18 +174,19 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
         if bounds is None and v > 1:
             bounds = _cut(ctx, keys, tables, P.shared_slots(tables, rooms, homes), links)
         if bounds is not None:
-            return RowCut(mode, P.describe(bounds, tables, links))
+            return RowCut(mode, P.describe(bounds, tables, links, [k[2] for k in keys]))
     return None
 
 
-def _cut(ctx: SearchContext, keys: list[tuple[TableKey, LinkKey | None]],
+def _cut(ctx: SearchContext, keys: list[tuple[TableKey, LinkKey | None, bool]],
          tables: list[P.LayerTables], slots: list[P.Slot], links: list
          ) -> tuple[int, ...] | None:
-    """`partition.partition` of these stages (`keys`: each one's table and link keys).
-    The cut depends only on each stage's (table, in-flight stashes, room, link):
-    templates that differ elsewhere (replica count, price, m past the fill) share it."""
-    stage_keys = tuple(StageKey(tkey, sl.inflight, sl.capacity_bytes, lkey)
-                       for (tkey, lkey), sl in zip(keys, slots, strict=True))
+    """`partition.partition` of these stages (`keys`: each one's table and link keys,
+    and whether its backward is split, `LayerTables.splits`). The cut depends only on
+    each stage's (table, in-flight stashes, room, link, split): templates that differ
+    elsewhere (replica count, price, m past the fill) share it."""
+    stage_keys = tuple(StageKey(tkey, sl.inflight, sl.capacity_bytes, lkey, split)
+                       for (tkey, lkey, split), sl in zip(keys, slots, strict=True))
     if stage_keys not in ctx.cuts:
         ctx.cuts[stage_keys] = P.partition(
             [ctx.stage_cost(k, t, sl, ln)
@@ -547,7 +549,7 @@ def _work_bound(ctx: SearchContext, types, pools, kind: str, v: int, mb: int,
     fill's lower bound (on the fastest type)."""
     work = {t: ctx.table(ctx.fastest_unit(pools[t]), mb, mode) for t in types}
     # (times only: the table's memory is not read here)
-    whole = {t: float(w.fwd_s[-1] + w.bwd_s[-1]) for t, w in work.items()}
+    whole = {t: w.least_whole_s() for t, w in work.items()}
     forward = {t: float(w.fwd_s[-1]) for t, w in work.items()}
     return whole, fill_bound_s(kind, v, whole, forward)
 

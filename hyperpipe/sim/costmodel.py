@@ -332,6 +332,15 @@ class CostModel:
                 for i in range(*layers))
         return table[key]
 
+    def action_overhead_s(self, devices: tuple[str, ...], op: str) -> float:
+        """The profile's per-action overhead of `op` on a stage of `devices`, as
+        `stage_time_s` counts it: once per action, stretched by the group's slowdown
+        (0 without a profile)."""
+        if self.profile is None:
+            return 0.0
+        dtype = self.cluster.device(devices[0]).type.name
+        return self.profile.action_overhead_s(dtype, op) * self.cluster.slowdown(devices)
+
     def stage_time_s(self, layers: tuple[int, int], devices: tuple[str, ...],
                      micro_batch: int, op: str, recompute: str = "none",
                      sequence_parallel: bool = False, cp: int = 1) -> float:
