@@ -8,8 +8,9 @@ the plan does. The best synthesised order and the best fixed kind's are improved
 local moves (`improve`) and simulated again; the fastest that fits in memory wins.
 A candidate order is not simulated where `order_bound_s` (its replay on idle links, a
 lower bound on its simulated time) shows it cannot beat the best synthesised order
-simulated so far, nor a fixed kind whose simulated metrics the caller passes in
-(`known`): the result is the same as simulating them.
+simulated so far, a fixed kind where it shows that kind cannot beat the best fixed kind
+known or simulated so far, nor a fixed kind whose simulated metrics the caller passes
+in (`known`): the result is the same as simulating them.
 
 So the result is never slower than the best fixed kind (kept when no candidate beats
 it) and never over a device's memory when any schedule fits. It is an ordinary plan:
@@ -228,21 +229,28 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
     plan.check(cost.model, cost.cluster)
     base = replace(plan, actions=None) if schedule_kind(plan.schedule).carries_actions \
         else plan
-    fixed_best = Priced(float("inf"), None, None, None, "")
+    costs = [pipe_costs(base, cost, q) for q in range(len(base.pipelines))]
+    lower = bound_costs(base, cost, costs)
+    # the fixed kinds, the first fastest winning ties; a kind whose order bound is above
+    # the best simulated or known so far is not simulated (it could not win)
+    known = known or {}
+    kinds = fixed_kinds(base)
+    priced: dict[str, Priced] = {}
     n = 0
-    for kind in fixed_kinds(base):
+    for kind in sorted(kinds, key=lambda k: k not in known):
         candidate = replace(base, schedule=kind, actions=None)
-        metrics = (known or {}).get(kind)
+        metrics = known.get(kind)
         if metrics is None:
+            best_s = min((x.time_s for x in priced.values()), default=float("inf"))
+            if order_bound_s(candidate, lower) > best_s:
+                continue
             metrics = simulate(candidate, cost, opts).metrics
             n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")
-        if t < fixed_best.time_s or fixed_best.plan is None:
-            fixed_best = Priced(t, candidate, metrics, None, kind)
+        priced[kind] = Priced(t, candidate, metrics, None, kind)
+    fixed_best = min(priced.values(), key=lambda x: (x.time_s, kinds.index(x.kind)))
     synth_best: Priced | None = None
     seen: set = set()
-    costs = [pipe_costs(base, cost, q) for q in range(len(base.pipelines))]
-    lower = bound_costs(base, cost, costs)
     for policy in policies:
         candidate = synth_plan(base, cost, policy, costs)
         if candidate is None or candidate.actions in seen:

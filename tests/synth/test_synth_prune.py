@@ -104,3 +104,23 @@ def test_order_bound_holds_where_transfers_split_over_tensor_parallel_ranks():
     whole = [replace(c, budget_bytes=(float("inf"),) * len(c.budget_bytes)) for c in costs]
     sim = simulate(plan, cost, SimOptions(trace=False)).metrics.iteration_time_s
     assert S.order_bound_s(plan, whole) > sim
+
+
+@pytest.mark.parametrize("case", CASES[:2])
+def test_fixed_kinds_above_the_best_known_one_are_not_simulated(case, monkeypatch):
+    # the caller knows the fastest fixed kind (zb-h1 here): the kinds whose order bound
+    # is above it are left unsimulated, and the result is the same as simulating them
+    plan, cost = _plan(*case)
+    opts = SimOptions(trace=False)
+    times = {k: simulate(replace_schedule(plan, k), cost, opts).metrics
+             for k in S.fixed_kinds(plan)}
+    fastest = min(times, key=lambda k: times[k].iteration_time_s)
+    known = {fastest: times[fastest]}
+    pruned = S.synthesise(plan, cost, known=known)
+    monkeypatch.setattr(S, "order_bound_s", lambda plan, lower: 0.0)
+    full = S.synthesise(plan, cost, known=known)
+    assert pruned.plan == full.plan and pruned.metrics == full.metrics
+    assert (pruned.fixed_kind, pruned.fixed_time_s) == (full.fixed_kind, full.fixed_time_s)
+    assert pruned.fixed_kind == fastest
+    # every other fixed kind is simulated without the bound, none with it
+    assert full.candidates - pruned.candidates >= len(times) - 1
