@@ -66,9 +66,13 @@ class ActionTimes(NamedTuple):
     i_s: float = 0.0
     w_s: float = 0.0
 
+    def backward_s(self, split: bool) -> float:
+        """A stage's backward share: B, or I and W when `split`."""
+        return self.i_s + self.w_s if split else self.b_s
+
     def per_microbatch_s(self, split: bool) -> float:
-        """A stage's per-micro-batch share: F and B, or F, I and W when `split`."""
-        return self.f_s + (self.i_s + self.w_s if split else self.b_s)
+        """A stage's per-micro-batch share: F and `backward_s`."""
+        return self.f_s + self.backward_s(split)
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,12 @@ def action_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
     over = ActionTimes(*(cost.action_overhead_s(devices, op) for op in "FBIW"))
     n = cost.model.num_layers
     extra = np.zeros(n + 1)
-    for i in range(n):
-        one = (i, i + 1)
-        b, i_, w = (cost.stage_time_s(one, devices, micro_batch, op, recompute,
-                                      sequence_parallel, cp) for op in "BIW")
-        e = (i_ - over.i_s) + (w - over.w_s) - (b - over.b_s)
-        extra[i + 1] = 0.0 if abs(e) <= 1e-9 * abs(b) else e
+    for j in range(n):
+        one = (j, j + 1)
+        b, i, w = (cost.stage_time_s(one, devices, micro_batch, op, recompute,
+                                     sequence_parallel, cp) for op in "BIW")
+        e = (i - over.i_s) + (w - over.w_s) - (b - over.b_s)
+        extra[j + 1] = 0.0 if abs(e) <= 1e-9 * abs(b) else e
     return (np.cumsum(extra) if extra.any() else None), over
 
 
@@ -392,7 +396,7 @@ def describe(bounds: tuple[int, ...], tables: list[LayerTables],
         t = tables[s]
         sp = split is not None and split[s]
         f = float(t.fwd_s[b] - t.fwd_s[a]) + t.actions.f_s
-        bwd = float(t.bwd_s[b] - t.bwd_s[a]) + t.actions.per_microbatch_s(sp) - t.actions.f_s
+        bwd = float(t.bwd_s[b] - t.bwd_s[a]) + t.actions.backward_s(sp)
         if sp and t.split_s is not None:
             bwd += float(t.split_s[b] - t.split_s[a])
         link = 0.0 if links[s] is None else float(links[s][b])
