@@ -6,7 +6,9 @@ backward compute (tensor-parallel all-reduces included) plus the link after it. 
 is a hard constraint: a cut whose weights, optimizer state and stashes do not fit the
 stage's devices is never taken. Among the cuts of least bottleneck it takes the one of
 least total time (fill and drain). Costs come from `CostModel` as per-layer prefix sums
-(`LayerTables`); each stage's (L+1) x (L+1) cost table is built with numpy. The classic
+(`LayerTables`), with what each action costs once per stage (a calibration profile's
+overhead) and a split backward priced as I + W, as the simulator runs them; each stage's
+(L+1) x (L+1) cost table is built with numpy. The classic
 linear-partition DP with a min-max objective (PipeDream, Narayanan et al. 2019, sec.
 3.1; HetPipe and AMP use the same recurrence on heterogeneous devices).
 """
