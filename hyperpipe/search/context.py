@@ -5,6 +5,7 @@ Times in seconds, memory in bytes.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -150,22 +151,15 @@ class SearchContext:
 
     def ring_pattern(self, groups: tuple[tuple[str, ...], ...]) -> tuple:
         """A key for an all-reduce over `groups` under which rings that cost the same
-        meet: group by group (the tp group's size sets the rings), each device as (its
-        node's class, its node numbered in order of first appearance, its index). Nodes
-        of one class are alike (links, NICs, rails); under a calibration profile (links
-        fitted per node) the groups themselves."""
+        meet: group by group (the tp group's size sets the rings), each device as
+        `CostModel.ring_pattern` of all their devices at once places it (its node's
+        kind, its node numbered in order of first appearance, its index); under a
+        calibration profile (links fitted per node) the groups themselves."""
         if self.cost.profile is not None:
             return groups
-        seen: dict[str, int] = {}
-        out = []
-        for g in groups:
-            mine = []
-            for name in g:
-                dev = self.cluster.device(name)
-                mine.append((self.class_of_node[dev.node],
-                             seen.setdefault(dev.node, len(seen)), dev.index))
-            out.append(tuple(mine))
-        return tuple(out)
+        flat = self.cost.ring_pattern(tuple(d for g in groups for d in g))
+        starts = list(itertools.accumulate((len(g) for g in groups), initial=0))
+        return tuple(flat[a:b] for a, b in itertools.pairwise(starts))
 
     def inflight_key(self, kind: str, p: int, m: int, v: int) -> InflightKey:
         """The key of `peak_inflight` (m past the point where the counts stop growing
