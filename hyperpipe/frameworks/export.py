@@ -25,7 +25,7 @@ from hyperpipe.core.errors import BadInput
 from hyperpipe.frameworks.job import stage_units
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.kinds import DEFAULT_KIND, KINDS, schedule_kind
-from hyperpipe.plan.plan import Plan, schedule_for
+from hyperpipe.plan.plan import Plan, pipeline_placement, schedule_for
 
 FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
 # The main file's suffix per framework; `export_files` names the others after its stem.
@@ -403,7 +403,6 @@ def _megatron(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
     if not _runs_in(lay.schedule, "megatron"):
         lost.append(f"schedule {lay.schedule}: Megatron-LM runs 1F1B (interleaved with "
                     "virtual stages)")
-    from hyperpipe.plan.plan import pipeline_placement
     if lay.chunks > 1 and pipeline_placement(plan, plan.pipelines[0]) == "v":
         lost.append("V placement: Megatron-LM's virtual stages are looped (chunk c of "
                     "pipeline rank r is stage c x pp + r), so stages move to other ranks")

@@ -56,7 +56,7 @@ class LayerCaps:
     every layer, or every layer but a few cheap ones (`layer_caps`): those can sit on
     one device only, and counting them on every device would say far too much fits."""
 
-    time_prefix_s: np.ndarray          # the set's F + B times sorted and summed
+    time_prefix_s: np.ndarray          # the set's least times sorted and summed
     forward_s: float                   # F of the whole model
     state_bytes: np.ndarray            # per layer of the set, per device
     stash_bytes: np.ndarray            # per layer of the set, per device, one micro-batch
@@ -88,7 +88,8 @@ class LayerCaps:
         return self._prefix
 
     def in_time(self, budget_s: float) -> int:
-        """Layers of the set whose F + B fit in `budget_s`, the fastest first."""
+        """Layers of the set whose least times (`LayerTables.least_layer_s`: F + B,
+        or F + I + W where that is less) fit in `budget_s`, the fastest first."""
         return int(np.searchsorted(self.time_prefix_s, budget_s * (1 + 1e-12),
                                    side="right"))
 

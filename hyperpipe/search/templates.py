@@ -545,8 +545,8 @@ def _total_bytes(ctx: SearchContext, mode: MemoryMode, dp: int, mb: int, held: i
 
 def _work_bound(ctx: SearchContext, types, pools, kind: str, v: int, mb: int,
                 mode: MemoryMode) -> tuple[dict[str, float], float]:
-    """Per type, a unit's forward + backward time of the whole model in `mode`, and the
-    fill's lower bound (on the fastest type)."""
+    """Per type, a unit's least time of the whole model in `mode` (forward and backward,
+    `LayerTables.least_whole_s`), and the fill's lower bound (on the fastest type)."""
     work = {t: ctx.table(ctx.fastest_unit(pools[t]), mb, mode) for t in types}
     # (times only: the table's memory is not read here)
     whole = {t: w.least_whole_s() for t, w in work.items()}
