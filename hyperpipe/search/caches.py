@@ -157,7 +157,8 @@ class LoadKey(NamedTuple):
 
 class ModeLoad(NamedTuple):
     """`LoadKey`'s entry: the load bound (inf: the model does not fit in the mode), and
-    per used class a unit's forward + backward and forward time of the whole model."""
+    per used class a unit's least time (`LayerTables.least_layer_s`) and forward time of
+    the whole model."""
 
     load_s: float
     whole_s: tuple[float, ...]
