@@ -86,13 +86,16 @@ class ReplayState:
     """A finished replay of `rows` (encoded): `times[d][i]` is (ready, start, end) of rank
     d's i-th action; `done_f`/`done_b` each (stage, micro-batch)'s F end and I-or-B end
     (index stage * micro-batches + mb). What `Replayer.rerun` starts from; it fills
-    `live_after[d][i]` (rank d's stash bytes after its i-th action) when first asked."""
+    `live_after[d][i]` and `work_after[d][i]` (rank d's stash bytes and busy seconds
+    after its i-th action) when first asked."""
 
     rows: list
     times: RowTimes
     done_f: list
     done_b: list
     live_after: list[list[float]] | None = None
+    work_after: list[list[float]] | None = None
+    timed: int = 0             # actions this (re)run timed; the others it kept or copied
 
 
 class Replayer:
@@ -106,7 +109,12 @@ class Replayer:
     times. Why that is exact: such an action's inputs and rank predecessors all ended
     by its start, so before T0; every changed action started at or after T0 (a rank
     starts its actions in order), so none of them is among its ancestors, whose edges
-    are unchanged; the replay's times are a function of that graph alone."""
+    are unchanged; the replay's times are a function of that graph alone.
+
+    It also stops early: once every rank's last timed action ends when it ended before
+    (rank d past the positions that differ) and no end that differs from before is still
+    to be read by an action not yet timed, every action left has the inputs it had, so
+    its old times, copied rather than timed."""
 
     __slots__ = ("p", "n_st", "mbs", "in_f", "in_b", "dur", "stash", "budget", "last")
 
@@ -134,15 +142,20 @@ class Replayer:
     def rerun(self, state: ReplayState, rows, d: int, to: int,
               limit_s: float = float("inf")) -> ReplayState | None:
         """`run(rows)` from `state` (see the class doc for what `rows` may change); None
-        also as soon as an action would end after `limit_s` (a caller that only wants
-        orders ending by then stops there)."""
+        also as soon as some rank is sure to end after `limit_s`: an action ends after
+        it, or would with the rank's actions left run back to back (a caller that only
+        wants orders ending by then stops there)."""
         t0, mbs = state.times[d][to][1], self.mbs
         keeps = [bisect_left(got, t0, hi=to if e == d else len(got), key=_start_of)
                  for e, got in enumerate(state.times)]
         if state.live_after is None:
-            state.live_after = self._live_after(state.rows)
+            state.live_after, state.work_after = self._prefixes(state.rows)
         live = [la[keep - 1] if keep else 0.0
                 for la, keep in zip(state.live_after, keeps, strict=True)]
+        # each rank's busy seconds from its first action not kept on (the same actions
+        # in any order: positions before `to` are unchanged)
+        left = [wa[-1] - wa[keep - 1] if keep else wa[-1] if wa else 0.0
+                for wa, keep in zip(state.work_after, keeps, strict=True)]
         kept = sum(keeps)
         if 2 * kept <= sum(map(len, state.times)):
             # few kept: their ends into empty tables
@@ -165,32 +178,56 @@ class Replayer:
                     elif code != 2:
                         done_b[k * mbs + j] = None
         out = [got[:keep] for got, keep in zip(state.times, keeps, strict=True)]
-        return self._advance(rows, out, live, done_f, done_b, limit_s)
+        # rank d's row is the old one again from position `same` on
+        same, new_row, old_row = len(rows[d]), rows[d], state.rows[d]
+        while same > to and new_row[same - 1] == old_row[same - 1]:
+            same -= 1
+        return self._advance(rows, out, live, done_f, done_b, limit_s,
+                             _Before(state, d, same, left))
 
-    def _live_after(self, rows) -> list[list[float]]:
+    def _prefixes(self, rows) -> tuple[list[list[float]], list[list[float]]]:
         """Per rank, its stash bytes after each of its actions, summed as `_advance`
-        sums them (so the same floats)."""
-        stash, out = self.stash, []
+        sums them (so the same floats), and its busy seconds by then."""
+        stash, dur, lives, works = self.stash, self.dur, [], []
         for row in rows:
-            live, mine = 0.0, []
+            live, work, mine, busy = 0.0, 0.0, [], []
             for code, k, _ in row:
                 if code == 0:
                     live += stash[k]
                 elif code != 1:
                     live -= stash[k]
+                work += dur[code][k]
                 mine.append(live)
-            out.append(mine)
-        return out
+                busy.append(work)
+            lives.append(mine)
+            works.append(busy)
+        return lives, works
 
     def _advance(self, rows, out: RowTimes, live: list[float], done_f, done_b,
-                 limit_s: float = float("inf")) -> ReplayState | None:
+                 limit_s: float = float("inf"), before: _Before | None = None
+                 ) -> ReplayState | None:
         """Run every rank from where `out` stops (`live`: each rank's stash bytes
-        there) until nothing can move."""
+        there) until nothing can move; with `before` (a rerun), stop as soon as what is
+        left would run as it did there (see the class doc)."""
         p, mbs, last = self.p, self.mbs, self.last
         in_f, in_b, dur, stash, budget = self.in_f, self.in_b, self.dur, self.stash, \
             self.budget
         ptr = [len(got) for got in out]
+        start_ptr = sum(ptr)
         free = [got[-1][2] if got else 0.0 for got in out]
+        track = before is not None
+        if track:
+            # a rank sure to end past this (its actions left back to back) cannot end by
+            # `limit_s`; the margin covers the rounding of the sums (relative 1e-9)
+            left, cut = before.left[:], limit_s + 1e-9 * abs(limit_s)
+            old_t, old_f, old_b = before.state.times, before.state.done_f, \
+                before.state.done_b
+            moved_d, same = before.rank, before.same
+            # ranks whose last timed action ends otherwise than before (rank d until
+            # past its changed positions), and the reads still to come of ends that
+            # differ from before (diff_f, diff_b: which)
+            dirty = [e == moved_d for e in range(p)]
+            n_dirty, reads, diff_f, diff_b = 1, 0, set(), set()
         moved = True
         while moved:
             moved = False
@@ -202,44 +239,113 @@ class Replayer:
                         if k == 0:
                             r = 0.0
                         else:
-                            t = done_f[(k - 1) * mbs + j]
+                            src = (k - 1) * mbs + j
+                            t = done_f[src]
                             if t is None:
                                 break
                             r = t + in_f[k]
+                            if track and src in diff_f:
+                                reads -= 1
                     elif code == 2:
-                        r = done_b[k * mbs + j]
+                        src = k * mbs + j
+                        r = done_b[src]
                         if r is None:
                             break
+                        if track and src in diff_b:
+                            reads -= 1
                     elif k == last:
-                        r = done_f[k * mbs + j]
+                        src = k * mbs + j
+                        r = done_f[src]
                         if r is None:
                             break
+                        if track and src in diff_f:
+                            reads -= 1
                     else:
-                        t = done_b[(k + 1) * mbs + j]
+                        src = (k + 1) * mbs + j
+                        t = done_b[src]
                         if t is None:
                             break
                         r = t + in_b[k]
+                        if track and src in diff_b:
+                            reads -= 1
                     start = free[d] if free[d] > r else r
-                    free[d] = end = start + dur[code][k]
+                    took = dur[code][k]
+                    free[d] = end = start + took
                     if end > limit_s:
                         return None
+                    if track:
+                        left[d] -= took
+                        if end + left[d] > cut:
+                            return None
                     got.append((r, start, end))
+                    at += 1
+                    moved = True
                     if code == 0:
                         done_f[k * mbs + j] = end
                         live[d] += stash[k]
                         if live[d] > budget[d]:
                             return None
+                        if track and end != old_f[k * mbs + j]:
+                            diff_f.add(k * mbs + j)
+                            reads += 1                  # by F(k + 1), or B(k) on the last
                     else:
                         if code != 2:
                             done_b[k * mbs + j] = end
+                            if track and end != old_b[k * mbs + j]:
+                                diff_b.add(k * mbs + j)
+                                reads += (k > 0) + (code == 1)   # by B(k - 1); by W(k)
                         if code != 1:
                             live[d] -= stash[k]
-                    at += 1
-                    moved = True
+                    if track:
+                        clean = (d != moved_d or at >= same) and end == old_t[d][at - 1][2]
+                        if clean == dirty[d]:
+                            dirty[d] = not clean
+                            n_dirty += -1 if clean else 1
+                        if n_dirty == 0 and reads == 0:
+                            ptr[d] = at
+                            return self._as_before(rows, out, ptr, live, done_f, done_b,
+                                                   limit_s, before, sum(ptr) - start_ptr)
                 ptr[d] = at
         if any(ptr[d] != len(rows[d]) for d in range(p)):
             return None
-        return ReplayState(rows, out, done_f, done_b)
+        return ReplayState(rows, out, done_f, done_b, timed=sum(ptr) - start_ptr)
+
+    def _as_before(self, rows, out: RowTimes, ptr: list[int], live: list[float], done_f,
+                   done_b, limit_s: float, before: _Before, timed: int
+                   ) -> ReplayState | None:
+        """The rerun's state when every action from `ptr` on runs as it did in
+        `before.state`: their old times and ends copied; None where one of them ends
+        after `limit_s`, or where the moved rank's stashes, summed in its new order,
+        exceed its budget (the other ranks' sums are the old ones, float for float)."""
+        old = before.state
+        if any(at < len(got) and got[-1][2] > limit_s
+               for at, got in zip(ptr, old.times, strict=True)):
+            return None
+        d, stash, cap = before.rank, self.stash, self.budget[before.rank]
+        held = live[d]
+        for code, k, _ in rows[d][ptr[d]:]:
+            if code == 0:
+                held += stash[k]
+                if held > cap:
+                    return None
+            elif code != 1:
+                held -= stash[k]
+        for got, at, was in zip(out, ptr, old.times, strict=True):
+            got += was[at:]
+        done_f = [b if a is None else a for a, b in zip(done_f, old.done_f, strict=True)]
+        done_b = [b if a is None else a for a, b in zip(done_b, old.done_b, strict=True)]
+        return ReplayState(rows, out, done_f, done_b, timed=timed)
+
+
+class _Before(NamedTuple):
+    """What a rerun starts from: the old replay, the rank whose row changed, the
+    position on it from which the row is the old one again, and each rank's busy
+    seconds still to run."""
+
+    state: ReplayState
+    rank: int
+    same: int
+    left: list[float]
 
 
 def _start_of(t: tuple[float, float, float]) -> float:

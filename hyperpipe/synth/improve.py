@@ -57,7 +57,7 @@ def improve(c: PipeCosts, rows: tuple[tuple[Action, ...], ...], placement: str,
                     trial = best[:d] + (new_row,) + best[d + 1:]
                     trial_codes = codes[:d] + [new_code] + codes[d + 1:]
                     # re-timed from the moved action's old slot on (`Replayer.rerun`),
-                    # given up once an action ends past the makespan (it cannot stay)
+                    # given up once it is sure to end past the makespan (it cannot stay)
                     got = replayer.rerun(state, trial_codes, d, to, score[0] + EPS_S)
                     spent += 1
                     new = rows_score(got.times) if got is not None else None

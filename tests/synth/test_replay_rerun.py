@@ -1,7 +1,10 @@
 """Incremental replay (`hyperpipe.sim.replay.Replayer.rerun`) against a replay from
 scratch: every move `improve` may try (one action moved earlier on its rank), on fixed
 kinds' orders with uneven random costs, links and memory budgets, gives the same times
-bit for bit, and None exactly where the full replay does (deadlock, over a budget)."""
+bit for bit, and None exactly where the full replay does (deadlock, over a budget); and
+some of those reruns stop early (time fewer actions than those that started after the
+moved one), so that the copy of what is left is what the comparison checks. With a
+limit on the makespan, None exactly where the full replay ends past it."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import random
 import pytest
 
 from hyperpipe.plan.kinds import generate
-from hyperpipe.sim.replay import PipeCosts, Replayer, encode_rows
+from hyperpipe.sim.replay import PipeCosts, Replayer, encode_rows, rows_score
 
 
 def _costs(rng: random.Random, n_st: int, p: int, tight: bool) -> PipeCosts:
@@ -39,7 +42,8 @@ def test_rerun_equals_a_replay_from_scratch_after_any_move(kind, v, tight):
         c = _costs(rng, p * v, p, False)
         rep = Replayer(c, p, sched.placement, codes)
         state = rep.run(codes)
-    nones = 0
+    nones = early = 0
+    total = sum(map(len, codes))
     for _ in range(300):            # random moves: rank d's action i moved to slot `to`
         d = rng.randrange(p)
         row = codes[d]
@@ -50,11 +54,23 @@ def test_rerun_equals_a_replay_from_scratch_after_any_move(kind, v, tight):
         full = rep.run(trial)
         fast = rep.rerun(state, trial, d, to)
         assert (full is None) == (fast is None), (d, i, to)
+        # with a limit (the old makespan, as `improve` passes): None exactly where the
+        # full replay fails or some action of it ends past the limit
+        limit = rows_score(state.times).makespan_s
+        capped = rep.rerun(state, trial, d, to, limit)
+        over = full is None or rows_score(full.times).makespan_s > limit
+        assert (capped is None) == over, (d, i, to)
+        assert over or capped.times == full.times
         if full is None:
             nones += 1
             continue
         assert fast.times == full.times, (d, i, to)
         assert fast.done_f == full.done_f and fast.done_b == full.done_b
+        t0 = state.times[d][to][1]
+        kept = sum(1 for e, ts in enumerate(state.times) for x, t in enumerate(ts)
+                   if t[1] < t0 and (e != d or x < to))
+        early += fast.timed < total - kept
         if rng.random() < 0.3:      # go on from the moved rows, as `improve` does
             codes, state = trial, fast
     assert 0 < nones < 300          # deadlocking moves were among them, not only those
+    assert early > 0
