@@ -166,14 +166,15 @@ class ModeLoad(NamedTuple):
 
 
 class RowKey(NamedTuple):
-    """All one pipeline's cut depends on (`templates._row_cut`): its config, in-flight
-    class, tp, whether it has replicas, the first memory mode, the optimizer's shards
+    """All one pipeline's cut depends on (`templates._row_cut`): its config, its stages'
+    in-flight counts (`SearchContext.peak_inflight`: the cut reads m only through
+    them), tp, whether it has replicas, the first memory mode, the optimizer's shards
     (with the distributed optimizer) and its row's `SearchContext.row_signature`."""
 
     kind: str
     v: int
     micro_batch: int
-    inflight: InflightKey
+    inflight: tuple[int, ...]
     tp: int
     replicated: bool
     start: int

@@ -162,9 +162,12 @@ class SearchContext:
         return tuple(flat[a:b] for a, b in itertools.pairwise(starts))
 
     def inflight_key(self, kind: str, p: int, m: int, v: int) -> InflightKey:
-        """The key of `peak_inflight` (m past the point where the counts stop growing
-        is one class)."""
-        return InflightKey(kind, p, m if m <= 3 * p else 2 * p + m % p, v)
+        """The key of `peak_inflight`: m itself for the kinds with a closed form (GPipe's
+        counts grow with m without end), m's class for those read off the IR
+        (`partition.peak_inflight` caps m where their counts stop growing)."""
+        kind_of = schedule_kind(kind)
+        exact = kind_of.closed_form or kind_of.placement == "v" or m <= 3 * p
+        return InflightKey(kind, p, m if exact else 2 * p + m % p, v)
 
     @cached_property
     def runtime(self):

@@ -125,7 +125,7 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
     p = len(row)
     modes = ctx.modes(tp, dp, cp, p > 1, ep)[start:]
     shards = dp * cp if any(mode.zero for mode in modes) else 1
-    key = RowKey(kind, v, mb, ctx.inflight_key(kind, p, m, v), tp, dp * cp > 1, start,
+    key = RowKey(kind, v, mb, ctx.peak_inflight(kind, p, m, v), tp, dp * cp > 1, start,
                  shards, ctx.row_signature(row), cp, modes[0].reshard, ep)
     if key not in ctx.row_cuts:
         ctx.row_cuts[key] = _row_cut(ctx, kind, v, mb, row, m, modes, dp * cp)
@@ -614,7 +614,7 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
     # with a fixed number of pipelines every replica count is its own race: groups are
     # combined to exactly that many pipelines later
     races: dict[int | None, _Race] = {}
-    too_big: dict[tuple, int] = {}      # (kind, v, tp, dp, recipe) -> least mb out of memory
+    too_big: dict[tuple, int] = {}      # (pipelines, in-flight counts) -> least mb out of memory
     serial = itertools.count()
     optimizer: dict[int, dict[str, float]] = {}
     # keys best (cheap) bound first; a key within the band gets `bounds.key_bound` and
@@ -641,11 +641,13 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             heapq.heappush(heap, (bound, i, True, key._replace(bound=bound, start=got[1])))
             continue
         m = -(-(ctx.c.global_batch // mb) // dp)
-        pipes = (kind, v, tp, key.cp, key.ep, dp, tuple(sorted(recipe.items())))
         p = sum(recipe.values())
+        pipes = (kind, v, tp, key.cp, key.ep, dp, tuple(sorted(recipe.items())),
+                 ctx.peak_inflight(kind, p, m, v))
         if m >= p * v and mb >= too_big.get(pipes, math.inf):
             # the same pipelines did not fit a smaller micro-batch, which stashes less
-            # with the same in-flight counts (m >= p v: the warm-up is full)
+            # with the same in-flight counts (m >= p v: the warm-up is full; GPipe's
+            # counts grow with m, so its pipelines differ by micro-batch)
             phase.infeasible += 1
             continue
         first = canonical_order(ctx, recipe)

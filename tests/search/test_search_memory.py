@@ -186,3 +186,41 @@ def test_chunks_share_their_device_room():
         outcomes["fits"] += 1
         outcomes["rescued"] += split is None
     assert min(outcomes.values()) >= 10, outcomes
+
+
+def test_gpipe_in_flight_counts_follow_m_whatever_was_asked_before():
+    """GPipe stashes every micro-batch, so its counts never stop growing with m: a
+    context asked for m = 7 first still gives m = 13's counts (the IR's, counted here)
+    and cuts a pipeline of m = 301 as a fresh context does (recomputing: 301 stashes of
+    2 GB per stage do not fit 20 GB, 7 do)."""
+    from hyperpipe.plan.kinds import generate
+    from hyperpipe.search import templates as T
+    from hyperpipe.search.context import SearchContext
+
+    def ir_counts(p: int, m: int) -> tuple[int, ...]:
+        live, peak = [0] * p, [0] * p
+        for row in generate("gpipe", p, m).actions:
+            for a in row:
+                live[a.stage] += 1 if a.op == "F" else -(a.op == "B")
+                peak[a.stage] = max(peak[a.stage], live[a.stage])
+        return tuple(peak)
+
+    def context() -> SearchContext:
+        return SearchContext(CostModel(load_model(_model()), load_cluster(_cluster(20))),
+                             SearchConstraints(global_batch=301))
+
+    warm, fresh = context(), context()
+    assert warm.peak_inflight("gpipe", 2, 7, 1) == ir_counts(2, 7) == (7, 7)
+    assert warm.peak_inflight("gpipe", 2, 13, 1) == ir_counts(2, 13) == (13, 13)
+    types = tuple(warm.classes)
+    recipe = {types[0]: 2}
+    slots = T._assign(warm.pools(1), recipe, 1, T.canonical_order(warm, recipe), "pipeline")
+
+    def cut(ctx: SearchContext, m: int):
+        return T._template(ctx, "gpipe", 1, 1, 1, types, slots[0], 1, lambda: slots, m, 0.0)
+
+    few = cut(warm, 7)
+    assert few is not None and few.mode.recompute == "none"
+    many, alone = cut(warm, 301), cut(fresh, 301)
+    assert alone is not None and alone.mode.recompute != "none"
+    assert (many.mode, many.part) == (alone.mode, alone.part)
