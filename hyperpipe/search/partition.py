@@ -414,7 +414,9 @@ def peak_inflight(kind: str, p: int, m: int, chunks: int = 1) -> tuple[int, ...]
     schedule kind that lands later is counted right without a formula here.
 
     Beyond a few rounds of p micro-batches the peak no longer grows (it is reached in the
-    warm-up), so m is capped at 2p + (m mod p), which keeps interleaved rounds alike.
+    warm-up), so m is capped at 2p + (m mod p), which keeps interleaved rounds alike. Not
+    so for a kind that stashes every micro-batch (GPipe, whose closed form the search
+    reads instead, `SearchContext.peak_inflight`).
     """
     from hyperpipe.plan.kinds import generate
     m_eff = m if m <= 3 * p else 2 * p + m % p
