@@ -235,39 +235,34 @@ class Replayer:
                 row, got, at = rows[d], out[d], ptr[d]
                 while at < len(row):
                     code, k, j = row[at]
+                    # the end this action reads (`src` of `done`; none for stage 0's F)
                     if code == 0:
                         if k == 0:
-                            r = 0.0
+                            r, src = 0.0, -1
                         else:
-                            src = (k - 1) * mbs + j
-                            t = done_f[src]
+                            src, done = (k - 1) * mbs + j, done_f
+                            t = done[src]
                             if t is None:
                                 break
                             r = t + in_f[k]
-                            if track and src in diff_f:
-                                reads -= 1
                     elif code == 2:
-                        src = k * mbs + j
-                        r = done_b[src]
+                        src, done = k * mbs + j, done_b
+                        r = done[src]
                         if r is None:
                             break
-                        if track and src in diff_b:
-                            reads -= 1
                     elif k == last:
-                        src = k * mbs + j
-                        r = done_f[src]
+                        src, done = k * mbs + j, done_f
+                        r = done[src]
                         if r is None:
                             break
-                        if track and src in diff_f:
-                            reads -= 1
                     else:
-                        src = (k + 1) * mbs + j
-                        t = done_b[src]
+                        src, done = (k + 1) * mbs + j, done_b
+                        t = done[src]
                         if t is None:
                             break
                         r = t + in_b[k]
-                        if track and src in diff_b:
-                            reads -= 1
+                    if track and src >= 0 and src in (diff_f if done is done_f else diff_b):
+                        reads -= 1
                     start = free[d] if free[d] > r else r
                     took = dur[code][k]
                     free[d] = end = start + took
