@@ -24,6 +24,11 @@ As NCCL does:
   hierarchical: a reduce-scatter inside each node, an all-reduce of each device's
   shard over the ring of the devices with its place on the other nodes (its rail),
   an all-gather inside each node (the scheme the simulator's cost model prices as well);
+  pipelined in chunks of `PIPELINE_CHUNK_BYTES` (at most `MAX_PIPELINE_CHUNKS`): the
+  three phases of one chunk run in order, those of different chunks at once, so the
+  slower of the node links and the rails sets the time (NCCL moves every collective in
+  chunks through all its hops at once; its tuning model prices a ring at the bus
+  bandwidth of its slowest hop, src/graph/tuning.cc);
 * reduce-scatter and all-gather are one ring.
 
 `timing_ring` runs an all-reduce's steps alone: a tensor-parallel stage's collectives
@@ -43,6 +48,13 @@ import torch.distributed as dist
 
 from hyperpipe.exec.comm import wait
 from hyperpipe.exec.links import Links
+
+# A pipelined all-reduce's chunk: NCCL's per-channel buffer (NCCL_BUFFSIZE, 4 MiB by
+# default, NCCL's environment variable docs); NCCL cuts it finer still (8 steps of a
+# buffer), the emulator stops at MAX_PIPELINE_CHUNKS chunks to keep its flows few, so its
+# pipeline fills and drains over at most 1/16 of the bottleneck phase more.
+PIPELINE_CHUNK_BYTES = 4 * 2**20
+MAX_PIPELINE_CHUNKS = 16
 
 
 def ring_order(ranks: Sequence[int], nodes: Sequence[str]) -> tuple[int, ...]:
@@ -147,13 +159,51 @@ class RingCollectives:
             n = len(self.order)
             self._steps(self.order, nbytes / n, 2 * (n - 1), "all-reduce")
         else:
-            mine = next(g for g in self.nodes if self.rank in g)
-            k, m = len(mine), len(self.nodes)
-            rail = tuple(g[mine.index(self.rank)] for g in self.nodes)
-            self._steps(mine, nbytes / k, k - 1, "node reduce-scatter")
-            self._steps(rail, nbytes / (k * m), 2 * (m - 1), "rail all-reduce")
-            self._steps(mine, nbytes / k, k - 1, "node all-gather")
+            self._hierarchical(nbytes)
         wait(work, self.timeout_s, f"all-reduce of ranks {self.ranks}")
+
+    def _hierarchical(self, nbytes: float) -> None:
+        """The hierarchical all-reduce's steps, pipelined in chunks (module doc): one
+        thread per phase, each taking the chunks in order, a chunk's phase after its
+        phase before."""
+        mine = next(g for g in self.nodes if self.rank in g)
+        k, m = len(mine), len(self.nodes)
+        rail = tuple(g[mine.index(self.rank)] for g in self.nodes)
+        chunks = max(1, min(MAX_PIPELINE_CHUNKS, -int(-nbytes // PIPELINE_CHUNK_BYTES)))
+        part = nbytes / chunks
+        phases = ((mine, part / k, k - 1, "node reduce-scatter"),
+                  (rail, part / (k * m), 2 * (m - 1), "rail all-reduce"),
+                  (mine, part / k, k - 1, "node all-gather"))
+        done = [[threading.Event() for _ in range(chunks)] for _ in phases]
+        failed: list[BaseException] = []
+
+        def run(p: int) -> None:
+            ring, step_bytes, steps, phase = phases[p]
+            try:
+                for c in range(chunks):
+                    if p > 0:
+                        done[p - 1][c].wait()
+                        if failed:
+                            return
+                    ring_steps(self.links, ring, self.rank, step_bytes, steps,
+                               (self.name, self._seq, phase, ring[0], c), (self.name, phase))
+                    done[p][c].set()
+            except BaseException as exc:  # re-raised by the caller's thread
+                failed.append(exc)
+                for events in done:
+                    for event in events:
+                        event.set()
+
+        helpers = [threading.Thread(target=run, args=(p,), daemon=True,
+                                    name=f"collectives {self.name} phase {p}")
+                   for p in (1, 2)]
+        for t in helpers:
+            t.start()
+        run(0)
+        for t in helpers:
+            t.join()
+        if failed:
+            raise failed[0]
 
     def _reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor) -> None:
         work = dist.reduce_scatter_single(out, flat, group=self.pg, async_op=True)

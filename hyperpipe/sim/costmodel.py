@@ -478,7 +478,14 @@ class CostModel:
           intra-node all-gather ((k-1)/k · bytes). The k rails run at once and share
           the NICs of their node (`shared_bandwidths_bytes_per_s`): on a node of k
           devices and c NICs each rail gets a NIC's bandwidth / (k/c), so one NIC moves
-          all k shards, 2(n-1)/n · bytes over its bandwidth.
+          all k shards, 2(n-1)/n · bytes over its bandwidth. NCCL moves a collective in
+          chunks through all its hops at once, so the phases overlap: the bytes take the
+          slower of the node links (both intra phases) and the rails, and each phase's
+          latencies add (NCCL's tuning model prices a ring at the bus bandwidth of its
+          slowest hop, src/graph/tuning.cc; nccl-tests on two nodes of 8 H100 with 8
+          NICs of 200 Gbit/s measured 47.5 ms for 8 GiB, against 50 ms for the slower
+          phase alone and 95 ms for the phases one after another:
+          tests/sim/test_nic_sharing.py).
 
         Achievable bus bandwidth = link bandwidth x the device type's
         `collective_efficiency` (NVLink/PCIe) or `nic_efficiency` (network), from
@@ -546,10 +553,12 @@ class CostModel:
         rails = [[g[r % len(g)] for g in groups] for r in range(k_max)]
         bw_out, lat_out = self._bus([(rail[i], rail[(i + 1) % nodes])
                                      for rail in rails for i in range(nodes)])
-        # intra-node reduce-scatter and all-gather ((k-1)/k of the bytes each), then each
-        # rail's shard of 1/k (a smaller node's devices carry the same) around the nodes
+        # intra-node reduce-scatter and all-gather ((k-1)/k of the bytes each) and each
+        # rail's shard of 1/k (a smaller node's devices carry the same) around the nodes,
+        # pipelined: the slower of the two sets the bytes' time
         fixed_s = 2 * (k_max - 1) * lat_in + 2 * (nodes - 1) * lat_out
-        per_byte = 2 * (k_max - 1) / k_max / bw_in + 2 * (nodes - 1) / nodes / k_max / bw_out
+        per_byte = max(2 * (k_max - 1) / k_max / bw_in,
+                       2 * (nodes - 1) / nodes / k_max / bw_out)
         return fixed_s, per_byte
 
     def _bus(self, edges: list[tuple[str, str]]) -> tuple[float, float]:
