@@ -223,6 +223,12 @@ class DeviceType:
     # through host shared memory (`HOST_STAGED_*`). A cluster file's node may say
     # otherwise (`peer_to_peer`).
     peer_to_peer: bool = True
+    # Whether the NVSwitch of the servers this type comes in reduces in the switch
+    # (NVLink SHARP, "available in third-generation NVSwitch systems (NVLink4) with Hopper
+    # and later GPU architectures", NCCL's environment docs, NCCL_NVLS_ENABLE): NCCL then
+    # all-reduces across such nodes hierarchically (NVLS tree, NCCL 2.18), else with
+    # rings through every GPU (`hyperpipe.cluster.cluster.hierarchical_all_reduce`).
+    nvlink_sharp: bool = False
 
     @staticmethod
     def reserve_for(memory_bytes: float) -> float:
@@ -279,7 +285,7 @@ def peak_ratios(peaks: Mapping[str, float]) -> tuple[float, tuple[tuple[str, flo
 
 
 def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None,
-       mem_efficiency=DEFAULT_MEM_EFFICIENCY, peer_to_peer=True):
+       mem_efficiency=DEFAULT_MEM_EFFICIENCY, peer_to_peer=True, nvlink_sharp=False):
     """A catalog entry; `peaks` in TFLOP/s per dtype, dense."""
     head, ratios = peak_ratios({d: v * 1e12 for d, v in peaks.items()})
     return DeviceType(name=name, peak_flops=head, memory_bytes=mem_gb * 1e9,
@@ -288,7 +294,8 @@ def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None,
                       link_latency_s=latency_us * 1e-6, source=source, gemm=gemm,
                       runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9),
                       peak_ratios=ratios, kernel_floor_s=KERNEL_FLOOR_S,
-                      mem_efficiency=mem_efficiency, peer_to_peer=peer_to_peer)
+                      mem_efficiency=mem_efficiency, peer_to_peer=peer_to_peer,
+                      nvlink_sharp=nvlink_sharp)
 
 
 _MAMF = ("stas00/ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul "
@@ -406,7 +413,8 @@ _CATALOG: tuple[DeviceType, ...] = (
        80, 3350, 450,
        "NVIDIA H100 datasheet (SXM5): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 FP8 "
        "TFLOPS dense (half the sparse figures), 3.35 TB/s, NVLink 900 GB/s",
-       gemm=_burst(792.1, 989, "6144x17920x2816", 132, _MAMF, "H100 SXM")),
+       gemm=_burst(792.1, 989, "6144x17920x2816", 132, _MAMF, "H100 SXM"),
+       nvlink_sharp=True),
     _d("H100-PCIe", {"fp32": 51, "tf32": 378, "fp16": 756, "bf16": 756, "fp8": 1513},
        80, 2000, 64,
        "NVIDIA H100 datasheet (PCIe): 51 FP32, 378 TF32, 756 BF16/FP16, 1,513 FP8 TFLOPS "
@@ -416,7 +424,7 @@ _CATALOG: tuple[DeviceType, ...] = (
        141, 4800, 450,
        "NVIDIA H200 datasheet (SXM): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 FP8 "
        "TFLOPS dense, 141 GB HBM3e, 4.8 TB/s, NVLink 900 GB/s",
-       gemm=_H200),
+       gemm=_H200, nvlink_sharp=True),
     _d("L4", {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121, "fp8": 242.5},
        24, 300, 32,
        "NVIDIA L4 datasheet: 30.3 FP32, 120/242/485 TF32/BF16/FP8 TFLOPS with sparsity "

@@ -19,6 +19,7 @@ its slowest hop. The simulator treats every hop as a shared resource.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -210,6 +211,37 @@ class Cluster:
         node_price = self.node(d.node).price_per_hour
         return node_price if node_price is not None else d.type.price_per_hour
 
+    def switch_reduces(self, node: str) -> bool:
+        """Whether node `node`'s switch reduces in the network (its device type's
+        `nvlink_sharp`)."""
+        return self.device_types[self.node(node).device_type].nvlink_sharp
+
+
+def hierarchical_all_reduce(groups: Sequence[Sequence[Any]], switch_reduces: bool) -> bool:
+    """Whether NCCL all-reduces over `groups` (each node's members, node by node)
+    hierarchically: several nodes with as many members (two or more) on each, whose
+    switches reduce (`switch_reduces`: NVLink SHARP, NCCL's NVLS tree): a reduce-scatter
+    inside each node, an all-reduce of each member's shard over its rail (its place on
+    every node), an all-gather inside each node, pipelined in chunks. Otherwise rings
+    (`ring_channels`): nccl-tests over two and three nodes of 8 A100 with four 200 Gbit/s
+    NICs measured 86 and 85-96 GB/s bus bandwidth (NVIDIA/nccl issue #1048, nccl-tests
+    issue #119), what rings through all GPUs give (the node's NICs, 100 GB/s) and half of
+    what the hierarchical scheme would."""
+    sizes = {len(g) for g in groups}
+    return switch_reduces and len(groups) > 1 and len(sizes) == 1 and min(sizes) >= 2
+
+
+def ring_channels(groups: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """The rings of a ring all-reduce over `groups` (each node's members, node by node),
+    each carrying an equal share of the bytes: one ring on one node; across nodes one per
+    member of the smallest group, the c-th visiting every node's members from its c-th
+    on, so that each ring leaves a node from another member, through that member's NIC
+    (NCCL runs several ring channels and spreads them over a node's GPUs and NICs)."""
+    if len(groups) == 1:
+        return [tuple(groups[0])]
+    return [tuple(x for g in groups for x in (*g[c:], *g[:c]))
+            for c in range(min(len(g) for g in groups))]
+
 
 
 def _rail(node: Node, index: int, direction: str) -> tuple[str, float]:
@@ -225,7 +257,8 @@ def _rail(node: Node, index: int, direction: str) -> tuple[str, float]:
 # ---------------------------------------------------------------------------- loading
 
 _DEVICE_KEYS = ("peak_flops", "efficiency", "memory", "mem_bandwidth", "link_bandwidth",
-                "link_latency", "price_per_hour", "base", "source", "runtime_reserve")
+                "link_latency", "price_per_hour", "base", "source", "runtime_reserve",
+                "nvlink_sharp")
 _NODE_KEYS = ("name", "device", "count", "intra_link", "nic", "nics", "price_per_hour",
               "peer_to_peer", "repeat", "slowdown", "mtbf")
 _LINK_KEYS = ("bandwidth", "latency")
@@ -291,6 +324,10 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
                           nic_efficiency=1.0, peak_ratios=ratios)
     # An explicit `efficiency` replaces the base's GEMM curve by that flat fraction.
     gemm = None if f.has("efficiency") else base.gemm
+    sharp = f.raw("nvlink_sharp", base.nvlink_sharp)
+    if not isinstance(sharp, bool):
+        raise BadInput(f.at("nvlink_sharp"), "true or false (whether the node's switch "
+                       "reduces in the network, NVLink SHARP)", sharp)
     peak, ratios = _peaks(f, base)
     return replace(
         base, name=name, gemm=gemm, peak_flops=peak, peak_ratios=ratios,
@@ -309,6 +346,7 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
         # a user-defined type holds none unless it says so.
         runtime_reserve_bytes=f.quantity("runtime_reserve", "bytes", _reserve(base, f),
                                          positive=False),
+        nvlink_sharp=sharp,
     )
 
 

@@ -20,15 +20,18 @@ As NCCL does:
 * the ring visits the group's devices node by node (`ring_order`), so that it crosses
   each node boundary once (NCCL orders its rings by topology; Jeaugey, "Massively
   scale your deep learning training with NCCL 2.4", NVIDIA blog, 2019);
-* an all-reduce over several nodes with as many devices on each (two or more) is
-  hierarchical: a reduce-scatter inside each node, an all-reduce of each device's
-  shard over the ring of the devices with its place on the other nodes (its rail),
-  an all-gather inside each node (the scheme the simulator's cost model prices as well);
-  pipelined in chunks of `PIPELINE_CHUNK_BYTES` (at most `MAX_PIPELINE_CHUNKS`): the
-  three phases of one chunk run in order, those of different chunks at once, so the
-  slower of the node links and the rails sets the time (NCCL moves every collective in
-  chunks through all its hops at once; its tuning model prices a ring at the bus
-  bandwidth of its slowest hop, src/graph/tuning.cc);
+* an all-reduce across nodes runs one ring per device of the smallest node at once
+  (channels), each with its share of the bytes and leaving every node from another
+  device (`hyperpipe.cluster.cluster.ring_channels`, the rings the simulator's cost
+  model prices);
+* over several nodes with as many devices on each (two or more) whose switches reduce
+  (`hyperpipe.cluster.cluster.hierarchical_all_reduce`: NVLink SHARP) it is
+  hierarchical instead: a reduce-scatter inside each node, an all-reduce of each
+  device's shard over the ring of the devices with its place on the other nodes (its
+  rail), an all-gather inside each node, pipelined in chunks of `PIPELINE_CHUNK_BYTES`
+  (at most `MAX_PIPELINE_CHUNKS`): the three phases of one chunk run in order, those
+  of different chunks at once, so the slower of the node links and the rails sets the
+  time (NCCL moves every collective in chunks through all its hops at once);
 * reduce-scatter and all-gather are one ring.
 
 `timing_ring` runs an all-reduce's steps alone: a tensor-parallel stage's collectives
@@ -40,12 +43,13 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
 
+from hyperpipe.cluster.cluster import hierarchical_all_reduce, ring_channels
 from hyperpipe.exec.comm import wait
 from hyperpipe.exec.links import Links
 
@@ -93,6 +97,28 @@ def ring_steps(links: Links, ring: Sequence[int], rank: int, step_bytes: float, 
         links.deliver((key, s, prv))
 
 
+def _concurrently(calls: Sequence[Callable[[], None]]) -> None:
+    """Run `calls` at once, the first on this thread, the others on threads of their
+    own; return when all have, raising the first exception any of them raised."""
+    failed: list[BaseException] = []
+
+    def guarded(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except BaseException as exc:  # re-raised on the caller's thread
+            failed.append(exc)
+
+    helpers = [threading.Thread(target=guarded, args=(call,), daemon=True)
+               for call in calls[1:]]
+    for t in helpers:
+        t.start()
+    guarded(calls[0])
+    for t in helpers:
+        t.join()
+    if failed:
+        raise failed[0]
+
+
 def timing_ring(links: Links, ring: Sequence[int], rank: int, nbytes: float,
                 key: Hashable, channel: Hashable) -> None:
     """The 2(n - 1) steps of a ring all-reduce of `nbytes` per rank over `ring`, as
@@ -106,18 +132,21 @@ class RingCollectives:
     """The collectives of one process group with their time from the emulated links.
 
     `ranks`: the group's global ranks (the process group's order, sorted); `nodes[r]`:
-    the node of every global rank; `links`: this rank's link emulator client. Calls run
-    on one worker thread per group, in the order they are made (as a communicator's
-    stream runs them), and return a Future."""
+    the node of every global rank; `switch_nodes`: the nodes whose switch reduces
+    (`Cluster.switch_reduces`); `links`: this rank's link emulator client. Calls run on
+    one worker thread per group, in the order they are made (as a communicator's stream
+    runs them), and return a Future."""
 
     def __init__(self, ranks: Sequence[int], pg: dist.ProcessGroup, rank: int,
-                 nodes: Sequence[str], links: Links, timeout_s: float, name: Hashable):
+                 nodes: Sequence[str], links: Links, timeout_s: float, name: Hashable,
+                 switch_nodes: Collection[str] = ()):
         self.ranks, self.pg, self.rank = tuple(ranks), pg, rank
         self.links, self.timeout_s, self.name = links, timeout_s, name
         self.order = ring_order(ranks, nodes)
         self.nodes = node_groups(self.order, nodes)
-        sizes = {len(g) for g in self.nodes}
-        self.hierarchical = len(self.nodes) > 1 and len(sizes) == 1 and sizes != {1}
+        self.hierarchical = hierarchical_all_reduce(
+            self.nodes, all(nodes[g[0]] in switch_nodes for g in self.nodes))
+        self.channels = ring_channels(self.nodes)
         self._seq = 0
         self._jobs: queue.Queue = queue.Queue()
         threading.Thread(target=self._work, name=f"collectives {name}", daemon=True).start()
@@ -155,11 +184,10 @@ class RingCollectives:
     def _all_reduce(self, flat: torch.Tensor) -> None:
         work = dist.all_reduce(flat, group=self.pg, async_op=True)
         nbytes = flat.numel() * flat.element_size()
-        if not self.hierarchical:
-            n = len(self.order)
-            self._steps(self.order, nbytes / n, 2 * (n - 1), "all-reduce")
-        else:
+        if self.hierarchical:
             self._hierarchical(nbytes)
+        else:
+            self._rings(nbytes / len(self.order), 2, "all-reduce")
         wait(work, self.timeout_s, f"all-reduce of ranks {self.ranks}")
 
     def _hierarchical(self, nbytes: float) -> None:
@@ -175,7 +203,7 @@ class RingCollectives:
                   (rail, part / (k * m), 2 * (m - 1), "rail all-reduce"),
                   (mine, part / k, k - 1, "node all-gather"))
         done = [[threading.Event() for _ in range(chunks)] for _ in phases]
-        failed: list[BaseException] = []
+        stop = threading.Event()
 
         def run(p: int) -> None:
             ring, step_bytes, steps, phase = phases[p]
@@ -183,41 +211,35 @@ class RingCollectives:
                 for c in range(chunks):
                     if p > 0:
                         done[p - 1][c].wait()
-                        if failed:
+                        if stop.is_set():
                             return
                     ring_steps(self.links, ring, self.rank, step_bytes, steps,
                                (self.name, self._seq, phase, ring[0], c), (self.name, phase))
                     done[p][c].set()
-            except BaseException as exc:  # re-raised by the caller's thread
-                failed.append(exc)
+            except BaseException:
+                stop.set()              # the phases after this one stop waiting
                 for events in done:
                     for event in events:
                         event.set()
+                raise
 
-        helpers = [threading.Thread(target=run, args=(p,), daemon=True,
-                                    name=f"collectives {self.name} phase {p}")
-                   for p in (1, 2)]
-        for t in helpers:
-            t.start()
-        run(0)
-        for t in helpers:
-            t.join()
-        if failed:
-            raise failed[0]
+        _concurrently([lambda p=p: run(p) for p in range(len(phases))])
 
     def _reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor) -> None:
         work = dist.reduce_scatter_single(out, flat, group=self.pg, async_op=True)
-        n = len(self.order)
-        self._steps(self.order, flat.numel() * flat.element_size() / n, n - 1,
-                    "reduce-scatter")
+        self._rings(flat.numel() * flat.element_size() / len(self.order), 1, "reduce-scatter")
         wait(work, self.timeout_s, f"reduce-scatter of ranks {self.ranks}")
 
     def _all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None:
         work = dist.all_gather_single(out, mine, group=self.pg, async_op=True)
-        n = len(self.order)
-        self._steps(self.order, mine.numel() * mine.element_size(), n - 1, "all-gather")
+        self._rings(mine.numel() * mine.element_size(), 1, "all-gather")
         wait(work, self.timeout_s, f"all-gather of ranks {self.ranks}")
 
-    def _steps(self, ring: Sequence[int], step_bytes: float, steps: int, phase: str) -> None:
-        ring_steps(self.links, ring, self.rank, step_bytes, steps,
-                   (self.name, self._seq, phase, ring[0]), self.name)
+    def _rings(self, step_bytes: float, rounds: int, phase: str) -> None:
+        """`rounds` x (n - 1) ring steps of `step_bytes` in all over the group's
+        channels (`ring_channels`), each ring its share, all at once."""
+        n, c = len(self.order), len(self.channels)
+        _concurrently([lambda ring=ring, i=i: ring_steps(
+            self.links, ring, self.rank, step_bytes / c, rounds * (n - 1),
+            (self.name, self._seq, phase, i), (self.name, i))
+            for i, ring in enumerate(self.channels)])

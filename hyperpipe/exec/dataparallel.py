@@ -100,8 +100,9 @@ class DataParallel:
     `params_by_layer`: this rank's parameters by global layer index. Per step:
     `zero_grad`, then `arm` before each stage's last backward action and `produced`
     after it, `reduce` after the rank's last action, then `step`. With `links` (the link
-    emulator's client; `nodes[r]`: the node of global rank r) the collectives run as
-    their steps over the emulated links. With `zero=2` (which implies the distributed
+    emulator's client; `nodes[r]`: the node of global rank r; `switch_nodes`: the nodes
+    whose switch reduces) the collectives run as their steps over the emulated links.
+    With `zero=2` (which implies the distributed
     optimizer) `produced` and `retire` run after every backward action that produces
     weight gradients (`per_microbatch`), and the groups must be `stage_dp_groups`.
     """
@@ -111,6 +112,7 @@ class DataParallel:
                  timeout_s: float, *, lr: float, distributed_optimizer: bool = False,
                  bucket_bytes: float = DDP_BUCKET_BYTES, overlap: bool = True,
                  links: Links | None = None, nodes: Sequence[str] = (),
+                 switch_nodes: frozenset[str] = frozenset(),
                  apart: Sequence[nn.Parameter] = (), zero: int | None = None):
         # `apart`: parameters reduced elsewhere (tied embeddings, exec.tied), kept out
         # of the buckets and stepped like the others
@@ -130,7 +132,8 @@ class DataParallel:
                       if all(p is not q for q in apart)]                  # backward order
             peers = ",".join(devices[r] for r in ranks if r != rank)
             ring = None if links is None else RingCollectives(
-                ranks, pg, rank, nodes, links, timeout_s, ("dp", tuple(ranks), layers[0]))
+                ranks, pg, rank, nodes, links, timeout_s, ("dp", tuple(ranks), layers[0]),
+                switch_nodes)
             previous = None
             for chunk in _chunks(params, bucket_bytes):
                 b = _Bucket(pg, len(ranks), ranks.index(rank), chunk, peers,

@@ -158,7 +158,9 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
                           bucket_bytes=options.bucket_bytes,
                           overlap_dp_allreduce=options.overlap_dp_allreduce,
                           links=client,
-                          nodes=[prep.cluster.device(d).node for d in plan.devices])
+                          nodes=[prep.cluster.device(d).node for d in plan.devices],
+                          switch_nodes=frozenset(n.name for n in prep.cluster.nodes
+                                                 if prep.cluster.switch_reduces(n.name)))
     first_step = 0
     if prep.resume_from is not None:
         state = checkpoint.load_rank(options.checkpoint_dir, prep.resume_from, rank)

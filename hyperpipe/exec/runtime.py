@@ -109,14 +109,16 @@ class RankRuntime:
     process groups are created collectively). `clock` returns seconds on the rank's
     aligned clock; `emulation_factor` stretches compute (1 = native speed); `links` (the
     link emulator's client, exec.links; None: loopback speed) with `nodes[r]`, the node
-    of global rank r, emulates the cluster's links.
+    of global rank r, and `switch_nodes`, the nodes whose switch reduces
+    (`Cluster.switch_reduces`), emulates the cluster's links.
     """
 
     def __init__(self, plan: Plan, spec: ModelSpec, where: RankPlacement, *, seed: int,
                  lr: float, device: torch.device, timeout_s: float,
                  clock: Callable[[], float], emulation_factor: float = 1.0,
                  bucket_bytes: float = DDP_BUCKET_BYTES, overlap_dp_allreduce: bool = True,
-                 links: Links | None = None, nodes: Sequence[str] = ()):
+                 links: Links | None = None, nodes: Sequence[str] = (),
+                 switch_nodes: frozenset[str] = frozenset()):
         self.plan, self.spec, self.where = plan, spec, where
         self.seed, self.device, self.timeout_s = seed, device, timeout_s
         self.clock, self.factor = clock, emulation_factor
@@ -185,7 +187,8 @@ class RankRuntime:
         self.window = 2 * len(pipe.stages) + 2
         self.channels = comm.Channels(adjacent_pairs(plan), timeout_s)
         self.tied = TiedEmbedding(plan, spec, where, [st.module for st in self.stages.values()],
-                                  timeout_s, links=self.links, nodes=nodes)
+                                  timeout_s, links=self.links, nodes=nodes,
+                                  switch_nodes=switch_nodes)
         # ZeRO-3's groups are FSDP2's: AdamW alone steps the local shards here
         groups = [] if plan.zero == 3 else \
             stage_dp_groups(plan) if plan.zero == 2 else dp_groups(plan)
@@ -197,7 +200,8 @@ class RankRuntime:
                                self.devices, timeout_s, lr=lr,
                                distributed_optimizer=plan.zero in (1, 2),
                                bucket_bytes=bucket_bytes, overlap=overlap_dp_allreduce,
-                               links=self.links, nodes=nodes, apart=self.tied.params,
+                               links=self.links, nodes=nodes, switch_nodes=switch_nodes,
+                               apart=self.tied.params,
                                zero=plan.zero if plan.zero < 3 else 0)
         self.memory = MemoryMeter(device, self.params, lambda: state_tensors(
             self.dp.optimizer, self.dp.master_tensors()), working=self.sharded)

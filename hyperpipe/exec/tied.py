@@ -53,7 +53,8 @@ class TiedEmbedding:
 
     def __init__(self, plan: Plan, spec: ModelSpec, where: RankPlacement,
                  modules: list[nn.Module], timeout_s: float, links=None,
-                 nodes: list[str] | tuple[str, ...] = ()):
+                 nodes: list[str] | tuple[str, ...] = (),
+                 switch_nodes: frozenset[str] = frozenset()):
         self._timeout_s = timeout_s
         ranks = tied_ranks(plan, spec)
         self._group = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s)) \
@@ -61,7 +62,7 @@ class TiedEmbedding:
         self._member = where.rank in ranks and self._group is not None
         # emulated links (exec.links): the sum runs as its ring steps over them
         self._ring = RingCollectives(ranks, self._group, where.rank, nodes, links,
-                                     timeout_s, ("tied",)) \
+                                     timeout_s, ("tied",), switch_nodes) \
             if links is not None and self._member else None
         seen: set[int] = set()
         self.params = [p for m in modules for p in tied_parameters(m)

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple, TypeVar
 
-from hyperpipe.cluster.cluster import Cluster, Link, Route
+from hyperpipe.cluster.cluster import (
+    Cluster,
+    Link,
+    Route,
+    hierarchical_all_reduce,
+    ring_channels,
+)
 from hyperpipe.models import ModelSpec
 from hyperpipe.models.ops import block_launches, layer_work, pass_launches
 from hyperpipe.models.spec import DTYPE_BYTES
@@ -469,23 +475,28 @@ class CostModel:
     def allreduce_time_s(self, devices: tuple[str, ...] | list[str], nbytes: float) -> float:
         """All-reduce of `nbytes` per device, as NCCL runs it (seconds on idle links).
 
-        * One node, or one device per node: a ring, 2(n-1)/n · bytes over the slowest
-          ring hop at its achievable bus bandwidth, plus 2(n-1) latencies (Patarasuk and
-          Yuan 2009).
-        * Several devices on each of several nodes: hierarchical (NCCL's multi-node
-          ring/tree over rails): intra-node reduce-scatter ((k-1)/k · bytes), an
-          inter-node ring of each device's 1/k shard on its rail (2(n-1)/n · bytes/k),
-          intra-node all-gather ((k-1)/k · bytes). The k rails run at once and share
-          the NICs of their node (`shared_bandwidths_bytes_per_s`): on a node of k
-          devices and c NICs each rail gets a NIC's bandwidth / (k/c), so one NIC moves
-          all k shards, 2(n-1)/n · bytes over its bandwidth. NCCL moves a collective in
-          chunks through all its hops at once, so the phases overlap: the bytes take the
-          slower of the node links (both intra phases) and the rails, and each phase's
+        * Rings (`hyperpipe.cluster.cluster.ring_channels`): 2(n-1)/n · bytes over the
+          slowest ring hop at its achievable bus bandwidth, plus 2(n-1) latencies
+          (Patarasuk and Yuan 2009). Across nodes one ring (channel) per device of a
+          node, each with its share of the bytes and leaving the node from another
+          device, through that device's NIC: the rings' hops share each port and NIC
+          (`shared_bandwidths_bytes_per_s`), so on nodes of k devices and c NICs a
+          device's port carries (k-1)/k of the bytes and the node's NICs all of them,
+          2(n-1)/n · bytes / min(bus / ((k-1)/k), c NICs' bus).
+        * Several nodes of k devices each (k >= 2) whose switches reduce (NVLink SHARP,
+          `DeviceType.nvlink_sharp`; `hierarchical_all_reduce`): hierarchical, NCCL's NVLS
+          tree. Intra-node reduce-scatter ((k-1)/k · bytes), an inter-node ring of each
+          device's 1/k shard on its rail (2(N-1)/N · bytes/k over N nodes), intra-node
+          all-gather ((k-1)/k · bytes). The k rails run at once and share the NICs of
+          their node: each rail gets a NIC's bandwidth / (k/c), so one NIC moves all k
+          shards, 2(N-1)/N · bytes over its bandwidth. NCCL moves a collective in chunks
+          through all its hops at once, so the phases overlap: the bytes take the slower
+          of the node links (both intra phases) and the rails, and each phase's
           latencies add (NCCL's tuning model prices a ring at the bus bandwidth of its
-          slowest hop, src/graph/tuning.cc; nccl-tests on two nodes of 8 H100 with 8
+          slowest hop, src/graph/tuning.cc). nccl-tests on two nodes of 8 H100 with 8
           NICs of 200 Gbit/s measured 47.5 ms for 8 GiB, against 50 ms for the slower
-          phase alone and 95 ms for the phases one after another:
-          tests/sim/test_nic_sharing.py).
+          phase alone, 95 ms for the phases one after another and 80 ms for rings
+          (tests/sim/test_nic_sharing.py).
 
         Achievable bus bandwidth = link bandwidth x the device type's
         `collective_efficiency` (NVLink/PCIe) or `nic_efficiency` (network), from
@@ -539,11 +550,12 @@ class CostModel:
         per_node: dict[str, list[str]] = {}
         for d in devices:
             per_node.setdefault(cluster.device(d).node, []).append(d)
-        if len(per_node) == 1 or all(len(v) == 1 for v in per_node.values()):
-            bw, lat = self._bus(list(zip(devices, [*devices[1:], devices[0]],
-                                         strict=True)))
-            return 2 * (n - 1) * lat, 2 * (n - 1) / n / bw
         groups = list(per_node.values())
+        if not hierarchical_all_reduce(groups, all(map(cluster.switch_reduces, per_node))):
+            # rings (one per channel), each 1/len(rings) of the bytes, all at once
+            rings = ring_channels(groups)
+            bw, lat = self._bus([(r[i], r[(i + 1) % n]) for r in rings for i in range(n)])
+            return 2 * (n - 1) * lat, 2 * (n - 1) / n / len(rings) / bw
         k_max = max(len(g) for g in groups)
         intra_edges = [(g[i], g[(i + 1) % len(g)]) for g in groups if len(g) > 1
                        for i in range(len(g))]

@@ -142,7 +142,8 @@ def test_two_flows_through_one_emulated_hop_take_twice_as_long_as_one():
 ROUNDS = 3      # timed all-reduces per rank: the median round is compared (noise only adds)
 
 
-def _all_reduce_rank(rank, world, store, address, authkey, nodes, nbytes):
+def _all_reduce_rank(rank, world, store, address, authkey, nodes, nbytes,
+                     switch_nodes=frozenset()):
     """One rank: ROUNDS RingCollectives.all_reduce calls of rank-dependent data; (seconds
     of each, whether every sum is right)."""
     import torch.distributed as dist
@@ -151,7 +152,7 @@ def _all_reduce_rank(rank, world, store, address, authkey, nodes, nbytes):
     client = links.Links(address, authkey, rank, 60.0)
     ranks = tuple(range(world))
     ring = RingCollectives(ranks, dist.new_group(list(ranks)), rank, nodes, client, 60.0,
-                           "test")
+                           "test", switch_nodes)
     n = int(nbytes // 4)
     base = torch.arange(n, dtype=torch.float32) % 997       # sums exact in fp32
     warm = torch.ones(world * 4)
@@ -175,21 +176,19 @@ def _all_reduce_rank(rank, world, store, address, authkey, nodes, nbytes):
 def test_ring_all_reduce_of_four_ranks_on_a_shared_nic_takes_its_closed_form(nics):
     """Four ranks, two nodes of two (x/0 x/1 | y/0 y/1), S bytes each, NICs of B = 50
     Mbit/s and latency L = 1 ms, intra-node ports of Bi = 100 GB/s and Li = 10 us. The
-    all-reduce is hierarchical (exec.collectives), each step a flow of the emulator:
-    1. reduce-scatter inside each node: 1 step of S/2 over the ports: S/(2 Bi) + Li;
-    2. ring all-reduce of each rank's S/2 over its rail (x/0 y/0 and x/1 y/1): a
-       reduce-scatter step and an all-gather step of S/4 each. With one NIC per node the
-       two rails' flows share it (B/2 each): 2 (S/4 / (B/2) + L) = S/B + 2L; with two
-       NICs each rail has its own: 2 (S/4 / B + L) = S/(2B) + 2L;
-    3. all-gather inside each node: S/(2 Bi) + Li.
-    S = 2 MB: one NIC 0.32 + 0.002 + 0.00004 s, two NICs 0.16 + 0.002 + 0.00004 s. The
-    slowest rank's wall time, median of ROUNDS rounds, within 10%; the sum is exact on
-    every rank. (Small S over a slow NIC: the request round trips to the emulator, a
-    fraction of a millisecond per step, stay far below the emulated time.)"""
+    all-reduce is two rings at once (exec.collectives: x/0 x/1 y/0 y/1 and x/1 x/0 y/1
+    y/0), S/2 each, each step a flow of the emulator: 2(n-1) = 6 steps of S/8 per ring.
+    At each step every ring has one edge leaving each node, x/1 -> y/0 and x/0 -> y/1
+    out of x: with one NIC per node they share it (B/2 each), S/8 / (B/2) + L = S/(4B) +
+    L a step; with two NICs each has its own, S/(8B) + L; the port edges (Bi) finish
+    first. S = 2 MB: one NIC 6 (0.08 + 0.001) s = 0.486 s, two NICs 6 (0.04 + 0.001) s
+    = 0.246 s. The slowest rank's wall time, median of ROUNDS rounds, within 10%; the
+    sum is exact on every rank. (Small S over a slow NIC: the request round trips to the
+    emulator, a fraction of a millisecond per step, stay far below the emulated time.)"""
     from hyperpipe.exec.launch import launch_local
-    S, B, L, Bi, Li = 2e6, 50e6 / 8, 1e-3, 100e9, 10e-6
-    inter = S / B + 2 * L if nics == 1 else S / (2 * B) + 2 * L
-    closed = inter + 2 * (S / (2 * Bi) + Li)
+    S, B, L = 2e6, 50e6 / 8, 1e-3
+    edge_bw = B if nics == 2 else B / 2         # each ring's edge out of a node
+    closed = 6 * (S / 8 / edge_bw + L)
     cluster = load_cluster(two_nodes(nics, "50 Mbit/s"))
     emulator = links.start(topology(cluster, DEVICES))
     try:
@@ -205,7 +204,8 @@ def test_ring_all_reduce_of_four_ranks_on_a_shared_nic_takes_its_closed_form(nic
 
 @pytest.mark.slow
 def test_large_hierarchical_all_reduce_pipelines_its_phases_in_chunks():
-    """Four ranks on two nodes of two (x/0 x/1 | y/0 y/1), one NIC of B = 50 MB/s and
+    """Four ranks on two nodes of two (x/0 x/1 | y/0 y/1) whose switch reduces (NVLink
+    SHARP: a hierarchical all-reduce), one NIC of B = 50 MB/s and
     L = 1 ms a node, node ports of Bi = 100 MB/s and Li = 10 us; S = 32 MB per rank, so
     c = S / PIPELINE_CHUNK_BYTES rounded up = 8 chunks of Sc = S/c (exec.collectives).
     Per chunk: the node reduce-scatter is one step of Sc/2 over the ports, r = Sc/(2 Bi)
@@ -223,14 +223,16 @@ def test_large_hierarchical_all_reduce_pipelines_its_phases_in_chunks():
     assert c == 8 and 2 * r < a
     closed = r + c * a + r
     doc = two_nodes(1, "50 MB/s")
+    doc["device_types"] = {"switched": {"base": "A100-80GB", "nvlink_sharp": True}}
     for node in doc["nodes"]:
         node["intra_link"] = {"bandwidth": "100 MB/s", "latency": "10 us"}
+        node["device"] = "switched"
     cluster = load_cluster(doc)
     emulator = links.start(topology(cluster, DEVICES))
     try:
         nodes = [cluster.device(d).node for d in DEVICES]
-        out = launch_local(_all_reduce_rank, (emulator.address, emulator.authkey, nodes, S),
-                           DEVICES)
+        out = launch_local(_all_reduce_rank, (emulator.address, emulator.authkey, nodes, S,
+                                              frozenset(("x", "y"))), DEVICES)
     finally:
         emulator.stop()
     assert all(ok for _, ok in out)

@@ -45,15 +45,14 @@ def test_cost_model_transfer_and_allreduce(tiny_gpt, demo_hetero):
     nic = bw * NIC_COLLECTIVE_EFFICIENCY
     assert cost.allreduce_time_s(["a100/0", "v100/0"], 8e6) == \
         pytest.approx(8e6 / nic + 2 * 10e-6)
-    # two devices on each of two nodes: hierarchical, pipelined. Intra-node
-    # reduce-scatter and all-gather of 1/2 the bytes each on the slower node (V100 NVLink
-    # 150 GB/s at its bus efficiency, 2 us a step), a ring of the 4 MB shards between the
-    # nodes, both rails through the node's one NIC at once (half its bandwidth each); the
-    # bytes take the slower of the two, every phase's latency adds.
+    # two devices on each of two nodes (no in-switch reduction): two rings of 4 MB each,
+    # 2(n-1)/n of it over every edge; a device's port carries one ring (the slower node's,
+    # V100 NVLink 150 GB/s at its bus efficiency), the node's one NIC both (half its
+    # bandwidth each); 2(n-1) steps of the slowest latency
     devs = [d.name for d in cluster.devices]
     intra = 150e9 * DEFAULT_COLLECTIVE_EFFICIENCY
     assert cost.allreduce_time_s(devs, 8e6) == pytest.approx(
-        max(8e6 / intra, 4e6 / (nic / 2)) + 2 * 2e-6 + 2 * 10e-6)
+        1.5 * 4e6 / min(intra, nic / 2) + 6 * 10e-6)
 
 
 def test_profile_overrides_cost_model(tmp_path):

@@ -122,9 +122,12 @@ def test_gemm_batched_flops():
 
 
 def test_hierarchical_allreduce_closed_form_with_rails():
-    """Two nodes of four devices, four 100 Gbit/s NICs each: reduce-scatter inside the
-    node, a ring of 1/4 shards over each device's own rail, all-gather inside, pipelined:
-    the bytes over the slower of node ports and rails, every phase's latency."""
+    """Two nodes of four devices, four 100 Gbit/s NICs each. Without in-switch
+    reduction four rings of 1/4 of the bytes, 2(n-1)/n of it over each edge, three
+    rings through each port and one through each NIC; with it (NVLink SHARP) a
+    reduce-scatter inside the node, a ring of 1/4 shards over each device's own rail,
+    all-gather inside, pipelined: the bytes over the slower of ports and rails, every
+    phase's latency."""
     cluster = load_cluster({
         "device_types": {"g": {"peak_flops": "100 TFLOP/s", "memory": "80 GB"}},
         "nodes": [{"name": "n", "device": "g", "count": 4, "repeat": 2,
@@ -134,7 +137,13 @@ def test_hierarchical_allreduce_closed_form_with_rails():
     cost = CostModel(load_model("tiny-gpt"), cluster)
     devs = [f"n{i}/{j}" for i in range(2) for j in range(4)]
     nbytes = 64e6
-    intra = 2 * 3 / 4 * nbytes / 100e9                  # user types: efficiency 1
+    ring = nbytes / 4 * 2 * 7 / 8                       # user types: efficiency 1
+    assert cost.allreduce_time_s(devs, nbytes) == pytest.approx(
+        max(3 * ring / 100e9, ring / 12.5e9) + 2 * 7 * 5e-6)
+    doc = {**cluster.source, "device_types": {"g": {**cluster.source["device_types"]["g"],
+                                                    "nvlink_sharp": True}}}
+    cost = CostModel(load_model("tiny-gpt"), load_cluster(doc))
+    intra = 2 * 3 / 4 * nbytes / 100e9
     inter = 2 * 1 / 2 * (nbytes / 4) / 12.5e9
     assert cost.allreduce_time_s(devs, nbytes) == pytest.approx(
         max(intra, inter) + 2 * 3 * 1e-6 + 2 * 5e-6)
