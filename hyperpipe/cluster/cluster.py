@@ -243,7 +243,6 @@ def ring_channels(groups: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
             for c in range(min(len(g) for g in groups))]
 
 
-
 def _rail(node: Node, index: int, direction: str) -> tuple[str, float]:
     """The NIC hop (name, bytes/s) device `index` of `node` uses: with one NIC the node's
     ``nic-out``/``nic-in``; with several, device i uses NIC i·count // devices (a DGX

@@ -32,7 +32,7 @@ As NCCL does:
   (at most `MAX_PIPELINE_CHUNKS`): the three phases of one chunk run in order, those
   of different chunks at once, so the slower of the node links and the rails sets the
   time (NCCL moves every collective in chunks through all its hops at once);
-* reduce-scatter and all-gather are one ring.
+* a reduce-scatter or an all-gather runs on the same rings as an all-reduce.
 
 `timing_ring` runs an all-reduce's steps alone: a tensor-parallel stage's collectives
 move their data inside its compute (DTensor over gloo), and their link time is emulated

@@ -102,9 +102,9 @@ class DataParallel:
     after it, `reduce` after the rank's last action, then `step`. With `links` (the link
     emulator's client; `nodes[r]`: the node of global rank r; `switch_nodes`: the nodes
     whose switch reduces) the collectives run as their steps over the emulated links.
-    With `zero=2` (which implies the distributed
-    optimizer) `produced` and `retire` run after every backward action that produces
-    weight gradients (`per_microbatch`), and the groups must be `stage_dp_groups`.
+    With `zero=2` (which implies the distributed optimizer) `produced` and `retire` run
+    after every backward action that produces weight gradients (`per_microbatch`), and
+    the groups must be `stage_dp_groups`.
     """
 
     def __init__(self, groups: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], rank: int,

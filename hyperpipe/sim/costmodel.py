@@ -495,7 +495,7 @@ class CostModel:
           latencies add (NCCL's tuning model prices a ring at the bus bandwidth of its
           slowest hop, src/graph/tuning.cc). nccl-tests on two nodes of 8 H100 with 8
           NICs of 200 Gbit/s measured 47.5 ms for 8 GiB, against 50 ms for the slower
-          phase alone, 95 ms for the phases one after another and 80 ms for rings
+          phase alone, 95 ms for the phases one after another and 84 ms for rings
           (tests/sim/test_nic_sharing.py).
 
         Achievable bus bandwidth = link bandwidth x the device type's
@@ -556,21 +556,16 @@ class CostModel:
             rings = ring_channels(groups)
             bw, lat = self._bus([(r[i], r[(i + 1) % n]) for r in rings for i in range(n)])
             return 2 * (n - 1) * lat, 2 * (n - 1) / n / len(rings) / bw
-        k_max = max(len(g) for g in groups)
-        intra_edges = [(g[i], g[(i + 1) % len(g)]) for g in groups if len(g) > 1
-                       for i in range(len(g))]
-        bw_in, lat_in = self._bus(intra_edges)
-        nodes = len(groups)
+        k, nodes = len(groups[0]), len(groups)          # k devices on each node
+        bw_in, lat_in = self._bus([(g[i], g[(i + 1) % k]) for g in groups for i in range(k)])
         # rail r: the r-th device of every node, in node order
-        rails = [[g[r % len(g)] for g in groups] for r in range(k_max)]
+        rails = [[g[r] for g in groups] for r in range(k)]
         bw_out, lat_out = self._bus([(rail[i], rail[(i + 1) % nodes])
                                      for rail in rails for i in range(nodes)])
         # intra-node reduce-scatter and all-gather ((k-1)/k of the bytes each) and each
-        # rail's shard of 1/k (a smaller node's devices carry the same) around the nodes,
-        # pipelined: the slower of the two sets the bytes' time
-        fixed_s = 2 * (k_max - 1) * lat_in + 2 * (nodes - 1) * lat_out
-        per_byte = max(2 * (k_max - 1) / k_max / bw_in,
-                       2 * (nodes - 1) / nodes / k_max / bw_out)
+        # rail's shard of 1/k around the nodes, pipelined: the slower sets the bytes' time
+        fixed_s = 2 * (k - 1) * lat_in + 2 * (nodes - 1) * lat_out
+        per_byte = max(2 * (k - 1) / k / bw_in, 2 * (nodes - 1) / nodes / k / bw_out)
         return fixed_s, per_byte
 
     def _bus(self, edges: list[tuple[str, str]]) -> tuple[float, float]:

@@ -172,7 +172,7 @@ def test_two_h100_nodes_take_a_published_nccl_tests_time():
     per rank: 47,535 us out of place (public repository lessizzmore/create-a3mega-ztan-
     fork, file ztan-NCCL-test-result). The H100's switch reduces (NVLink SHARP): the
     catalog's H100 prices the hierarchical scheme within 10%; its phases one after
-    another would take about twice as long."""
+    another, or rings through every GPU, would take 1.7-2x as long."""
     cluster = load_cluster({
         "name": "a3-mega-x2",
         "nodes": [{"name": "a3", "device": "H100-SXM", "count": 8, "repeat": 2,
@@ -188,6 +188,11 @@ def test_two_h100_nodes_take_a_published_nccl_tests_time():
     serial_s = 2 * cost.allgather_time_s(devices[:8], nbytes) + \
         cost.allreduce_time_s(devices[::8], nbytes / 8)
     assert serial_s > 1.8 * measured_s
+    # and rings, as on nodes whose switch does not reduce, would take 1.7x as long
+    rings = load_cluster({**cluster.source, "device_types": {
+        "H100-SXM": {"base": "H100-SXM", "nvlink_sharp": False}}})
+    rings_s = CostModel(load_model("gpt2-medium"), rings).allreduce_time_s(devices, nbytes)
+    assert rings_s > 1.6 * measured_s
 
 
 @pytest.mark.parametrize("nodes,device,nbytes,bus_gbs", [
