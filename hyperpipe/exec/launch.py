@@ -190,7 +190,11 @@ def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
     world = len(devices)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["hyperpipe.exec.launch"])
-    with tempfile.TemporaryDirectory(prefix="hyperpipe-run-") as tmp:
+    # a stop must not land between the folder's making and its clean-up's registration
+    # (a raise inside TemporaryDirectory() would leave the folder): it waits for both
+    with stopping.held():
+        folder = tempfile.TemporaryDirectory(prefix="hyperpipe-run-")
+    with folder as tmp:
         run_dir = Path(tmp)
         procs = [ctx.Process(target=_child, name=f"hyperpipe-rank{r}", daemon=True,
                              args=(target, args, r, world, str(run_dir), os.getpid()))
