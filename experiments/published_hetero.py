@@ -27,8 +27,20 @@ stage outputs DeepSpeed's engine keeps until each backward (on the last stage th
 logits) and the head backward's fp16 copy of the fp32 logit gradient
 (`CostModel.stage_output_bytes`, `head_backward_work_bytes`).
 
+Out of sample, the same two passes over the 53 plans AMP ran on its heterogeneous
+cluster (`experiments/data/amp_het_cluster_results.json`, from src/results/
+het_cluster_results.txt): three p3.8xlarge (4 V100 on NVLink, 10 Gbit/s) and one
+g4dn.12xlarge (4 T4), `het_cluster`; the calibrated pass gives the V100s AMP's P3
+profiles. Their rows were first read after everything else here was built.
+
 Printed: one row per plan (measured, AMP's prediction, both passes, memory verdicts),
-AMP's own prediction as the peer model, and a last line
+AMP's own prediction as the peer model, the heterogeneous block's line
+
+    amp_het_mape=X amp_het_tau=T amp_het_peer_mape=Y amp_het_peer_tau=U
+    amp_het_null_mape=N amp_het_calibrated_mape=Z amp_het_calibrated_tau=V
+    amp_het_failed_predicted=K/M amp_het_false_alarms=F amp_het_n_rows=R
+
+(null: every run at the block's mean measured time), and a last line
 
     amp_mape=X amp_tau=T amp_peer_mape=Y amp_peer_tau=U calibrated_mape=Z
     calibrated_tau=V failed_predicted=K/N n_rows=R
@@ -56,6 +68,7 @@ from hyperpipe.sim.simulator import SimOptions, simulate
 
 DATA = Path(__file__).resolve().parent / "data"
 RUNS_FILE = DATA / "amp_homogeneous_results.json"
+HET_RUNS_FILE = DATA / "amp_het_cluster_results.json"
 PROFILE_FILE = DATA / "amp_known_cost.json"
 GLOBAL_BATCH = 32
 NODES, PER_NODE = 4, 4
@@ -82,8 +95,8 @@ class Row:
     measured_s: float | None
 
 
-def load_rows() -> list[Row]:
-    doc = json.loads(RUNS_FILE.read_text())
+def load_rows(path: Path = RUNS_FILE) -> list[Row]:
+    doc = json.loads(path.read_text())
     return [Row(r["trial"], r["micro_batch"], r["tp"], r["dp"], r["pp"],
                 tuple(r["partition"]), r["amp_predicted_s"], r["measured_s"])
             for r in doc["rows"]]
@@ -116,6 +129,20 @@ def g4dn_cluster() -> Cluster:
     return load_cluster({
         "name": "g4dn-12xlarge-x4",
         "nodes": [{"name": "g4dn", "device": "T4", "count": PER_NODE, "repeat": NODES}],
+        "inter_node": {"bandwidth": "50 Gbit/s"}})
+
+
+def het_cluster() -> Cluster:
+    """AMP's heterogeneous cluster (src/het_cluster.py `cluster_info`, node i holding
+    ranks 4i..4i+3): three p3.8xlarge (4 V100-SXM2-16GB on NVLink; "up to 10 Gigabit"
+    network, AWS EC2 P3 instance specifications) and one g4dn.12xlarge (4 T4 on PCIe, 50
+    Gbit/s); a transfer between nodes runs at the slower end's NIC."""
+    return load_cluster({
+        "name": "p3-8xlarge-x3-g4dn-12xlarge",
+        "nodes": [{"name": "p3-", "device": "V100-16GB", "count": PER_NODE, "repeat": 3,
+                   "nic": {"bandwidth": "10 Gbit/s"}},
+                  {"name": "g4dn", "device": "T4", "count": PER_NODE,
+                   "nic": {"bandwidth": "50 Gbit/s"}}],
         "inter_node": {"bandwidth": "50 Gbit/s"}})
 
 
@@ -175,6 +202,9 @@ def simulate_row(row: Row, cluster: Cluster, profile: Profile | None = None
 
 # AMP's 30 profiled layers grouped by the HyperPipe layer that holds them (`hp_boundary`)
 AMP_KINDS = {"embedding": range(0, 2), "block": range(2, 26), "head": range(26, 30)}
+# AMP's profiles per device type: the file prefix (G4: g4dn's T4, P3: p3's V100) and the
+# tensor-parallel degrees profiled; a degree without one takes the largest below it
+AMP_PROFILES = {"T4": ("G4", (1, 2)), "V100-16GB": ("P3", (1, 2, 4))}
 
 
 def amp_profile(tp: int, cluster: Cluster) -> Profile:
@@ -188,30 +218,35 @@ def amp_profile(tp: int, cluster: Cluster) -> Profile:
     FLOP, micro-batch 1) and the intercept is what the measurement has beyond the stock
     estimate (compute and tensor-parallel collectives): at micro-batch 1 a layer's op
     costs exactly what AMP measured, and it grows with the micro-batch as the stock
-    model says compute grows. Profiles exist for tp 1 and 2 (src/known_cost has no
+    model says compute grows. T4 profiles exist for tp 1 and 2 (src/known_cost has no
     G4_4 in the public repository): tp 4 takes the tp-2 profile (a layer's time barely
-    shrank from tp 1 to tp 2: 5.47 to 5.96 ms per block forward)."""
+    shrank from tp 1 to tp 2: 5.47 to 5.96 ms per block forward); the V100's (P3) for
+    tp 1, 2 and 4. Each device type of `cluster` gets its own."""
     doc = json.loads(PROFILE_FILE.read_text())["profiles"]
-    measured = doc[f"gpt2_G4_{min(tp, 2)}"]
     model = model_for(tp)
     stock = CostModel(model, cluster)
-    group = tuple(d.name for d in cluster.devices[:tp])
     compute = {}
-    for kind, ds_layers in AMP_KINDS.items():
-        fwd_s = sum(measured[i] for i in ds_layers)
-        if kind == "block":
-            fwd_s /= len(ds_layers)
-        layer = next(i for i, spec in enumerate(model.layers) if spec.kind == kind)
-        for op, target_s in (("F", fwd_s), ("B", 2 * fwd_s)):
-            flops = op_flops(model, layer, 1, op) / tp
-            compute_s = stock.layer_time_s(layer, "T4", 1, op, tp)
-            total_s = stock.stage_time_s((layer, layer + 1), group, 1, op)
-            slope = compute_s / flops if flops > 0 else 0.0     # the embedding: none
-            comm_s = total_s - compute_s
-            compute[Profile.key("T4", kind, op)] = Fit(
-                target_s - comm_s - slope * flops, slope, samples=1)
+    for device, (prefix, degrees) in AMP_PROFILES.items():
+        members = [d.name for d in cluster.devices if d.type.name == device]
+        if not members:
+            continue
+        measured = doc[f"gpt2_{prefix}_{max(d for d in degrees if d <= tp)}"]
+        group = tuple(members[:tp])
+        for kind, ds_layers in AMP_KINDS.items():
+            fwd_s = sum(measured[i] for i in ds_layers)
+            if kind == "block":
+                fwd_s /= len(ds_layers)
+            layer = next(i for i, spec in enumerate(model.layers) if spec.kind == kind)
+            for op, target_s in (("F", fwd_s), ("B", 2 * fwd_s)):
+                flops = op_flops(model, layer, 1, op) / tp
+                compute_s = stock.layer_time_s(layer, device, 1, op, tp)
+                total_s = stock.stage_time_s((layer, layer + 1), group, 1, op)
+                slope = compute_s / flops if flops > 0 else 0.0     # the embedding: none
+                comm_s = total_s - compute_s
+                compute[Profile.key(device, kind, op)] = Fit(
+                    target_s - comm_s - slope * flops, slope, samples=1)
     return Profile(compute=compute, provenance={
-        "source": "DachengLi1/AMP src/known_cost/gpt2_G4_*.npy (experiments/data/"
+        "source": "DachengLi1/AMP src/known_cost/gpt2_{G4,P3}_*.npy (experiments/data/"
                   "amp_known_cost.json)", "model": model.name})
 
 
@@ -227,11 +262,10 @@ def mape(pred: list[float], meas: list[float]) -> float:
     return sum(abs(p / m - 1) for p, m in zip(pred, meas, strict=True)) / len(meas)
 
 
-def main() -> int:
-    rows = load_rows()
-    cluster = g4dn_cluster()
-    print("seconds per iteration: measured, AMP's prediction, HyperPipe stock catalog "
-          "(no profile), HyperPipe with AMP's per-layer profile")
+def table(rows: list[Row], cluster: Cluster) -> tuple[list, list]:
+    """Print one line per row (measured, AMP's prediction, both passes, the stock pass's
+    memory verdict); return (rows that ran, rows that failed), each as (row, stock,
+    calibrated, verdict)."""
     print(f"{'trial':>5} {'mb':>3} {'tp':>2} {'dp':>2} {'pp':>2} {'measured':>8} "
           f"{'AMP':>7} {'stock':>7} {'calib':>7}  stock memory verdict")
     profiles = {tp: amp_profile(tp, cluster) for tp in sorted({r.tp for r in rows})}
@@ -245,21 +279,54 @@ def main() -> int:
               f"{stock if stock is not None else float('nan'):7.2f} "
               f"{calib if calib is not None else float('nan'):7.2f}  {verdict}")
         (failed if row.measured_s is None else ran).append((row, stock, calib, verdict))
+    return ran, failed
+
+
+def figures(ran: list, failed: list) -> dict[str, float | str]:
+    """MAPE and Kendall's tau of the stock pass, AMP's own model (the peer) and the
+    calibrated pass over the rows that ran; the failed runs the stock pass predicts out
+    of memory or refuses; and the runs that ran but were predicted not to."""
     meas = [r.measured_s for r, *_ in ran]
     stock = [s for _, s, _, _ in ran]
     calib = [c for _, _, c, _ in ran]
     peer = [r.amp_predicted_s for r, *_ in ran]
     predicted_failed = sum(1 for *_, v in failed if not v.startswith("fits"))
-    false_alarms = sum(1 for *_, v in ran if not v.startswith("fits"))
+    return {"mape": mape(stock, meas), "tau": kendall_tau(stock, meas),
+            "peer_mape": mape(peer, meas), "peer_tau": kendall_tau(peer, meas),
+            "calibrated_mape": mape(calib, meas), "calibrated_tau": kendall_tau(calib, meas),
+            "failed_predicted": f"{predicted_failed}/{len(failed)}",
+            "false_alarms": sum(1 for *_, v in ran if not v.startswith("fits")),
+            "mean_null_mape": mape([sum(meas) / len(meas)] * len(meas), meas)}
+
+
+def main() -> int:
+    print("seconds per iteration: measured, AMP's prediction, HyperPipe stock catalog "
+          "(no profile), HyperPipe with AMP's per-layer profile")
+    rows = load_rows()
+    ran, failed = table(rows, g4dn_cluster())
+    f = figures(ran, failed)
     print(f"failed runs: {len(failed)}; predicted out of memory or refused: "
-          f"{predicted_failed}; runs that ran but were predicted not to: {false_alarms}")
-    print(f"AMP's own cost model (peer): mape={mape(peer, meas):.4f} "
-          f"tau={kendall_tau(peer, meas):.4f}")
-    print(f"amp_mape={mape(stock, meas):.4f} amp_tau={kendall_tau(stock, meas):.4f} "
-          f"amp_peer_mape={mape(peer, meas):.4f} amp_peer_tau={kendall_tau(peer, meas):.4f} "
-          f"calibrated_mape={mape(calib, meas):.4f} "
-          f"calibrated_tau={kendall_tau(calib, meas):.4f} "
-          f"failed_predicted={predicted_failed}/{len(failed)} n_rows={len(rows)}")
+          f"{f['failed_predicted'].split('/')[0]}; runs that ran but were predicted not "
+          f"to: {f['false_alarms']}")
+    print(f"AMP's own cost model (peer): mape={f['peer_mape']:.4f} tau={f['peer_tau']:.4f}")
+    # out of sample: AMP's heterogeneous cluster, never looked at while building the
+    # model (nothing here is fitted to either file)
+    print("\nout of sample, AMP's heterogeneous cluster (3 x p3.8xlarge: 4 V100 each, "
+          "10 Gbit/s; 1 x g4dn.12xlarge: 4 T4, 50 Gbit/s):")
+    het_rows = load_rows(HET_RUNS_FILE)
+    h = figures(*table(het_rows, het_cluster()))
+    print(f"amp_het_mape={h['mape']:.4f} amp_het_tau={h['tau']:.4f} "
+          f"amp_het_peer_mape={h['peer_mape']:.4f} amp_het_peer_tau={h['peer_tau']:.4f} "
+          f"amp_het_null_mape={h['mean_null_mape']:.4f} "
+          f"amp_het_calibrated_mape={h['calibrated_mape']:.4f} "
+          f"amp_het_calibrated_tau={h['calibrated_tau']:.4f} "
+          f"amp_het_failed_predicted={h['failed_predicted']} "
+          f"amp_het_false_alarms={h['false_alarms']} amp_het_n_rows={len(het_rows)}")
+    print(f"amp_mape={f['mape']:.4f} amp_tau={f['tau']:.4f} "
+          f"amp_peer_mape={f['peer_mape']:.4f} amp_peer_tau={f['peer_tau']:.4f} "
+          f"calibrated_mape={f['calibrated_mape']:.4f} "
+          f"calibrated_tau={f['calibrated_tau']:.4f} "
+          f"failed_predicted={f['failed_predicted']} n_rows={len(rows)}")
     return 0
 
 
