@@ -223,3 +223,26 @@ def test_a100_nodes_take_published_nccl_tests_times(nodes, device, nbytes, bus_g
     hierarchical_s = CostModel(load_model("gpt2-medium"), switched).allreduce_time_s(
         devices, nbytes)
     assert hierarchical_s < bus_s / 1.3
+
+
+def test_catalog_marks_the_parts_whose_switch_reduces():
+    from hyperpipe.cluster.catalog import builtin_device_types
+    types = builtin_device_types()
+    assert types["H100-SXM"].nvlink_sharp and types["H200"].nvlink_sharp
+    assert not any(types[n].nvlink_sharp for n in ("A100-80GB", "A100-40GB", "V100-16GB",
+                                                   "H100-PCIe", "T4", "RTX-4090"))
+
+
+def test_nvlink_sharp_must_be_a_boolean(tmp_path, capsys):
+    from hyperpipe.core.errors import BadInput
+    doc = two_nodes(2, 1)
+    doc["device_types"]["unit"]["nvlink_sharp"] = "yes"
+    with pytest.raises(BadInput, match="nvlink_sharp"):
+        load_cluster(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    assert cli_main(["simulate", "--cluster", str(path), "--model", "gpt2-small",
+                     "--pp", "1", "--dp", "4", "--micro-batch", "1",
+                     "--global-batch", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nvlink_sharp" in err[0] and "true or false" in err[0]
