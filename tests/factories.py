@@ -9,13 +9,29 @@ strings with units, as in the files.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from hyperpipe.cluster.cluster import Cluster, load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def experiment(name: str) -> ModuleType:
+    """The script experiments/NAME.py as a module (its functions, not its main)."""
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+
 
 # Links so fast that transfers cost nothing measurable.
 FREE_LINK = {"bandwidth": "1e15 B/s", "latency": 0}

@@ -15,10 +15,10 @@ one the launch line explains (see each test), never tolerated silently.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from factories import experiment
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.frameworks.importer import import_plan
@@ -28,17 +28,11 @@ from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "frameworks"
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
 
 @pytest.fixture(scope="module")
 def published():
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        import published as module
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
-    return module
+    return experiment("published")
 
 
 def sc21_rows() -> dict[str, dict[str, str]]:

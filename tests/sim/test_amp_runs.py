@@ -5,24 +5,15 @@ AMP's per-layer profiles)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from factories import experiment
 
 from hyperpipe.sim.costmodel import CostModel
-
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        import published_hetero as module
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
-    return module
+    return experiment("published_hetero")
 
 
 @pytest.mark.parametrize("which", ["homogeneous", "heterogeneous"])
