@@ -8,7 +8,10 @@ checkpoint's size (by default the model's parameters x
 `CHECKPOINT_BYTES_PER_PARAM`) over the storage bandwidth. The study tabulates the
 expected goodput (Daly 2006's model) and a Monte-Carlo run of failures against the
 interval, with Young's and Daly's first-order optima and the model's exact one, and
-re-plans on the cluster without the node most likely to fail (the lowest MTBF).
+re-plans on the cluster without the node most likely to fail (the lowest MTBF): the
+search's best plan there, or today's plan less its pipelines on that node when that is
+better (`surviving_replicas`: what a job does without re-planning), so the re-plan is
+never worse than simply dropping the lost replicas.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.core.units import format_quantity, format_seconds
 from hyperpipe.models import ModelSpec
-from hyperpipe.search.evaluate import Candidate
+from hyperpipe.plan.plan import Plan
+from hyperpipe.search.evaluate import Candidate, rank_key
 from hyperpipe.search.report import describe_plan
-from hyperpipe.search.search import SearchConstraints, search
+from hyperpipe.search.search import SearchConstraints, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 from hyperpipe.whatif.goodput import (
@@ -65,6 +69,7 @@ class FailureStudy:
     failed_node: str
     replan: Candidate | None              # the best plan without `failed_node`
     replan_error: str | None = None
+    replan_from: str = "search"           # or "surviving replicas" (`surviving_replicas`)
     plan_text: str = ""                   # describe_plan of today's plan and the re-plan
     replan_text: str = ""
 
@@ -86,6 +91,7 @@ class FailureStudy:
             "failed_node": self.failed_node}
         if self.replan is not None:
             out["replan"] = self.replan.to_dict()
+            out["replan_from"] = self.replan_from
         if self.replan_error is not None:
             out["replan_error"] = self.replan_error
         return out
@@ -144,9 +150,10 @@ def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, 
     ckpt = Checkpointing(write_s, o.restart_s)
     rows = _interval_rows(ckpt, mtbf, o.intervals_s)
     failed = min(failing, key=lambda n: n.mtbf_s).name       # ties: the first in the plan
-    replan, error, text = _replan(spec, base, failed, c, profile, workers, backend)
+    replan, error, text, origin = _replan(spec, base, failed, c, profile, workers, backend,
+                                          plan)
     return FailureStudy(spec.name, base.name, today, nodes, mtbf, size, ckpt, rows, failed,
-                        replan, error, describe_plan(plan, base), text)
+                        replan, error, origin, describe_plan(plan, base), text)
 
 
 # Restart plus checkpoint write over the MTBF above which the job never trains: the
@@ -201,18 +208,66 @@ def without_node(cluster: Cluster, name: str) -> Cluster:
     return replace(out, nodes=tuple(replace(n, mtbf_s=mtbf[n.name]) for n in out.nodes))
 
 
+def surviving_replicas(plan: Plan, spec: ModelSpec, smaller: Cluster) -> list[Plan]:
+    """`plan` less its pipelines that use a device `smaller` lacks, the global batch
+    split again over the others in proportion to the micro-batches each had (the
+    search splits them by each pipeline's speed), on `smaller`. A schedule synthesised
+    for the old micro-batch counts (one that carries actions) gives way to each fixed
+    kind that places the stages as it does (`fixed_kinds`), one plan each. Empty when
+    no pipeline is lost or none is left, when they differ in micro-batch size, or when
+    the result is not a valid plan there (e.g. too few micro-batches for the
+    pipelines)."""
+    from hyperpipe.plan.kinds import schedule_kind
+    from hyperpipe.synth.synthesise import fixed_kinds
+    keep = [p for p in plan.pipelines if all(map(smaller.has_device, p.devices()))]
+    if not keep or len(keep) == len(plan.pipelines) or \
+            len({p.micro_batch for p in keep}) > 1 or plan.global_batch % keep[0].micro_batch:
+        return []
+    try:
+        counts = split_batch([lambda m, had=p.num_microbatches: m / had for p in keep],
+                             plan.global_batch // keep[0].micro_batch)
+    except InfeasiblePlan:
+        return []
+    out = replace(plan, cluster=cluster_ref(search_view(smaller)), pipelines=tuple(
+        replace(p, num_microbatches=m) for p, m in zip(keep, counts, strict=True)))
+    plans = [replace(out, schedule=kind, actions=None) for kind in fixed_kinds(out)] \
+        if schedule_kind(plan.schedule).carries_actions else [out]
+    valid = []
+    for candidate in plans:
+        try:
+            candidate.check(spec, smaller)
+        except (BadInput, InfeasiblePlan):
+            continue
+        valid.append(candidate)
+    return valid
+
+
 def _replan(spec, cluster: Cluster, failed: str, c: SearchConstraints, profile,
-            workers: int, backend) -> tuple[Candidate | None, str | None, str]:
+            workers: int, backend, today: Plan
+            ) -> tuple[Candidate | None, str | None, str, str]:
+    """(the re-plan, why there is none, its description, where it comes from)."""
     try:
         smaller = without_node(cluster, failed)
+    except InfeasiblePlan as exc:
+        return None, str(exc), "", "search"
+    cost = CostModel(spec, smaller, profile)
+    found: list[tuple[Candidate, str]] = []
+    error = None
+    try:
         res = search(spec, search_view(smaller), c, profile=profile, top=1, workers=workers,
                      backend=backend)
+        found.append((Candidate(res.best.plan, simulate(res.best.plan, cost, SimOptions(
+            trace=False)).metrics), "search"))
     except InfeasiblePlan as exc:
-        return None, str(exc), ""
-    cost = CostModel(spec, smaller, profile)
-    plan = res.best.plan
-    return (Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics), None,
-            describe_plan(plan, smaller))
+        error = str(exc)
+    for kept in surviving_replicas(today, spec, smaller):
+        m = simulate(kept, cost, SimOptions(trace=False)).metrics
+        if m.feasible:
+            found.append((Candidate(kept, m), "surviving replicas"))
+    if not found:
+        return None, error, "", "search"
+    best, origin = min(found, key=lambda f: rank_key(c, f[0].metrics))
+    return best, None, describe_plan(best.plan, smaller), origin
 
 
 def duration(value_s: float) -> str:
@@ -251,7 +306,9 @@ def format_failures(study: FailureStudy) -> str:
         out.append(f"without node {study.failed_node}: nothing fits ({study.replan_error})")
     else:
         r = study.replan.metrics
-        out.append(f"without node {study.failed_node} (lowest MTBF): re-planned "
+        how = "re-planned" if study.replan_from == "search" else \
+            "today's plan less its pipelines there (beats the search's re-plan)"
+        out.append(f"without node {study.failed_node} (lowest MTBF): {how} "
                    f"{r.throughput_samples_per_s:.2f} samples/s "
                    f"({r.throughput_samples_per_s / m.throughput_samples_per_s - 1:+.1%}): "
                    f"{study.replan_text}")

@@ -124,3 +124,72 @@ def test_whatif_failures_cli(tmp_path, capsys):
         rc = main(["whatif", "--failures", *_files(tmp_path, mtbf=None), *flags])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and missing in err[0], err
+
+
+def _four_replicas(tmp_path):
+    """The `_files` cluster and model, and a plan of four one-stage replicas, one per
+    device (a/0 a/1 b/0 b/1), micro-batch 1, the global batch of 8 as 3, 1, 2, 2."""
+    from hyperpipe.models import load_model
+    from hyperpipe.plan.plan import plan_from_dict
+    _files(tmp_path)
+    cluster = load_cluster(json.loads((tmp_path / "c.json").read_text()))
+    spec = load_model(json.loads((tmp_path / "m.json").read_text()))
+    plan = plan_from_dict({
+        "format": "hyperpipe.plan/1", "model": spec.to_dict(), "cluster": "fail",
+        "global_batch": 8, "schedule": {"kind": "1f1b"},
+        "pipelines": [{"micro_batch": 1, "num_microbatches": m,
+                       "stages": [{"layers": [0, 4], "devices": [d]}]}
+                      for d, m in (("a/0", 3), ("a/1", 1), ("b/0", 2), ("b/1", 2))]})
+    return cluster, spec, plan
+
+
+def test_surviving_replicas_drop_the_lost_node_and_split_the_batch_again(tmp_path):
+    from hyperpipe.whatif.failures import surviving_replicas
+    cluster, spec, plan = _four_replicas(tmp_path)
+    # without b: a/0 and a/1 had 3 and 1 micro-batches; 8 split in that proportion
+    (kept,) = surviving_replicas(plan, spec, without_node(cluster, "b"))
+    assert [(p.devices(), p.num_microbatches) for p in kept.pipelines] == \
+        [(["a/0"], 6), (["a/1"], 2)]
+    # without a: b/0 and b/1 had 2 each
+    (kept,) = surviving_replicas(plan, spec, without_node(cluster, "a"))
+    assert [p.num_microbatches for p in kept.pipelines] == [4, 4]
+    assert surviving_replicas(plan, spec, cluster) == []            # nothing lost
+
+
+def test_surviving_replicas_of_a_synthesised_plan_take_each_fixed_kind(tmp_path):
+    """A synthesised schedule was built for the old micro-batch counts: the surviving
+    pipelines run each fixed kind of their placement instead (1f1b, gpipe, ... for one
+    chunk looped), every one a valid plan."""
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.synth.synthesise import POLICIES, fixed_kinds, synth_plan
+    from hyperpipe.whatif.failures import surviving_replicas
+    cluster, spec, plan = _four_replicas(tmp_path)
+    synth = synth_plan(plan, CostModel(spec, cluster), POLICIES[0])
+    assert synth.schedule == "synth" and synth.actions      # a plan that carries actions
+    kept = surviving_replicas(synth, spec, without_node(cluster, "b"))
+    assert [k.schedule for k in kept] == fixed_kinds(plan) and all(
+        k.actions is None and len(k.pipelines) == 2 for k in kept)
+
+
+def test_failure_replan_is_never_worse_than_the_surviving_replicas(tmp_path, monkeypatch):
+    """With the search unable to find anything, the re-plan is today's plan less its
+    pipelines on the failed node; with it, whichever is faster."""
+    from hyperpipe.core.errors import InfeasiblePlan
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    from hyperpipe.whatif import failures
+    cluster, spec, plan = _four_replicas(tmp_path)
+    smaller = without_node(cluster, "a")
+    (kept,) = failures.surviving_replicas(plan, spec, smaller)
+    kept_s = simulate(kept, CostModel(spec, smaller), SimOptions(trace=False)
+                      ).metrics.iteration_time_s
+    c = failures.SearchConstraints(global_batch=8, micro_batch=1)
+    got, error, _, origin = failures._replan(spec, cluster, "a", c, None, 1, None, plan)
+    assert error is None and got.metrics.iteration_time_s <= kept_s * (1 + 1e-12)
+
+    def nothing(*args, **kwargs):
+        raise InfeasiblePlan("nothing fits")
+    monkeypatch.setattr(failures, "search", nothing)
+    got, error, _, origin = failures._replan(spec, cluster, "a", c, None, 1, None, plan)
+    assert origin == "surviving replicas" and error is None
+    assert got.metrics.iteration_time_s == pytest.approx(kept_s, rel=1e-12)
