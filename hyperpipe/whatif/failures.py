@@ -10,8 +10,9 @@ expected goodput (Daly 2006's model) and a Monte-Carlo run of failures against t
 interval, with Young's and Daly's first-order optima and the model's exact one, and
 re-plans on the cluster without the node most likely to fail (the lowest MTBF): the
 search's best plan there, or today's plan less its pipelines on that node when that is
-better (`surviving_replicas`: what a job does without re-planning), so the re-plan is
-never worse than simply dropping the lost replicas.
+better (`surviving_replicas`: what a job does without re-planning, its schedule
+synthesised again when today's was), so the re-plan is never worse than simply
+dropping the lost replicas.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.core.units import format_quantity, format_seconds
 from hyperpipe.models import ModelSpec
+from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.evaluate import Candidate, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import SearchConstraints, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
+from hyperpipe.synth.synthesise import fixed_kinds, synthesise
 from hyperpipe.whatif.goodput import (
     CHECKPOINT_BYTES_PER_PARAM,
     Checkpointing,
@@ -217,8 +220,6 @@ def surviving_replicas(plan: Plan, spec: ModelSpec, smaller: Cluster) -> list[Pl
     no pipeline is lost or none is left, when they differ in micro-batch size, or when
     the result is not a valid plan there (e.g. too few micro-batches for the
     pipelines)."""
-    from hyperpipe.plan.kinds import schedule_kind
-    from hyperpipe.synth.synthesise import fixed_kinds
     keep = [p for p in plan.pipelines if all(map(smaller.has_device, p.devices()))]
     if not keep or len(keep) == len(plan.pipelines) or \
             len({p.micro_batch for p in keep}) > 1 or plan.global_batch % keep[0].micro_batch:
@@ -260,10 +261,18 @@ def _replan(spec, cluster: Cluster, failed: str, c: SearchConstraints, profile,
             trace=False)).metrics), "search"))
     except InfeasiblePlan as exc:
         error = str(exc)
-    for kept in surviving_replicas(today, spec, smaller):
-        m = simulate(kept, cost, SimOptions(trace=False)).metrics
-        if m.feasible:
-            found.append((Candidate(kept, m), "surviving replicas"))
+    kept = surviving_replicas(today, spec, smaller)
+    if kept and schedule_kind(today.schedule).carries_actions:
+        # today's order was synthesised: so is the survivors' (the best of the fixed
+        # kinds and the synthesised orders for their new micro-batch counts)
+        done = synthesise(kept[0], cost)
+        if done.metrics.feasible:
+            found.append((Candidate(done.plan, done.metrics), "surviving replicas"))
+    else:
+        for plan in kept:
+            m = simulate(plan, cost, SimOptions(trace=False)).metrics
+            if m.feasible:
+                found.append((Candidate(plan, m), "surviving replicas"))
     if not found:
         return None, error, "", "search"
     best, origin = min(found, key=lambda f: rank_key(c, f[0].metrics))

@@ -193,3 +193,29 @@ def test_failure_replan_is_never_worse_than_the_surviving_replicas(tmp_path, mon
     got, error, _, origin = failures._replan(spec, cluster, "a", c, None, 1, None, plan)
     assert origin == "surviving replicas" and error is None
     assert got.metrics.iteration_time_s == pytest.approx(kept_s, rel=1e-12)
+
+
+def test_failure_replan_synthesises_the_survivors_when_today_was_synthesised(
+        tmp_path, monkeypatch):
+    """Today's plan synthesised: the survivors' schedule is synthesised again, no slower
+    than any fixed kind of their placement."""
+    from hyperpipe.core.errors import InfeasiblePlan
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    from hyperpipe.synth.synthesise import POLICIES, synth_plan
+    from hyperpipe.whatif import failures
+    cluster, spec, plan = _four_replicas(tmp_path)
+    today = synth_plan(plan, CostModel(spec, cluster), POLICIES[0])
+    smaller = without_node(cluster, "a")
+    fixed_s = min(simulate(k, CostModel(spec, smaller), SimOptions(trace=False))
+                  .metrics.iteration_time_s
+                  for k in failures.surviving_replicas(today, spec, smaller))
+
+    def nothing(*args, **kwargs):
+        raise InfeasiblePlan("nothing fits")
+    monkeypatch.setattr(failures, "search", nothing)
+    c = failures.SearchConstraints(global_batch=8, micro_batch=1)
+    got, error, _, origin = failures._replan(spec, cluster, "a", c, None, 1, None, today)
+    assert origin == "surviving replicas" and error is None
+    assert {d for d in got.plan.devices} == {"b/0", "b/1"}
+    assert got.metrics.iteration_time_s <= fixed_s * (1 + 1e-12)
