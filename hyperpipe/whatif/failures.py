@@ -261,7 +261,8 @@ def _replan(spec, cluster: Cluster, failed: str, c: SearchConstraints, profile,
             trace=False)).metrics), "search"))
     except InfeasiblePlan as exc:
         error = str(exc)
-    kept = surviving_replicas(today, spec, smaller)
+    # survivors that keep every dimension the user fixed (a fixed dp, say, they do not)
+    kept = [p for p in surviving_replicas(today, spec, smaller) if c.admits(p)]
     if kept and schedule_kind(today.schedule).carries_actions:
         # today's order was synthesised: so is the survivors' (the best of the fixed
         # kinds and the synthesised orders for their new micro-batch counts)

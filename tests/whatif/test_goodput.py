@@ -193,6 +193,10 @@ def test_failure_replan_is_never_worse_than_the_surviving_replicas(tmp_path, mon
     got, error, _, origin = failures._replan(spec, cluster, "a", c, None, 1, None, plan)
     assert origin == "surviving replicas" and error is None
     assert got.metrics.iteration_time_s == pytest.approx(kept_s, rel=1e-12)
+    # a user who fixed four replicas gets no survivors (two are left): nothing fits
+    fixed = failures.SearchConstraints(global_batch=8, micro_batch=1, dp=4)
+    got, error, _, _ = failures._replan(spec, cluster, "a", fixed, None, 1, None, plan)
+    assert got is None and error == "nothing fits"
 
 
 def test_failure_replan_synthesises_the_survivors_when_today_was_synthesised(
