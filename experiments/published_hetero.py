@@ -282,21 +282,36 @@ def table(rows: list[Row], cluster: Cluster) -> tuple[list, list]:
     return ran, failed
 
 
-def figures(ran: list, failed: list) -> dict[str, float | str]:
-    """MAPE and Kendall's tau of the stock pass, AMP's own model (the peer) and the
-    calibrated pass over the rows that ran; the failed runs the stock pass predicts out
-    of memory or refuses; and the runs that ran but were predicted not to."""
+@dataclass(frozen=True)
+class Figures:
+    """One block's MAPE and Kendall's tau over the rows that ran: the stock pass, AMP's
+    own model (the peer), the calibrated pass and the mean measured time (a null); the
+    failed runs, those the stock pass predicts out of memory or refuses, and the runs
+    that ran but were predicted not to."""
+
+    mape: float
+    tau: float
+    peer_mape: float
+    peer_tau: float
+    calibrated_mape: float
+    calibrated_tau: float
+    mean_null_mape: float
+    failed: int
+    predicted_failed: int
+    false_alarms: int
+
+
+def figures(ran: list, failed: list) -> Figures:
+    """The `Figures` of a block, from `table`'s two lists."""
     meas = [r.measured_s for r, *_ in ran]
     stock = [s for _, s, _, _ in ran]
     calib = [c for _, _, c, _ in ran]
     peer = [r.amp_predicted_s for r, *_ in ran]
-    predicted_failed = sum(1 for *_, v in failed if not v.startswith("fits"))
-    return {"mape": mape(stock, meas), "tau": kendall_tau(stock, meas),
-            "peer_mape": mape(peer, meas), "peer_tau": kendall_tau(peer, meas),
-            "calibrated_mape": mape(calib, meas), "calibrated_tau": kendall_tau(calib, meas),
-            "failed_predicted": f"{predicted_failed}/{len(failed)}",
-            "false_alarms": sum(1 for *_, v in ran if not v.startswith("fits")),
-            "mean_null_mape": mape([sum(meas) / len(meas)] * len(meas), meas)}
+    return Figures(mape(stock, meas), kendall_tau(stock, meas), mape(peer, meas),
+                   kendall_tau(peer, meas), mape(calib, meas), kendall_tau(calib, meas),
+                   mape([sum(meas) / len(meas)] * len(meas), meas), len(failed),
+                   sum(1 for *_, v in failed if not v.startswith("fits")),
+                   sum(1 for *_, v in ran if not v.startswith("fits")))
 
 
 def main() -> int:
@@ -305,28 +320,26 @@ def main() -> int:
     rows = load_rows()
     ran, failed = table(rows, g4dn_cluster())
     f = figures(ran, failed)
-    print(f"failed runs: {len(failed)}; predicted out of memory or refused: "
-          f"{f['failed_predicted'].split('/')[0]}; runs that ran but were predicted not "
-          f"to: {f['false_alarms']}")
-    print(f"AMP's own cost model (peer): mape={f['peer_mape']:.4f} tau={f['peer_tau']:.4f}")
+    print(f"failed runs: {f.failed}; predicted out of memory or refused: "
+          f"{f.predicted_failed}; runs that ran but were predicted not to: {f.false_alarms}")
+    print(f"AMP's own cost model (peer): mape={f.peer_mape:.4f} tau={f.peer_tau:.4f}")
     # out of sample: AMP's heterogeneous cluster, never looked at while building the
     # model (nothing here is fitted to either file)
     print("\nout of sample, AMP's heterogeneous cluster (3 x p3.8xlarge: 4 V100 each, "
           "10 Gbit/s; 1 x g4dn.12xlarge: 4 T4, 50 Gbit/s):")
     het_rows = load_rows(HET_RUNS_FILE)
     h = figures(*table(het_rows, het_cluster()))
-    print(f"amp_het_mape={h['mape']:.4f} amp_het_tau={h['tau']:.4f} "
-          f"amp_het_peer_mape={h['peer_mape']:.4f} amp_het_peer_tau={h['peer_tau']:.4f} "
-          f"amp_het_null_mape={h['mean_null_mape']:.4f} "
-          f"amp_het_calibrated_mape={h['calibrated_mape']:.4f} "
-          f"amp_het_calibrated_tau={h['calibrated_tau']:.4f} "
-          f"amp_het_failed_predicted={h['failed_predicted']} "
-          f"amp_het_false_alarms={h['false_alarms']} amp_het_n_rows={len(het_rows)}")
-    print(f"amp_mape={f['mape']:.4f} amp_tau={f['tau']:.4f} "
-          f"amp_peer_mape={f['peer_mape']:.4f} amp_peer_tau={f['peer_tau']:.4f} "
-          f"calibrated_mape={f['calibrated_mape']:.4f} "
-          f"calibrated_tau={f['calibrated_tau']:.4f} "
-          f"failed_predicted={f['failed_predicted']} n_rows={len(rows)}")
+    print(f"amp_het_mape={h.mape:.4f} amp_het_tau={h.tau:.4f} "
+          f"amp_het_peer_mape={h.peer_mape:.4f} amp_het_peer_tau={h.peer_tau:.4f} "
+          f"amp_het_null_mape={h.mean_null_mape:.4f} "
+          f"amp_het_calibrated_mape={h.calibrated_mape:.4f} "
+          f"amp_het_calibrated_tau={h.calibrated_tau:.4f} "
+          f"amp_het_failed_predicted={h.predicted_failed}/{h.failed} "
+          f"amp_het_false_alarms={h.false_alarms} amp_het_n_rows={len(het_rows)}")
+    print(f"amp_mape={f.mape:.4f} amp_tau={f.tau:.4f} "
+          f"amp_peer_mape={f.peer_mape:.4f} amp_peer_tau={f.peer_tau:.4f} "
+          f"calibrated_mape={f.calibrated_mape:.4f} calibrated_tau={f.calibrated_tau:.4f} "
+          f"failed_predicted={f.predicted_failed}/{f.failed} n_rows={len(rows)}")
     return 0
 
 
