@@ -392,7 +392,41 @@ def dp_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
     `max_dp`: the most replicas the batch allows (global batch / micro-batch). Without a
     fixed pp, when no count of replicas up to it can take all the units (more devices
     than its pipelines have stages: one node of 512 devices for an 8-layer model), each
-    pipeline takes as many units as it has stages instead, the rest unused."""
+    pipeline takes as many units as it has stages instead, the rest unused.
+
+    With `max_dp` and no fixed dp, replica counts of one recipe that give each pipeline
+    the same number of micro-batches (ceil(max_dp / d)) differ only in idle devices, the
+    gradient sync and the price: of each such run only its fewest replicas (the least
+    devices for that pipeline time) come out, and the recipe's most replicas (the most
+    throughput beside other groups, the most ZeRO shards). See `replica_counts`."""
+    pairs = _all_recipes(counts, num_layers=num_layers, chunks=chunks, pp=pp, dp=dp,
+                         max_dp=max_dp)
+    if dp is not None or max_dp is None:
+        yield from pairs
+        return
+    pairs = [(d, r) for d, r in pairs if d <= max_dp]
+    by_recipe: dict[tuple, list[int]] = {}
+    for d, r in pairs:
+        by_recipe.setdefault(tuple(r.values()), []).append(d)
+    keep = {(key, d) for key, ds in by_recipe.items() for d in replica_counts(ds, max_dp)}
+    yield from ((d, r) for d, r in pairs if (tuple(r.values()), d) in keep)
+
+
+def replica_counts(ds: list[int], max_dp: int) -> list[int]:
+    """Of the replica counts `ds` of one recipe, those worth a template: per number of
+    micro-batches per pipeline (ceil(max_dp / d)), the fewest replicas that give it, and
+    the most replicas of all."""
+    least: dict[int, int] = {}
+    for d in ds:
+        m = -(-max_dp // d)
+        least[m] = min(d, least.get(m, d))
+    return sorted({*least.values(), max(ds)})
+
+
+def _all_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
+                 pp: int | None, dp: int | None, max_dp: int | None
+                 ) -> Iterator[tuple[int, dict[str, int]]]:
+    """Every (replicas, units per type) of `dp_recipes`, before its rule on runs."""
     most = min(counts.values())
     taken = False                       # some recipe within max_dp takes all units
     for d in range(1, most + 1):

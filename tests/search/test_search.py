@@ -287,6 +287,32 @@ def test_space_generators():
     assert (1, {"a": 2, "b": 1}) in recipes and (1, {"a": 1, "b": 2}) in recipes
 
 
+def test_replica_counts_keep_the_ends_of_each_run():
+    """8 units of each of two types, a batch of 8 micro-batches: d replicas take 8 // d
+    units each and ceil(8 / d) micro-batches. Recipe (1, 1) has d = 5..8: 5, 6 and 7
+    give 2 micro-batches (only 5 is kept: the fewest devices for that time) and 8 gives
+    1; recipe (2, 2) has d = 3 (3 micro-batches) and 4 (2)."""
+    got = list(space.dp_recipes({"a": 8, "b": 8}, num_layers=40, chunks=1, pp=None,
+                                dp=None, max_dp=8))
+    assert [d for d, _ in got] == [1, 2, 3, 4, 5, 8]
+    assert dict(got)[5] == dict(got)[8] == {"a": 1, "b": 1}
+    # against the rule written out: per recipe, the least d of each ceil(8 / d), and the
+    # largest d
+    every = [(d, {"a": 8 // d, "b": 8 // d}) for d in range(1, 9)]
+    keep = set()
+    for recipe in {tuple(r.values()) for _, r in every}:
+        ds = [d for d, r in every if tuple(r.values()) == recipe]
+        keep |= {min(d for d in ds if -(-8 // d) == m) for m in {-(-8 // d) for d in ds}}
+        keep.add(max(ds))
+    assert sorted(keep) == [d for d, _ in got]
+    # a fixed dp, or no batch limit: every count, as before
+    fixed = list(space.dp_recipes({"a": 8, "b": 8}, num_layers=40, chunks=1, pp=None,
+                                  dp=8, max_dp=8))
+    assert [d for d, _ in fixed] == list(range(1, 9))
+    assert len(list(space.dp_recipes({"a": 8, "b": 8}, num_layers=40, chunks=1,
+                                     pp=None, dp=None))) == 8
+
+
 @pytest.mark.slow
 def test_workers_give_the_same_result():
     # eager attention: a case where a synthesised schedule is among the simulated plans
