@@ -176,6 +176,7 @@ class _Tables:
     # (layers, micro-batch, tp, recompute, sequence parallel, cp) -> bytes
     stash_bytes: dict[tuple[_Layers, int, int, str, bool, int], float] = \
         field(default_factory=dict)
+    send_bytes: dict[tuple[int, int], float] = field(default_factory=dict)  # (layer, mb)
     param_prefix: list[int] | None = None          # parameters of layers [0, i)
     memos: dict[str, object] = field(default_factory=dict)   # see `CostModel.memo`
 
@@ -836,7 +837,11 @@ class CostModel:
 
     def send_bytes(self, layers: tuple[int, int], micro_batch: int) -> float:
         """Bytes a stage sends forward (its last layer's output); the same go back as grads."""
-        return self.model.layer_cost(layers[1] - 1, micro_batch).send_bytes
+        table = self._tables.send_bytes
+        key = (layers[1] - 1, micro_batch)
+        if key not in table:
+            table[key] = self.model.layer_cost(layers[1] - 1, micro_batch).send_bytes
+        return table[key]
 
     def optimizer_time_s(self, layers: tuple[int, int], device_type: str, tp: int = 1,
                          dp_shards: int = 1, devices: tuple[str, ...] = (), *,

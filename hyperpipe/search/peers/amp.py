@@ -29,6 +29,7 @@ from hyperpipe.search import space
 from hyperpipe.search.peers.common import (
     PeerPick,
     build,
+    cut_links,
     group_table,
     inflight_1f1b,
     keep_better,
@@ -145,6 +146,7 @@ def _partition(ctx, rows, mb: int, gas: int) -> tuple[float, list[int]] | None:
     if not math.isfinite(lo):
         return None
     best = None
+    links = cut_links(cost, rows)
     for step in BOUND_STEPS:
         found = min_sum_cuts(mats, lo * step * (1 + 1e-12))
         if found is None:
@@ -152,7 +154,7 @@ def _partition(ctx, rows, mb: int, gas: int) -> tuple[float, list[int]] | None:
         _, bounds = found
         t = [float(mats[k][a, b]) for k, (a, b) in enumerate(zip(bounds, bounds[1:],
                                                                    strict=False))]
-        value = amp_cost_s(t, p2p_s(cost, rows, bounds, mb), gas,
+        value = amp_cost_s(t, p2p_s(cost, links, bounds, mb), gas,
                            sync_s(cost, rows, bounds))
         if best is None or value < best[0]:
             best = (value, bounds)

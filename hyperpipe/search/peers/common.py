@@ -18,6 +18,7 @@ from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.search.caches import GroupAt, PeerTableKey
 
 if TYPE_CHECKING:
+    from hyperpipe.cluster.cluster import Link
     from hyperpipe.search.caches import PeerCaches
 
 
@@ -205,11 +206,26 @@ def sync_s(cost, rows: list[list[tuple[str, ...]]], bounds: list[int]) -> float:
     return worst
 
 
-def p2p_s(cost, rows: list[list[tuple[str, ...]]], bounds: list[int], mb: int) -> list[float]:
-    """Per cut k (stage k to k+1): activation send time, slowest replica."""
+def cut_links(cost, rows: list[list[tuple[str, ...]]]) -> list[tuple[Link, ...]]:
+    """Per cut k (stage k to k+1): the distinct links its replicas' sends take (none
+    where every replica's stages share a device). They depend on the rows only, not on
+    the micro-batch or the cut: a caller walking several keeps them."""
+    out = []
+    for k in range(len(rows[0]) - 1):
+        links: dict[Link, None] = {}
+        for row in rows:
+            route, link = cost.route(row[k][-1], row[k + 1][0])
+            if route.hops:
+                links[link] = None
+        out.append(tuple(links))
+    return out
+
+
+def p2p_s(cost, links: list[tuple[Link, ...]], bounds: list[int], mb: int) -> list[float]:
+    """Per cut k (stage k to k+1): activation send time, slowest replica (`links`: the
+    rows' `cut_links`)."""
     out = []
     for k in range(len(bounds) - 2):
         nbytes = cost.send_bytes((bounds[k], bounds[k + 1]), mb)
-        out.append(max(cost.transfer_time_s(row[k][-1], row[k + 1][0], nbytes)
-                       for row in rows))
+        out.append(max((link.time_s(nbytes) for link in links[k]), default=0.0))
     return out

@@ -15,6 +15,7 @@ seconds: (m - 1) x slowest stage + the sum of all stages (compute and activation
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from typing import NamedTuple
@@ -27,6 +28,7 @@ from hyperpipe.search.peers.common import (
     GroupTable,
     PeerPick,
     build,
+    cut_links,
     fits,
     group_table,
     inflight_1f1b,
@@ -128,15 +130,16 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
     points.sort(key=lambda x: (x.floor_s, x.serial))
     best_key: tuple | None = None            # (time, serial) of the best so far
     best: PeerPick | None = None
+    placed: dict[tuple, _Rows] = {}         # (si, i, dp, order) -> its rows
     for pt in points:
         if best_key is not None and pt.floor_s > best_key[0]:
             break                            # the floors only grow from here
         si, i, dp, j = pt.serial
-        # replica r's groups of type t: its units r, r + dp, ... (pt.per[t] x dp of them)
-        strided = {t: [pt.pools[t].units[r::dp] for r in range(dp)] for t in pt.types}
         for o, order in enumerate(itertools.permutations(pt.types)):
-            rows = [list(itertools.chain.from_iterable(strided[t][r] for t in order))
-                    for r in range(dp)]
+            # the points of one (subset, tp per type, dp) differ in micro-batch only
+            if (si, i, dp, o) not in placed:
+                placed[si, i, dp, o] = _Rows(ctx, pt, order)
+            rows = placed[si, i, dp, o]
             found = _balanced(ctx, rows, pt.mb, pt.m)
             if found is None:
                 continue
@@ -146,6 +149,22 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
                 best, best_key, (value, (si, i, dp, o, j)), value,
                 lambda: build(ctx, rows, bounds, pt.mb, pt.m))  # noqa: B023 (called at once)
     return best
+
+
+class _Rows(list):
+    """The replicas' rows of tp groups for one stage order of a grid point (replica r's
+    groups of type t: its units r, r + dp, ...), with their `cut_links` once asked."""
+
+    def __init__(self, ctx, pt: GridPoint, order: tuple[str, ...]):
+        strided = {t: [pt.pools[t].units[r::pt.dp] for r in range(pt.dp)]
+                   for t in pt.types}
+        super().__init__(list(itertools.chain.from_iterable(strided[t][r] for t in order))
+                         for r in range(pt.dp))
+        self._cost = ctx.cost
+
+    @functools.cached_property
+    def links(self) -> list:
+        return cut_links(self._cost, self)
 
 
 def _grid(ctx, si: int, types: tuple[str, ...], prune: bool) -> list[GridPoint]:
@@ -237,7 +256,7 @@ def _capacity(caches: PeerCaches, table: GroupTable, inflight: int) -> int:
     return memo[key]
 
 
-def _balanced(ctx, rows, mb: int, m: int) -> tuple[float, list[int]] | None:
+def _balanced(ctx, rows: _Rows, mb: int, m: int) -> tuple[float, list[int]] | None:
     cost, n = ctx.cost, ctx.model.num_layers
     pp = len(rows[0])
     tables = [group_table(cost, rows[0][k], mb, ctx.peers) for k in range(pp)]
@@ -249,7 +268,7 @@ def _balanced(ctx, rows, mb: int, m: int) -> tuple[float, list[int]] | None:
         bounds = balance_memory(bounds, tables, inflight)
         if bounds is None:
             return None
-    e = p2p_s(cost, rows, bounds, mb) + [0.0]
+    e = p2p_s(cost, rows.links, bounds, mb) + [0.0]
     stage = [float(tab.time_s[b] - tab.time_s[a]) + ek
              for tab, a, b, ek in zip(tables, bounds, bounds[1:], e, strict=False)]
     return metis_cost_s(stage, m, sync_s(cost, rows, bounds)), bounds
