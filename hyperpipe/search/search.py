@@ -15,6 +15,10 @@ Five phases, each reported with the candidates it saw, pruned and found infeasib
 5. baselines (`baselines`, `peers`): tuned uniform/proportional plans and the Metis and
    AMP picks, judged by the same simulator; the report says when one beats the pick.
 
+With a worker pool, the templates (phase 1, then those to combine at shared configs)
+are cut over the pool while this process works out the baselines' plans (phase 5, which
+needs nothing of the templates); the rest runs here, the simulations over the pool.
+
 Objectives: least iteration time, or least USD per million tokens; the result carries
 the (time, cost) Pareto front of the simulated plans either way.
 """
@@ -34,8 +38,9 @@ from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan
 from hyperpipe.search import space
-from hyperpipe.search.backends import backend_or_workers, fan_out
+from hyperpipe.search.backends import backend_or_workers
 from hyperpipe.search.baselines import tuned_baselines
+from hyperpipe.search.caches import BookKey
 from hyperpipe.search.evaluate import (
     Candidate,
     count_actions,
@@ -56,9 +61,10 @@ from hyperpipe.search.templates import (
     PhaseStats,
     SearchContext,
     Template,
+    fill_book,
     objective_value,
+    start_templates,
     templates_at,
-    templates_phase,
 )
 from hyperpipe.sim.costmodel import CostModel
 
@@ -177,14 +183,7 @@ def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]
         if len(blocks) == 1:
             choices = [(t,) for t in templates_at(ctx, phase, tuple(blocks[0]), None)]
         else:
-            firsts = [templates_at(ctx, phase, tuple(b), None) for b in blocks]
-            if not all(firsts):
-                continue
-            # each block's favourite config, and smaller micro-batches of it: alone a
-            # block takes the whole batch, shared it gets fewer micro-batches
-            configs = dict.fromkeys(
-                (kind, v, b) for kind, v, mb in (f[0].config for f in firsts)
-                for b in [mb, *(x for x in space.micro_batches(c) if x < mb)])
+            configs = _shared_configs(ctx, phase, blocks)
             choices = []
             for cfg in configs:
                 options = [templates_at(ctx, phase, tuple(b), cfg)[:KEEP_PER_GROUP]
@@ -205,6 +204,32 @@ def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]
             total = _combined_time(tpls, big_m)
             price = sum(t.price_per_hour for t in tpls)
             yield Combo(objective_value(ctx, total, price), tpls)
+
+
+def _shared_configs(ctx: SearchContext, phase: PhaseStats, blocks: list
+                    ) -> list[tuple[str, int, int]]:
+    """The configs at which the blocks of one grouping are combined: each block's
+    favourite (the config of its best template), and smaller micro-batches of it (alone
+    a block takes the whole batch, shared it gets fewer micro-batches); none when a
+    block has no template."""
+    firsts = [templates_at(ctx, phase, tuple(b), None) for b in blocks]
+    if not all(firsts):
+        return []
+    return list(dict.fromkeys(
+        (kind, v, b) for kind, v, mb in (f[0].config for f in firsts)
+        for b in [mb, *(x for x in space.micro_batches(ctx.c) if x < mb)]))
+
+
+def _shared_config_templates(ctx: SearchContext, phase: PhaseStats, types: list[str],
+                             show, pool=None, width: int = 1) -> None:
+    """Part of phase 2, before the combinations: the templates of each block of a
+    grouping at each config it is combined at (`_shared_configs`) where none of the
+    block's kept templates has that config, over the worker `pool` (`fill_book`)."""
+    keys = dict.fromkeys(
+        BookKey(tuple(b), cfg) for blocks in space.type_groups(types) if len(blocks) > 1
+        for cfg in _shared_configs(ctx, phase, blocks) for b in blocks
+        if not any(t.config == cfg for t in templates_at(ctx, phase, tuple(b), None)))
+    fill_book(ctx, phase, list(keys), show, pool, width, "search: templates to combine")
 
 
 # ---------------------------------------------------------------------------- search
@@ -253,16 +278,17 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
 
     with backend_or_workers(backend, workers) as pool:
         width = backend.width if backend is not None else workers
-        types = _timed(phases[0], templates_phase, ctx, show, pool, width)
-        # the baselines need nothing of the templates: over the pool they run while
-        # this process assembles and refines (their phase time is then the wait)
-        baselines_done = _timed(phases[4], _baselines_phase, ctx, pool)
+        # the baselines need nothing of the templates: this process works them out
+        # while the pool cuts the templates (the templates' phase time is the wait)
+        templates_done = start_templates(ctx, pool, width)
+        base_plans = _timed(phases[4], _baselines_phase, ctx)
+        types = _timed(phases[0], _wait, templates_done, show)
+        _timed(phases[1], _shared_config_templates, ctx, types, show, pool, width)
         estimated = _timed(phases[1], _assemble_phase, ctx, types)
         if not estimated:
             raise InfeasiblePlan(_shortfall(ctx))
         estimated.sort(key=lambda cand: rank_key(c, cand.metrics))
         refined = _timed(phases[2], refine, ctx, dedupe(estimated), _refine_budget(ctx))
-        base_plans = _timed(phases[4], _collect, baselines_done)
         short = sorted(dedupe(refined + estimated),
                        key=lambda cand: rank_key(c, cand.metrics))
         ranked, baselines, seeds = _timed(phases[3], _simulate_phase, ctx, short,
@@ -364,33 +390,18 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
                        "heads", c.tp)
 
 
-def _baselines_phase(ctx: SearchContext, phase: PhaseStats, pool=None):
-    """Phase 5: the tuned baselines' short lists (one task: they share the grid's
-    sketches) and each peer planner's own pick (a task each), started over the worker
-    `pool` when there is one (else computed here, now). Returns a function that waits
-    for them: name -> plans."""
+def _baselines_phase(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Plan]]:
+    """Phase 5: the tuned baselines' short lists and each peer planner's own pick,
+    worked out here (`search` runs this while its pool cuts the templates): name ->
+    plans."""
     from hyperpipe.search.baselines import BASELINES
     from hyperpipe.search.peers import PEERS
-    groups = [tuple(BASELINES), *((name,) for name in PEERS)]
-    cost = ctx.cost
-    wait = fan_out(pool, groups, lambda names: _baseline_work(ctx, names), _baseline_task,
-                   lambda names: (cost.model, cost.cluster, cost.profile, ctx.c, names))
-    if pool is None:
-        results = list(wait())
-        wait = lambda: iter(results)        # noqa: E731
-
-    def done() -> dict[str, list[Plan]]:
-        out: dict[str, list[Plan]] = {}
-        for found, counts in wait():
-            phase.add(counts)
-            out.update(found)
-        return out
-    return done
-
-
-def _collect(done, phase: PhaseStats) -> dict[str, list[Plan]]:
-    """The baselines' short lists, once `_baselines_phase`'s tasks are done."""
-    return done()
+    out: dict[str, list[Plan]] = {}
+    for names in [tuple(BASELINES), *((name,) for name in PEERS)]:
+        found, counts = _baseline_work(ctx, names)
+        phase.add(counts)
+        out.update(found)
+    return out
 
 
 def _baseline_work(ctx: SearchContext, names: tuple[str, ...]
@@ -409,17 +420,15 @@ def _baseline_work(ctx: SearchContext, names: tuple[str, ...]
     return found, phase.counts()
 
 
-def _baseline_task(args) -> tuple[dict[str, list[Plan]], PhaseCounts]:
-    """`_baseline_work` in a worker process (its own caches)."""
-    model, cluster, profile, constraints, names = args
-    return _baseline_work(SearchContext(CostModel(model, cluster, profile), constraints),
-                          names)
-
-
 def _refine_budget(ctx: SearchContext) -> int:
     """Analytic estimates for refining: REFINE_BUDGET on small clusters, fewer on large
     ones, where each estimate walks more pipelines (about the same time either way)."""
     return max(REFINE_BUDGET // 10, REFINE_BUDGET * 64 // max(64, len(ctx.cluster.devices)))
+
+
+def _wait(done, phase: PhaseStats, *args):
+    """`done(phase, *args)`: a started piece of a phase waited for, under `_timed`."""
+    return done(phase, *args)
 
 
 def _timed(phase: PhaseStats, fn, *args):

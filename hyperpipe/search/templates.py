@@ -723,50 +723,110 @@ def all_configs(ctx: SearchContext) -> list[tuple[str, int, int]]:
 def templates_phase(ctx: SearchContext, phase: PhaseStats, show, pool=None, width: int = 1
                     ) -> list[str]:
     """Phase 1: the best templates of every group of device types (all configs), the
-    groups spread over the worker `pool` when there is one: one task per worker (`width`
-    run at once), each a batch of groups of about equal work, so that a worker's caches
-    (layer tables, stage matrices) serve all its groups."""
-    from hyperpipe.core.progress import Progress
-    from hyperpipe.search.backends import fan_out
+    groups spread over the worker `pool` when there is one (`fill_book`)."""
+    return start_templates(ctx, pool, width)(phase, show)
+
+
+def start_templates(ctx: SearchContext, pool=None, width: int = 1):
+    """Phase 1 started over `pool` (computed when waited for, without one); returns a
+    function of (phase, show) that waits for it and returns the device classes."""
     types = list(ctx.classes)
     subsets = [s for r in range(len(types), 0, -1)
                for s in itertools.combinations(types, r)]
-    batches = [[s] for s in subsets] if pool is None else _batches(subsets, width)
+    wait = start_book(ctx, [BookKey(s, None) for s in subsets], pool, width)
+
+    def done(phase: PhaseStats, show) -> list[str]:
+        wait(phase, show, "search: templates")
+        return types
+    return done
+
+
+def fill_book(ctx: SearchContext, phase: PhaseStats, keys: list[BookKey], show,
+              pool=None, width: int = 1, label: str = "search: templates") -> None:
+    """`ctx.book[key]` for each of `keys`: `start_book`, waited for."""
+    start_book(ctx, keys, pool, width)(phase, show, label)
+
+
+def start_book(ctx: SearchContext, keys: list[BookKey], pool=None, width: int = 1):
+    """Start `ctx.book[key]` for each of `keys` (a group over all configs, or at one
+    config that none of its kept templates has) over the worker `pool` when there is
+    one: one task per worker (`width` run at once), each a batch of keys of about equal
+    work, so that a worker's caches (layer tables, stage matrices) serve all its keys.
+    Returns a function of (phase, show, label) that waits for them (computing them
+    here without a pool), with a progress bar, and counts them in `phase`."""
+    from hyperpipe.core.progress import Progress
+    from hyperpipe.search.backends import fan_out
+    keys = [k for k in keys if k not in ctx.book]
+    batches = [[k] for k in keys] if pool is None else _batches(keys, width)
     cost = ctx.cost
     results = fan_out(pool, batches, lambda batch: _group_work(ctx, batch), _group_task,
                       lambda batch: (cost.model, cost.cluster, cost.profile, ctx.c, batch))
-    with Progress(len(batches), "search: templates", enabled=show) as bar:
-        for batch, (found, counts) in zip(batches, results(), strict=True):
-            for subset, templates in zip(batch, found, strict=True):
-                ctx.book[BookKey(subset, None)] = templates
-            phase.add(counts)
-            bar.advance()
-    return types
+
+    def wait(phase: PhaseStats, show, label: str) -> None:
+        if not batches:
+            return
+        with Progress(len(batches), label, enabled=show) as bar:
+            for batch, (found, counts) in zip(batches, results(), strict=True):
+                for key, templates in zip(batch, found, strict=True):
+                    ctx.book[key] = templates
+                phase.add(counts)
+                bar.advance()
+    return wait
 
 
-def _batches(subsets: list[tuple[str, ...]], n: int) -> list[list[tuple[str, ...]]]:
-    """`subsets` in at most `n` batches of about equal work, largest first onto the
-    least loaded (a group of k types costs about 2^k: its keys are as many, its cuts
-    mix more tables)."""
-    loads = [0] * min(n, len(subsets))
-    batches: list[list[tuple[str, ...]]] = [[] for _ in loads]
-    for subset in sorted(subsets, key=len, reverse=True):
+# A group's templates over all configs cost about this many times its templates at one
+# config (scale-1024, gpt3-13b: 3.7 s a group against 0.19 s a group and config)
+ALL_CONFIGS_WORK = 20
+
+
+def book_work(key: BookKey) -> int:
+    """A key's work relative to others: a group of k types costs about 2^k per config
+    (its keys are as many, its cuts mix more tables)."""
+    return 2 ** len(key.types) * (ALL_CONFIGS_WORK if key.config is None else 1)
+
+
+def _batches(items: list, n: int, work=book_work) -> list[list]:
+    """`items` in at most `n` batches of about equal `work`, largest first onto the
+    least loaded."""
+    loads = [0] * min(n, len(items))
+    batches: list[list] = [[] for _ in loads]
+    for item in sorted(items, key=work, reverse=True):
         i = loads.index(min(loads))
-        batches[i].append(subset)
-        loads[i] += 2 ** len(subset)
+        batches[i].append(item)
+        loads[i] += work(item)
     return batches
 
 
-def _group_work(ctx: SearchContext, batch: list[tuple[str, ...]]
+def _group_work(ctx: SearchContext, batch: list[BookKey]
                 ) -> tuple[list[list[Template]], PhaseCounts]:
     """A batch of type groups' templates (one context, its caches shared by the batch),
-    with the phase counters it adds."""
+    with the phase counters it adds: over all configs, or at the one a key names."""
     phase = PhaseStats("templates")
-    found = [templates_at(ctx, phase, subset, None) for subset in batch]
+    found = [templates_at(ctx, phase, key.types, None) if key.config is None
+             else group_templates(ctx, phase, key.types, [key.config]) for key in batch]
     return found, phase.counts()
 
 
 def _group_task(args) -> tuple[list[list[Template]], PhaseCounts]:
-    """`_group_work` in a worker process (its own context)."""
+    """`_group_work` in a worker process (`worker_context`)."""
     model, cluster, profile, constraints, batch = args
-    return _group_work(SearchContext(CostModel(model, cluster, profile), constraints), batch)
+    return _group_work(worker_context(model, cluster, profile, constraints), batch)
+
+
+# A worker process's context of its last task: the tasks of one search (its templates,
+# then the templates to combine) find its tables warm. Caches only: no result depends
+# on whether a task found it.
+_last_context: list[SearchContext] = []
+
+
+def worker_context(model, cluster, profile, constraints) -> SearchContext:
+    """A search context for these inputs in a worker process: its last task's when the
+    inputs are equal, else a new one (which replaces it)."""
+    if _last_context:
+        ctx = _last_context[0]
+        if ctx.c == constraints and ctx.cost.profile == profile \
+                and ctx.cost.model == model and ctx.cost.cluster == cluster:
+            return ctx
+    ctx = SearchContext(CostModel(model, cluster, profile), constraints)
+    _last_context[:] = [ctx]
+    return ctx
