@@ -38,7 +38,7 @@ from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan
 from hyperpipe.search import space
-from hyperpipe.search.backends import backend_or_workers
+from hyperpipe.search.backends import backend_or_workers, fan_out
 from hyperpipe.search.baselines import tuned_baselines
 from hyperpipe.search.caches import BookKey
 from hyperpipe.search.evaluate import (
@@ -61,10 +61,11 @@ from hyperpipe.search.templates import (
     PhaseStats,
     SearchContext,
     Template,
-    fill_book,
     objective_value,
-    start_templates,
+    start_book,
     templates_at,
+    type_subsets,
+    worker_context,
 )
 from hyperpipe.sim.costmodel import CostModel
 
@@ -220,16 +221,44 @@ def _shared_configs(ctx: SearchContext, phase: PhaseStats, blocks: list
         for b in [mb, *(x for x in space.micro_batches(ctx.c) if x < mb)]))
 
 
-def _shared_config_templates(ctx: SearchContext, phase: PhaseStats, types: list[str],
-                             show, pool=None, width: int = 1) -> None:
-    """Part of phase 2, before the combinations: the templates of each block of a
-    grouping at each config it is combined at (`_shared_configs`) where none of the
-    block's kept templates has that config, over the worker `pool` (`fill_book`)."""
-    keys = dict.fromkeys(
-        BookKey(tuple(b), cfg) for blocks in space.type_groups(types) if len(blocks) > 1
-        for cfg in _shared_configs(ctx, phase, blocks) for b in blocks
-        if not any(t.config == cfg for t in templates_at(ctx, phase, tuple(b), None)))
-    fill_book(ctx, phase, list(keys), show, pool, width, "search: templates to combine")
+def _templates(ctx: SearchContext, phases: list[PhaseStats], show, pool, peers: bool
+               ) -> tuple[list[str], dict[str, list[Plan]]]:
+    """Phase 1, the templates each block of a grouping needs at the configs it is
+    combined at (`_shared_configs`, where none of its kept templates has one: part of
+    phase 2), and phase 5, overlapped: with a pool, the groups are cut over it while
+    this process works out the baselines (which need nothing of the templates), and a
+    grouping's templates to combine are started as soon as its blocks are in the book
+    (every group but the whole set of classes is a block of some grouping). The device
+    classes, and the baselines' plans."""
+    types = list(ctx.classes)
+    groupings = [blocks for blocks in space.type_groups(types) if len(blocks) > 1]
+    combine: list = []               # waiters of the templates to combine
+    started: set[BookKey] = set()
+
+    def ready(_: BookKey) -> None:
+        for blocks in [g for g in groupings
+                       if all(BookKey(tuple(b), None) in ctx.book for b in g)]:
+            groupings.remove(blocks)
+            keys = [k for cfg in _shared_configs(ctx, phases[1], blocks) for b in blocks
+                    if (k := BookKey(tuple(b), cfg)) not in started and not any(
+                        t.config == cfg for t in templates_at(ctx, phases[1], k.types, None))]
+            started.update(keys)
+            combine.append(start_book(ctx, keys, pool))
+
+    whole = [BookKey(tuple(types), None)]         # a block of no grouping: waited last
+    wait_whole = start_book(ctx, whole, pool)
+    wait_parts = start_book(ctx, [BookKey(s, None) for s in type_subsets(types)
+                                  if len(s) < len(types)], pool)
+    base_plans = _timed(phases[4], _baselines_phase, ctx, peers)
+    t0 = time.perf_counter()
+    wait_parts(phases[0], show, "search: templates", ready)
+    wait_whole(phases[0], show, "search: templates")
+    t1 = time.perf_counter()
+    for wait in combine:
+        wait(phases[1], show, "search: templates to combine")
+    phases[0].seconds += t1 - t0
+    phases[1].seconds += time.perf_counter() - t1
+    return types, base_plans
 
 
 # ---------------------------------------------------------------------------- search
@@ -256,11 +285,14 @@ def _shortfall(ctx: SearchContext) -> str:
 
 def search(model, cluster, constraints: SearchConstraints, *, profile=None, top: int = 5,
            workers: int = 1, progress: bool = False, backend=None,
-           quiet: bool = False) -> SearchResult:
+           quiet: bool = False, peers: bool = True) -> SearchResult:
     """Find the best plans for `model` on `cluster` under `constraints`. Independent
     work is spread over `backend` (`hyperpipe.search.backends`, already entered) when
     given, else over `workers` local processes. Progress bars on stderr: on a terminal,
     always with `progress`, never with `quiet`.
+
+    `peers` False leaves the peer planners (Metis, AMP) out: `baselines` then holds the
+    tuned ones alone (the seeds), for callers that read the pick alone.
 
     Raises InfeasiblePlan (one line saying what is short) when nothing fits, BadInput
     when the constraints contradict the cluster.
@@ -277,14 +309,8 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
               PhaseStats("simulate"), PhaseStats("baselines")]
 
     with backend_or_workers(backend, workers) as pool:
-        width = backend.width if backend is not None else workers
-        # the baselines need nothing of the templates: this process works them out
-        # while the pool cuts the templates (the templates' phase time is the wait)
-        templates_done = start_templates(ctx, pool, width)
-        base_plans = _timed(phases[4], _baselines_phase, ctx)
-        types = _timed(phases[0], _wait, templates_done, show)
-        _timed(phases[1], _shared_config_templates, ctx, types, show, pool, width)
-        estimated = _timed(phases[1], _assemble_phase, ctx, types)
+        types, base_plans = _templates(ctx, phases, show, pool, peers)
+        estimated = _timed(phases[1], _assemble_phase, ctx, types, pool)
         if not estimated:
             raise InfeasiblePlan(_shortfall(ctx))
         estimated.sort(key=lambda cand: rank_key(c, cand.metrics))
@@ -390,14 +416,15 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
                        "heads", c.tp)
 
 
-def _baselines_phase(ctx: SearchContext, phase: PhaseStats) -> dict[str, list[Plan]]:
-    """Phase 5: the tuned baselines' short lists and each peer planner's own pick,
-    worked out here (`search` runs this while its pool cuts the templates): name ->
-    plans."""
+def _baselines_phase(ctx: SearchContext, phase: PhaseStats, peers: bool = True
+                     ) -> dict[str, list[Plan]]:
+    """Phase 5: the tuned baselines' short lists and (`peers`) each peer planner's own
+    pick, worked out here (`search` runs this while its pool cuts the templates):
+    name -> plans."""
     from hyperpipe.search.baselines import BASELINES
     from hyperpipe.search.peers import PEERS
     out: dict[str, list[Plan]] = {}
-    for names in [tuple(BASELINES), *((name,) for name in PEERS)]:
+    for names in [tuple(BASELINES), *((name,) for name in PEERS if peers)]:
         found, counts = _baseline_work(ctx, names)
         phase.add(counts)
         out.update(found)
@@ -426,11 +453,6 @@ def _refine_budget(ctx: SearchContext) -> int:
     return max(REFINE_BUDGET // 10, REFINE_BUDGET * 64 // max(64, len(ctx.cluster.devices)))
 
 
-def _wait(done, phase: PhaseStats, *args):
-    """`done(phase, *args)`: a started piece of a phase waited for, under `_timed`."""
-    return done(phase, *args)
-
-
 def _timed(phase: PhaseStats, fn, *args):
     t0 = time.perf_counter()
     try:
@@ -439,28 +461,52 @@ def _timed(phase: PhaseStats, fn, *args):
         phase.seconds += time.perf_counter() - t0     # a phase may be timed in parts
 
 
-def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str]
+def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str], pool=None
                     ) -> list[Candidate]:
     """Phase 2: combine type groups, split the batch, build plans, check them with the
-    analytic tier (out of memory: infeasible)."""
+    analytic tier (out of memory: infeasible), over the worker `pool`."""
     combos = list(_combinations(ctx, phase, types))
     best = assemble_picks([(tuple(t.types for t in combo.templates),
                             combo.templates[0].kind) for combo in combos],
                           [combo.value for combo in combos])
     phase.pruned += len(combos) - len(best)
-    out: list[Candidate] = []
+    plans: list[Plan] = []
     for tpls in (combos[i].templates for i in best):
         try:
-            plan = _build_plan(ctx, tpls)
+            plans.append(_build_plan(ctx, tpls))
         except InfeasiblePlan:
             phase.infeasible += 1
-            continue
-        metrics = estimate(plan, ctx.cost)
+    out: list[Candidate] = []
+    for plan, metrics in zip(plans, estimate_all(ctx, plans, pool), strict=True):
         if metrics.oom:
             phase.infeasible += 1
             continue
         out.append(Candidate(plan, metrics))
     return out
+
+
+ESTIMATES_PER_TASK = 16     # plans a worker estimates in one task (its caches shared)
+
+
+def estimate_all(ctx: SearchContext, plans: list[Plan], pool=None) -> list:
+    """The analytic tier's metrics of each plan, over the worker `pool` (None: here), in
+    tasks of ESTIMATES_PER_TASK plans."""
+    chunks = [plans[i:i + ESTIMATES_PER_TASK]
+              for i in range(0, len(plans), ESTIMATES_PER_TASK)]
+    cost = ctx.cost
+    results = fan_out(pool, chunks, lambda chunk: [estimate(p, cost) for p in chunk],
+                      _estimate_task,
+                      lambda chunk: (cost.model, cost.cluster, cost.profile, ctx.c, chunk),
+                      at_least=2)
+    return [m for got in results() for m in got]
+
+
+def _estimate_task(args) -> list:
+    """`estimate` of a chunk of plans in a worker process (`worker_context`'s cost
+    model, whose caches the worker's other tasks share)."""
+    model, cluster, profile, constraints, chunk = args
+    cost = worker_context(model, cluster, profile, constraints).cost
+    return [estimate(p, cost) for p in chunk]
 
 
 def assemble_picks(keys: list[tuple[tuple, str]], values: list[float]) -> list[int]:

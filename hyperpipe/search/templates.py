@@ -720,57 +720,50 @@ def all_configs(ctx: SearchContext) -> list[tuple[str, int, int]]:
             for mb in space.micro_batches(ctx.c)]
 
 
-def templates_phase(ctx: SearchContext, phase: PhaseStats, show, pool=None, width: int = 1
-                    ) -> list[str]:
+def templates_phase(ctx: SearchContext, phase: PhaseStats, show, pool=None) -> list[str]:
     """Phase 1: the best templates of every group of device types (all configs), the
     groups spread over the worker `pool` when there is one (`fill_book`)."""
-    return start_templates(ctx, pool, width)(phase, show)
-
-
-def start_templates(ctx: SearchContext, pool=None, width: int = 1):
-    """Phase 1 started over `pool` (computed when waited for, without one); returns a
-    function of (phase, show) that waits for it and returns the device classes."""
     types = list(ctx.classes)
-    subsets = [s for r in range(len(types), 0, -1)
-               for s in itertools.combinations(types, r)]
-    wait = start_book(ctx, [BookKey(s, None) for s in subsets], pool, width)
+    fill_book(ctx, phase, [BookKey(s, None) for s in type_subsets(types)], show, pool)
+    return types
 
-    def done(phase: PhaseStats, show) -> list[str]:
-        wait(phase, show, "search: templates")
-        return types
-    return done
+
+def type_subsets(types: list[str]) -> list[tuple[str, ...]]:
+    """Every non-empty subset of the device classes, the largest first."""
+    return [s for r in range(len(types), 0, -1) for s in itertools.combinations(types, r)]
 
 
 def fill_book(ctx: SearchContext, phase: PhaseStats, keys: list[BookKey], show,
-              pool=None, width: int = 1, label: str = "search: templates") -> None:
+              pool=None, label: str = "search: templates") -> None:
     """`ctx.book[key]` for each of `keys`: `start_book`, waited for."""
-    start_book(ctx, keys, pool, width)(phase, show, label)
+    start_book(ctx, keys, pool)(phase, show, label)
 
 
-def start_book(ctx: SearchContext, keys: list[BookKey], pool=None, width: int = 1):
+def start_book(ctx: SearchContext, keys: list[BookKey], pool=None):
     """Start `ctx.book[key]` for each of `keys` (a group over all configs, or at one
     config that none of its kept templates has) over the worker `pool` when there is
-    one: one task per worker (`width` run at once), each a batch of keys of about equal
-    work, so that a worker's caches (layer tables, stage matrices) serve all its keys.
-    Returns a function of (phase, show, label) that waits for them (computing them
-    here without a pool), with a progress bar, and counts them in `phase`."""
+    one: a task per key, the most work first (`book_work`), so that the pool's workers
+    finish together; a worker's caches (layer tables, stage matrices) serve all its
+    tasks (`worker_context`). Returns a function of (phase, show, label, each) that
+    waits for them (computing them here without a pool), with a progress bar, counts
+    them in `phase` and calls `each(key)` (when given) once a key is in the book."""
     from hyperpipe.core.progress import Progress
     from hyperpipe.search.backends import fan_out
-    keys = [k for k in keys if k not in ctx.book]
-    batches = [[k] for k in keys] if pool is None else _batches(keys, width)
+    todo = sorted((k for k in keys if k not in ctx.book), key=book_work, reverse=True)
     cost = ctx.cost
-    results = fan_out(pool, batches, lambda batch: _group_work(ctx, batch), _group_task,
-                      lambda batch: (cost.model, cost.cluster, cost.profile, ctx.c, batch))
+    results = fan_out(pool, todo, lambda key: _group_work(ctx, key), _group_task,
+                      lambda key: (cost.model, cost.cluster, cost.profile, ctx.c, key))
 
-    def wait(phase: PhaseStats, show, label: str) -> None:
-        if not batches:
+    def wait(phase: PhaseStats, show, label: str, each=None) -> None:
+        if not todo:
             return
-        with Progress(len(batches), label, enabled=show) as bar:
-            for batch, (found, counts) in zip(batches, results(), strict=True):
-                for key, templates in zip(batch, found, strict=True):
-                    ctx.book[key] = templates
+        with Progress(len(todo), label, enabled=show) as bar:
+            for key, (templates, counts) in zip(todo, results(), strict=True):
+                ctx.book[key] = templates
                 phase.add(counts)
                 bar.advance()
+                if each is not None:
+                    each(key)
     return wait
 
 
@@ -785,32 +778,19 @@ def book_work(key: BookKey) -> int:
     return 2 ** len(key.types) * (ALL_CONFIGS_WORK if key.config is None else 1)
 
 
-def _batches(items: list, n: int, work=book_work) -> list[list]:
-    """`items` in at most `n` batches of about equal `work`, largest first onto the
-    least loaded."""
-    loads = [0] * min(n, len(items))
-    batches: list[list] = [[] for _ in loads]
-    for item in sorted(items, key=work, reverse=True):
-        i = loads.index(min(loads))
-        batches[i].append(item)
-        loads[i] += work(item)
-    return batches
-
-
-def _group_work(ctx: SearchContext, batch: list[BookKey]
-                ) -> tuple[list[list[Template]], PhaseCounts]:
-    """A batch of type groups' templates (one context, its caches shared by the batch),
-    with the phase counters it adds: over all configs, or at the one a key names."""
+def _group_work(ctx: SearchContext, key: BookKey) -> tuple[list[Template], PhaseCounts]:
+    """A type group's templates over all configs, or at the one `key` names, with the
+    phase counters it adds."""
     phase = PhaseStats("templates")
-    found = [templates_at(ctx, phase, key.types, None) if key.config is None
-             else group_templates(ctx, phase, key.types, [key.config]) for key in batch]
+    found = templates_at(ctx, phase, key.types, None) if key.config is None \
+        else group_templates(ctx, phase, key.types, [key.config])
     return found, phase.counts()
 
 
-def _group_task(args) -> tuple[list[list[Template]], PhaseCounts]:
+def _group_task(args) -> tuple[list[Template], PhaseCounts]:
     """`_group_work` in a worker process (`worker_context`)."""
-    model, cluster, profile, constraints, batch = args
-    return _group_work(worker_context(model, cluster, profile, constraints), batch)
+    model, cluster, profile, constraints, key = args
+    return _group_work(worker_context(model, cluster, profile, constraints), key)
 
 
 # A worker process's context of its last task: the tasks of one search (its templates,

@@ -141,7 +141,7 @@ def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, 
     plan = planning.plan
     if plan is None:
         plan = search(spec, search_view(base), c, profile=profile, top=1, workers=workers,
-                      backend=backend).best.plan
+                      backend=backend, peers=False).best.plan
     cost = CostModel(spec, base, profile)
     today = Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)
     nodes = tuple(dict.fromkeys(base.device(d).node for d in plan.devices))
@@ -256,7 +256,7 @@ def _replan(spec, cluster: Cluster, failed: str, c: SearchConstraints, profile,
     error = None
     try:
         res = search(spec, search_view(smaller), c, profile=profile, top=1, workers=workers,
-                     backend=backend)
+                     backend=backend, peers=False)
         found.append((Candidate(res.best.plan, simulate(res.best.plan, cost, SimOptions(
             trace=False)).metrics), "search"))
     except InfeasiblePlan as exc:

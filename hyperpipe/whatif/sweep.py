@@ -199,7 +199,8 @@ def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile
         quiet = bar.enabled          # one bar: the searches inside stay silent under it
         if stragglers and plan is None:     # today's plan: the best on the cluster as given
             plan = search(model, search_view(cluster), c, profile=profile, top=1,
-                          workers=one, backend=backend, quiet=quiet).best.plan
+                          workers=one, backend=backend, quiet=quiet,
+                          peers=False).best.plan
             tasks = [replace(t, keep=plan) for t in tasks]
             bar.advance(note="the cluster as given")
         tasks = [replace(t, quiet=quiet) for t in tasks]
@@ -232,7 +233,7 @@ def evaluate_variant(task: VariantTask) -> Row:
     view = search_view(variant)
     try:
         res = search(task.model, view, task.constraints, profile=task.profile,
-                     top=1, workers=task.workers, quiet=task.quiet)
+                     top=1, workers=task.workers, quiet=task.quiet, peers=False)
     except InfeasiblePlan as exc:
         if kept is not None and kept.metrics.feasible:
             return Row(settings, n, kept, None, kept=kept, kept_is_answer=True,

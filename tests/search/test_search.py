@@ -18,6 +18,7 @@ from hyperpipe.plan.plan import load_plan
 from hyperpipe.search import partition as P
 from hyperpipe.search import space, templates
 from hyperpipe.search.baselines import layer_counts, proportional_plan, uniform_plan
+from hyperpipe.search.caches import BookKey
 from hyperpipe.search.context import PhaseStats, SearchContext
 from hyperpipe.search.search import SearchConstraints, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
@@ -340,9 +341,9 @@ def test_workers_give_the_same_result():
         [two.phases[0][k] for k in ("seen", "pruned", "infeasible")]
 
 
-def test_templates_batched_over_a_pool_are_those_made_one_by_one():
+def test_templates_over_a_pool_are_those_made_one_by_one():
     from hyperpipe.search.backends import LocalBackend
-    from hyperpipe.search.templates import _batches, templates_phase
+    from hyperpipe.search.templates import book_work, templates_phase
     model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
     c = SearchConstraints(global_batch=32, micro_batch=2)
     books = []
@@ -350,16 +351,14 @@ def test_templates_batched_over_a_pool_are_those_made_one_by_one():
         ctx = SearchContext(CostModel(model, cluster), c)
         phase = PhaseStats("templates")
         with LocalBackend(width) as pool:
-            templates_phase(ctx, phase, False, pool if width > 1 else None, width)
+            templates_phase(ctx, phase, False, pool if width > 1 else None)
         books.append((ctx.book, (phase.seen, phase.pruned, phase.infeasible)))
     assert books[0][0] and books[0] == books[1]
-    groups = [("a", "b", "c"), ("a", "b"), ("a", "c"), ("b", "c"), ("a",), ("b",), ("c",)]
-    for n in (1, 2, 3, 10):
-        batches = _batches(groups, n, lambda g: 2 ** len(g))
-        assert len(batches) == min(n, len(groups))
-        assert sorted(g for b in batches for g in b) == sorted(groups)
-    loads = [sum(2 ** len(g) for g in b) for b in _batches(groups, 2, lambda g: 2 ** len(g))]
-    assert max(loads) - min(loads) <= 2         # within the smallest group's work
+    # the most work first: a group over all configs before one at a config, more types
+    # before fewer
+    assert book_work(BookKey(("a", "b"), None)) > book_work(BookKey(("a", "b", "c"),
+                                                                     ("1f1b", 1, 2)))
+    assert book_work(BookKey(("a", "b"), None)) > book_work(BookKey(("a",), None))
 
 
 @pytest.mark.parametrize("flags,word", [(["--tp", "16"], "--tp"),
@@ -568,3 +567,16 @@ def test_constraints_admit_only_plans_that_keep_what_they_fix():
                       ({"schedule": "gpipe" if plan.schedule != "gpipe" else "1f1b"}, False),
                       ({"stack": "megatron-deepspeed"}, False)]:
         assert replace(c, **fixed).admits(plan) is ok, fixed
+
+
+def test_leaving_the_peers_out_keeps_the_pick():
+    """The peer planners are comparators, never seeds: without them the pick and the
+    ranking are the same, and the baselines are the tuned ones alone."""
+    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    c = SearchConstraints(global_batch=32, micro_batch=2)
+    full = search(model, cluster, c, top=3)
+    lean = search(model, cluster, c, top=3, peers=False)
+    assert {"metis", "amp"} <= set(full.baselines)
+    assert set(lean.baselines) == set(full.baselines) - {"metis", "amp"}
+    assert [x.plan for x in lean.ranked] == [x.plan for x in full.ranked]
+    assert lean.phases[4]["seen"] < full.phases[4]["seen"]
