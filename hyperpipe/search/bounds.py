@@ -17,6 +17,8 @@ before they are cut, which sees two things the cheap bound does not:
   that fit in B (`LayerCaps.in_time`), and no more than its memory allows; the least B
   for which the units hold the model's layers bounds the busiest device's load from
   below (the fractional spread does not see that 98 layers on 64 stages put 2 on some).
+  And every device holds a layer per chunk, so its load is at least its class's v
+  fastest layers (`_chunks_floor_s`: a slow class must take some, however slow).
 
 * **ZeRO-2/3's collectives.** Under ZeRO-2/3 every micro-batch gathers weights and
   reduce-scatters gradients layer by layer over the stage's replicas, on one
@@ -169,7 +171,8 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         if math.isinf(got.load_s):
             continue
         whole = dict(zip(used, got.whole_s, strict=True))
-        load = max(got.load_s, 1.0 / sum(recipe[t] / whole[t] for t in used))
+        load = max(got.load_s, 1.0 / sum(recipe[t] / whole[t] for t in used),
+                   _chunks_floor_s(ctx, used, fast, mb, mode, shards, cache, recipe, v))
         fill = fill_bound_s(kind, v, whole, dict(zip(used, got.forward_s, strict=True)))
         sync = 1.0 / sum(recipe[t] * shards / optimizer_s[t] for t in used) \
             if all(optimizer_s[t] for t in used) else 0.0
@@ -225,6 +228,25 @@ def _mode_load_s(ctx, whole_caps: dict[str, LayerCaps], fast: dict[str, tuple[st
             return math.inf
         load = max(load, _least_load_s(caps, room, need))
     return load
+
+
+def _chunks_floor_s(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: int,
+                    mode: MemoryMode, shards: int, cache, recipe: dict[str, int], v: int
+                    ) -> float:
+    """A floor under the busiest device's load from whole layers per device: each of a
+    pipeline's devices holds v chunks of at least one layer each, so at least v layers
+    (its v fastest, at best). At most `LayerCaps.left_out` devices hold one of the
+    cheap layers `layer_caps(reduced=True)` leaves out, so a class with more units than
+    that has a unit holding v layers of the reduced set."""
+    floor = 0.0
+    for t in used:
+        caps = layer_caps(ctx, fast[t], mb, mode, shards, cache, True)
+        if caps is None or recipe[t] <= caps.left_out:
+            caps = layer_caps(ctx, fast[t], mb, mode, shards, cache)
+        prefix = caps.prefix_list()
+        if len(prefix) >= v:
+            floor = max(floor, prefix[v - 1])
+    return floor
 
 
 def _room(ctx, pool) -> float:

@@ -312,3 +312,26 @@ def test_template_sync_reduces_in_the_search_stacks_gradient_dtype(dtype, nbytes
     ring = T._ring_s(ctx, (("a100/0",), ("a100/1",)), ctx.cost.stage_params((0, n)) * nbytes)
     assert got == pytest.approx(step + ring, rel=1e-12)
     assert ring > 0
+
+
+def test_every_device_holds_a_layer_per_chunk():
+    """`bounds._chunks_floor_s`: a device of a pipeline with v chunks holds at least v
+    layers. With more L4 units than cheap layers (GPT-2's embedding and head), one L4
+    unit holds v transformer blocks: v x a block's least time (F + B, or F + I + W)
+    on an L4, from the cost model."""
+    model, cluster = load_model("gpt2-small"), load_cluster("h100-a100-l4")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=32))
+    pools = ctx.pools(1, 1)
+    l4 = next(t for t in ctx.classes if ctx.type_of(t).name == "L4")
+    unit = ctx.fastest_unit(pools[l4])
+    mode = ctx.modes(1, 1, 1, True, 1)[0]
+    cost, mb, block = ctx.cost, 2, 1
+    fb = sum(cost.layer_time_s(block, "L4", mb, op) for op in ("F", "B"))
+    fiw = sum(cost.layer_time_s(block, "L4", mb, op) for op in ("F", "I", "W"))
+    for v in (1, 2, 4):
+        floor = B._chunks_floor_s(ctx, [l4], {l4: unit}, mb, mode, 1, ctx.layer_caps,
+                                  {l4: 3}, v)
+        assert floor == pytest.approx(v * min(fb, fiw), rel=1e-9)
+    # two L4 units may both hold a cheap layer: the floor counts them in
+    assert B._chunks_floor_s(ctx, [l4], {l4: unit}, mb, mode, 1, ctx.layer_caps,
+                             {l4: 2}, 2) < 2 * min(fb, fiw)
