@@ -162,6 +162,11 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     for i in range(start, len(modes)):
         mode = modes[i]
         shards = dp * cp if mode.zero else 1
+        sync = 1.0 / sum(recipe[t] * shards / optimizer_s[t] for t in used) \
+            if all(optimizer_s[t] for t in used) else 0.0
+        if first is not None and _spread_value_s(ctx, used, fast, mb, mode, shards, cache,
+                                                 recipe, kind, v, m) + sync >= bound:
+            continue      # a later mode that cannot lower the bound: its memory is moot
         key = LoadKey(units, counts, mb, mode, shards, held, tuple(stage_held), tp * cp)
         got = ctx.mode_loads.get(key)
         if got is None:
@@ -174,8 +179,6 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         load = max(got.load_s, 1.0 / sum(recipe[t] / whole[t] for t in used),
                    _chunks_floor_s(ctx, used, fast, mb, mode, shards, cache, recipe, v))
         fill = fill_bound_s(kind, v, whole, dict(zip(used, got.forward_s, strict=True)))
-        sync = 1.0 / sum(recipe[t] * shards / optimizer_s[t] for t in used) \
-            if all(optimizer_s[t] for t in used) else 0.0
         value = max((m - 1) * load + fill, m * load) + sync
         if value <= cutoff_s:
             load = max(load, zero_collectives_s(ctx, kind, used, recipe, pools, tp, dp,
@@ -228,6 +231,20 @@ def _mode_load_s(ctx, whole_caps: dict[str, LayerCaps], fast: dict[str, tuple[st
             return math.inf
         load = max(load, _least_load_s(caps, room, need))
     return load
+
+
+def _spread_value_s(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: int,
+                    mode: MemoryMode, shards: int, cache, recipe: dict[str, int], kind: str,
+                    v: int, m: int) -> float:
+    """`key_bound`'s value in one mode before its memory checks and whole-layer load
+    (what they add only raises it): the load spread fractionally, the chunks' floor,
+    the fill; no sync."""
+    caps = {t: layer_caps(ctx, fast[t], mb, mode, shards, cache) for t in used}
+    whole = {t: float(c.time_prefix_s[-1]) for t, c in caps.items()}
+    load = max(1.0 / sum(recipe[t] / whole[t] for t in used),
+               _chunks_floor_s(ctx, used, fast, mb, mode, shards, cache, recipe, v))
+    fill = fill_bound_s(kind, v, whole, {t: c.forward_s for t, c in caps.items()})
+    return max((m - 1) * load + fill, m * load)
 
 
 def _chunks_floor_s(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: int,
