@@ -17,7 +17,8 @@ Five phases, each reported with the candidates it saw, pruned and found infeasib
 
 With a worker pool, the templates (phase 1, then those to combine at shared configs)
 are cut over the pool while this process works out the baselines' plans (phase 5, which
-needs nothing of the templates); the rest runs here, the simulations over the pool.
+needs nothing of the templates), so those phases' times overlap; the rest runs here,
+the estimates and simulations over the pool.
 
 Objectives: least iteration time, or least USD per million tokens; the result carries
 the (time, cost) Pareto front of the simulated plans either way.
@@ -228,8 +229,9 @@ def _templates(ctx: SearchContext, phases: list[PhaseStats], show, pool, peers: 
     phase 2), and phase 5, overlapped: with a pool, the groups are cut over it while
     this process works out the baselines (which need nothing of the templates), and a
     grouping's templates to combine are started as soon as its blocks are in the book
-    (every group but the whole set of classes is a block of some grouping). The device
-    classes, and the baselines' plans."""
+    (every group but the whole set of classes is a block of some grouping). Phase 1's
+    seconds run from its start, over phase 5's. The device classes, and the baselines'
+    plans."""
     types = list(ctx.classes)
     groupings = [blocks for blocks in space.type_groups(types) if len(blocks) > 1]
     combine: list = []               # waiters of the templates to combine
@@ -245,12 +247,12 @@ def _templates(ctx: SearchContext, phases: list[PhaseStats], show, pool, peers: 
             started.update(keys)
             combine.append(start_book(ctx, keys, pool))
 
+    t0 = time.perf_counter()
     whole = [BookKey(tuple(types), None)]         # a block of no grouping: waited last
     wait_whole = start_book(ctx, whole, pool)
     wait_parts = start_book(ctx, [BookKey(s, None) for s in type_subsets(types)
                                   if len(s) < len(types)], pool)
     base_plans = _timed(phases[4], _baselines_phase, ctx, peers)
-    t0 = time.perf_counter()
     wait_parts(phases[0], show, "search: templates", ready)
     wait_whole(phases[0], show, "search: templates")
     t1 = time.perf_counter()

@@ -18,7 +18,8 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -130,7 +131,7 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
     points.sort(key=lambda x: (x.floor_s, x.serial))
     best_key: tuple | None = None            # (time, serial) of the best so far
     best: PeerPick | None = None
-    placed: dict[tuple, _Rows] = {}         # (si, i, dp, order) -> its rows
+    placed: dict[tuple, _Placed] = {}       # (si, i, dp, order) -> its rows
     for pt in points:
         if best_key is not None and pt.floor_s > best_key[0]:
             break                            # the floors only grow from here
@@ -138,9 +139,9 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
         for o, order in enumerate(itertools.permutations(pt.types)):
             # the points of one (subset, tp per type, dp) differ in micro-batch only
             if (si, i, dp, o) not in placed:
-                placed[si, i, dp, o] = _Rows(ctx, pt, order)
-            rows = placed[si, i, dp, o]
-            found = _balanced(ctx, rows, pt.mb, pt.m)
+                placed[si, i, dp, o] = _placed(ctx, pt, order)
+            rows = placed[si, i, dp, o].rows
+            found = _balanced(ctx, placed[si, i, dp, o], pt.mb, pt.m)
             if found is None:
                 continue
             value, bounds = found
@@ -151,20 +152,24 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
     return best
 
 
-class _Rows(list):
-    """The replicas' rows of tp groups for one stage order of a grid point (replica r's
-    groups of type t: its units r, r + dp, ...), with their `cut_links` once asked."""
+@dataclass
+class _Placed:
+    """The replicas' rows of tp groups for one stage order of a grid point, with their
+    `cut_links` once asked."""
 
-    def __init__(self, ctx, pt: GridPoint, order: tuple[str, ...]):
-        strided = {t: [pt.pools[t].units[r::pt.dp] for r in range(pt.dp)]
-                   for t in pt.types}
-        super().__init__(list(itertools.chain.from_iterable(strided[t][r] for t in order))
-                         for r in range(pt.dp))
-        self._cost = ctx.cost
+    rows: list[list[tuple[str, ...]]]
+    cost: Any
 
     @functools.cached_property
     def links(self) -> list:
-        return cut_links(self._cost, self)
+        return cut_links(self.cost, self.rows)
+
+
+def _placed(ctx, pt: GridPoint, order: tuple[str, ...]) -> _Placed:
+    """Replica r's groups of type t: its units r, r + dp, ... (pt.per[t] of them)."""
+    strided = {t: [pt.pools[t].units[r::pt.dp] for r in range(pt.dp)] for t in pt.types}
+    return _Placed([list(itertools.chain.from_iterable(strided[t][r] for t in order))
+                    for r in range(pt.dp)], ctx.cost)
 
 
 def _grid(ctx, si: int, types: tuple[str, ...], prune: bool) -> list[GridPoint]:
@@ -256,8 +261,9 @@ def _capacity(caches: PeerCaches, table: GroupTable, inflight: int) -> int:
     return memo[key]
 
 
-def _balanced(ctx, rows: _Rows, mb: int, m: int) -> tuple[float, list[int]] | None:
+def _balanced(ctx, placed: _Placed, mb: int, m: int) -> tuple[float, list[int]] | None:
     cost, n = ctx.cost, ctx.model.num_layers
+    rows = placed.rows
     pp = len(rows[0])
     tables = [group_table(cost, rows[0][k], mb, ctx.peers) for k in range(pp)]
     speed = [n / float(tab.time_s[-1]) for tab in tables]   # layers/s, whole model
@@ -268,7 +274,7 @@ def _balanced(ctx, rows: _Rows, mb: int, m: int) -> tuple[float, list[int]] | No
         bounds = balance_memory(bounds, tables, inflight)
         if bounds is None:
             return None
-    e = p2p_s(cost, rows.links, bounds, mb) + [0.0]
+    e = p2p_s(cost, placed.links, bounds, mb) + [0.0]
     stage = [float(tab.time_s[b] - tab.time_s[a]) + ek
              for tab, a, b, ek in zip(tables, bounds, bounds[1:], e, strict=False)]
     return metis_cost_s(stage, m, sync_s(cost, rows, bounds)), bounds
