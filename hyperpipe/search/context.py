@@ -149,6 +149,12 @@ class SearchContext:
             return (units, same, tuple(nodes))
         return (units, same)
 
+    @property
+    def inputs(self) -> tuple:
+        """(model, cluster, profile, constraints): what a worker process needs to make
+        this context again (`worker_context`)."""
+        return (self.cost.model, self.cost.cluster, self.cost.profile, self.c)
+
     def ring_pattern(self, groups: tuple[tuple[str, ...], ...]) -> tuple:
         """A key for an all-reduce over `groups` under which rings that cost the same
         meet: group by group (the tp group's size sets the rings), each device as
@@ -391,3 +397,19 @@ def objective_time_s(ctx: SearchContext, value: float, price_per_hour: float) ->
         ok = price_per_hour > 0 and math.isfinite(price_per_hour)
         return value / price_per_hour if ok else math.inf
     return value
+
+
+# A worker process's context of its last task: the tasks of one search (its templates,
+# the templates to combine, the estimates) find its tables warm. Caches only: no result
+# depends on whether a task found it.
+_last_context: list[SearchContext] = []
+
+
+def worker_context(model, cluster, profile, constraints) -> SearchContext:
+    """A search context for these inputs (`SearchContext.inputs`) in a worker process:
+    its last task's when the inputs are equal, else a new one (which replaces it)."""
+    if _last_context and _last_context[0].inputs == (model, cluster, profile, constraints):
+        return _last_context[0]
+    ctx = SearchContext(CostModel(model, cluster, profile), constraints)
+    _last_context[:] = [ctx]
+    return ctx

@@ -62,6 +62,7 @@ from hyperpipe.search.templates import (
     PhaseStats,
     SearchContext,
     Template,
+    kept_at,
     objective_value,
     start_book,
     templates_at,
@@ -242,8 +243,8 @@ def _templates(ctx: SearchContext, phases: list[PhaseStats], show, pool, peers: 
                        if all(BookKey(tuple(b), None) in ctx.book for b in g)]:
             groupings.remove(blocks)
             keys = [k for cfg in _shared_configs(ctx, phases[1], blocks) for b in blocks
-                    if (k := BookKey(tuple(b), cfg)) not in started and not any(
-                        t.config == cfg for t in templates_at(ctx, phases[1], k.types, None))]
+                    if (k := BookKey(tuple(b), cfg)) not in started
+                    and not kept_at(ctx, phases[1], k.types, cfg)]
             started.update(keys)
             combine.append(start_book(ctx, keys, pool))
 
@@ -498,7 +499,7 @@ def estimate_all(ctx: SearchContext, plans: list[Plan], pool=None) -> list:
     cost = ctx.cost
     results = fan_out(pool, chunks, lambda chunk: [estimate(p, cost) for p in chunk],
                       _estimate_task,
-                      lambda chunk: (cost.model, cost.cluster, cost.profile, ctx.c, chunk),
+                      lambda chunk: (ctx.inputs, chunk),
                       at_least=2)
     return [m for got in results() for m in got]
 
@@ -506,8 +507,8 @@ def estimate_all(ctx: SearchContext, plans: list[Plan], pool=None) -> list:
 def _estimate_task(args) -> list:
     """`estimate` of a chunk of plans in a worker process (`worker_context`'s cost
     model, whose caches the worker's other tasks share)."""
-    model, cluster, profile, constraints, chunk = args
-    cost = worker_context(model, cluster, profile, constraints).cost
+    inputs, chunk = args
+    cost = worker_context(*inputs).cost
     return [estimate(p, cost) for p in chunk]
 
 

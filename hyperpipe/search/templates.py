@@ -49,9 +49,9 @@ from hyperpipe.search.context import (  # noqa: F401  (re-exported for the other
     SearchContext,
     objective_time_s,
     objective_value,
+    worker_context,
 )
 from hyperpipe.search.space import MemoryMode
-from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.network import ring_spec
 from hyperpipe.sim.sharding import (
     FsdpCost,
@@ -708,11 +708,18 @@ def templates_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
     key = BookKey(types, config)
     if key not in ctx.book:
         if config is not None:
-            have = [t for t in templates_at(ctx, phase, types, None) if t.config == config]
-            ctx.book[key] = have or group_templates(ctx, phase, types, [config])
+            ctx.book[key] = kept_at(ctx, phase, types, config) or \
+                group_templates(ctx, phase, types, [config])
         else:
             ctx.book[key] = group_templates(ctx, phase, types, all_configs(ctx))
     return ctx.book[key]
+
+
+def kept_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
+            config: tuple[str, int, int]) -> list[Template]:
+    """The templates a group kept over all configs that have `config` (none: its
+    templates at `config` must be cut for it)."""
+    return [t for t in templates_at(ctx, phase, types, None) if t.config == config]
 
 
 def all_configs(ctx: SearchContext) -> list[tuple[str, int, int]]:
@@ -722,9 +729,10 @@ def all_configs(ctx: SearchContext) -> list[tuple[str, int, int]]:
 
 def templates_phase(ctx: SearchContext, phase: PhaseStats, show, pool=None) -> list[str]:
     """Phase 1: the best templates of every group of device types (all configs), the
-    groups spread over the worker `pool` when there is one (`fill_book`)."""
+    groups spread over the worker `pool` when there is one (`start_book`)."""
     types = list(ctx.classes)
-    fill_book(ctx, phase, [BookKey(s, None) for s in type_subsets(types)], show, pool)
+    start_book(ctx, [BookKey(s, None) for s in type_subsets(types)], pool)(
+        phase, show, "search: templates")
     return types
 
 
@@ -733,26 +741,19 @@ def type_subsets(types: list[str]) -> list[tuple[str, ...]]:
     return [s for r in range(len(types), 0, -1) for s in itertools.combinations(types, r)]
 
 
-def fill_book(ctx: SearchContext, phase: PhaseStats, keys: list[BookKey], show,
-              pool=None, label: str = "search: templates") -> None:
-    """`ctx.book[key]` for each of `keys`: `start_book`, waited for."""
-    start_book(ctx, keys, pool)(phase, show, label)
-
-
 def start_book(ctx: SearchContext, keys: list[BookKey], pool=None):
     """Start `ctx.book[key]` for each of `keys` (a group over all configs, or at one
     config that none of its kept templates has) over the worker `pool` when there is
     one: a task per key, the most work first (`book_work`), so that the pool's workers
     finish together; a worker's caches (layer tables, stage matrices) serve all its
-    tasks (`worker_context`). Returns a function of (phase, show, label, each) that
+    tasks (`context.worker_context`). Returns a function of (phase, show, label, each) that
     waits for them (computing them here without a pool), with a progress bar, counts
     them in `phase` and calls `each(key)` (when given) once a key is in the book."""
     from hyperpipe.core.progress import Progress
     from hyperpipe.search.backends import fan_out
     todo = sorted((k for k in keys if k not in ctx.book), key=book_work, reverse=True)
-    cost = ctx.cost
     results = fan_out(pool, todo, lambda key: _group_work(ctx, key), _group_task,
-                      lambda key: (cost.model, cost.cluster, cost.profile, ctx.c, key))
+                      lambda key: (ctx.inputs, key))
 
     def wait(phase: PhaseStats, show, label: str, each=None) -> None:
         if not todo:
@@ -788,25 +789,6 @@ def _group_work(ctx: SearchContext, key: BookKey) -> tuple[list[Template], Phase
 
 
 def _group_task(args) -> tuple[list[Template], PhaseCounts]:
-    """`_group_work` in a worker process (`worker_context`)."""
-    model, cluster, profile, constraints, key = args
-    return _group_work(worker_context(model, cluster, profile, constraints), key)
-
-
-# A worker process's context of its last task: the tasks of one search (its templates,
-# then the templates to combine) find its tables warm. Caches only: no result depends
-# on whether a task found it.
-_last_context: list[SearchContext] = []
-
-
-def worker_context(model, cluster, profile, constraints) -> SearchContext:
-    """A search context for these inputs in a worker process: its last task's when the
-    inputs are equal, else a new one (which replaces it)."""
-    if _last_context:
-        ctx = _last_context[0]
-        if ctx.c == constraints and ctx.cost.profile == profile \
-                and ctx.cost.model == model and ctx.cost.cluster == cluster:
-            return ctx
-    ctx = SearchContext(CostModel(model, cluster, profile), constraints)
-    _last_context[:] = [ctx]
-    return ctx
+    """`_group_work` in a worker process (`context.worker_context`)."""
+    inputs, key = args
+    return _group_work(worker_context(*inputs), key)
