@@ -10,9 +10,11 @@ the analytic tier and the search price a plan by. Both the simulated and the rea
 data-parallel gradient reduction read their bucket size from here, so that a simulated
 plan and its real run bucket the gradients alike.
 
-A per-micro-batch engine overhead (DeepSpeed's pipeline engine interprets one instruction
-list per micro-batch step in Python) is not modelled: no public measurement of its size
-was found, and it is never fitted to a published run.
+Per-micro-batch engine work is modelled where the framework's code says what it moves
+(`Runtime.accumulates_fp32_grads`: DeepSpeed's bf16 optimizer adds every micro-batch's
+gradients into fp32 buffers). The Python time of DeepSpeed's pipeline engine, which
+interprets one instruction list per micro-batch step, is not: no public measurement of
+its size was found, and it is never fitted to a published run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ P2P_KINDS = ("async", "blocking")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 # Bytes per gradient element that data parallelism moves, per `grad_reduce_dtype`.
 GRAD_REDUCE_BYTES: Mapping[str, float] = MappingProxyType({"fp32": 4.0, "bf16": 2.0})
+# Bytes of memory traffic per parameter when an engine adds a micro-batch's 2-byte
+# gradient into a 4-byte fp32 buffer as DeepSpeed's BF16_Optimizer.update_hp_grads does,
+# `hp_grad.add_(lp.grad.to(torch.float32))`: the cast reads 2 and writes a 4-byte copy
+# (2 + 4), the add reads both fp32 tensors and writes one (4 + 4 + 4).
+FP32_ACCUMULATE_BYTES_PER_PARAM = 18.0
 RUNTIME_KEYS = ("p2p", "overlap_grad_reduce", "grad_reduce_dtype", "reshard_after_forward",
                 "expert_placement", "shard", "moe_dispatcher")
 # How a data-parallel group of unequal devices splits what ZeRO shards: "even" (1/n each,
@@ -73,6 +80,13 @@ class Runtime:
     """Model dtypes for which the distributed optimizer (ZeRO-1) reduces gradients with a
     full all-reduce before each rank updates its shard (then all-gathers the weights),
     instead of a reduce-scatter. Not overridable from a plan."""
+
+    accumulates_fp32_grads: tuple[str, ...] = ()
+    """Model dtypes for which the engine adds each micro-batch's weight gradients into
+    fp32 buffers right after that micro-batch's backward, on the compute stream
+    (`FP32_ACCUMULATE_BYTES_PER_PARAM` per parameter of the rank, memory-bound), instead
+    of letting autograd accumulate them across micro-batches. Not overridable from a
+    plan."""
 
     keeps_stage_outputs: bool = False
     """True: the engine holds each in-flight micro-batch's stage output from its forward
@@ -145,8 +159,15 @@ STACKS: Mapping[str, Stack] = MappingProxyType({
     # `communication_data_type`, fp16 (the model dtype's rule in both cases). Each
     # forward's outputs stay in `pipe_buffers['outputs']` until the backward
     # (`_exec_forward_pass`; freed in `_exec_backward_pass`): `keeps_stage_outputs`.
+    # With bf16, `_exec_backward_pass` calls the BF16_Optimizer's `clear_lp_grads()`
+    # before each micro-batch's backward and `update_hp_grads()` after it on every
+    # stage but the last, whose backward goes through `BF16_Optimizer.backward`, which
+    # does the same ("We copy/accumulate to the high-precision grads now to prevent
+    # accumulating in the bf16 grads after successive backward() calls",
+    # deepspeed/runtime/bf16_optimizer.py): `accumulates_fp32_grads`.
     "megatron-deepspeed": Stack("megatron-deepspeed",
                                 Runtime("blocking", False, None, ("bf16",),
+                                        accumulates_fp32_grads=("bf16",),
                                         keeps_stage_outputs=True),
                                 "microsoft/DeepSpeed deepspeed/runtime/pipe"),
     # torchtitan (pytorch/torchtitan) on torch.distributed.pipelining: Schedule1F1B and

@@ -54,7 +54,7 @@ from hyperpipe.sim.experts import (
 from hyperpipe.sim.memory import peak_in_flight
 from hyperpipe.sim.metrics import Metrics, RankUse, summarize
 from hyperpipe.sim.network import bucket_count, p2p_edges, p2p_spec, ring_spec, tie_spec
-from hyperpipe.sim.options import Execution, execution_of
+from hyperpipe.sim.options import Execution, accumulate_extra_s, execution_of
 from hyperpipe.sim.replay import schedule_makespan_s
 from hyperpipe.sim.replicas import shape_classes, stage_holding
 from hyperpipe.sim.sharding import (
@@ -190,7 +190,8 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     """The pipeline of one replica class: its span, each rank's use, when each stage's
     gradients are ready. `sched`: kind synth's own orders, else None. With blocking
     sends (`ex.blocking_p2p`) each send is waited out by its sender (`_blocking`);
-    ZeRO-2/3's gathers and scatters join the actions (`sharding.fsdp_extra_s`), and
+    ZeRO-2/3's gathers and scatters (`sharding.fsdp_extra_s`) and the engine's fp32
+    gradient accumulation (`options.accumulate_extra_s`) join the actions, and
     without resharding the once-a-step gathers delay the fill (`_gather_delay_s`)."""
     blocking = ex.blocking_p2p
 
@@ -198,7 +199,8 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
         extra = fsdp_extra_s(cost, plan, members[0], k, op,
                              reshard=ex.reshard_after_forward,
                              grad_bytes_per_param=ex.grad_bytes_per_param) + \
-            expert_extra_s(cost, plan, members[0], k, op)
+            expert_extra_s(cost, plan, members[0], k, op) + \
+            accumulate_extra_s(cost, plan, ex, members[0], k, op)
         a2a = alltoall_s(cost, plan, members[0], k, op)
         if schedule_kind(plan.schedule).overlaps_alltoall and a2a > 0:
             # DualPipe's pairs run it beside their compute, the other actions after it:

@@ -843,6 +843,19 @@ class CostModel:
             table[key] = self.model.layer_cost(layers[1] - 1, micro_batch).send_bytes
         return table[key]
 
+    def grad_accumulate_s(self, layers: tuple[int, int], devices: tuple[str, ...], tp: int,
+                          bytes_per_param: float, *, expert_share: float = 1.0) -> float:
+        """One micro-batch's weight gradients of a stage added into full fp32 buffers on
+        one device of its tensor-parallel group `devices` (`bytes_per_param` of memory
+        traffic per parameter it holds, at the device's achievable memory bandwidth,
+        stretched by the group's `Cluster.slowdown`): its 1/tp share of the stage's
+        parameters, of the routed experts `expert_share`."""
+        dev = self.cluster.device(devices[0]).type
+        experts = self.expert_params(layers) if expert_share != 1.0 else 0
+        params = (self.stage_params(layers) - experts + experts * expert_share) / tp
+        return self.cluster.slowdown(devices) * params * bytes_per_param / \
+            dev.achievable_mem_bandwidth_bytes_per_s
+
     def optimizer_time_s(self, layers: tuple[int, int], device_type: str, tp: int = 1,
                          dp_shards: int = 1, devices: tuple[str, ...] = (), *,
                          expert_share: float = 1.0, expert_shards: int | None = None

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hyperpipe.plan.plan import Plan
-from hyperpipe.plan.stack import DDP_BUCKET_BYTES
+from hyperpipe.plan.stack import DDP_BUCKET_BYTES, FP32_ACCUMULATE_BYTES_PER_PARAM
 from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.experts import expert_state
 from hyperpipe.sim.sharding import reshard_after_forward
 
 
@@ -34,6 +35,7 @@ class Execution:
     zero: int = 0                    # the plan's ZeRO stage
     reshard_after_forward: bool = True   # ZeRO-3: gather again for every backward
     keeps_stage_outputs: bool = False    # the engine holds each stage output till backward
+    accumulate_bytes_per_param: float = 0.0  # engine's fp32 gradient add per micro-batch
 
 
 def execution_of(plan: Plan, cost: CostModel) -> Execution:
@@ -46,4 +48,20 @@ def execution_of(plan: Plan, cost: CostModel) -> Execution:
                      cost.dp_sync_bytes_per_param(plan.distributed_optimizer, rt, plan.zero,
                                                   reshard),
                      rt.grad_bytes_per_param(cost.grad_bytes_per_param), plan.zero, reshard,
-                     rt.keeps_stage_outputs)
+                     rt.keeps_stage_outputs,
+                     FP32_ACCUMULATE_BYTES_PER_PARAM
+                     if cost.model.dtype in rt.accumulates_fp32_grads else 0.0)
+
+
+def accumulate_extra_s(cost: CostModel, plan: Plan, ex: Execution, q: int, k: int,
+                       op: str) -> float:
+    """Seconds the engine adds to each `op` of stage k of pipeline q by adding that
+    micro-batch's weight gradients into fp32 buffers (`Execution.
+    accumulate_bytes_per_param`; `CostModel.grad_accumulate_s`), on the op that finishes
+    them: B, or W where the schedule splits the backward. 0 on other stacks and dtypes."""
+    if ex.accumulate_bytes_per_param == 0 or op not in ("B", "W"):
+        return 0.0
+    stage = plan.pipelines[q].stages[k]
+    share, _ = expert_state(cost, plan, stage)
+    return cost.grad_accumulate_s(stage.layers, stage.devices, stage.tp,
+                                  ex.accumulate_bytes_per_param, expert_share=share)

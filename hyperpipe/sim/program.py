@@ -38,7 +38,7 @@ from hyperpipe.sim.network import (
     tie_spec,
     tp_spec,
 )
-from hyperpipe.sim.options import Execution, SimOptions
+from hyperpipe.sim.options import Execution, SimOptions, accumulate_extra_s
 from hyperpipe.sim.replicas import stage_holding
 from hyperpipe.sim.sharding import (
     first_forwards,
@@ -183,7 +183,8 @@ def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe
                 extra = fsdp_extra_s(cost, plan, pipe.index, s, op,
                                      reshard=ex.reshard_after_forward,
                                      grad_bytes_per_param=ex.grad_bytes_per_param) + \
-                    expert_extra_s(cost, plan, pipe.index, s, op)
+                    expert_extra_s(cost, plan, pipe.index, s, op) + \
+                    accumulate_extra_s(cost, plan, ex, pipe.index, s, op)
                 sh = shapes[(s, op)] = sh._replace(compute_s=sh.compute_s + extra,
                                                    a2a=alltoall_spec(cost, plan, pipe.index,
                                                                      s, op, pipe.members))

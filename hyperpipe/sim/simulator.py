@@ -9,7 +9,9 @@ route's hops, overlapped with compute (or waited out when the plan's stack sends
 blocking: `options.execution_of`), one at a time per stage pair and direction;
 data-parallel ring all-reduces per layer range in DDP buckets, overlapped with the last
 backward (or after the flush, as the stack says); with tied embeddings the first and
-last stage's all-reduce of the embedding's gradient; the optimizer step; memory as
+last stage's all-reduce of the embedding's gradient; the engine's per-micro-batch fp32
+gradient accumulation where the stack does one (`options.accumulate_extra_s`); the
+optimizer step; memory as
 static state plus one stash per in-flight micro-batch. Replicas that move alike
 (`replicas.replica_classes`) are simulated once, by their first member. Times in
 seconds, sizes in bytes. Deterministic: SimPy orders events by (time, priority,

@@ -96,3 +96,56 @@ def test_grad_reduce_dtype_halves_the_ring():
         assert event.duration_s == pytest.approx(ring, rel=1e-9)
         est = estimate(on, cost, bucket_bytes=1e12, include_optimizer=False)
         assert est.iteration_time_s - est.extra["pipeline_s"] == pytest.approx(ring, rel=1e-9)
+
+
+MEM_BW = 1e11     # bytes/s of the test device's memory
+
+
+def accumulating(dtype: str, layers: int = 8, params: int = 1_000_000):
+    """`chain` in `dtype` on devices with `MEM_BW` of memory bandwidth."""
+    model = synthetic_model(layers, fwd_flops_per_sample=1e9, params_per_layer=params,
+                            activation_bytes_per_sample=1e6, stash_bytes_per_sample=1e3,
+                            dtype=dtype)
+    cluster = load_cluster(cluster_doc({"unit": device_type(1e12, mem_bandwidth=MEM_BW)},
+                                       [("n0", "unit", 2)], intra_link=LINK, name="t"))
+    return model, cluster
+
+
+@pytest.mark.parametrize("dtype,added", [("bf16", True), ("fp16", False)])
+def test_deepspeed_bf16_adds_each_micro_batch_into_fp32_gradients(dtype, added):
+    """DeepSpeed's BF16_Optimizer adds every micro-batch's gradients into fp32 buffers:
+    on one device, m micro-batches take m x params x 18 bytes / bandwidth longer than on
+    the same stack without it (blocking sends, reduction after the flush: megatron-lm
+    overridden), in the simulator and the analytic tier alike; fp16 keeps autograd's
+    accumulation (nothing added)."""
+    model, cluster = accumulating(dtype)
+    cost = CostModel(model, cluster)
+    m, params = 6, 8 * 1_000_000
+    plan = uniform_plan(model, cluster, pp=1, micro_batch=1, global_batch=m)
+    ds = plan.on_stack("megatron-deepspeed")
+    same = plan.on_stack(p2p="blocking", overlap_grad_reduce=False)
+    closed = m * params * 18 / (MEM_BW * cluster.device_types["unit"].mem_efficiency)
+    for price in (lambda p: simulate(p, cost).metrics.iteration_time_s,
+                  lambda p: estimate(p, cost).iteration_time_s):
+        gap = price(ds) - price(same)
+        assert gap == pytest.approx(closed if added else 0.0, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind,chunks,tolerance", [
+    ("1f1b", 1, 1e-9), ("zb-h1", 1, 0.03), ("interleaved-1f1b", 2, 0.02)])
+def test_analytic_tier_prices_the_fp32_accumulation_as_the_simulator(kind, chunks, tolerance):
+    """Over two stages (B, or W where the schedule splits the backward, carries the add:
+    here as long as the pass itself) the analytic tier follows the simulator, within
+    what it does without the add on split and interleaved kinds, and both grow by it."""
+    model, cluster = accumulating("bf16", params=20_000_000)
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=8, schedule=kind,
+                        chunks=chunks)
+    ds = plan.on_stack("megatron-deepspeed")
+    same = plan.on_stack(p2p="blocking", overlap_grad_reduce=False)
+    options = SimOptions(include_optimizer=False)
+    sim = simulate(ds, cost, options).metrics.iteration_time_s
+    est = estimate(ds, cost, include_optimizer=False).iteration_time_s
+    assert est == pytest.approx(sim, rel=tolerance)
+    assert sim > simulate(same, cost, options).metrics.iteration_time_s
+    assert est > estimate(same, cost, include_optimizer=False).iteration_time_s
