@@ -195,6 +195,8 @@ def simulate_row(row: Row, cluster: Cluster, profile: Profile | None = None
     except (BadInput, InfeasiblePlan) as exc:
         return None, f"refused: {exc}"
     peak_gb = max(m.peak_memory_bytes.values()) / 1e9
+    if m.refused is not None:
+        return m.iteration_time_s, f"refused: {m.refused}"
     if m.oom:
         return m.iteration_time_s, f"out of memory ({len(m.oom)} GPUs, peak {peak_gb:.1f} GB)"
     return m.iteration_time_s, f"fits (peak {peak_gb:.1f} GB)"

@@ -88,6 +88,12 @@ class Runtime:
     of letting autograd accumulate them across micro-batches. Not overridable from a
     plan."""
 
+    flattens_param_groups: tuple[str, ...] = ()
+    """Model dtypes for which each stage's optimizer flattens Megatron's two parameter
+    groups (weights with weight decay; biases and norms without) one by one, and fails
+    on an empty one: a stage must hold a bias or a norm (`stack_refusal`). Not
+    overridable from a plan."""
+
     keeps_stage_outputs: bool = False
     """True: the engine holds each in-flight micro-batch's stage output from its forward
     until its backward, beside what autograd saves (DeepSpeed's `PipelineEngine.
@@ -164,10 +170,16 @@ STACKS: Mapping[str, Stack] = MappingProxyType({
     # stage but the last, whose backward goes through `BF16_Optimizer.backward`, which
     # does the same ("We copy/accumulate to the high-precision grads now to prevent
     # accumulating in the bf16 grads after successive backward() calls",
-    # deepspeed/runtime/bf16_optimizer.py): `accumulates_fp32_grads`.
+    # deepspeed/runtime/bf16_optimizer.py): `accumulates_fp32_grads`. With fp16 each
+    # stage's optimizer is DeepSpeed's FP16_Optimizer (runtime/fp16/fused_optimizer.py),
+    # whose constructor flattens every parameter group (`_flatten_dense_tensors`, a
+    # torch.cat that refuses an empty list) of the two Megatron-LM builds
+    # (megatron/model/utils.py `get_params_for_weight_decay_optimization`: LayerNorm
+    # parameters and biases without decay, the rest with): `flattens_param_groups`.
     "megatron-deepspeed": Stack("megatron-deepspeed",
                                 Runtime("blocking", False, None, ("bf16",),
                                         accumulates_fp32_grads=("bf16",),
+                                        flattens_param_groups=("fp16",),
                                         keeps_stage_outputs=True),
                                 "microsoft/DeepSpeed deepspeed/runtime/pipe"),
     # torchtitan (pytorch/torchtitan) on torch.distributed.pipelining: Schedule1F1B and
@@ -218,6 +230,28 @@ class RuntimeOverrides:
 
 
 NO_OVERRIDES = RuntimeOverrides()
+
+
+# Layer kinds whose parameters are all weights with decay (no bias, no norm): the
+# embedding's word and position tables (`hyperpipe.models.spec.EmbeddingLayer`).
+DECAY_ONLY_KINDS = ("embedding",)
+
+
+def stack_refusal(plan: Any, model: Any) -> str | None:
+    """Why the plan's stack cannot run it on `model` (a ModelSpec), in one line, or None:
+    on a stack with `Runtime.flattens_param_groups` for the model's dtype, a stage whose
+    layers are all of `DECAY_ONLY_KINDS` leaves the no-decay group empty. Plans the
+    simulator and the analytic tier price get this as `Metrics.refused`."""
+    rt = plan.runtime_settings()
+    if model.dtype not in rt.flattens_param_groups:
+        return None
+    for q, pipe in enumerate(plan.pipelines):
+        for k, st in enumerate(pipe.stages):
+            if all(model.layers[i].kind in DECAY_ONLY_KINDS for i in range(*st.layers)):
+                return (f"pipelines[{q}].stages[{k}] holds only the embedding: on "
+                        f"{plan.stack} with {model.dtype} its optimizer cannot flatten an "
+                        "empty group of biases and norms")
+    return None
 
 
 def resolve_runtime(stack: str, overrides: RuntimeOverrides = NO_OVERRIDES) -> Runtime:

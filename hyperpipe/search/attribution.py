@@ -200,7 +200,7 @@ def attribute(best, other, other_name: str, cost) -> list[FactorGain]:
         except (InfeasiblePlan, BadInput, ValueError) as exc:
             out.append(FactorGain(factor, False, None, None, f"not a valid plan: {exc}"))
             continue
-        note = "out of memory" if m.oom else ""
+        note = "out of memory" if m.oom else (m.refused or "")
         out.append(FactorGain(factor, False, m.iteration_time_s, m.iteration_time_s / base_s,
                               note))
     return out
@@ -287,5 +287,5 @@ def attribute_experts(best, cost) -> list[ExpertGain]:
             out.append(ExpertGain(what, None, None, f"not a valid plan: {exc}"))
             continue
         out.append(ExpertGain(what, m.iteration_time_s, m.iteration_time_s / base_s,
-                              "out of memory" if m.oom else ""))
+                              "out of memory" if m.oom else (m.refused or "")))
     return out

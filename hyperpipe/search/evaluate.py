@@ -56,7 +56,7 @@ def rank_key(c: SearchConstraints, m: Metrics) -> tuple:
     if c.objective == "cost":
         value = m.cost_per_million_tokens if m.cost_per_million_tokens is not None \
             else math.inf
-    return (bool(m.oom), value, m.iteration_time_s)
+    return (not m.feasible, value, m.iteration_time_s)
 
 
 def pareto_front(cands: list[Candidate]) -> list[Candidate]:

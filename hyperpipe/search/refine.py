@@ -63,7 +63,7 @@ def refine(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate], budget
                 budget -= 1
                 phase.seen += 1
                 metrics = estimate(plan, ctx.cost)
-                if metrics.oom:
+                if not metrics.feasible:
                     phase.infeasible += 1
                     continue
                 if rank_key(ctx.c, metrics) < rank_key(ctx.c, (best or current).metrics):

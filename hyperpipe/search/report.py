@@ -257,6 +257,8 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
             versus = f"best is {cheaper:.2f}x cheaper per token ({speedup:.2f}x the speed)"
         oom = f"  OUT OF MEMORY on {len(cand.metrics.oom)} device(s)" \
             if cand.metrics.oom else ""
+        if cand.metrics.refused is not None:
+            oom += f"  REFUSED by its stack: {cand.metrics.refused}"
         out.append(f"  {name:<13}{_metrics_row(cand.metrics, unit)}  -> {versus}{oom}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
     out += ["", "what each competitor may choose:"]

@@ -481,7 +481,7 @@ def _assemble_phase(ctx: SearchContext, phase: PhaseStats, types: list[str], poo
             phase.infeasible += 1
     out: list[Candidate] = []
     for plan, metrics in zip(plans, estimate_all(ctx, plans, pool), strict=True):
-        if metrics.oom:
+        if not metrics.feasible:
             phase.infeasible += 1
             continue
         out.append(Candidate(plan, metrics))
@@ -592,7 +592,7 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
                    zip(keep, simulate_all([c.plan for c in keep], ctx.cost, pool, bar),
                        strict=True)]
     phase.seen = len(todo) + len(later)
-    phase.infeasible += sum(1 for cand in ranked if cand.metrics.oom)
+    phase.infeasible += sum(1 for cand in ranked if not cand.metrics.feasible)
     # each baseline's pick among its short list, by the simulator (the search's judge)
     baselines: dict[str, Candidate] = {}
     for (k, i), m in zip(names, metrics[n:], strict=True):

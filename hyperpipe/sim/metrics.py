@@ -11,6 +11,7 @@ from typing import Any
 from hyperpipe.cluster.catalog import DeviceType
 from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.stack import stack_refusal
 from hyperpipe.sim.analytic_cache import AnalyticCache, cache_for
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import oom_detail
@@ -27,16 +28,19 @@ class Metrics:
     oom: list[str] = field(default_factory=list)                        # devices over memory
     cost_per_million_tokens: float | None = None   # USD, when the cluster has prices
     extra: dict[str, Any] = field(default_factory=dict)  # breakdowns (bottleneck, phases...)
+    refused: str | None = None     # why the plan's stack cannot run it (`stack_refusal`)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if out["cost_per_million_tokens"] is None:
-            del out["cost_per_million_tokens"]
+        for key in ("cost_per_million_tokens", "refused"):
+            if out[key] is None:
+                del out[key]
         return out
 
     @property
     def feasible(self) -> bool:
-        return not self.oom
+        """It fits in memory and its stack can run it."""
+        return not self.oom and self.refused is None
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ def summarize(plan: Plan, cost: CostModel, iteration_s: float, ranks: list[RankU
         peak_memory_bytes=peaks, oom=oom,
         cost_per_million_tokens=price / tokens_per_s * 1e6
         if price is not None and tokens_per_s > 0 else None,
-        extra=extra)
+        extra=extra, refused=stack_refusal(plan, cost.model))
 
 
 _MB, _M = attrgetter("micro_batch"), attrgetter("num_microbatches")

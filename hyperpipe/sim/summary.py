@@ -39,6 +39,8 @@ def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
         worst = max(m.extra["oom_detail"], key=lambda d: d["bytes_over"])
         lines.append(f"OUT OF MEMORY on {len(m.oom)} device(s): worst {worst['device']} "
                      f"(stages {worst['stages']}) by {format_quantity(worst['bytes_over'], 'B')}")
+    if m.refused is not None:
+        lines.append(f"REFUSED by its stack: {m.refused}")
     if m.cost_per_million_tokens is not None:
         lines.append(f"cost        ${m.cost_per_million_tokens:.4g} per million tokens")
     return "\n".join(lines) + "\n"

@@ -4,12 +4,14 @@ gradient reduction after the flush, the bytes the data-parallel sync moves."""
 from __future__ import annotations
 
 import pytest
-from factories import cluster_doc, device_type, synthetic_model
+from factories import chain_plan, cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.plan.stack import resolve_runtime
+from hyperpipe.plan.stack import resolve_runtime, stack_refusal
 from hyperpipe.search.baselines import uniform_plan
+from hyperpipe.search.evaluate import rank_key
+from hyperpipe.search.search import SearchConstraints
 from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
@@ -149,3 +151,44 @@ def test_analytic_tier_prices_the_fp32_accumulation_as_the_simulator(kind, chunk
     assert est == pytest.approx(sim, rel=tolerance)
     assert sim > simulate(same, cost, options).metrics.iteration_time_s
     assert est > estimate(same, cost, include_optimizer=False).iteration_time_s
+
+
+def embedding_alone(dtype: str, first: int = 1):
+    """tiny-gpt in `dtype` on two devices, stage 0 holding layers [0, first)."""
+    model = load_model({"preset": "tiny-gpt", "dtype": dtype})
+    cluster = nodes(2)
+    plan = chain_plan(model, cluster, [0, first, model.num_layers],
+                      [d.name for d in cluster.devices], 1, 4)
+    return model, cluster, plan
+
+
+@pytest.mark.parametrize("dtype,stack,first,refused", [
+    ("fp16", "megatron-deepspeed", 1, True),     # the embedding alone: no bias, no norm
+    ("fp16", "megatron-deepspeed", 2, False),    # with a block: both groups filled
+    ("bf16", "megatron-deepspeed", 1, False),    # the BF16_Optimizer path
+    ("fp16", "megatron-lm", 1, False),
+])
+def test_deepspeed_fp16_refuses_a_stage_of_only_the_embedding(dtype, stack, first, refused):
+    """DeepSpeed's FP16_Optimizer flattens Megatron's no-decay group (biases and norms),
+    which a stage holding only the embedding leaves empty: the simulator and the
+    analytic tier say the plan is refused (not feasible, `refused` in its JSON), and
+    nothing else changes."""
+    model, cluster, plan = embedding_alone(dtype, first)
+    cost = CostModel(model, cluster)
+    on = plan.on_stack(stack)
+    assert (stack_refusal(on, model) is not None) == refused
+    for m in (simulate(on, cost).metrics, estimate(on, cost)):
+        assert (m.refused is not None) == refused
+        assert m.feasible == (not refused and not m.oom)
+        assert ("refused" in m.to_dict()) == refused
+        if refused:
+            assert "pipelines[0].stages[0]" in m.refused
+
+
+def test_a_refused_plan_ranks_after_every_feasible_one():
+    model, cluster, plan = embedding_alone("fp16")
+    cost = CostModel(model, cluster)
+    refused = estimate(plan.on_stack("megatron-deepspeed"), cost)
+    fine = estimate(embedding_alone("fp16", 2)[2].on_stack("megatron-deepspeed"), cost)
+    c = SearchConstraints(global_batch=4)
+    assert rank_key(c, fine) < rank_key(c, refused)
