@@ -15,17 +15,18 @@ as separate kernels, and dropout then residual add before each LayerNorm:
 ride in the GEMM, which that setting prices as separate passes, a slight over-count).
 The head is SQuAD's 1024 x 2 projection: the vocabulary is set to 2 so that the
 spec's tied head is that projection, which leaves the 31M-parameter word embedding
-out of the optimizer step (about 9% of the parameters; the step is under 5% of an
-iteration here). apex O2 keeps fp16 weights and gradients and fp32 master weights
-and moments: the spec's default "mixed" state. Each row is one device, one stage, one
-micro-batch of the row's batch, the optimizer step included.
+out of the optimizer step (about 9% of the parameters; the step is 0.7-9.4% of an
+iteration here, so under 1% of it is left out). apex O2 keeps fp16 weights and
+gradients and fp32 master weights and moments: the spec's default "mixed" state. Each
+row is one device, one stage, one micro-batch of the row's batch, the optimizer step
+included.
 
 Null models, each out of sample (leave one out): every GPU at the mean fraction of
 its fp16 peak that the other GPUs of the table reached (`null_peak`), and at the mean
 throughput per byte/s of memory bandwidth of the others (`null_bandwidth`).
 
-Caveats. The measured figure is end to end over 100 steps (the first, slow ones
-included) and truncated to an integer; batches differ by GPU (the largest that fit
+Caveats. The measured figure is end to end over 100 steps or more (the first, slow
+ones included) and truncated to an integer; batches differ by GPU (the largest that fit
 Lambda's template for the card's memory). The two tables ran different software
 (NGC 22.09 against 20.01/20.10: the same RTX 3090 reads 52 and 47), so each is scored
 on its own. Nothing here is fitted to these rows; they were first simulated after the
