@@ -159,7 +159,8 @@ class SearchContext:
         """A key for an all-reduce over `groups` under which rings that cost the same
         meet: group by group (the tp group's size sets the rings), each device as
         `CostModel.ring_pattern` of all their devices at once places it (its node's
-        kind, its node numbered in order of first appearance, its index); under a
+        kind, its node numbered in order of first appearance, its NIC numbered in
+        order of first appearance on the node); under a
         calibration profile (links fitted per node) the groups themselves."""
         if self.cost.profile is not None:
             return groups

@@ -371,8 +371,8 @@ def _affine_s(ring: RingCost, nbytes: float) -> float:
 def _ring_cost(ctx: SearchContext, groups: tuple[tuple[str, ...], ...]) -> RingCost:
     """The all-reduce over `groups`, affine in the bytes (alpha-beta links, or a
     profile's fitted line): costed at 1 and 2 GB. Cached under `ring_pattern`: rings
-    whose devices sit alike (the same classes, node by node, the same device indices)
-    cost the same, whatever their nodes are called."""
+    whose devices sit alike (the same classes, node by node, sharing NICs alike) cost
+    the same, whatever their nodes and devices are called."""
     key = ctx.ring_pattern(groups)
     if key not in ctx.rings:
         rings = [[g[i] for g in groups] for i in range(len(groups[0]))]

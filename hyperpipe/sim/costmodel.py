@@ -526,12 +526,16 @@ class CostModel:
 
     def ring_pattern(self, devices: tuple[str, ...]) -> tuple:
         """What an all-reduce's line depends on under the cluster's topology model
-        (`hyperpipe.cluster.cluster`: per-node ports and NICs into a non-blocking
-        fabric): per device its node's kind (device type, devices, intra link, NIC,
-        NICs, peer-to-peer), its node numbered in order of first appearance, and its
-        index on the node. Device tuples of one pattern cost the same."""
+        (`hyperpipe.cluster.cluster`: a port per device inside its node, NICs into a
+        non-blocking fabric, device i of a node of n leaving through NIC i·count // n):
+        per device its node's kind (device type, devices, intra link, NIC, NICs,
+        peer-to-peer), its node numbered in order of first appearance, and its NIC
+        numbered in order of first appearance on that node. Tuples of one pattern cross
+        hops shared alike, so they cost the same (rings of the same devices' positions
+        over the same kinds of links)."""
         kinds = self._tables.node_kinds
         seen: dict[str, int] = {}
+        rails: dict[str, dict[int, int]] = {}
         out = []
         for name in devices:
             dev = self.cluster.device(name)
@@ -540,7 +544,9 @@ class CostModel:
                 n = self.cluster.node(dev.node)
                 kind = kinds[dev.node] = (n.device_type, n.count, n.intra_link, n.nic,
                                           n.nics, n.peer_to_peer)
-            out.append((kind, seen.setdefault(dev.node, len(seen)), dev.index))
+            mine = rails.setdefault(dev.node, {})
+            nic = mine.setdefault(dev.index * kind[4].count // kind[1], len(mine))
+            out.append((kind, seen.setdefault(dev.node, len(seen)), nic))
         return tuple(out)
 
     def _allreduce_line(self, devices: tuple[str, ...]) -> tuple[float, float]:

@@ -137,17 +137,28 @@ def test_issue_repro_one_nic_against_four(tmp_path, capsys):
     assert times[1] / times[4] > 3.0           # the inter phase dominates on 10 Gbit/s
 
 
-def test_all_reduce_lines_shared_by_ring_pattern_are_each_tuples_own():
+SHARED_NICS = {"name": "shared-nics", "inter_node": {"bandwidth": "100 Gbit/s"}, "nodes": [
+    {"name": "a", "device": "A100-80GB", "count": 8, "repeat": 4,
+     "nics": {"count": 2, "bandwidth": "200 Gbit/s"}},
+    {"name": "v", "device": "V100-32GB", "count": 4, "repeat": 4},
+    {"name": "h", "device": "H100-SXM", "count": 8, "repeat": 2,
+     "nics": {"count": 8, "bandwidth": "400 Gbit/s"}}]}
+
+
+@pytest.mark.parametrize("which", ["scale-1024", "shared-nics"])
+def test_all_reduce_lines_shared_by_ring_pattern_are_each_tuples_own(which):
     """`CostModel.allreduce_time_s` prices a device tuple once per `ring_pattern` (node
-    kinds, nodes in order of appearance, device indices): on scale-1024 (four node kinds,
-    several NICs) every ring, rails across nodes and random ones, costs exactly what its
-    own `_allreduce_line` computes afresh, and rails of one shape share one line."""
+    kinds, nodes in order of appearance, NICs in order of appearance on each node): on
+    scale-1024 (four node kinds, a NIC per device) and on nodes where 4 devices share a
+    NIC beside nodes of one NIC and of one per device, every ring, rails across nodes and
+    random ones, costs exactly what its own `_allreduce_line` computes afresh, and rails
+    of one shape share one line."""
     import random
 
     from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.models import load_model
     from hyperpipe.sim.costmodel import CostModel
-    cluster = load_cluster("scale-1024")
+    cluster = load_cluster(which if which == "scale-1024" else SHARED_NICS)
     cost = CostModel(load_model("gpt2-medium"), cluster)
     rng = random.Random(3)
     names = [d.name for d in cluster.devices]
@@ -155,9 +166,10 @@ def test_all_reduce_lines_shared_by_ring_pattern_are_each_tuples_own():
     for _ in range(600):
         n = rng.choice([2, 3, 4, 8, 16, 32])
         if rng.random() < 0.5:           # a rail: device i of n nodes
-            i = rng.randrange(cluster.nodes[0].count)
-            rings.append(tuple(f"{cluster.nodes[k].name}/{i}"
-                               for k in rng.sample(range(len(cluster.nodes)), n)))
+            i = rng.randrange(min(node.count for node in cluster.nodes))
+            rings.append(tuple(f"{cluster.nodes[k].name}/{i}" for k in
+                               rng.sample(range(len(cluster.nodes)),
+                                          min(n, len(cluster.nodes)))))
         else:
             rings.append(tuple(rng.sample(names, n)))
     for ring in rings:
@@ -246,3 +258,27 @@ def test_nvlink_sharp_must_be_a_boolean(tmp_path, capsys):
                      "--global-batch", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nvlink_sharp" in err[0] and "true or false" in err[0]
+
+
+def test_ring_pattern_tells_shared_nics_from_separate_ones():
+    """Two devices of a node of 8 with 2 NICs leave through one NIC (devices 0 and 1)
+    or through both (0 and 4): rings over them cost differently and their patterns
+    differ; devices 4 and 5 share a NIC as 0 and 1 do: the same pattern and the same
+    price, each computed afresh."""
+    from hyperpipe.models import load_model
+    cluster = load_cluster(SHARED_NICS)
+    model = load_model("gpt2-medium")
+
+    def ring(i: int, j: int) -> tuple[str, ...]:
+        return (f"a0/{i}", f"a0/{j}", f"a1/{i}", f"a1/{j}")
+
+    def fresh(devices: tuple[str, ...]) -> float:
+        return CostModel(model, cluster).allreduce_time_s(devices, 1e9)
+
+    cost = CostModel(model, cluster)
+    assert fresh(ring(0, 1)) > fresh(ring(0, 4))
+    assert cost.ring_pattern(ring(0, 1)) != cost.ring_pattern(ring(0, 4))
+    assert fresh(ring(4, 5)) == fresh(ring(0, 1))
+    assert cost.ring_pattern(ring(4, 5)) == cost.ring_pattern(ring(0, 1))
+    assert cost.allreduce_time_s(ring(0, 1), 1e9) == fresh(ring(0, 1))
+    assert cost.allreduce_time_s(ring(0, 4), 1e9) == fresh(ring(0, 4))
