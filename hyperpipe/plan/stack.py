@@ -22,7 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:                      # plan.py imports this module
+    from hyperpipe.models.spec import ModelSpec
+    from hyperpipe.plan.plan import Plan
 
 # Bytes of gradient per data-parallel all-reduce bucket: PyTorch DDP's default
 # (`DistributedDataParallel(bucket_cap_mb=25)`, torch/nn/parallel/distributed.py),
@@ -237,8 +241,8 @@ NO_OVERRIDES = RuntimeOverrides()
 DECAY_ONLY_KINDS = ("embedding",)
 
 
-def stack_refusal(plan: Any, model: Any) -> str | None:
-    """Why the plan's stack cannot run it on `model` (a ModelSpec), in one line, or None:
+def stack_refusal(plan: Plan, model: ModelSpec) -> str | None:
+    """Why the plan's stack cannot run it on `model`, in one line, or None:
     on a stack with `Runtime.flattens_param_groups` for the model's dtype, a stage whose
     layers are all of `DECAY_ONLY_KINDS` leaves the no-decay group empty. Plans the
     simulator and the analytic tier price get this as `Metrics.refused`."""

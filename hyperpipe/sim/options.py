@@ -35,7 +35,7 @@ class Execution:
     zero: int = 0                    # the plan's ZeRO stage
     reshard_after_forward: bool = True   # ZeRO-3: gather again for every backward
     keeps_stage_outputs: bool = False    # the engine holds each stage output till backward
-    accumulate_bytes_per_param: float = 0.0  # engine's fp32 gradient add per micro-batch
+    accumulate_bytes_per_param: float = 0.0  # per micro-batch's fp32 gradient add (0: none)
 
 
 def execution_of(plan: Plan, cost: CostModel) -> Execution:
