@@ -34,6 +34,7 @@ from hyperpipe.plan.kinds import (
 )
 from hyperpipe.plan.schedule import Action, Schedule, ScheduleError, stage_rank, validate
 from hyperpipe.plan.stack import (
+    DECAY_ONLY_KINDS,
     DEFAULT_STACK,
     EXPERT_PLACEMENTS,
     GRAD_REDUCE_DTYPES,
@@ -178,6 +179,22 @@ class Plan:
     def runtime_settings(self) -> Runtime:
         """How the plan's stack runs it: the stack's defaults with the plan's overrides."""
         return resolve_runtime(self.stack, self.runtime)
+
+    def stack_refusal(self, model) -> str | None:
+        """Why this plan's stack cannot run it on `model` (ModelSpec), in one line, or
+        None: on a stack with `Runtime.flattens_param_groups` for the model's dtype, a
+        stage whose layers are all of `DECAY_ONLY_KINDS` leaves the group of biases and
+        norms empty. The simulator and the analytic tier report it as
+        `Metrics.refused`."""
+        if model.dtype not in self.runtime_settings().flattens_param_groups:
+            return None
+        for q, pipe in enumerate(self.pipelines):
+            for k, st in enumerate(pipe.stages):
+                if all(model.layers[i].kind in DECAY_ONLY_KINDS for i in range(*st.layers)):
+                    return (f"pipelines[{q}].stages[{k}] holds only the embedding: on "
+                            f"{self.stack} with {model.dtype} its optimizer cannot flatten "
+                            "an empty group of biases and norms")
+        return None
 
     def on_stack(self, stack: str | None = None, **overrides: Any) -> Plan:
         """This plan on `stack` (None: its own) with the runtime `overrides` given

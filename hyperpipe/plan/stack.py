@@ -22,11 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:                      # plan.py imports this module
-    from hyperpipe.models.spec import ModelSpec
-    from hyperpipe.plan.plan import Plan
+from typing import Any
 
 # Bytes of gradient per data-parallel all-reduce bucket: PyTorch DDP's default
 # (`DistributedDataParallel(bucket_cap_mb=25)`, torch/nn/parallel/distributed.py),
@@ -95,7 +91,7 @@ class Runtime:
     flattens_param_groups: tuple[str, ...] = ()
     """Model dtypes for which each stage's optimizer flattens Megatron's two parameter
     groups (weights with weight decay; biases and norms without) one by one, and fails
-    on an empty one: a stage must hold a bias or a norm (`stack_refusal`). Not
+    on an empty one: a stage must hold a bias or a norm (`Plan.stack_refusal`). Not
     overridable from a plan."""
 
     keeps_stage_outputs: bool = False
@@ -239,23 +235,6 @@ NO_OVERRIDES = RuntimeOverrides()
 # Layer kinds whose parameters are all weights with decay (no bias, no norm): the
 # embedding's word and position tables (`hyperpipe.models.spec.EmbeddingLayer`).
 DECAY_ONLY_KINDS = ("embedding",)
-
-
-def stack_refusal(plan: Plan, model: ModelSpec) -> str | None:
-    """Why the plan's stack cannot run it on `model`, in one line, or None:
-    on a stack with `Runtime.flattens_param_groups` for the model's dtype, a stage whose
-    layers are all of `DECAY_ONLY_KINDS` leaves the no-decay group empty. Plans the
-    simulator and the analytic tier price get this as `Metrics.refused`."""
-    rt = plan.runtime_settings()
-    if model.dtype not in rt.flattens_param_groups:
-        return None
-    for q, pipe in enumerate(plan.pipelines):
-        for k, st in enumerate(pipe.stages):
-            if all(model.layers[i].kind in DECAY_ONLY_KINDS for i in range(*st.layers)):
-                return (f"pipelines[{q}].stages[{k}] holds only the embedding: on "
-                        f"{plan.stack} with {model.dtype} its optimizer cannot flatten an "
-                        "empty group of biases and norms")
-    return None
 
 
 def resolve_runtime(stack: str, overrides: RuntimeOverrides = NO_OVERRIDES) -> Runtime:

@@ -11,7 +11,6 @@ from typing import Any
 from hyperpipe.cluster.catalog import DeviceType
 from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.plan.plan import Plan
-from hyperpipe.plan.stack import stack_refusal
 from hyperpipe.sim.analytic_cache import AnalyticCache, cache_for
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import oom_detail
@@ -28,7 +27,7 @@ class Metrics:
     oom: list[str] = field(default_factory=list)                        # devices over memory
     cost_per_million_tokens: float | None = None   # USD, when the cluster has prices
     extra: dict[str, Any] = field(default_factory=dict)  # breakdowns (bottleneck, phases...)
-    refused: str | None = None     # why the plan's stack cannot run it (`stack_refusal`)
+    refused: str | None = None     # why its stack cannot run it (`Plan.stack_refusal`)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -89,7 +88,7 @@ def summarize(plan: Plan, cost: CostModel, iteration_s: float, ranks: list[RankU
         peak_memory_bytes=peaks, oom=oom,
         cost_per_million_tokens=price / tokens_per_s * 1e6
         if price is not None and tokens_per_s > 0 else None,
-        extra=extra, refused=stack_refusal(plan, cost.model))
+        extra=extra, refused=plan.stack_refusal(cost.model))
 
 
 _MB, _M = attrgetter("micro_batch"), attrgetter("num_microbatches")

@@ -8,7 +8,7 @@ from factories import chain_plan, cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
-from hyperpipe.plan.stack import resolve_runtime, stack_refusal
+from hyperpipe.plan.stack import resolve_runtime
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.search.evaluate import rank_key
 from hyperpipe.search.search import SearchConstraints
@@ -176,7 +176,7 @@ def test_deepspeed_fp16_refuses_a_stage_of_only_the_embedding(dtype, stack, firs
     model, cluster, plan = embedding_alone(dtype, first)
     cost = CostModel(model, cluster)
     on = plan.on_stack(stack)
-    assert (stack_refusal(on, model) is not None) == refused
+    assert (on.stack_refusal(model) is not None) == refused
     for m in (simulate(on, cost).metrics, estimate(on, cost)):
         assert (m.refused is not None) == refused
         assert m.feasible == (not refused and not m.oom)
