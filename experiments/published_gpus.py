@@ -5,7 +5,8 @@ checked across GPU generations and classes, consumer parts included, against run
 nobody here produced: Lambda's single-GPU benchmarks (public repository
 lambdal/deeplearning-benchmark; rows, commits and what they mean in
 `experiments/data/lambda_bert_large_squad.json`) of NVIDIA DeepLearningExamples'
-BERT-Large SQuAD fine-tuning, sequence 384, apex AMP O2 (fp16), one step per batch.
+BERT-Large SQuAD fine-tuning, sequence 384, apex AMP O2 (fp16), one step per batch;
+and, on the parts without TF32 (Volta, Turing), the same in fp32.
 
 The model, read off DeepLearningExamples' PyTorch/LanguageModeling/BERT/modeling.py:
 24 blocks of hidden 1024, 16 heads, GeLU MLP of 4096, biases, learned positions,
@@ -17,19 +18,21 @@ The head is SQuAD's 1024 x 2 projection: the vocabulary is set to 2 so that the
 spec's tied head is that projection, which leaves the 31M-parameter word embedding
 out of the optimizer step (about 9% of the parameters; the step is 0.7-9.4% of an
 iteration here, so under 1% of it is left out). apex O2 keeps fp16 weights and
-gradients and fp32 master weights and moments: the spec's default "mixed" state. Each
-row is one device, one stage, one micro-batch of the row's batch, the optimizer step
-included.
+gradients and fp32 master weights and moments: the spec's default "mixed" state; the
+fp32 rows are the model in fp32 (priced at the part's fp32 peak). Each row is one
+device, one stage, one micro-batch of the row's batch, the optimizer step included.
 
 Null models, each out of sample (leave one out): every GPU at the mean fraction of
-its fp16 peak that the other GPUs of the table reached (`null_peak`), and at the mean
-throughput per byte/s of memory bandwidth of the others (`null_bandwidth`).
+its peak in the row's precision that the other GPUs of the block reached
+(`null_peak`), and at the mean throughput per byte/s of memory bandwidth of the others
+(`null_bandwidth`).
 
 Caveats. The measured figure is end to end over 100 steps or more (the first, slow
 ones included) and truncated to an integer; batches differ by GPU (the largest that fit
 Lambda's template for the card's memory). The two tables ran different software
-(NGC 22.09 against 20.01/20.10: the same RTX 3090 reads 52 and 47), so each is scored
-on its own. Nothing here is fitted to these rows; they were first simulated after the
+(NGC 22.09 against 20.01/20.10: the same RTX 3090 reads 52 and 47), so each fp16 table
+is scored on its own; the four fp32 rows (the Volta and Turing parts of both tables)
+are one block. Nothing here is fitted to these rows; they were first simulated after the
 catalog figures they test were in place.
 
 Printed: one line per row, then per table
@@ -37,8 +40,9 @@ Printed: one line per row, then per table
     bert_gpus_mape=X bert_gpus_max_ape=M bert_gpus_tau=T bert_gpus_null_peak_mape=P
     bert_gpus_null_bandwidth_mape=B n_rows=N n_oom=K
 
-(prefix `bert_gpus_2020_` for the older table; fractions, four decimals; tau: Kendall's
-tau-a of predicted against measured throughput).
+(prefix `bert_gpus_2020_` for the older fp16 table, `bert_gpus_fp32_` for the fp32
+rows; fractions, four decimals; tau: Kendall's tau-a of predicted against measured
+throughput).
 
 Run: python experiments/published_gpus.py
 """
@@ -58,19 +62,23 @@ from hyperpipe.sim.simulator import SimOptions, simulate
 
 DATA = Path(__file__).resolve().parent / "data" / "lambda_bert_large_squad.json"
 SEQ = 384
-TABLES = (("ngc-22.09", "bert_gpus"), ("ngc-20.01", "bert_gpus_2020"))
+# (line prefix, table or None for every table, precision), in the order printed
+BLOCKS = (("bert_gpus", "ngc-22.09", "fp16"), ("bert_gpus_2020", "ngc-20.01", "fp16"),
+          ("bert_gpus_fp32", None, "fp32"))
 OPTIONS = SimOptions(trace=False)
 
 
 @dataclass(frozen=True)
 class Row:
-    """One GPU's measured run: the catalog device, sequences per step and per second."""
+    """One GPU's measured run: the catalog device, sequences per step and per second,
+    the table (software era) and the precision (fp16 or fp32)."""
 
     name_gpu: str
     device: str
     batch: int
     seq_per_s: float
     table: str
+    precision: str
 
 
 @dataclass(frozen=True)
@@ -85,15 +93,15 @@ class Predicted:
 
 
 def load_rows(path: Path = DATA) -> list[Row]:
-    return [Row(r["name_gpu"], r["device"], r["batch"], float(r["seq_per_s"]), r["table"])
-            for r in json.loads(path.read_text())["rows"]]
+    return [Row(r["name_gpu"], r["device"], r["batch"], float(r["seq_per_s"]), r["table"],
+                r["precision"]) for r in json.loads(path.read_text())["rows"]]
 
 
-def bert_large() -> ModelSpec:
+def bert_large(dtype: str = "fp16") -> ModelSpec:
     """BERT-Large as DeepLearningExamples' SQuAD fine-tuning runs it (module doc)."""
     return load_model({"kind": "gpt", "name": "bert-large-squad", "vocab_size": 2,
                        "n_layer": 24, "n_head": 16, "d_model": 1024, "seq_len": SEQ,
-                       "dtype": "fp16", "attention": "eager", "dropout": 0.1,
+                       "dtype": dtype, "attention": "eager", "dropout": 0.1,
                        "fused_elementwise": False})
 
 
@@ -141,13 +149,15 @@ def block(rows: list[Row], key: str, model: ModelSpec) -> None:
     """Print a table's rows and its figures line (module doc)."""
     catalog = {r.device: one_gpu(r.device).device_types[r.device] for r in rows}
     got = [simulate_row(r, model) for r in rows]
-    peak = leave_one_out(rows, lambda r: catalog[r.device].peak_flops)
+    peak = leave_one_out(rows, lambda r: catalog[r.device].peaks.get(
+        r.precision, catalog[r.device].peak_flops))
     band = leave_one_out(rows, lambda r: catalog[r.device].mem_bandwidth_bytes_per_s)
-    print(f"{'GPU':>22} {'device':>11} {'batch':>5} {'measured':>8} {'predicted':>9} "
+    print(f"{'GPU':>22} {'device':>11} {'table':>9} {'batch':>5} {'measured':>8} "
+          f"{'predicted':>9} "
           f"{'error':>8} {'null peak':>9} {'null bw':>8}  memory")
     for p, np_, nb in zip(got, peak, band, strict=True):
         r = p.row
-        print(f"{r.name_gpu:>22} {r.device:>11} {r.batch:5d} {r.seq_per_s:8.1f} "
+        print(f"{r.name_gpu:>22} {r.device:>11} {r.table:>9} {r.batch:5d} {r.seq_per_s:8.1f} "
               f"{p.seq_per_s:9.1f} {p.seq_per_s / r.seq_per_s - 1:+8.4f} "
               f"{np_ / r.seq_per_s - 1:+9.4f} {nb / r.seq_per_s - 1:+8.4f}  "
               f"{'fits' if p.fits else 'OUT OF MEMORY'} ({p.peak_gb:.1f} GB)")
@@ -161,11 +171,13 @@ def block(rows: list[Row], key: str, model: ModelSpec) -> None:
 
 
 def main() -> int:
-    rows, model = load_rows(), bert_large()
-    for table, key in TABLES:
-        print(f"\nBERT-Large SQuAD fine-tuning, fp16 (apex O2), one GPU, table {table} "
+    rows = load_rows()
+    for key, table, precision in BLOCKS:
+        print(f"\nBERT-Large SQuAD fine-tuning, {precision}, one GPU, "
+              f"{'table ' + table if table else 'both tables'} "
               "(sequences per second; errors as predicted / measured - 1):")
-        block([r for r in rows if r.table == table], key, model)
+        block([r for r in rows if r.precision == precision and table in (None, r.table)],
+              key, bert_large(precision))
     return 0
 
 

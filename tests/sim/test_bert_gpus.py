@@ -36,8 +36,9 @@ def test_the_model_holds_bert_larges_blocks(script):
 
 def test_every_row_is_one_catalog_gpu_of_a_known_table(script):
     rows = script.load_rows()
-    assert {r.table for r in rows} == {t for t, _ in script.TABLES}
-    assert len(rows) == 13
+    assert {r.table for r in rows} == {t for _, t, _ in script.BLOCKS if t is not None}
+    assert {r.precision for r in rows} == {p for *_, p in script.BLOCKS}
+    assert len(rows) == 17
     for row in rows:
         cluster = script.one_gpu(row.device)
         assert cluster.devices[0].type.name == row.device
@@ -48,8 +49,8 @@ def test_leave_one_out_null_excludes_the_row_itself(script):
     """Each row's null is its scale times the mean of the others' ratios (written out
     for three rows)."""
     Row = script.Row
-    rows = [Row("a", "x", 1, 10.0, "t"), Row("b", "y", 1, 30.0, "t"),
-            Row("c", "z", 1, 20.0, "t")]
+    rows = [Row("a", "x", 1, 10.0, "t", "fp16"), Row("b", "y", 1, 30.0, "t", "fp16"),
+            Row("c", "z", 1, 20.0, "t", "fp16")]
     scale = {"x": 1.0, "y": 2.0, "z": 4.0}.__getitem__
     got = script.leave_one_out(rows, lambda r: scale(r.device))
     assert got == pytest.approx([1.0 * (15 + 5) / 2, 2.0 * (10 + 5) / 2,
