@@ -31,7 +31,6 @@ every other plan, which are all the figures. Prints a table, each group's figure
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import os
 import statistics
@@ -48,7 +47,12 @@ from hyperpipe.exec.placement import dp_groups, placements
 from hyperpipe.exec.profiler import emulated_profile, measure_profile
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
 from hyperpipe.plan.profile import Profile
-from hyperpipe.sim.accuracy import compute_only_s, measured_iteration_s, relative_error
+from hyperpipe.sim.accuracy import (
+    compute_only_s,
+    kendall_tau,
+    measured_iteration_s,
+    relative_error,
+)
 from hyperpipe.sim.calibrate import calibrate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import simulate
@@ -144,14 +148,6 @@ CONTENTION = {
                                    pipeline(8, 4, [4], [V1, A1]), cluster=SLOW_2NIC),
     "c-tp-beside-hop": tp_next_to_hop(),
 }
-
-
-def kendall_tau(xs: list[float], ys: list[float]) -> float:
-    """Kendall's tau-a between two rankings (pairs tied in either count as neither)."""
-    pairs = list(itertools.combinations(range(len(xs)), 2))
-    score = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else
-                 -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0) for i, j in pairs)
-    return score / len(pairs)
 
 
 def bubble_null_s(plan: Plan, cost: CostModel) -> float:

@@ -49,7 +49,6 @@ Run: python experiments/published_gpus.py
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +56,7 @@ from pathlib import Path
 from hyperpipe.cluster.cluster import Cluster, cluster_ref, load_cluster
 from hyperpipe.models import ModelSpec, load_model
 from hyperpipe.plan.plan import plan_from_dict
+from hyperpipe.sim.accuracy import kendall_tau, mape, relative_error
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 
@@ -133,18 +133,6 @@ def leave_one_out(rows: list[Row], scale) -> list[float]:
     return out
 
 
-def kendall_tau(xs: list[float], ys: list[float]) -> float:
-    """Kendall's tau-a (pairs tied in either count as neither)."""
-    pairs = list(itertools.combinations(range(len(xs)), 2))
-    score = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else
-                 -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0) for i, j in pairs)
-    return score / len(pairs)
-
-
-def ape(pred: list[float], meas: list[float]) -> list[float]:
-    return [abs(p / m - 1) for p, m in zip(pred, meas, strict=True)]
-
-
 def block(rows: list[Row], key: str, model: ModelSpec) -> None:
     """Print a table's rows and its figures line (module doc)."""
     catalog = {r.device: one_gpu(r.device).device_types[r.device] for r in rows}
@@ -162,11 +150,12 @@ def block(rows: list[Row], key: str, model: ModelSpec) -> None:
               f"{np_ / r.seq_per_s - 1:+9.4f} {nb / r.seq_per_s - 1:+8.4f}  "
               f"{'fits' if p.fits else 'OUT OF MEMORY'} ({p.peak_gb:.1f} GB)")
     meas = [r.seq_per_s for r in rows]
-    errors = ape([p.seq_per_s for p in got], meas)
-    print(f"{key}_mape={sum(errors) / len(errors):.4f} {key}_max_ape={max(errors):.4f} "
-          f"{key}_tau={kendall_tau([p.seq_per_s for p in got], meas):.4f} "
-          f"{key}_null_peak_mape={sum(ape(peak, meas)) / len(rows):.4f} "
-          f"{key}_null_bandwidth_mape={sum(ape(band, meas)) / len(rows):.4f} "
+    pred = [p.seq_per_s for p in got]
+    print(f"{key}_mape={mape(pred, meas):.4f} "
+          f"{key}_max_ape={max(map(relative_error, pred, meas)):.4f} "
+          f"{key}_tau={kendall_tau(pred, meas):.4f} "
+          f"{key}_null_peak_mape={mape(peak, meas):.4f} "
+          f"{key}_null_bandwidth_mape={mape(band, meas):.4f} "
           f"n_rows={len(rows)} n_oom={sum(not p.fits for p in got)}")
 
 

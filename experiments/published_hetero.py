@@ -53,7 +53,6 @@ Run: python experiments/published_hetero.py
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +62,7 @@ from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import ModelSpec, load_model
 from hyperpipe.plan.plan import Plan, plan_from_dict
 from hyperpipe.plan.profile import Fit, Profile
+from hyperpipe.sim.accuracy import kendall_tau, mape
 from hyperpipe.sim.costmodel import CostModel, op_flops
 from hyperpipe.sim.simulator import SimOptions, simulate
 
@@ -250,18 +250,6 @@ def amp_profile(tp: int, cluster: Cluster) -> Profile:
     return Profile(compute=compute, provenance={
         "source": "DachengLi1/AMP src/known_cost/gpt2_{G4,P3}_*.npy (experiments/data/"
                   "amp_known_cost.json)", "model": model.name})
-
-
-def kendall_tau(xs: list[float], ys: list[float]) -> float:
-    """Kendall's tau-a (pairs tied in either count as neither)."""
-    pairs = list(itertools.combinations(range(len(xs)), 2))
-    score = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else
-                 -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0) for i, j in pairs)
-    return score / len(pairs)
-
-
-def mape(pred: list[float], meas: list[float]) -> float:
-    return sum(abs(p / m - 1) for p, m in zip(pred, meas, strict=True)) / len(meas)
 
 
 def table(rows: list[Row], cluster: Cluster) -> tuple[list, list]:

@@ -8,6 +8,7 @@ simulated actions by (device, op, stage, micro-batch).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,21 @@ def measured_iteration_s(trace: Trace) -> float:
 
 def relative_error(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured
+
+
+def mape(predicted: list[float], measured: list[float]) -> float:
+    """Mean absolute relative error of paired predictions (a fraction)."""
+    return sum(relative_error(p, m) for p, m in zip(predicted, measured, strict=True)) \
+        / len(measured)
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-a between two rankings of the same items (pairs tied in either
+    count as neither): +1 when they order every pair alike, -1 when oppositely."""
+    pairs = list(itertools.combinations(range(len(xs)), 2))
+    score = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else
+                 -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0) for i, j in pairs)
+    return score / len(pairs)
 
 
 @dataclass(frozen=True)

@@ -849,16 +849,24 @@ class CostModel:
             table[key] = self.model.layer_cost(layers[1] - 1, micro_batch).send_bytes
         return table[key]
 
+    def rank_params(self, layers: tuple[int, int], tp: int = 1, shards: int = 1, *,
+                    expert_share: float = 1.0, expert_shards: int | None = None) -> float:
+        """Parameters of layers [a, b) one device of a tensor-parallel group of `tp`
+        holds a share of: 1/tp of them, the dense ones split over `shards` ranks, of the
+        routed experts `expert_share` split over `expert_shards` (None: `shards`)."""
+        experts = self.expert_params(layers) if expert_share != 1.0 or \
+            expert_shards not in (None, shards) else 0
+        return ((self.stage_params(layers) - experts) / shards + experts * expert_share
+                / (shards if expert_shards is None else expert_shards)) / tp
+
     def grad_accumulate_s(self, layers: tuple[int, int], devices: tuple[str, ...], tp: int,
                           bytes_per_param: float, *, expert_share: float = 1.0) -> float:
         """One micro-batch's weight gradients of a stage added into full fp32 buffers on
         one device of its tensor-parallel group `devices` (`bytes_per_param` of memory
-        traffic per parameter it holds, at the device's achievable memory bandwidth,
-        stretched by the group's `Cluster.slowdown`): its 1/tp share of the stage's
-        parameters, of the routed experts `expert_share`."""
+        traffic per parameter it holds, `rank_params` unsharded, at the device's
+        achievable memory bandwidth, stretched by the group's `Cluster.slowdown`)."""
         dev = self.cluster.device(devices[0]).type
-        experts = self.expert_params(layers) if expert_share != 1.0 else 0
-        params = (self.stage_params(layers) - experts + experts * expert_share) / tp
+        params = self.rank_params(layers, tp, expert_share=expert_share, expert_shards=1)
         return self.cluster.slowdown(devices) * params * bytes_per_param / \
             dev.achievable_mem_bandwidth_bytes_per_s
 
@@ -872,10 +880,8 @@ class CostModel:
         parallelism the device updates `expert_share` of the routed experts, split over
         `expert_shards` (None: `dp_shards`)."""
         slow = self.cluster.slowdown(devices) if devices else 1.0
-        experts = self.expert_params(layers) if expert_share != 1.0 or \
-            expert_shards not in (None, dp_shards) else 0
-        params = ((self.stage_params(layers) - experts) / dp_shards + experts *
-                  expert_share / (dp_shards if expert_shards is None else expert_shards)) / tp
+        params = self.rank_params(layers, tp, dp_shards, expert_share=expert_share,
+                                  expert_shards=expert_shards)
         if self.profile is not None and device_type in self.profile.optimizer:
             return slow * self.profile.optimizer[device_type](params)
         dev = self.cluster.device_types[device_type]

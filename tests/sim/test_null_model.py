@@ -31,3 +31,20 @@ def test_compute_only_is_the_busiest_devices_work():
     two = plan.with_pipelines([PipelinePlan(1, 4, (StagePlan((0, 4), ("n/0",)),
                                                    StagePlan((4, 6), ("n/1",))))])
     assert compute_only_s(two, cost) == pytest.approx(48.0)
+
+
+def test_kendall_tau_against_pairs_counted_by_hand():
+    """tau-a: concordant minus discordant pairs over all pairs, ties in either ranking
+    counting as neither."""
+    from hyperpipe.sim.accuracy import kendall_tau
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
+    # (0,1) (0,2) (0,3) (1,3) concordant, (1,2) discordant, (2,3) tied in x: (4 - 1) / 6
+    assert kendall_tau([1, 2, 3, 3], [1, 3, 2, 4]) == pytest.approx((4 - 1) / 6)
+
+
+def test_mape_is_the_mean_relative_error():
+    from hyperpipe.sim.accuracy import mape
+    assert mape([110.0, 80.0], [100.0, 100.0]) == pytest.approx((0.10 + 0.20) / 2)
+    with pytest.raises(ValueError):
+        mape([1.0], [1.0, 2.0])
