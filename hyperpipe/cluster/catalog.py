@@ -9,6 +9,8 @@ benchmarks that report this simulator's accuracy:
 * `gemm`: a `GemmCurve`, the fraction of peak a GEMM of shape (M, N, K) reaches, through
   one published matmul measurement at the rate the part sustains (power-limited parts
   such as the 70 W T4 sustain far less than their boost-clock peak);
+* `simt_gemm`: the same for fp32 GEMMs on an NVIDIA part's CUDA cores (TF32 off), which
+  reach another fraction of their own peak than the tensor cores do of theirs;
 * `mem_efficiency`: the fraction of memory bandwidth streaming kernels reach (the rate
   of memory-bound work: norms, softmax, dropout, activations, optimizer);
 * `kernel_floor_s`: the least time one kernel takes however small its work (launch);
@@ -210,6 +212,9 @@ class DeviceType:
     source: str = ""
     runtime_reserve_bytes: float = 0.0          # held by the runtime, not by tensors
     gemm: GemmCurve | None = None               # None: flat `efficiency` for all FLOPs
+    # fp32 GEMMs without tensor cores (NVIDIA CUDA cores, TF32 off); None: `gemm` prices
+    # them too (AMD runs fp32 on its matrix cores; a type without curves is flat)
+    simt_gemm: GemmCurve | None = None
     mem_efficiency: float = DEFAULT_MEM_EFFICIENCY
     collective_efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY
     nic_efficiency: float = NIC_COLLECTIVE_EFFICIENCY   # collectives over the NICs
@@ -256,6 +261,13 @@ class DeviceType:
                            f"({' -> '.join(_chain(dtype))})", ", ".join(ratios))
         return self.peak_flops * ratios[d]
 
+    def gemm_for(self, dtype: str | None) -> GemmCurve | None:
+        """The curve of GEMMs in `dtype` (None: the headline dtype): `simt_gemm` for
+        fp32 where the part has one, else `gemm` (None: the flat `efficiency`)."""
+        if dtype == "fp32" and self.simt_gemm is not None:
+            return self.simt_gemm
+        return self.gemm
+
     @property
     def achievable_flops(self) -> float:
         return self.peak_flops * self.efficiency
@@ -285,13 +297,16 @@ def peak_ratios(peaks: Mapping[str, float]) -> tuple[float, tuple[tuple[str, flo
 
 
 def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None,
-       mem_efficiency=DEFAULT_MEM_EFFICIENCY, peer_to_peer=True, nvlink_sharp=False):
-    """A catalog entry; `peaks` in TFLOP/s per dtype, dense."""
+       mem_efficiency=DEFAULT_MEM_EFFICIENCY, peer_to_peer=True, nvlink_sharp=False,
+       simt: GemmCurve | None = None):
+    """A catalog entry; `peaks` in TFLOP/s per dtype, dense; `simt`: its fp32 CUDA-core
+    curve (NVIDIA parts: `SIMT_MEASURED`'s, else the unmeasured median)."""
     head, ratios = peak_ratios({d: v * 1e12 for d, v in peaks.items()})
     return DeviceType(name=name, peak_flops=head, memory_bytes=mem_gb * 1e9,
                       mem_bandwidth_bytes_per_s=bw_gbs * 1e9,
                       link_bandwidth_bytes_per_s=link_gbs * 1e9,
                       link_latency_s=latency_us * 1e-6, source=source, gemm=gemm,
+                      simt_gemm=simt,
                       runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9),
                       peak_ratios=ratios, kernel_floor_s=KERNEL_FLOOR_S,
                       mem_efficiency=mem_efficiency, peer_to_peer=peer_to_peer,
@@ -385,6 +400,58 @@ _T4 = GemmCurve(24 / 65, (4096, 4096, 4096), 40, tile_area=128 * 128,
                        "(sustained)", printed="4096x4096x4096")
 
 
+# fp32 GEMMs on NVIDIA CUDA cores (TF32 off), a unit of its own: cuBLAS SGEMM reaches
+# 90%+ of the fp32 peak on V100 and A100, but about two thirds on the parts whose fp32
+# peak counts a second datapath shared with INT32 (GA102, AD102, Hopper), and half on
+# the 70 W T4, whatever their tensor cores reach. One source and method for every part:
+# zzc0721/torch-performance-test-data, test.py (square torch.mm of 1024, 2048, 4096,
+# 8192 and 10240, 6 warm-up and 30 timed back to back, so seconds at the power-limited
+# clock: sustained, no burst scaling; the best size reported), its database.md
+# (commit 0785868; PyTorch's default allow_tf32=False for matmul since 1.12) and its
+# issues (whose script sets allow_tf32=False explicitly). Where a part has several runs,
+# their median. TFLOP/s, and the best size where the run printed it.
+_ZZC = "zzc0721/torch-performance-test-data (fp32 torch.mm, TF32 off, best of 1024-10240^2)"
+_SIMT_SEARCH_MAX = (10240, 10240, 10240)
+SIMT_TILE_AREA = 128 * 128      # cuBLAS/CUTLASS SIMT SGEMM tiles (e.g. sgemm 128x128_8x2)
+SIMT_MEASURED: dict[str, tuple[float, int | None, str]] = {
+    # name: (TFLOP/s, best square size or None where only the best rate was printed, where)
+    "V100": (14.51, 10240, "issue #140, Tesla V100-SXM2-16GB, torch 2.7.0"),
+    "T4": ((4.17 + 4.43) / 2, None, "database.md, Tesla T4 on Colab 4.17 and Kaggle 4.43"),
+    "RTX-2080Ti": ((13.04 + 11.52) / 2, 8192,
+                   "issues #115 (13.04 @ 8192^2) and #181 (11.52 @ 8192^2)"),
+    "Titan-RTX": (11.91, 4096, "issue #127, NVIDIA TITAN RTX (an uneven run)"),
+    "RTX-3090": (24.79, None, "database.md, RTX 3090 rows 24.46, 24.84, 24.79"),
+    "RTX-4090": (54.72, None, "database.md, RTX 4090 24GB rows 55.01, 54.77, 46.48, 54.67"),
+    "A100-40GB": (18.11, None, "database.md, NVIDIA A100 40GB"),
+    "A100-80GB": (19.18, None, "database.md, NVIDIA A100 SXM4 80GB"),
+    # the other H100 row's 403.74 is above the 67 TFLOP/s fp32 peak: TF32, left out
+    "H100-SXM": (52.11, None, "database.md, NVIDIA H100 80GB HBM3 (52.11 row)"),
+    "H200": (51.34, None, "database.md, NVIDIA H200"),
+    "L40S": (46.88, None, "database.md, NVIDIA L40S"),
+    "A6000": (23.92, None, "database.md, NVIDIA RTX A6000"),
+    "A40": (23.73, 8192, "issue #185, NVIDIA A40"),
+}
+
+
+def _simt(name: str, fp32_peak_tflops: float, sms: int) -> GemmCurve:
+    """The fp32 CUDA-core curve of catalog part `name` through `SIMT_MEASURED`."""
+    tflops, size, where = SIMT_MEASURED[name]
+    at = _SIMT_SEARCH_MAX if size is None else (size, size, size)
+    return GemmCurve(tflops / fp32_peak_tflops, at, sms, tile_area=SIMT_TILE_AREA,
+                     source=f"{_ZZC}: {where}: {tflops:.2f} of {fp32_peak_tflops} TFLOP/s",
+                     printed="x".join(map(str, at)), search_max=_SIMT_SEARCH_MAX)
+
+
+# Parts without a run: the median measured fraction (A10, L4, H100 PCIe).
+UNMEASURED_SIMT_FRACTION = 0.731      # sorted fractions: see test_simt_points
+
+
+def _simt_unmeasured(sms: int) -> GemmCurve:
+    return GemmCurve(UNMEASURED_SIMT_FRACTION, _SIMT_SEARCH_MAX, sms,
+                     tile_area=SIMT_TILE_AREA,
+                     source="no public fp32 SGEMM run: median of the measured parts")
+
+
 # NVLink figures are total bidirectional in NVIDIA's sheets; we store one direction (half).
 # PCIe figures: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction.
 # Peaks are dense (without sparsity) in TFLOP/s; fp32 is the non-tensor (CUDA core) rate
@@ -396,40 +463,41 @@ _CATALOG: tuple[DeviceType, ...] = (
     _d("V100-16GB", {"fp32": 15.7, "fp16": 125}, 16, 900, 150,
        "NVIDIA Tesla V100 datasheet (SXM2): 15.7 TFLOPS single, 125 TFLOPS tensor, "
        "900 GB/s HBM2, NVLink 300 GB/s; no bf16/tf32",
-       gemm=_unmeasured(80)),
+       gemm=_unmeasured(80), simt=_simt("V100", 15.7, 80)),
     _d("V100-32GB", {"fp32": 15.7, "fp16": 125}, 32, 900, 150,
        "NVIDIA Tesla V100 datasheet (SXM2 32GB): 15.7 TFLOPS single, 125 TFLOPS tensor, "
        "900 GB/s, NVLink 300 GB/s; no bf16/tf32",
-       gemm=_unmeasured(80)),
+       gemm=_unmeasured(80), simt=_simt("V100", 15.7, 80)),
     _d("A100-40GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 40, 1555, 300,
        "NVIDIA A100 datasheet (SXM4 40GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
        "dense, 1,555 GB/s, NVLink 600 GB/s",
-       gemm=_A100),
+       gemm=_A100, simt=_simt("A100-40GB", 19.5, 108)),
     _d("A100-80GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80, 2039, 300,
        "NVIDIA A100 datasheet (SXM4 80GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
        "dense, 2,039 GB/s, NVLink 600 GB/s",
-       gemm=_A100),
+       gemm=_A100, simt=_simt("A100-80GB", 19.5, 108)),
     _d("H100-SXM", {"fp32": 67, "tf32": 494.5, "fp16": 989, "bf16": 989, "fp8": 1979},
        80, 3350, 450,
        "NVIDIA H100 datasheet (SXM5): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 FP8 "
        "TFLOPS dense (half the sparse figures), 3.35 TB/s, NVLink 900 GB/s",
        gemm=_burst(792.1, 989, "6144x17920x2816", 132, _MAMF, "H100 SXM"),
-       nvlink_sharp=True),
+       simt=_simt("H100-SXM", 67, 132), nvlink_sharp=True),
     _d("H100-PCIe", {"fp32": 51, "tf32": 378, "fp16": 756, "bf16": 756, "fp8": 1513},
        80, 2000, 64,
        "NVIDIA H100 datasheet (PCIe): 51 FP32, 378 TF32, 756 BF16/FP16, 1,513 FP8 TFLOPS "
        "dense, 2 TB/s, PCIe Gen5 128 GB/s", latency_us=5.0,
-       gemm=_unmeasured(114)),
+       gemm=_unmeasured(114), simt=_simt_unmeasured(114)),
     _d("H200", {"fp32": 67, "tf32": 494.5, "fp16": 989, "bf16": 989, "fp8": 1979},
        141, 4800, 450,
        "NVIDIA H200 datasheet (SXM): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 FP8 "
        "TFLOPS dense, 141 GB HBM3e, 4.8 TB/s, NVLink 900 GB/s",
-       gemm=_H200, nvlink_sharp=True),
+       gemm=_H200, simt=_simt("H200", 67, 132), nvlink_sharp=True),
     _d("L4", {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121, "fp8": 242.5},
        24, 300, 32,
        "NVIDIA L4 datasheet: 30.3 FP32, 120/242/485 TF32/BF16/FP8 TFLOPS with sparsity "
        "(half dense), 24 GB GDDR6, 300 GB/s, 72 W, PCIe Gen4 x16 64 GB/s", latency_us=5.0,
        gemm=_mag(91.4, 121, "1024x6016x1792", 58, "NVIDIA L4"),
+       simt=_simt_unmeasured(58),
        # No peer-to-peer as L4s are deployed: "AWS g6 series does not have NVLink/
        # NVSwitch or PCIe P2P" (llm-d-incubation/llm-d-infra issue #181); NCCL over 4 L4s
        # runs its SHM transport (NVIDIA/nccl issue #1838, transport/shm.cc).
@@ -443,7 +511,7 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA T4 datasheet: 8.1 TFLOPS single, 65 TFLOPS FP16 mixed precision, "
        "16 GB GDDR6 (14.75 GiB usable with ECC), 320 GB/s, 70 W, PCIe Gen3 x16 32 GB/s; "
        "no bf16/tf32", latency_us=5.0,
-       gemm=_T4, mem_efficiency=T4_MEM_EFFICIENCY,
+       gemm=_T4, simt=_simt("T4", 8.1, 40), mem_efficiency=T4_MEM_EFFICIENCY,
        # No peer-to-peer as T4s are deployed: the cloud's 4-T4 servers (AWS g4dn.12xlarge)
        # join their GPUs through the CPU's host bridge (PHB), where NCCL does not use P2P
        # by default; NCCL over 4 T4s there allocates SHM segments (pytorch/ci-infra issue
@@ -453,12 +521,13 @@ _CATALOG: tuple[DeviceType, ...] = (
     _d("A10", {"fp32": 31.2, "tf32": 62.5, "fp16": 125, "bf16": 125}, 24, 600, 32,
        "NVIDIA A10 datasheet: 31.2 FP32, 62.5 TF32, 125 BF16/FP16 TFLOPS dense (half "
        "the sparse figures), 24 GB GDDR6, 600 GB/s, 150 W, PCIe Gen4 64 GB/s",
-       latency_us=5.0, gemm=_unmeasured(72)),
+       latency_us=5.0, gemm=_unmeasured(72), simt=_simt_unmeasured(72)),
     _d("RTX-3090", {"fp32": 35.6, "tf32": 35.6, "fp16": 71, "bf16": 71}, 24, 936, 32,
        "NVIDIA Ampere GA102 whitepaper (appendix): RTX 3090 35.6 FP32, 35.6 TF32, 71 "
        "FP16/BF16 tensor TFLOPS with FP32 accumulate (dense), 24 GB GDDR6X, 936 GB/s, "
        "PCIe Gen4", latency_us=5.0,
        gemm=_mag(78.0, 71, "5248x15040x1024", 82, "GeForce RTX 3090"),
+       simt=_simt("RTX-3090", 35.6, 82),
        # GeForce: no PCIe peer-to-peer on the stock driver ("CANNOT Access Peer" between
        # all 8 RTX 3090s of a server, NVIDIA/nccl issue #1127; a patched open kernel module
        # exists to add it, aikitoria/open-gpu-kernel-modules).
@@ -469,6 +538,7 @@ _CATALOG: tuple[DeviceType, ...] = (
        "FP16/BF16, 330.3 FP8 tensor TFLOPS with FP32 accumulate (dense), 24 GB GDDR6X, "
        "1,008 GB/s, PCIe Gen4", latency_us=5.0,
        gemm=_mag(178.8, 165.2, "14336x4096x4096", 128, "GeForce RTX 4090"),
+       simt=_simt("RTX-4090", 82.6, 128),
        # No peer-to-peer on the stock driver: NCCL on 8 RTX 4090s connects "via SHM"
        # (NVIDIA/nccl-tests issue #307); tinygrad/open-gpu-kernel-modules patches it in.
        peer_to_peer=False),
@@ -476,12 +546,12 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA Turing whitepaper (appendix) and Titan RTX page: 16.3 FP32, 130.5 FP16 "
        "tensor TFLOPS with FP32 accumulate (full rate on Titan), 24 GB GDDR6, 672 GB/s, "
        "280 W, PCIe Gen3; no bf16/tf32", latency_us=5.0,
-       gemm=_unmeasured(72)),
+       gemm=_unmeasured(72), simt=_simt("Titan-RTX", 16.3, 72)),
     _d("RTX-2080Ti", {"fp32": 13.4, "fp16": 53.8}, 11, 616, 16,
        "NVIDIA Turing whitepaper (appendix): RTX 2080 Ti (reference clocks) 13.4 FP32, "
        "53.8 FP16 tensor TFLOPS with FP32 accumulate (107.6 with FP16 accumulate), 11 GB "
        "GDDR6, 616 GB/s, 250 W, PCIe Gen3; no bf16/tf32", latency_us=5.0,
-       gemm=_unmeasured(68),
+       gemm=_unmeasured(68), simt=_simt("RTX-2080Ti", 13.4, 68),
        # "the 2080ti has never supported p2p": p2pBandwidthLatencyTest reports "CANNOT
        # Access Peer" between every pair of 8 (NVIDIA/nccl-tests issue #117).
        peer_to_peer=False),
@@ -489,17 +559,19 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA RTX A6000 datasheet: 38.7 FP32, 77.4 TF32, 154.8 BF16/FP16 tensor TFLOPS "
        "dense (half the sparse figures), 48 GB GDDR6, 768 GB/s, 300 W, PCIe Gen4",
        latency_us=5.0,
-       gemm=_mag(131.2, 154.8, "9856x12480x13248", 84, "NVIDIA RTX A6000")),
+       gemm=_mag(131.2, 154.8, "9856x12480x13248", 84, "NVIDIA RTX A6000"),
+       simt=_simt("A6000", 38.7, 84)),
     _d("A40", {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7}, 48, 696, 32,
        "NVIDIA A40 datasheet: 37.4 FP32, 74.8 TF32, 149.7 BF16/FP16 tensor TFLOPS dense "
        "(half the sparse figures), 48 GB GDDR6, 696 GB/s, 300 W, PCIe Gen4",
-       latency_us=5.0, gemm=_unmeasured(84)),
+       latency_us=5.0, gemm=_unmeasured(84), simt=_simt("A40", 37.4, 84)),
     _d("L40S", {"fp32": 91.6, "tf32": 183, "fp16": 362.05, "bf16": 362.05, "fp8": 733},
        48, 864, 32,
        "NVIDIA L40S datasheet: 91.6 FP32, 183 TF32, 362.05 BF16/FP16, 733 FP8 tensor "
        "TFLOPS dense (half the sparse figures), 48 GB GDDR6, 864 GB/s, 350 W, PCIe Gen4",
        latency_us=5.0,
-       gemm=_mag(252.0, 362.05, "4416x3776x3072", 142, "NVIDIA L40S")),
+       gemm=_mag(252.0, 362.05, "4416x3776x3072", 142, "NVIDIA L40S"),
+       simt=_simt("L40S", 91.6, 142)),
     # AMD: an fp32 GEMM runs on the matrix cores (MFMA FP32), so fp32 is the matrix rate.
     _d("MI250X", {"fp32": 95.7, "fp16": 383, "bf16": 383}, 128, 3200, 50,
        "AMD Instinct MI250X datasheet: 95.7 FP32 matrix, 383 TFLOPS FP16/BF16 dense, "

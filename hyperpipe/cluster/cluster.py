@@ -321,15 +321,16 @@ def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> Device
                           mem_bandwidth_bytes_per_s=1e12, source="user-defined",
                           mem_efficiency=1.0, collective_efficiency=1.0,
                           nic_efficiency=1.0, peak_ratios=ratios)
-    # An explicit `efficiency` replaces the base's GEMM curve by that flat fraction.
-    gemm = None if f.has("efficiency") else base.gemm
+    # An explicit `efficiency` replaces the base's GEMM curves by that flat fraction.
+    flat = f.has("efficiency")
+    gemm, simt = (None, None) if flat else (base.gemm, base.simt_gemm)
     sharp = f.raw("nvlink_sharp", base.nvlink_sharp)
     if not isinstance(sharp, bool):
         raise BadInput(f.at("nvlink_sharp"), "true or false (whether the node's switch "
                        "reduces in the network, NVLink SHARP)", sharp)
     peak, ratios = _peaks(f, base)
     return replace(
-        base, name=name, gemm=gemm, peak_flops=peak, peak_ratios=ratios,
+        base, name=name, gemm=gemm, simt_gemm=simt, peak_flops=peak, peak_ratios=ratios,
         memory_bytes=f.quantity("memory", "bytes", base.memory_bytes),
         mem_bandwidth_bytes_per_s=f.quantity("mem_bandwidth", "bandwidth",
                                              base.mem_bandwidth_bytes_per_s),

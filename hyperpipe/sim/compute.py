@@ -22,10 +22,12 @@ from hyperpipe.models.ops import PassWork
 def gemm_time_s(dev: DeviceType, m: float, n: float, k: float, batch: float,
                 dtype_bytes: int, dtype: str | None = None) -> float:
     """Seconds of one (batched) GEMM on `dev` in `dtype` (None: the fp16/bf16 headline
-    peak): compute at the curve's efficiency, or its operand traffic at the achievable
-    bandwidth, whichever is longer, and never less than one kernel's floor."""
+    peak): compute at the dtype's curve's efficiency (`DeviceType.gemm_for`: fp32 on
+    CUDA cores has its own), or its operand traffic at the achievable bandwidth,
+    whichever is longer, and never less than one kernel's floor."""
     flops = 2.0 * m * n * k * batch
-    eff = dev.gemm.efficiency(m, n, k, batch) if dev.gemm is not None else dev.efficiency
+    curve = dev.gemm_for(dtype)
+    eff = curve.efficiency(m, n, k, batch) if curve is not None else dev.efficiency
     peak = dev.peak_flops if dtype is None else dev.peak_for(dtype)
     io = (m * k + k * n + m * n) * batch * dtype_bytes
     return max(flops / (peak * eff), io / dev.achievable_mem_bandwidth_bytes_per_s,
