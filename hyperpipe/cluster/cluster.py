@@ -51,6 +51,13 @@ class Link:
         return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
+def link_sig(link: Link | Nics | None) -> tuple[float, ...] | None:
+    """A `Link` or `Nics` (or None) as the plain numbers it is made of, for cache keys:
+    a key of numbers hashes at C speed, a dataclass's hash is a Python call (the search
+    hashes its keys tens of millions of times)."""
+    return None if link is None else tuple(vars(link).values())
+
+
 @dataclass(frozen=True)
 class Hop:
     """One direction of one physical port: the unit of bandwidth sharing."""

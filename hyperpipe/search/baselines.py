@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from hyperpipe.cluster.cluster import cluster_ref
+from hyperpipe.cluster.cluster import cluster_ref, link_sig
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import model_ref
 from hyperpipe.plan.kinds import DEFAULT_KIND, schedule_kind
@@ -211,7 +211,7 @@ def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, .
                     out = None
                     break
                 link = None if tp == 1 else (first.node if profiled else
-                                             cluster.node(first.node).intra_link)
+                                             link_sig(cluster.node(first.node).intra_link))
                 kinds.append((first.type.name, cluster.slowdown(g), link))
             if out is None:
                 break

@@ -36,7 +36,7 @@ class TimesKey(NamedTuple):
 
     device_type: str
     slowdown: float            # the tp group's slowest member's (`Cluster.slowdown`)
-    intra_link: Any            # the node's intra link when tp > 1, else None
+    intra_link: Any            # `link_sig` of the node's intra link when tp > 1, else None
     tp: int
     micro_batch: int
     recompute: str
@@ -201,6 +201,21 @@ class Placement(NamedTuple):
     order: tuple[str, ...]
     recipe: tuple[tuple[str, int], ...]
     cp: int = 1
+
+
+class PositionKey(NamedTuple):
+    """Which units the replicas of a template hold at one row position: `_assign` takes
+    the `index`-th unit of `device_class` (of `per_replica` in each replica) from the
+    class's pool of `tp` x `cp` units by `layout` over `dp` replicas, so the units, and
+    the rings and groups across the replicas there, depend on nothing else."""
+
+    device_class: str
+    tp: int
+    cp: int
+    dp: int
+    layout: str
+    index: int
+    per_replica: int
 
 
 class UnitKey(NamedTuple):

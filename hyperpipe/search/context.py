@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hyperpipe.cluster.cluster import link_sig
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.stack import resolve_runtime
 from hyperpipe.search import partition as P
@@ -29,6 +30,7 @@ from hyperpipe.search.caches import (
     ModeLoad,
     PeerCaches,
     Placement,
+    PositionKey,
     ReplicaKey,
     RingCost,
     RowCut,
@@ -78,6 +80,8 @@ class SearchContext:
     rings: Cache[tuple, RingCost] = field(default_factory=Cache)      # by `ring_pattern`
     row_cuts: Cache[RowKey, RowCut | None] = field(default_factory=Cache)
     placed_rings: Cache[Placement, list] = field(default_factory=Cache)  # per device slot
+    # the gradient ring of one row position across the replicas (`templates._sync_s`)
+    position_rings: Cache[PositionKey, RingCost] = field(default_factory=Cache)
     unit_signs: Cache[tuple[str, ...], tuple] = field(default_factory=Cache)
     layer_caps: Cache[CapsKey, Any] = field(default_factory=Cache)    # `bounds.LayerCaps`
     mode_loads: Cache[LoadKey, ModeLoad] = field(default_factory=Cache)   # `bounds.key_bound`
@@ -90,7 +94,7 @@ class SearchContext:
     peers: PeerCaches = field(default_factory=PeerCaches)
     unit_pools: Cache[tuple[int, int], dict] = field(default_factory=Cache)  # (tp, cp)
     fast_units: Cache[UnitKey, tuple[str, ...]] = field(default_factory=Cache)
-    group_patterns: Cache[tuple, tuple] = field(default_factory=Cache)  # (placement, slot)
+    group_patterns: Cache[PositionKey, tuple] = field(default_factory=Cache)
     table_keys: Cache[tuple, TableKey] = field(default_factory=Cache)   # `table_key`
     memories: Cache[tuple, P.LayerTables] = field(default_factory=Cache)  # `table_of`
     # (stage times key, layers, ring pattern, op, first forward) -> what ZeRO-2/3 adds
@@ -224,7 +228,7 @@ class SearchContext:
         span = len({self.cluster.device(d).node for d in group}) if mode.cp > 1 else 1
         ep_nodes = self.ep_exchange(group, mode.cp, mode.ep)[0] if mode.ep > 1 else ()
         times = TimesKey(dev.type.name, self.cluster.slowdown(group),
-                         node.intra_link if len(group) > 1 else None,
+                         link_sig(node.intra_link) if len(group) > 1 else None,
                          tp, mb, mode.recompute, mode.sequence_parallel, mode.cp, span,
                          mode.ep, ep_nodes)
         if not mode.zero:
@@ -312,10 +316,10 @@ class SearchContext:
         same = a.node == b.node
         # a NIC's bandwidth is its node's `nics` figure; which card a device uses does
         # not change a transfer's idle-link time (every card of a node is alike)
-        inter = (na.nic, na.nics, nb.nic, nb.nics)
+        inter = tuple(map(link_sig, (na.nic, na.nics, nb.nic, nb.nics)))
         if self.cost.profile is not None:
             return LinkKey((a.node,) if same else ("inter", *inter), mb)
-        return LinkKey((na.intra_link,) if same else inter, mb)
+        return LinkKey((link_sig(na.intra_link),) if same else inter, mb)
 
     def link_of(self, key: LinkKey, src: str, dst: str) -> np.ndarray:
         """Per layer cut, the link cost under `key` (`src`, `dst`: a route it stands for)."""

@@ -35,6 +35,7 @@ from hyperpipe.search.caches import (
     BookKey,
     LinkKey,
     Placement,
+    PositionKey,
     RingCost,
     RowCut,
     RowKey,
@@ -292,7 +293,8 @@ def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partiti
         st = StagePlan((a, b), unit, tp, mode.recompute, mode.sequence_parallel, cp,
                        mode.ep)
         pattern = ctx.ring_pattern((group,)) if placement is None else \
-            ctx.group_patterns.memo((placement, d), lambda g=group: ctx.ring_pattern((g,)))
+            ctx.group_patterns.memo(_position(placement, d),
+                                    lambda g=group: ctx.ring_pattern((g,)))
         f = _zero_cost(ctx, st, group, pattern, mb, mode, "F").extra_s
         back = sum(_zero_cost(ctx, st, group, pattern, mb, mode, op).extra_s
                    for op in backward)
@@ -347,13 +349,23 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
         if not rings:
             continue
         if placed[d] is None:
-            placed[d] = _ring_cost(ctx, tuple(r[d] for r in slots))
+            groups = tuple(r[d] for r in slots)
+            placed[d] = _ring_cost(ctx, groups) if placement is None else \
+                ctx.position_rings.memo(_position(placement, d),
+                                        lambda g=groups: _ring_cost(ctx, g))
         # with expert parallelism a rank reduces its 1/ep of the routed experts (over
         # their expert-data-parallel group, priced here as the replicas' ring)
         params = cost.stage_params((a, b)) - (1 - 1 / mode.ep) * cost.expert_params((a, b))
         nbytes = params * per_param / tp
         per_device[d] += _affine_s(placed[d], nbytes)
     return max(per_device)
+
+
+def _position(placement: Placement, d: int) -> PositionKey:
+    """The units `placement`'s replicas hold at row position d (`_assign`)."""
+    t = placement.order[d]
+    return PositionKey(t, placement.tp, placement.cp, placement.dp, placement.layout,
+                       placement.order[:d].count(t), dict(placement.recipe)[t])
 
 
 def _ring_s(ctx: SearchContext, groups: tuple[tuple[str, ...], ...], nbytes: float) -> float:

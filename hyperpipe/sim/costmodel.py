@@ -23,6 +23,7 @@ from hyperpipe.cluster.cluster import (
     Link,
     Route,
     hierarchical_all_reduce,
+    link_sig,
     ring_channels,
 )
 from hyperpipe.models import ModelSpec
@@ -540,12 +541,12 @@ class CostModel:
         for name in devices:
             dev = self.cluster.device(name)
             kind = kinds.get(dev.node)
-            if kind is None:
+            if kind is None:           # (links as numbers: the pattern is hashed a lot)
                 n = self.cluster.node(dev.node)
-                kind = kinds[dev.node] = (n.device_type, n.count, n.intra_link, n.nic,
-                                          n.nics, n.peer_to_peer)
+                kind = kinds[dev.node] = (n.device_type, n.count, link_sig(n.intra_link),
+                                          link_sig(n.nic), link_sig(n.nics), n.peer_to_peer)
             mine = rails.setdefault(dev.node, {})
-            nic = mine.setdefault(dev.index * kind[4].count // kind[1], len(mine))
+            nic = mine.setdefault(dev.index * kind[4][0] // kind[1], len(mine))
             out.append((kind, seen.setdefault(dev.node, len(seen)), nic))
         return tuple(out)
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from hyperpipe.cluster.cluster import link_sig
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import DEFAULT_KIND
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
@@ -64,7 +65,7 @@ def _type_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> Gr
     dev = cost.cluster.device(group[0])
     node = cost.cluster.node(dev.node)
     key = PeerTableKey(dev.type.name, cost.cluster.slowdown(group), len(group),
-                       node.intra_link if len(group) > 1 else None, mb)
+                       link_sig(node.intra_link) if len(group) > 1 else None, mb)
     memo = caches.type_tables
     if key not in memo:
         n = cost.model.num_layers
