@@ -28,11 +28,12 @@ import simpy
 class _Flow:
     """One flow's state (mutable, internal: the network updates it on rate changes)."""
 
-    __slots__ = ("hops", "remaining_s", "speed", "mark_s", "end_s", "latency_s",
+    __slots__ = ("hops", "names", "remaining_s", "speed", "mark_s", "end_s", "latency_s",
                  "done", "token", "event", "alone", "lazy")
 
     def __init__(self, hops, work_s, latency_s, done, token, now, speed):
         self.hops = hops
+        self.names = [hop for hop, _ in hops]    # (read in C loops on rate changes)
         self.remaining_s = work_s        # work left, in seconds at full speed
         self.speed = speed               # fraction of full speed
         self.mark_s = now                # when remaining_s was last brought up to date
@@ -105,7 +106,7 @@ class Network:
             self._attach(flow)
             self._schedule(flow, now)
             return None
-        touched: list[_Flow] = []
+        touched: dict[_Flow, None] = {}              # in order of first touch
         for hop, _ in hops:                          # lazy flows still moving become tracked
             entry = lazies.get(hop)
             if entry is not None and entry[0] > now:
@@ -116,15 +117,13 @@ class Network:
                 f = _Flow(f_hops, work, lat, f_done, f_token, start, f_speed)
                 f.lazy = True                        # `_reschedule` calls on_delay
                 self._attach(f)
-                touched.append(f)
+                touched[f] = None
         flow = _Flow(hops, work_s, latency_s, done, token, now, 1.0)
         for hop, _ in hops:
-            for f in on.get(hop, ()):
-                if f not in touched:
-                    touched.append(f)
+            touched.update(dict.fromkeys(on.get(hop, ())))
         self._attach(flow)
-        touched.append(flow)
-        self._reschedule(touched, now)
+        touched[flow] = None
+        self._reschedule(list(touched), now)
         return None
 
     def start_lazy(self, spec: FlowSpec, now: float, done: Callable[[Any], None],
@@ -164,7 +163,7 @@ class Network:
         # Alone on every hop: nothing else speeds up when its bytes end, so one event at
         # delivery does; otherwise an event at the end of the bytes.
         on = self._on
-        f.alone = all(len(on[hop]) == 1 for hop, _ in f.hops)
+        f.alone = max(map(len, map(on.__getitem__, f.names))) == 1
         delay = f.end_s - now + (f.latency_s if f.alone else 0.0)
         f.event = ev = self.env.timeout(delay, f)
         ev.callbacks.append(self._fire)
@@ -175,7 +174,7 @@ class Network:
         for f in flows:
             f.remaining_s = max(0.0, f.remaining_s - (now - f.mark_s) * f.speed)
             f.mark_s = now
-            f.speed = 1.0 / max(load[hop] for hop, _ in f.hops)
+            f.speed = 1.0 / max(map(load.__getitem__, f.names))
             f.end_s = now + f.remaining_s / f.speed
             if f.lazy:                       # its caller's delivery time no longer holds
                 f.lazy = False
@@ -192,13 +191,11 @@ class Network:
         if flow.alone:
             flow.done(flow.token)
             return
-        touched: list[_Flow] = []
-        for hop, _ in flow.hops:
-            for f in self._on[hop]:
-                if f not in touched:
-                    touched.append(f)
+        touched: dict[_Flow, None] = {}              # in order of first touch
+        for hop in flow.names:
+            touched.update(dict.fromkeys(self._on[hop]))
         if touched:
-            self._reschedule(touched, self.env.now)
+            self._reschedule(list(touched), self.env.now)
         if flow.latency_s > 0.0:
             done, token = flow.done, flow.token
             self.env.timeout(flow.latency_s).callbacks.append(lambda _e: done(token))
