@@ -415,6 +415,7 @@ _SIMT_SEARCH_MAX = (10240, 10240, 10240)
 SIMT_TILE_AREA = 128 * 128      # cuBLAS/CUTLASS SIMT SGEMM tiles (e.g. sgemm 128x128_8x2)
 SIMT_MEASURED: dict[str, tuple[float, int | None, str]] = {
     # name: (TFLOP/s, best square size or None where only the best rate was printed, where)
+    # both V100 entries (SXM2: the same clocks and peak)
     "V100": (14.51, 10240, "issue #140, Tesla V100-SXM2-16GB, torch 2.7.0"),
     "T4": ((4.17 + 4.43) / 2, None, "database.md, Tesla T4 on Colab 4.17 and Kaggle 4.43"),
     "RTX-2080Ti": ((13.04 + 11.52) / 2, 8192,
