@@ -440,7 +440,8 @@ def _simt(name: str, fp32_peak_tflops: float, sms: int) -> GemmCurve:
     at = _SIMT_SEARCH_MAX if size is None else (size, size, size)
     return GemmCurve(tflops / fp32_peak_tflops, at, sms, tile_area=SIMT_TILE_AREA,
                      source=f"{_ZZC}: {where}: {tflops:.2f} of {fp32_peak_tflops} TFLOP/s",
-                     printed="x".join(map(str, at)), search_max=_SIMT_SEARCH_MAX)
+                     printed="" if size is None else "x".join(map(str, at)),
+                     search_max=_SIMT_SEARCH_MAX)
 
 
 # Parts without a run: the median measured fraction (A10, L4, H100 PCIe).

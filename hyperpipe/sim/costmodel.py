@@ -173,7 +173,7 @@ class _Tables:
     allreduce_s: dict[_Devices, tuple[float, float]] = field(default_factory=dict)
     # `CostModel.ring_pattern` -> the all-reduce line of every device tuple of it
     allreduce_patterns: dict[tuple, tuple[float, float]] = field(default_factory=dict)
-    node_kinds: dict[str, tuple] = field(default_factory=dict)     # node -> its kind
+    node_kinds: dict[str, tuple] = field(default_factory=dict)     # node -> (kind, NICs, devices)
     # (layers, micro-batch, tp, recompute, sequence parallel, cp) -> bytes
     stash_bytes: dict[tuple[_Layers, int, int, str, bool, int], float] = \
         field(default_factory=dict)
@@ -540,13 +540,15 @@ class CostModel:
         out = []
         for name in devices:
             dev = self.cluster.device(name)
-            kind = kinds.get(dev.node)
-            if kind is None:           # (links as numbers: the pattern is hashed a lot)
+            got = kinds.get(dev.node)
+            if got is None:            # (links as numbers: the pattern is hashed a lot)
                 n = self.cluster.node(dev.node)
-                kind = kinds[dev.node] = (n.device_type, n.count, link_sig(n.intra_link),
-                                          link_sig(n.nic), link_sig(n.nics), n.peer_to_peer)
+                got = kinds[dev.node] = ((n.device_type, n.count, link_sig(n.intra_link),
+                                          link_sig(n.nic), link_sig(n.nics),
+                                          n.peer_to_peer), n.nics.count, n.count)
+            kind, nic_count, per_node = got
             mine = rails.setdefault(dev.node, {})
-            nic = mine.setdefault(dev.index * kind[4][0] // kind[1], len(mine))
+            nic = mine.setdefault(dev.index * nic_count // per_node, len(mine))
             out.append((kind, seen.setdefault(dev.node, len(seen)), nic))
         return tuple(out)
 
