@@ -32,6 +32,7 @@ from hyperpipe.search import space
 from hyperpipe.search.caches import LayersOn, ReplicaKey, SketchKey
 from hyperpipe.search.evaluate import estimate, rank_key
 from hyperpipe.search.partition import expert_state
+from hyperpipe.sim.analytic import out_of_memory
 
 if TYPE_CHECKING:
     from hyperpipe.search.templates import PhaseStats, SearchContext
@@ -287,11 +288,11 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
     analytic tier likes best (memory-feasible first), for the simulator to rank.
     Branch and bound: the grid's points are estimated in order of their `sketch`'s
     bound, until the bound exceeds the short list's worst estimate; only those are
-    built as plans."""
-    c = ctx.c
+    built as plans. A plan the analytic tier puts out of memory (`analytic.
+    out_of_memory`, no time priced) is estimated only if the short list ends with fewer
+    than BASELINE_SHORT_LIST plans that fit: it ranks below every plan that does."""
     out: dict[str, list[Plan]] = {}
     for name in names:
-        make = BASELINES[name]
         built = []
         for subset, dims in baseline_grid(ctx):
             phase.seen += 1
@@ -301,22 +302,41 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
                 continue
             built.append((got[1], len(built), dims))
         built.sort(key=lambda x: x[:2])
-        short: list[tuple[tuple, int, Plan]] = []
-        for bound, serial, dims in built:
-            if len(short) >= BASELINE_SHORT_LIST and not short[-1][0][0] \
-                    and c.objective == "throughput" and bound > short[-1][0][1]:
-                phase.pruned += 1
-                continue
-            try:
-                plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs).on_stack(
-                    ctx.c.stack, **ctx.c.runtime.given())
-                key = rank_key(c, estimate(plan, ctx.cost))
-            except (InfeasiblePlan, BadInput):   # e.g. a schedule over the action limit
-                phase.infeasible += 1
-                continue
-            short.append((key, serial, plan))
-            short.sort(key=lambda x: x[:2])
-            del short[BASELINE_SHORT_LIST:]
+        short = _short_list(ctx, phase, BASELINES[name], built)
         if short:
-            out[name] = [plan for _, _, plan in short]
+            out[name] = short
     return out
+
+
+def _short_list(ctx: SearchContext, phase: PhaseStats, make, built: list[tuple]
+                ) -> list[Plan]:
+    """`tuned_baselines`' walk for one baseline (`make`) over `built`: (bound, serial,
+    dims), best bound first."""
+    c = ctx.c
+    short: list[tuple[tuple, int, Plan]] = []
+    too_big: list[tuple[int, Plan]] = []        # out of memory: estimated only if needed
+
+    def add(serial: int, plan: Plan) -> None:
+        short.append((rank_key(c, estimate(plan, ctx.cost)), serial, plan))
+        short.sort(key=lambda x: x[:2])
+        del short[BASELINE_SHORT_LIST:]
+
+    for bound, serial, dims in built:
+        if len(short) >= BASELINE_SHORT_LIST and not short[-1][0][0] \
+                and c.objective == "throughput" and bound > short[-1][0][1]:
+            phase.pruned += 1
+            continue
+        try:
+            plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs).on_stack(
+                c.stack, **c.runtime.given())
+            if out_of_memory(plan, ctx.cost):
+                too_big.append((serial, plan))
+                continue
+            add(serial, plan)
+        except (InfeasiblePlan, BadInput):   # e.g. a schedule over the action limit
+            phase.infeasible += 1
+    phase.infeasible += len(too_big)
+    if len(short) < BASELINE_SHORT_LIST or short[-1][0][0]:
+        for serial, plan in too_big:
+            add(serial, plan)
+    return [plan for _, _, plan in short]

@@ -212,17 +212,12 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
         return extra + a2a
     v, kind = plan.chunks, plan.schedule
     pipe = plan.pipelines[members[0]]
-    st, m, b = pipe.stages, pipe.num_microbatches, pipe.micro_batch
+    st, m = pipe.stages, pipe.num_microbatches
     p = len(st) // v
-    if sched is None and not schedule_kind(kind).closed_form:     # priced off the IR
-        # peaks stop growing at m = 2p (tests/test_schedule_v.py), the fill nearly so
-        sched = generate(kind, p, min(m, 2 * p), v)
+    sched = _class_schedule(plan, pipe, sched)
     times = _op_times(cost, pipe, kind, sched, add)
     homes = [rank_stages(r, p, v, pipeline_placement(plan, pipe)) for r in range(p)]
-    sizes = [_stage_bytes(cost, s, b, cache, ex.keeps_stage_outputs) for s in st]
-    sizes = [z._replace(stash_bytes=z.stash_bytes + extra) if extra else z
-             for z, extra in ((z, expert_stash_extra_bytes(cost, plan, members[0], k))
-                              for k, z in enumerate(sizes))]
+    sizes = _sizes(cost, plan, members[0], ex, cache)
     crossed = [_link(cost, x, y, sizes[k].send_bytes, cache)
                for k, (x, y) in enumerate(pairwise(st))]
     whole_b = None          # a split kind's replayed B's, when the sends are folded in
@@ -236,21 +231,83 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     # theirs: a rank's chunks end their backwards (and start their rings) apart.
     below = [0.0, *accumulate(times.b)]
     ready = {s: GradReady(span - below[s], times.last[s]) for s in range(len(st))}
-    held = [peak_in_flight(kind, p, m, v, r) for r in range(p)] if sched is None \
-        else rank_peaks(sched)
+    peaks = _rank_peaks(cost, plan, pipe, homes, sizes, sched, ex, cache)
     columns = list(zip(*[plan.pipelines[q].stages for q in members], strict=True))
     ranks, rank_ends, stage_devices = [], [], {}
     for r in range(p):
         mine = homes[r]
         rank_ends.append((span - min(below[s] for s in mine), mine))
-        stash = sum(sizes[s].stash_bytes for s in mine) / len(mine)
         device_type = cache.device_types[st[r].devices[0]]
-        peak = _static_bytes(cost, plan, [st[s] for s in mine], device_type.name, b, ex,
-                             cache) + stash * held[r]
+        peak = peaks[r]
         devices = tuple(chain.from_iterable(map(_DEVICES, columns[r])))
         stage_devices.update(dict.fromkeys(mine, devices))
         ranks.append(RankUse(devices, device_type, tuple(mine), peak, m * work[r]))
     return ClassEstimate(span, ranks, ready, rank_ends, stage_devices)
+
+
+def _class_schedule(plan: Plan, pipe: PipelinePlan, sched: Schedule | None
+                    ) -> Schedule | None:
+    """What a replica class is priced off: kind synth's own orders (`sched`), a kind
+    without closed forms' generated IR, else None (the closed forms)."""
+    kind, v = plan.schedule, plan.chunks
+    if sched is None and not schedule_kind(kind).closed_form:     # priced off the IR
+        p, m = len(pipe.stages) // v, pipe.num_microbatches
+        # peaks stop growing at m = 2p (tests/test_schedule_v.py), the fill nearly so
+        return generate(kind, p, min(m, 2 * p), v)
+    return sched
+
+
+def _sizes(cost: CostModel, plan: Plan, q: int, ex: Execution, cache: AnalyticCache
+           ) -> list[StageBytes]:
+    """Each stage of pipeline q: its stash per micro-batch (with the routed experts'
+    extra) and the bytes it sends on."""
+    pipe = plan.pipelines[q]
+    sizes = [_stage_bytes(cost, s, pipe.micro_batch, cache, ex.keeps_stage_outputs)
+             for s in pipe.stages]
+    return [z._replace(stash_bytes=z.stash_bytes + extra) if extra else z
+            for z, extra in ((z, expert_stash_extra_bytes(cost, plan, q, k))
+                             for k, z in enumerate(sizes))]
+
+
+def _rank_peaks(cost: CostModel, plan: Plan, pipe: PipelinePlan,
+                homes: list[tuple[int, ...]], sizes: list[StageBytes],
+                sched: Schedule | None, ex: Execution, cache: AnalyticCache
+                ) -> list[float]:
+    """Per rank of `pipe`, its peak bytes: static state plus its in-flight count times
+    its stages' mean stash (`sched`: `_class_schedule`'s)."""
+    st, m, b, v = pipe.stages, pipe.num_microbatches, pipe.micro_batch, plan.chunks
+    p = len(st) // v
+    held = [peak_in_flight(plan.schedule, p, m, v, r) for r in range(p)] \
+        if sched is None else rank_peaks(sched)
+    peaks = []
+    for r in range(p):
+        mine = homes[r]
+        stash = sum(sizes[s].stash_bytes for s in mine) / len(mine)
+        device_type = cache.device_types[st[r].devices[0]]
+        peaks.append(_static_bytes(cost, plan, [st[s] for s in mine], device_type.name,
+                                   b, ex, cache) + stash * held[r])
+    return peaks
+
+
+def out_of_memory(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = None
+                  ) -> bool:
+    """Whether `estimate(plan, cost)` puts a device over its memory (a non-empty
+    `Metrics.oom`), from the same peaks, without pricing any time."""
+    cache = cache_for(cost, cache)
+    ex = execution_of(plan, cost)
+    classes, own = _classes(plan, cost, cache)
+    for members in classes:
+        pipe = plan.pipelines[members[0]]
+        p = len(pipe.stages) // plan.chunks
+        homes = [rank_stages(r, p, plan.chunks, pipeline_placement(plan, pipe))
+                 for r in range(p)]
+        peaks = _rank_peaks(cost, plan, pipe, homes, _sizes(cost, plan, members[0], ex,
+                                                            cache),
+                            _class_schedule(plan, pipe, own.get(members[0])), ex, cache)
+        if any(peak > cache.device_types[pipe.stages[r].devices[0]].memory_bytes
+               for r, peak in enumerate(peaks)):
+            return True
+    return False
 
 
 def _gather_delay_s(cost: CostModel, plan: Plan, q: int, homes: list[tuple[int, ...]],

@@ -132,3 +132,39 @@ def test_tuned_uniform_leaves_a_hopeless_device_type_out():
     # the search's pick is its own, judged by the same simulator as the baselines
     assert res.best.metrics.iteration_time_s <= \
         min(c.metrics.iteration_time_s for c in res.baselines.values()) * 1.001
+
+
+def _tight(model, cluster, share: float):
+    """`cluster` with each device's room (beyond its reserve) `share` x the model's
+    whole state: stages fit by their state, many not with their stashes."""
+    room = CostModel(model, cluster).state_bytes((0, model.num_layers)) * share
+    return dataclasses.replace(cluster, device_types={
+        k: dataclasses.replace(t, memory_bytes=t.runtime_reserve_bytes + room)
+        for k, t in cluster.device_types.items()})
+
+
+@pytest.mark.parametrize("share", [0.6, 0.3])
+def test_short_list_with_plans_out_of_memory_is_the_exhaustive_one(share):
+    """Plans the analytic tier puts out of memory are estimated only when fewer than
+    BASELINE_SHORT_LIST plans fit; the short list is the exhaustive walk's either way
+    (oracle: every grid point built and estimated, ranked by `rank_key`, ties to the
+    earlier bound). At share 0.3 none fits: plans out of memory fill it."""
+    model = load_model("tiny-gpt")
+    cluster = _tight(model, load_cluster("demo-hetero"), share)
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=16))
+    for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
+        phase = PhaseStats("baselines")
+        got = tuned_baselines(ctx, phase, (name,)).get(name, [])
+        scored = []
+        for subset, dims in baseline_grid(ctx):
+            sk = sketch(ctx, name, subset, dims)
+            if sk is None or not sk[0]:
+                continue
+            plan = make(model, cluster, **dims)
+            scored.append((rank_key(ctx.c, estimate(plan, ctx.cost)), sk[1], plan))
+        scored.sort(key=lambda x: (x[0], x[1]))
+        want = [k for k, _, _ in scored[:BASELINE_SHORT_LIST]]
+        fitting = sum(1 for k, _, _ in scored if not k[0])
+        assert any(k[0] for k, _, _ in scored)        # some plans are out of memory
+        assert (fitting >= BASELINE_SHORT_LIST) == (share == 0.6), fitting
+        assert [rank_key(ctx.c, estimate(p, ctx.cost)) for p in got] == want, name

@@ -277,3 +277,27 @@ def test_a_nic_carries_a_devices_sends_both_ways(kind):
     est = estimate(plan, cost).iteration_time_s
     assert est >= 16 * 2 * v * 1e7 / 1e9
     assert simulate(plan, cost).metrics.iteration_time_s >= est
+
+
+@pytest.mark.parametrize("kind,chunks", [("1f1b", 1), ("gpipe", 1), ("zb-h1", 1),
+                                         ("interleaved-1f1b", 2), ("zb-v", 2)])
+def test_out_of_memory_is_what_estimate_says(kind, chunks):
+    """`out_of_memory` (peaks only, no time) against `estimate`'s `oom`, over devices of
+    shrinking memory: both verdicts occur, and they agree on every plan."""
+    import dataclasses
+
+    from hyperpipe.sim.analytic import out_of_memory
+    model, base = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    seen = set()
+    for gb in (4.0, 0.2, 0.08, 0.05, 0.03, 0.02):
+        cluster = dataclasses.replace(base, device_types={
+            k: dataclasses.replace(t, memory_bytes=t.runtime_reserve_bytes + gb * 1e9)
+            for k, t in base.device_types.items()})
+        cost = CostModel(model, cluster)
+        for pp, dp, mb in ((2, 2, 1), (4, 1, 2), (2, 1, 4)):
+            plan = uniform_plan(model, cluster, pp=pp, dp=dp, micro_batch=mb,
+                                global_batch=16, schedule=kind, chunks=chunks)
+            want = bool(estimate(plan, cost).oom)
+            assert out_of_memory(plan, cost) == want, (gb, pp, dp, mb)
+            seen.add(want)
+    assert seen == {True, False}
