@@ -102,10 +102,9 @@ def layer_caps(ctx, unit: tuple[str, ...], mb: int, mode: MemoryMode, shards: in
     every layer, or (`reduced`) over every layer but those whose state and one stash, or
     whose stash, is below the median layer's (the embedding and the head of a GPT); None
     when reduced leaves none out."""
-    tkey = ctx.table_key(unit, mb, mode, shards)
-    key = CapsKey(tkey, reduced)
+    key = CapsKey(unit, mb, mode, shards, reduced)
     if key not in cache:
-        t = ctx.table_of(tkey, unit)
+        t = ctx.table(unit, mb, mode, shards)
         dev = ctx.cluster.device(unit[0]).type
         times = t.least_layer_s()
         state, stash = np.diff(t.state_bytes), np.diff(t.stash_bytes)

@@ -132,10 +132,15 @@ class StageShape(NamedTuple):
 
 
 class CapsKey(NamedTuple):
-    """A unit's layer capacities (`bounds.LayerCaps`): its table, and whether a few cheap
-    layers are left out."""
+    """A unit's layer capacities (`bounds.LayerCaps`): what its table is looked up by
+    (`SearchContext.table_key`'s arguments), and whether a few cheap layers are left
+    out. The bounds ask for a class's fastest unit only, so keying by the unit itself
+    shares nearly as much as keying by its table, and costs no table-key lookup."""
 
-    table: TableKey
+    unit: tuple[str, ...]
+    micro_batch: int
+    mode: Any                      # `space.MemoryMode`
+    shards: int
     reduced: bool
 
 

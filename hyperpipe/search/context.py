@@ -105,6 +105,8 @@ class SearchContext:
     gather_lines: Cache[tuple, tuple[float, float]] = field(default_factory=Cache)
     # (unit, cp, ep) -> `ep_exchange`
     exchanges: Cache[tuple, tuple[tuple, tuple]] = field(default_factory=Cache)
+    # (tp, more than one ZeRO rank, cp, pipelined, ep) -> `modes`
+    mode_ladders: Cache[tuple, tuple[MemoryMode, ...]] = field(default_factory=Cache)
 
     @cached_property
     def classes(self) -> dict[str, space.DeviceClass]:
@@ -297,11 +299,18 @@ class SearchContext:
         attention: a flash kernel keeps no scores); ZeRO-3 reshards as the plan will
         (`reshard`: the runtime's `reshard_after_forward`, else torchtitan's policy: only
         without pipelining, `sim.sharding.reshard_after_forward`)."""
-        cfg = self.model.config
-        helps = cfg is not None and cfg.attention == "eager"
-        given = self.runtime.reshard_after_forward
-        reshard = (not pipelined) if given is None else given
-        return space.memory_modes(self.c, tp, dp, helps, cp, reshard, ep)
+        # the replicas count only through whether ZeRO has more than one rank to shard
+        # over (`space.zero_options`)
+        key = (tp, dp * cp > 1, cp, pipelined, ep)
+        ladder = self.mode_ladders.get(key)
+        if ladder is None:
+            cfg = self.model.config
+            helps = cfg is not None and cfg.attention == "eager"
+            given = self.runtime.reshard_after_forward
+            reshard = (not pipelined) if given is None else given
+            ladder = self.mode_ladders[key] = space.memory_modes(self.c, tp, dp, helps, cp,
+                                                                 reshard, ep)
+        return ladder
 
     def link_key(self, src: str, dst: str, mb: int) -> LinkKey:
         """Routes cost only by their link class; a calibration profile measures

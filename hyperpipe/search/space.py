@@ -25,6 +25,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.kinds import GENERATED_KINDS, KINDS, schedule_kind
@@ -115,13 +116,14 @@ class SearchConstraints:
             and plan.stack == self.stack and plan.runtime == self.runtime
 
 
-@dataclass(frozen=True)
-class MemoryMode:
+class MemoryMode(NamedTuple):
     """How a template saves memory: activation recompute and sequence parallelism on
     every stage, the ZeRO stage over its data-parallel group (replicas x context ranks),
     and the context-parallel degree its units were built with (`cp`: fixed per template
     key, carried here because the layer tables depend on it). `reshard`: ZeRO-3 gathers
-    the weights again for every micro-batch (`sim.sharding.reshard_after_forward`)."""
+    the weights again for every micro-batch (`sim.sharding.reshard_after_forward`).
+    A named tuple: the search's cache keys hold it, and a tuple hashes without a call
+    into Python."""
 
     recompute: str = "none"
     sequence_parallel: bool = False

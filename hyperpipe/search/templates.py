@@ -146,29 +146,30 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
     inflight = ctx.peak_inflight(kind, p, m, v)
     homes = [stage_rank(k, p, schedule_kind(kind).placement) for k in range(stages)]
     splits = schedule_kind(kind).splits_backward
+    # the link after each stage (none after the last): the same in every memory mode
+    lkeys, links = [], []
+    for k in range(stages - 1):
+        src, dst = row[homes[k]][-1], row[homes[k + 1]][0]
+        lkeys.append(ctx.link_key(src, dst, mb))
+        links.append(ctx.link_of(lkeys[-1], src, dst))
+    lkeys.append(None)
+    links.append(None)
+    devices = [ctx.cluster.device(group[0]).type for group in row]
+    free_of = [dev.memory_bytes - dev.runtime_reserve_bytes for dev in devices]
     for mode in modes:
-        tables, links, rooms, split, keys = [], [], [], [], []
+        tables, rooms, split, keys = [], [], [], []
         units = []                      # per device of the row: table key, table, room
-        for group in row:
-            dev = ctx.cluster.device(group[0]).type
+        for group, free in zip(row, free_of, strict=True):
             tkey = ctx.table_key(group, mb, mode, dp)
             t = ctx.table_of(tkey, group)
-            units.append((tkey, t, dev.memory_bytes - dev.runtime_reserve_bytes
-                          - t.work_bytes))
+            units.append((tkey, t, free - t.work_bytes))
         for k in range(stages):
             group = row[homes[k]]
             tkey, t, room = units[homes[k]]
-            if k == stages - 1:
-                lkey, link = None, None
-            else:
-                src, dst = group[-1], row[homes[k + 1]][0]
-                lkey = ctx.link_key(src, dst, mb)
-                link = ctx.link_of(lkey, src, dst)
             tables.append(t)
-            links.append(link)
-            keys.append((tkey, lkey, t.splits(splits)))
+            keys.append((tkey, lkeys[k], t.splits(splits)))
             rooms.append(P.Slot(group, inflight[k], room))
-            split.append(P.Slot(group, inflight[k], room / v))
+            split.append(rooms[-1] if v == 1 else P.Slot(group, inflight[k], room / v))
         # A device's v chunks get a v-th of its room each; if no cut fits so, shares
         # in proportion to what they keep under the even cut (`partition.shared_slots`).
         bounds = _cut(ctx, keys, tables, split, links)
