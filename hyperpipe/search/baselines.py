@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hyperpipe.cluster.cluster import cluster_ref, link_sig
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
@@ -32,7 +32,7 @@ from hyperpipe.search import space
 from hyperpipe.search.caches import LayersOn, ReplicaKey, SketchKey
 from hyperpipe.search.evaluate import estimate, rank_key
 from hyperpipe.search.partition import expert_state
-from hyperpipe.sim.analytic import out_of_memory
+from hyperpipe.sim.analytic import held_micro_batches, out_of_memory
 
 if TYPE_CHECKING:
     from hyperpipe.search.templates import PhaseStats, SearchContext
@@ -221,14 +221,25 @@ def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, .
     return cache[key]
 
 
+class Sketch(NamedTuple):
+    """What `sketch` reads off a grid point without building its plan."""
+
+    fits: bool                # every device's weights, gradients and optimizer state fit
+    bound_s: float            # a lower bound on its iteration time
+    # per rank of each distinct replica: (its state plus its device's runtime reserve,
+    # the mean of its stages' stashes per micro-batch, its device's memory), bytes
+    ranks: tuple[tuple[float, float, float], ...]
+
+
 def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
-           ) -> tuple[bool, float] | None:
+           ) -> Sketch | None:
     """For the plan `name` ("uniform" or "proportional") would build from `dims`:
-    whether every device's weights, gradients and optimizer state fit it, and a lower
+    whether every device's weights, gradients and optimizer state fit it, a lower
     bound on its iteration time (the busiest device's forward and backward compute over
-    all its micro-batches: no bubble, link or all-reduce). Without building the plan:
-    per distinct replica only (at 1024 devices the grid holds thousands of plans of up
-    to 1024 pipelines). None where building would fail (InfeasiblePlan)."""
+    all its micro-batches: no bubble, link or all-reduce), and each rank's memory as
+    `stashes_fit` reads it. Without building the plan: per distinct replica only (at
+    1024 devices the grid holds thousands of plans of up to 1024 pipelines). None where
+    building would fail (InfeasiblePlan)."""
     pp, dp, tp, mb = dims["pp"], dims["dp"], dims["tp"], dims["micro_batch"]
     kind, chunks = dims["schedule"], dims["chunks"]
     # kinds that place their chunks alike build the same stages: one sketch for them
@@ -240,7 +251,7 @@ def sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
 
 
 def _sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
-            ) -> tuple[bool, float] | None:
+            ) -> Sketch | None:
     pp, dp, tp, mb = dims["pp"], dims["dp"], dims["tp"], dims["micro_batch"]
     kind, chunks = dims["schedule"], dims["chunks"]
     replicas = _replicas(ctx, subset, tuple(dims["devices"]), pp, dp, tp)
@@ -248,17 +259,18 @@ def _sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
         return None
     cost, cluster = ctx.cost, ctx.cluster
     times = ctx.baseline_stage_s
-    fits, worst = True, 0.0
+    fits, worst, ranks = True, 0.0, []
     m = dims["global_batch"] // (dp * mb)
     homes = [stage_rank(k, pp, schedule_kind(kind).placement) for k in range(pp * chunks)]
     for kinds, row in replicas.items():
         weights = [1.0 if name == "uniform" else
                    sum(cluster.device(d).type.peak_flops for d in row[h]) for h in homes]
-        held, load, start = [0.0] * pp, [0.0] * pp, 0
+        held, load, stash, start = [0.0] * pp, [0.0] * pp, [0.0] * pp, 0
         for h, n in zip(homes, layer_counts(ctx.model.num_layers, weights), strict=True):
             layers, group = (start, start + n), row[h]
             start += n
             held[h] += cost.state_bytes(layers, tp, **expert_state(dims.get("ep", 1), 0, 1))
+            stash[h] += cost.stash_bytes(layers, mb, tp)
             key = LayersOn(layers, (tp, kinds[h]), mb)    # like groups: one time
             if key not in times:
                 times[key] = sum(cost.stage_time_s(layers, group, mb, op) for op in "FB")
@@ -267,7 +279,23 @@ def _sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
         types = [cluster.device(g[0]).type for g in row]
         fits = fits and all(b + t.runtime_reserve_bytes <= t.memory_bytes
                             for b, t in zip(held, types, strict=True))
-    return fits, worst
+        ranks += [(b + cost.runtime_reserve_bytes(t.name), z / chunks, t.memory_bytes)
+                  for b, z, t in zip(held, stash, types, strict=True)]
+    return Sketch(fits, worst, tuple(ranks))
+
+
+def stashes_fit(ctx: SearchContext, got: Sketch, dims: dict) -> bool:
+    """False only where the analytic tier puts the plan out of memory: each rank's peak
+    there (`analytic.out_of_memory`) is at least its state and reserve plus its mean
+    stash times the micro-batches its schedule holds (`analytic.held_micro_batches`);
+    the backward's working set, a stack's kept stage outputs and the routed experts'
+    extra stashes only add to it."""
+    pp, chunks = dims["pp"], dims["chunks"]
+    m = dims["global_batch"] // (dims["dp"] * dims["micro_batch"])
+    held = ctx.baseline_held.memo((dims["schedule"], pp, m, chunks),
+                                  lambda: held_micro_batches(dims["schedule"], pp, m, chunks))
+    return all(state + stash * held[r % pp] <= memory
+               for r, (state, stash, memory) in enumerate(got.ranks))
 
 
 BASELINES = {"uniform": uniform_plan, "proportional": proportional_plan}
@@ -288,19 +316,20 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
     analytic tier likes best (memory-feasible first), for the simulator to rank.
     Branch and bound: the grid's points are estimated in order of their `sketch`'s
     bound, until the bound exceeds the short list's worst estimate; only those are
-    built as plans. A plan the analytic tier puts out of memory (`analytic.
-    out_of_memory`, no time priced) is estimated only if the short list ends with fewer
-    than BASELINE_SHORT_LIST plans that fit: it ranks below every plan that does."""
+    built as plans. A plan the analytic tier puts out of memory (`stashes_fit` from the
+    sketch, else `analytic.out_of_memory` on the plan, no time priced) is estimated
+    only if the short list ends with fewer than BASELINE_SHORT_LIST plans that fit: it
+    ranks below every plan that does."""
     out: dict[str, list[Plan]] = {}
     for name in names:
         built = []
         for subset, dims in baseline_grid(ctx):
             phase.seen += 1
             got = sketch(ctx, name, subset, dims)
-            if got is None or not got[0]:
+            if got is None or not got.fits:
                 phase.infeasible += 1    # no such plan, or weights alone overflow a device
                 continue
-            built.append((got[1], len(built), dims))
+            built.append((got.bound_s, len(built), dims, stashes_fit(ctx, got, dims)))
         built.sort(key=lambda x: x[:2])
         short = _short_list(ctx, phase, BASELINES[name], built)
         if short:
@@ -314,29 +343,32 @@ def _short_list(ctx: SearchContext, phase: PhaseStats, make, built: list[tuple]
     dims), best bound first."""
     c = ctx.c
     short: list[tuple[tuple, int, Plan]] = []
-    too_big: list[tuple[int, Plan]] = []        # out of memory: estimated only if needed
+    too_big: list[tuple[int, dict]] = []        # out of memory: estimated only if needed
 
-    def add(serial: int, plan: Plan) -> None:
-        short.append((rank_key(c, estimate(plan, ctx.cost)), serial, plan))
-        short.sort(key=lambda x: x[:2])
-        del short[BASELINE_SHORT_LIST:]
-
-    for bound, serial, dims in built:
-        if len(short) >= BASELINE_SHORT_LIST and not short[-1][0][0] \
-                and c.objective == "throughput" and bound > short[-1][0][1]:
-            phase.pruned += 1
-            continue
+    def add(serial: int, dims: dict, deferred: bool = False) -> None:
         try:
             plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs).on_stack(
                 c.stack, **c.runtime.given())
-            if out_of_memory(plan, ctx.cost):
-                too_big.append((serial, plan))
-                continue
-            add(serial, plan)
+            if not deferred and out_of_memory(plan, ctx.cost):
+                too_big.append((serial, dims))
+                return
+            short.append((rank_key(c, estimate(plan, ctx.cost)), serial, plan))
         except (InfeasiblePlan, BadInput):   # e.g. a schedule over the action limit
-            phase.infeasible += 1
+            phase.infeasible += not deferred
+            return
+        short.sort(key=lambda x: x[:2])
+        del short[BASELINE_SHORT_LIST:]
+
+    for bound, serial, dims, stashes in built:
+        if len(short) >= BASELINE_SHORT_LIST and not short[-1][0][0] \
+                and c.objective == "throughput" and bound > short[-1][0][1]:
+            phase.pruned += 1
+        elif not stashes:                    # out of memory, read off the sketch
+            too_big.append((serial, dims))
+        else:
+            add(serial, dims)
     phase.infeasible += len(too_big)
     if len(short) < BASELINE_SHORT_LIST or short[-1][0][0]:
-        for serial, plan in too_big:
-            add(serial, plan)
+        for serial, dims in sorted(too_big, key=lambda x: x[0]):
+            add(serial, dims, deferred=True)
     return [plan for _, _, plan in short]

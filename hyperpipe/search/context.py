@@ -91,6 +91,8 @@ class SearchContext:
     baseline_replicas: Cache[ReplicaKey, dict | None] = field(default_factory=Cache)
     baseline_stage_s: Cache[LayersOn, float] = field(default_factory=Cache)
     sketches: Cache[SketchKey, tuple | None] = field(default_factory=Cache)
+    # (kind, pp, micro-batches, chunks) -> `analytic.held_micro_batches`
+    baseline_held: Cache[tuple, list[int]] = field(default_factory=Cache)
     peers: PeerCaches = field(default_factory=PeerCaches)
     unit_pools: Cache[tuple[int, int], dict] = field(default_factory=Cache)  # (tp, cp)
     fast_units: Cache[UnitKey, tuple[str, ...]] = field(default_factory=Cache)

@@ -249,12 +249,32 @@ def _class_schedule(plan: Plan, pipe: PipelinePlan, sched: Schedule | None
                     ) -> Schedule | None:
     """What a replica class is priced off: kind synth's own orders (`sched`), a kind
     without closed forms' generated IR, else None (the closed forms)."""
-    kind, v = plan.schedule, plan.chunks
-    if sched is None and not schedule_kind(kind).closed_form:     # priced off the IR
-        p, m = len(pipe.stages) // v, pipe.num_microbatches
-        # peaks stop growing at m = 2p (tests/test_schedule_v.py), the fill nearly so
-        return generate(kind, p, min(m, 2 * p), v)
-    return sched
+    if sched is not None:
+        return sched
+    return _generated(plan.schedule, len(pipe.stages) // plan.chunks,
+                      pipe.num_microbatches, plan.chunks)
+
+
+def _generated(kind: str, p: int, m: int, v: int) -> Schedule | None:
+    """The IR a kind without closed forms is priced off; None for the closed forms."""
+    if schedule_kind(kind).closed_form:
+        return None
+    # peaks stop growing at m = 2p (tests/test_schedule_v.py), the fill nearly so
+    return generate(kind, p, min(m, 2 * p), v)
+
+
+def _held(kind: str, p: int, m: int, v: int, sched: Schedule | None) -> list[int]:
+    """Per rank, the micro-batches whose stashes it holds at its peak: `sched`'s
+    (`_class_schedule`), or the closed forms'."""
+    if sched is None:
+        return [peak_in_flight(kind, p, m, v, r) for r in range(p)]
+    return list(rank_peaks(sched))
+
+
+def held_micro_batches(kind: str, p: int, m: int, v: int = 1) -> list[int]:
+    """Per rank of a pipeline of a fixed `kind` (p ranks, m micro-batches, v chunks),
+    the micro-batches whose stashes it holds at its peak, as `estimate` counts them."""
+    return _held(kind, p, m, v, _generated(kind, p, m, v))
 
 
 def _sizes(cost: CostModel, plan: Plan, q: int, ex: Execution, cache: AnalyticCache
@@ -277,8 +297,7 @@ def _rank_peaks(cost: CostModel, plan: Plan, pipe: PipelinePlan,
     its stages' mean stash (`sched`: `_class_schedule`'s)."""
     st, m, b, v = pipe.stages, pipe.num_microbatches, pipe.micro_batch, plan.chunks
     p = len(st) // v
-    held = [peak_in_flight(plan.schedule, p, m, v, r) for r in range(p)] \
-        if sched is None else rank_peaks(sched)
+    held = _held(plan.schedule, p, m, v, sched)
     peaks = []
     for r in range(p):
         mine = homes[r]

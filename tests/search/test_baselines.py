@@ -168,3 +168,27 @@ def test_short_list_with_plans_out_of_memory_is_the_exhaustive_one(share):
         assert any(k[0] for k, _, _ in scored)        # some plans are out of memory
         assert (fitting >= BASELINE_SHORT_LIST) == (share == 0.6), fitting
         assert [rank_key(ctx.c, estimate(p, ctx.cost)) for p in got] == want, name
+
+
+@pytest.mark.parametrize("model_name,share", [("tiny-gpt", 0.6), ("tiny-gpt", 1.0),
+                                              ("tiny-moe", 0.6)])
+def test_stashes_that_do_not_fit_in_the_sketch_are_out_of_memory(model_name, share):
+    """`stashes_fit` is False only where the analytic tier puts the built plan out of
+    memory (oracle: `estimate`'s `oom` on every grid point, every schedule kind), and it
+    does say so for some."""
+    from hyperpipe.search.baselines import stashes_fit
+    model = load_model(model_name)
+    cluster = _tight(model, load_cluster("demo-hetero"), share)
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=16))
+    said, kinds = set(), set()
+    for name, make in (("uniform", uniform_plan), ("proportional", proportional_plan)):
+        for subset, dims in baseline_grid(ctx):
+            got = sketch(ctx, name, subset, dims)
+            if got is None or not got.fits:
+                continue
+            fit = stashes_fit(ctx, got, dims)
+            said.add(fit)
+            kinds.add(dims["schedule"])
+            if not fit:
+                assert estimate(make(model, cluster, **dims), ctx.cost).oom, dims
+    assert said == {True, False} and {"zb-v", "1f1b", "gpipe"} <= kinds
