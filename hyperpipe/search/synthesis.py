@@ -13,16 +13,21 @@ user fixed a schedule kind other than synth.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search.caches import StageShape
 from hyperpipe.search.evaluate import Candidate, count_actions, dedupe, rank_key
-from hyperpipe.search.templates import PhaseStats, SearchContext
+from hyperpipe.search.templates import PhaseStats, SearchContext, worker_context
 from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.sharding import dp_shards
+
+if TYPE_CHECKING:
+    from hyperpipe.synth.synthesise import SynthResult
 
 SYNTH_TOP = 3         # plans of the short list a schedule is synthesised for
 # Competitors whose best plan gets the same synthesis as the pick's (Megatron-style
@@ -38,9 +43,10 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
                    ) -> tuple[list[Candidate], dict[str, Candidate]]:
     """`ranked` with the synthesised plans that beat their source, re-ranked, and
     `baselines` with each of `SYNTHESISED_BASELINES`' pick replaced by its synthesised
-    plan where that is faster; each round one batch over the worker `pool` when there is
-    one (the same results). Plans that differ only in their schedule kind share one
-    synthesis (it keeps stages, devices and micro-batches and tries every fixed kind).
+    plan where that is faster; each round's syntheses spread over the worker `pool` when
+    there is one (`synthesise_all`: the same results). Plans that differ only in their
+    schedule kind share one synthesis (it keeps stages, devices and micro-batches and
+    tries every fixed kind).
     A plan is left unsynthesised where `schedule_bound_s` shows no schedule of its
     stages can beat the best of its side (the search's own, or the other plans). The
     fixed kinds `ranked` and `baselines` hold simulated already are not simulated
@@ -48,9 +54,6 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
     baselines = dict(baselines or {})
     if ctx.c.schedule is not None and not schedule_kind(ctx.c.schedule).carries_actions:
         return ranked, baselines
-    from hyperpipe.search.backends import fan_out
-    from hyperpipe.synth.synthesise import synthesise
-    cost = ctx.cost
     got: dict[str, object] = {}
     # the fixed kinds already simulated for each shape: synthesis does not redo them
     known: dict[str, dict[str, Metrics]] = {}
@@ -60,12 +63,7 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
 
     def run(plans: list[Plan]) -> None:
         todo = {k: p for p in plans if (k := _shape(p)) not in got}
-        results = fan_out(pool, list(todo.items()),
-                          lambda item: synthesise(item[1], cost, known=known.get(item[0])),
-                          synthesise_task,
-                          lambda item: (item[1], cost.model, cost.cluster, cost.profile,
-                                        known.get(item[0])),
-                          at_least=2)()
+        results = synthesise_all(ctx, [(p, known.get(k)) for k, p in todo.items()], pool)
         for k, result in zip(todo, results, strict=True):
             got[k] = result
             phase.seen += result.candidates
@@ -123,12 +121,58 @@ def _shape(plan: Plan) -> str:
     return json.dumps(replace(bare, schedule=fixed_kinds(bare)[0]).to_dict(), sort_keys=True)
 
 
-def synthesise_task(args):
-    """`synthesise` in a worker process (its own cost model)."""
-    from hyperpipe.sim.costmodel import CostModel
-    from hyperpipe.synth.synthesise import synthesise
-    plan, model, cluster, profile, known = args
-    return synthesise(plan, CostModel(model, cluster, profile), known=known)
+def synthesise_all(ctx: SearchContext, items: list[tuple[Plan, dict | None]], pool=None
+                   ) -> list[SynthResult]:
+    """`synthesise` of each (plan, known fixed kinds), with the same results. Over a
+    worker `pool` each plan is two tasks, all started at once: its fixed kinds, its
+    policies and the local improvement of its best synthesised order (`_orders_task`);
+    and its fixed kinds again (cheap where they are known) with the improvement of the
+    best of them (`_fixed_task`), simulated whatever its bound (it runs beside what it
+    would be judged against). The second verdict is then taken after the first, as
+    `synthesise` takes it (`take_improved`)."""
+    from hyperpipe.search.backends import fan_out
+    from hyperpipe.synth.synthesise import synth_result, synthesise, take_improved
+    if pool is None:
+        return [synthesise(plan, ctx.cost, known=known) for plan, known in items]
+    t0 = time.perf_counter()
+    tasks = [(q, part) for q in range(len(items)) for part in (_orders_task, _fixed_task)]
+    done = list(fan_out(pool, tasks, None, _synthesis_task,
+                        lambda t: (t[1], ctx.inputs, *items[t[0]]))())
+    out = []
+    for q in range(len(items)):
+        (fixed, n, synth_best, first), second = done[2 * q], done[2 * q + 1]
+        for policy, improved in ((synth_best.policy if synth_best else None, first),
+                                 (None, second)):
+            if improved is not None:
+                n += improved.metrics is not None
+                synth_best = take_improved(synth_best, improved, policy)
+        out.append(synth_result(fixed, synth_best, n, t0))
+    return out
+
+
+def _synthesis_task(args):
+    """One of `synthesise_all`'s tasks in a worker process (its cached cost model)."""
+    task, ctx_inputs, plan, known = args
+    from hyperpipe.synth.synthesise import prepare
+    cost = worker_context(*ctx_inputs).cost
+    return task(prepare(plan, cost), cost, known or {})
+
+
+def _orders_task(inputs, cost, known):
+    """The fixed kinds, the policies and the improvement of the best synthesised order
+    (None without one): (fixed, simulated, best order, `Improved` or None)."""
+    from hyperpipe.synth.synthesise import POLICIES, improve_start, price_fixed, price_policies
+    fixed, n = price_fixed(inputs, cost, known)
+    best, found = price_policies(inputs, cost, POLICIES)
+    improved = None if best is None else improve_start(inputs, cost, best.plan, best.time_s)
+    return fixed, n + found, best, improved
+
+
+def _fixed_task(inputs, cost, known):
+    """The improvement of the best fixed kind's order, simulated whatever its bound."""
+    from hyperpipe.synth.synthesise import best_fixed, improve_start, price_fixed
+    fixed, _ = price_fixed(inputs, cost, known)
+    return improve_start(inputs, cost, best_fixed(fixed).plan, math.inf)
 
 
 def bound_value(ctx: SearchContext, cand: Candidate) -> float:

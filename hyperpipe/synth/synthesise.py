@@ -216,68 +216,124 @@ def order_bound_s(plan: Plan, lower: list[PipeCosts]) -> float:
     return worst
 
 
-def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
-               policies: tuple[Policy, ...] = POLICIES,
-               known: Mapping[str, Metrics] | None = None) -> SynthResult:
-    """Build, simulate and pick (see the module doc). `plan` may be of any kind; its
-    stages, devices and micro-batches are kept. `options`: the simulator's (default: no
-    trace). `known`: fixed kind -> the simulated metrics of the plan's stages under that
-    kind (as `simulate` with these options gives them), used instead of simulating."""
-    t0 = time.perf_counter()
+class Inputs(NamedTuple):
+    """What every step of a synthesis reads (`prepare`): the plan without actions, the
+    simulator's options, each pipeline's list-scheduling costs and their idle-link lower
+    bounds (`bound_costs`)."""
+
+    base: Plan
+    opts: SimOptions
+    costs: list[PipeCosts]
+    lower: list[PipeCosts]
+
+
+class Improved(NamedTuple):
+    """`improve_start`'s result: the improved plan (None: no move helped), its
+    `order_bound_s`, and its simulated metrics (None: not simulated, its bound being at
+    or above the time it had to beat)."""
+
+    plan: Plan | None
+    bound_s: float
+    metrics: Metrics | None
+
+
+def prepare(plan: Plan, cost: CostModel, options: SimOptions | None = None) -> Inputs:
+    """Check `plan` and read what the steps of `synthesise` need."""
     options = SimOptions(trace=False) if options is None else options
-    opts = replace(options, check_plan=False)
     plan.check(cost.model, cost.cluster)
     base = replace(plan, actions=None) if schedule_kind(plan.schedule).carries_actions \
         else plan
     costs = [pipe_costs(base, cost, q) for q in range(len(base.pipelines))]
-    lower = bound_costs(base, cost, costs)
-    # the fixed kinds, the first fastest winning ties; a kind whose order bound is above
-    # the best simulated or known so far is not simulated (it could not win)
-    known = known or {}
-    kinds = fixed_kinds(base)
+    return Inputs(base, replace(options, check_plan=False), costs,
+                  bound_costs(base, cost, costs))
+
+
+def price_fixed(inputs: Inputs, cost: CostModel, known: Mapping[str, Metrics]
+                ) -> tuple[dict[str, Priced], int]:
+    """The fixed kinds of `fixed_kinds` by kind, and the schedules simulated: a kind in
+    `known` is not simulated, nor one whose order bound is above the best time known or
+    simulated so far (it could not win; left out)."""
     priced: dict[str, Priced] = {}
     n = 0
-    for kind in sorted(kinds, key=lambda k: k not in known):
-        candidate = replace(base, schedule=kind, actions=None)
+    for kind in sorted(fixed_kinds(inputs.base), key=lambda k: k not in known):
+        candidate = replace(inputs.base, schedule=kind, actions=None)
         metrics = known.get(kind)
         if metrics is None:
             best_s = min((x.time_s for x in priced.values()), default=float("inf"))
-            if order_bound_s(candidate, lower) > best_s:
+            if order_bound_s(candidate, inputs.lower) > best_s:
                 continue
-            metrics = simulate(candidate, cost, opts).metrics
+            metrics = simulate(candidate, cost, inputs.opts).metrics
             n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")
         priced[kind] = Priced(t, candidate, metrics, None, kind)
-    fixed_best = min(priced.values(), key=lambda x: (x.time_s, kinds.index(x.kind)))
-    synth_best: Priced | None = None
+    return priced, n
+
+
+def best_fixed(fixed: dict[str, Priced]) -> Priced:
+    """The fastest fixed kind, the first of `fixed_kinds` on ties."""
+    kinds = fixed_kinds(next(iter(fixed.values())).plan)
+    return min(fixed.values(), key=lambda x: (x.time_s, kinds.index(x.kind)))
+
+
+def price_policies(inputs: Inputs, cost: CostModel, policies: tuple[Policy, ...]
+                   ) -> tuple[Priced | None, int]:
+    """The fastest order `policies` build (the earliest on ties; None: none built), and
+    the schedules simulated: an order is not simulated when it repeats an earlier one
+    or its order bound shows it cannot beat the fastest so far."""
+    best: Priced | None = None
+    n = 0
     seen: set = set()
     for policy in policies:
-        candidate = synth_plan(base, cost, policy, costs)
+        candidate = synth_plan(inputs.base, cost, policy, inputs.costs)
         if candidate is None or candidate.actions in seen:
             continue
         seen.add(candidate.actions)
-        if synth_best is not None and order_bound_s(candidate, lower) >= synth_best.time_s:
+        if best is not None and order_bound_s(candidate, inputs.lower) >= best.time_s:
             continue                      # it cannot become the best synthesised order
-        metrics = simulate(candidate, cost, opts).metrics
+        metrics = simulate(candidate, cost, inputs.opts).metrics
         n += 1
         t = metrics.iteration_time_s if metrics.feasible else float("inf")
-        if synth_best is None or t < synth_best.time_s:
-            synth_best = Priced(t, candidate, metrics, policy)
-    # 4. local improvement of the best synthesised and the best fixed order, re-priced
-    starts = [(synth_best.plan, synth_best.policy)] if synth_best else []
-    starts += [(fixed_best.plan, None)] if fixed_best.plan is not None else []
-    for start, policy in starts:
-        better = improved_plan(start, costs)
-        if better is None or better.actions in seen:
-            continue
-        seen.add(better.actions)
-        if synth_best is not None and order_bound_s(better, lower) >= synth_best.time_s:
-            continue
-        metrics = simulate(better, cost, opts).metrics
-        n += 1
-        t = metrics.iteration_time_s if metrics.feasible else float("inf")
-        if synth_best is None or t < synth_best.time_s:
-            synth_best = Priced(t, better, metrics, policy)
+        if best is None or t < best.time_s:
+            best = Priced(t, candidate, metrics, policy)
+    return best, n
+
+
+def improve_start(inputs: Inputs, cost: CostModel, start: Plan, beat_s: float
+                  ) -> Improved:
+    """`improved_plan` of `start` (a best synthesised order, or the best fixed kind's:
+    the local improvement's starts), simulated where its order bound is below `beat_s`
+    (the best synthesised time it must beat; inf: none yet)."""
+    better = improved_plan(start, inputs.costs)
+    if better is None:
+        return Improved(None, float("inf"), None)
+    bound = order_bound_s(better, inputs.lower)
+    if bound >= beat_s:
+        return Improved(better, bound, None)
+    return Improved(better, bound, simulate(better, cost, inputs.opts).metrics)
+
+
+def take_improved(synth_best: Priced | None, improved: Improved, policy: Policy | None
+                  ) -> Priced | None:
+    """`synth_best` after one `improve_start` (`policy`: the one credited for it): the
+    improved order where its bound is below `synth_best`'s time and it is faster. The
+    verdict is the same whatever `beat_s` the improvement was given, as long as it was
+    at least `synth_best`'s time."""
+    if improved.plan is None:
+        return synth_best
+    if synth_best is not None and improved.bound_s >= synth_best.time_s:
+        return synth_best
+    m = improved.metrics
+    t = m.iteration_time_s if m.feasible else float("inf")
+    if synth_best is None or t < synth_best.time_s:
+        return Priced(t, improved.plan, m, policy)
+    return synth_best
+
+
+def synth_result(fixed: dict[str, Priced], synth_best: Priced | None, candidates: int,
+                 t0: float) -> SynthResult:
+    """The winner (the best synthesised order where it beats the best fixed kind) as a
+    `SynthResult`, its schedules validated; `t0`: when the synthesis started."""
+    fixed_best = best_fixed(fixed)
     fixed_t, kind = fixed_best.time_s, fixed_best.kind
     synth_t = synth_best.time_s if synth_best else float("inf")
     if synth_best is not None and synth_t < fixed_t:
@@ -288,5 +344,29 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
             validate(sched)
     else:
         winner, metrics, policy = fixed_best.plan, fixed_best.metrics, None
-    return SynthResult(winner, metrics, kind, fixed_t, synth_t, policy, n,
+    return SynthResult(winner, metrics, kind, fixed_t, synth_t, policy, candidates,
                        time.perf_counter() - t0, synth_best.plan if synth_best else None)
+
+
+def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
+               policies: tuple[Policy, ...] = POLICIES,
+               known: Mapping[str, Metrics] | None = None) -> SynthResult:
+    """Build, simulate and pick (see the module doc). `plan` may be of any kind; its
+    stages, devices and micro-batches are kept. `options`: the simulator's (default: no
+    trace). `known`: fixed kind -> the simulated metrics of the plan's stages under that
+    kind (as `simulate` with these options gives them), used instead of simulating.
+    The steps one after another (`search.synthesis` runs the two local improvements
+    apart over a worker pool, with the same result)."""
+    t0 = time.perf_counter()
+    inputs = prepare(plan, cost, options)
+    fixed, n = price_fixed(inputs, cost, known or {})
+    synth_best, found = price_policies(inputs, cost, policies)
+    n += found
+    # local improvement of the best synthesised order, then of the best fixed kind's
+    starts = [(synth_best.plan, synth_best.policy)] if synth_best else []
+    for start, policy in starts + [(best_fixed(fixed).plan, None)]:
+        got = improve_start(inputs, cost, start,
+                            synth_best.time_s if synth_best else float("inf"))
+        n += got.metrics is not None
+        synth_best = take_improved(synth_best, got, policy)
+    return synth_result(fixed, synth_best, n, t0)

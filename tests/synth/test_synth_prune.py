@@ -124,3 +124,36 @@ def test_fixed_kinds_above_the_best_known_one_are_not_simulated(case, monkeypatc
     assert pruned.fixed_kind == fastest
     # every other fixed kind is simulated without the bound, none with it
     assert full.candidates - pruned.candidates >= len(times) - 1
+
+
+def test_synthesis_spread_over_a_pool_equals_one_process():
+    """`search.synthesis.synthesise_all` runs each synthesis as two tasks over a worker
+    pool (the second local improvement apart); oracle: `synthesise` in this process,
+    plan by plan (the same winners, metrics, times, fixed kinds, policies and best
+    synthesised orders). One call with several plans, one with a fixed kind known."""
+    from hyperpipe.search.backends import process_pool
+    from hyperpipe.search.context import SearchContext
+    from hyperpipe.search.search import SearchConstraints
+    from hyperpipe.search.synthesis import synthesise_all
+    by_model: dict = {}
+    for case in CASES:
+        plan, cost = _plan(*case)
+        by_model.setdefault(case[:2], (cost, []))[1].append(plan)
+    winners = set()
+    with process_pool(2) as pool:
+        for cost, plans in by_model.values():
+            ctx = SearchContext(cost, SearchConstraints(global_batch=32))
+            first = S.fixed_kinds(plans[0])[0]
+            known = {first: simulate(replace_schedule(plans[0], first), cost,
+                                     SimOptions(trace=False)).metrics}
+            items = [(p, known if i == 0 else None) for i, p in enumerate(plans)]
+            spread = synthesise_all(ctx, items, pool)
+            for (plan, kn), got in zip(items, spread, strict=True):
+                one = S.synthesise(plan, cost, known=kn)
+                assert got.plan == one.plan and got.metrics == one.metrics
+                assert (got.fixed_kind, got.fixed_time_s, got.synth_time_s, got.policy) == \
+                    (one.fixed_kind, one.fixed_time_s, one.synth_time_s, one.policy)
+                assert got.synth_plan == one.synth_plan
+                assert got.candidates >= one.candidates
+                winners.add(got.plan.schedule == "synth")
+    assert winners == {True, False}          # both a synthesised and a fixed winner
