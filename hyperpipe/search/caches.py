@@ -279,11 +279,6 @@ class GroupAt(NamedTuple):
     micro_batch: int
 
 
-class CapacityKey(NamedTuple):
-    table: PeerTableKey
-    inflight: int
-
-
 @dataclass(frozen=True)
 class PeerCaches:
     """The peer planners' (Metis, AMP) tables (`peers.common.GroupTable`, which builds
@@ -291,4 +286,5 @@ class PeerCaches:
 
     type_tables: Cache[PeerTableKey, Any] = field(default_factory=Cache)
     group_tables: Cache[GroupAt, Any] = field(default_factory=Cache)
-    capacity: Cache[CapacityKey, int] = field(default_factory=Cache)
+    # per table, the layers it holds by in-flight count (`metis._capacities`)
+    capacity: Cache[PeerTableKey, Any] = field(default_factory=Cache)

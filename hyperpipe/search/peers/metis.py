@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hyperpipe.search import space
-from hyperpipe.search.caches import CapacityKey, PeerCaches
+from hyperpipe.search.caches import PeerCaches
 from hyperpipe.search.peers.common import (
     GroupTable,
     PeerPick,
@@ -210,15 +210,16 @@ def _metis_floor_s(ctx, pools, dp: int, per: dict, mb: int, m: int) -> float:
     that) + S (sends and sync only add).
 
     Infinite when no order can fit in memory: the stage at position k stashes
-    min(pp - k, m) micro-batches (1F1B), so it holds at most `_capacity` layers of its
+    min(pp - k, m) micro-batches (1F1B), so it holds at most `_capacities` layers of its
     group's type; if even the roomiest type at every position holds fewer than the
     model's layers in all, every order overflows."""
     groups = [pools[t].units[q * dp] for t in per for q in range(per[t])]
     pp = len(groups)
     mine = [group_table(ctx.cost, g, mb, ctx.peers) for g in groups]
     tables = list({tab.key: tab for tab in mine}.values())
-    room = sum(max(_capacity(ctx.peers, tab, min(pp - k, m)) for tab in tables)
-               for k in range(pp))
+    held = np.minimum(pp - np.arange(pp), m)
+    room = int(np.max([_capacities(ctx.peers, tab, pp)[held] for tab in tables],
+                      axis=0).sum())
     if room < ctx.model.num_layers:
         return np.inf
     least = np.min([np.diff(tab.time_s) for tab in tables], axis=0).sum()
@@ -251,14 +252,18 @@ def _least_slowest_s(tables: list[GroupTable]) -> float:
     return float(steps[lo])
 
 
-def _capacity(caches: PeerCaches, table: GroupTable, inflight: int) -> int:
-    """The most layers a stage with `table`'s memory holds while stashing `inflight`
-    micro-batches: its cheapest layers (state + inflight x stash each) first."""
-    key, memo = CapacityKey(table.key, inflight), caches.capacity
-    if key not in memo:
-        need = np.sort(np.diff(table.state_bytes) + inflight * np.diff(table.stash_bytes))
-        memo[key] = int(np.searchsorted(np.cumsum(need), table.memory_bytes, side="right"))
-    return memo[key]
+def _capacities(caches: PeerCaches, table: GroupTable, most: int) -> np.ndarray:
+    """Per in-flight count i (0 to at least `most`), the most layers a stage with
+    `table`'s memory holds while stashing i micro-batches: its cheapest layers (state +
+    i x stash each) first, as many as fit."""
+    got = caches.capacity.get(table.key)
+    if got is None or len(got) <= most:
+        held = np.arange(max(most + 1, 2 * len(got) if got is not None else 0))
+        need = np.diff(table.state_bytes)[None, :] + \
+            held[:, None] * np.diff(table.stash_bytes)[None, :]
+        got = (np.cumsum(np.sort(need, axis=1), axis=1) <= table.memory_bytes).sum(axis=1)
+        caches.capacity[table.key] = got
+    return got
 
 
 def _balanced(ctx, placed: _Placed, mb: int, m: int) -> tuple[float, list[int]] | None:
