@@ -340,7 +340,7 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
 def _short_list(ctx: SearchContext, phase: PhaseStats, make, built: list[tuple]
                 ) -> list[Plan]:
     """`tuned_baselines`' walk for one baseline (`make`) over `built`: (bound, serial,
-    dims), best bound first."""
+    dims, whether `stashes_fit`), best bound first."""
     c = ctx.c
     short: list[tuple[tuple, int, Plan]] = []
     too_big: list[tuple[int, dict]] = []        # out of memory: estimated only if needed
@@ -354,7 +354,7 @@ def _short_list(ctx: SearchContext, phase: PhaseStats, make, built: list[tuple]
                 return
             short.append((rank_key(c, estimate(plan, ctx.cost)), serial, plan))
         except (InfeasiblePlan, BadInput):   # e.g. a schedule over the action limit
-            phase.infeasible += not deferred
+            phase.infeasible += not deferred  # (a deferred one is counted with too_big)
             return
         short.sort(key=lambda x: x[:2])
         del short[BASELINE_SHORT_LIST:]

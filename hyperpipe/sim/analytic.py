@@ -238,10 +238,9 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
         mine = homes[r]
         rank_ends.append((span - min(below[s] for s in mine), mine))
         device_type = cache.device_types[st[r].devices[0]]
-        peak = peaks[r]
         devices = tuple(chain.from_iterable(map(_DEVICES, columns[r])))
         stage_devices.update(dict.fromkeys(mine, devices))
-        ranks.append(RankUse(devices, device_type, tuple(mine), peak, m * work[r]))
+        ranks.append(RankUse(devices, device_type, tuple(mine), peaks[r], m * work[r]))
     return ClassEstimate(span, ranks, ready, rank_ends, stage_devices)
 
 
@@ -320,9 +319,9 @@ def out_of_memory(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = 
         p = len(pipe.stages) // plan.chunks
         homes = [rank_stages(r, p, plan.chunks, pipeline_placement(plan, pipe))
                  for r in range(p)]
-        peaks = _rank_peaks(cost, plan, pipe, homes, _sizes(cost, plan, members[0], ex,
-                                                            cache),
-                            _class_schedule(plan, pipe, own.get(members[0])), ex, cache)
+        sizes = _sizes(cost, plan, members[0], ex, cache)
+        sched = _class_schedule(plan, pipe, own.get(members[0]))
+        peaks = _rank_peaks(cost, plan, pipe, homes, sizes, sched, ex, cache)
         if any(peak > cache.device_types[pipe.stages[r].devices[0]].memory_bytes
                for r, peak in enumerate(peaks)):
             return True
