@@ -279,7 +279,7 @@ def _sketch(ctx: SearchContext, name: str, subset: tuple[str, ...], dims: dict
         types = [cluster.device(g[0]).type for g in row]
         fits = fits and all(b + t.runtime_reserve_bytes <= t.memory_bytes
                             for b, t in zip(held, types, strict=True))
-        ranks += [(b + cost.runtime_reserve_bytes(t.name), z / chunks, t.memory_bytes)
+        ranks += [(b + t.runtime_reserve_bytes, z / chunks, t.memory_bytes)
                   for b, z, t in zip(held, stash, types, strict=True)]
     return Sketch(fits, worst, tuple(ranks))
 

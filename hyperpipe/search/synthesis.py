@@ -124,12 +124,11 @@ def _shape(plan: Plan) -> str:
 def synthesise_all(ctx: SearchContext, items: list[tuple[Plan, dict | None]], pool=None
                    ) -> list[SynthResult]:
     """`synthesise` of each (plan, known fixed kinds), with the same results. Over a
-    worker `pool` each plan is two tasks, all started at once: its fixed kinds, its
-    policies and the local improvement of its best synthesised order (`_orders_task`);
-    and its fixed kinds again (cheap where they are known) with the improvement of the
-    best of them (`_fixed_task`), simulated whatever its bound (it runs beside what it
-    would be judged against). The second verdict is then taken after the first, as
-    `synthesise` takes it (`take_improved`)."""
+    worker `pool` each plan is two tasks, all started at once: its policies and the
+    local improvement of its best synthesised order (`_orders_task`); and its fixed
+    kinds with the improvement of the best of them (`_fixed_task`), simulated whatever
+    its bound (it runs beside what it would be judged against). The second verdict is
+    then taken after the first, as `synthesise` takes it (`take_improved`)."""
     from hyperpipe.search.backends import fan_out
     from hyperpipe.synth.synthesise import synth_result, synthesise, take_improved
     if pool is None:
@@ -140,7 +139,8 @@ def synthesise_all(ctx: SearchContext, items: list[tuple[Plan, dict | None]], po
                         lambda t: (t[1], ctx.inputs, *items[t[0]]))())
     out = []
     for q in range(len(items)):
-        (fixed, n, synth_best, first), second = done[2 * q], done[2 * q + 1]
+        (synth_best, n, first), (fixed, n_fixed, second) = done[2 * q], done[2 * q + 1]
+        n += n_fixed
         for policy, improved in ((synth_best.policy if synth_best else None, first),
                                  (None, second)):
             if improved is not None:
@@ -159,20 +159,20 @@ def _synthesis_task(args):
 
 
 def _orders_task(inputs, cost, known):
-    """The fixed kinds, the policies and the improvement of the best synthesised order
-    (None without one): (fixed, simulated, best order, `Improved` or None)."""
-    from hyperpipe.synth.synthesise import POLICIES, improve_start, price_fixed, price_policies
-    fixed, n = price_fixed(inputs, cost, known)
+    """The policies and the improvement of the best synthesised order (None without
+    one): (best order, simulated, `Improved` or None). `known` is not read."""
+    from hyperpipe.synth.synthesise import POLICIES, improve_start, price_policies
     best, found = price_policies(inputs, cost, POLICIES)
     improved = None if best is None else improve_start(inputs, cost, best.plan, best.time_s)
-    return fixed, n + found, best, improved
+    return best, found, improved
 
 
 def _fixed_task(inputs, cost, known):
-    """The improvement of the best fixed kind's order, simulated whatever its bound."""
+    """The fixed kinds and the improvement of the best one's order, simulated whatever
+    its bound: (fixed, simulated, `Improved`)."""
     from hyperpipe.synth.synthesise import best_fixed, improve_start, price_fixed
-    fixed, _ = price_fixed(inputs, cost, known)
-    return improve_start(inputs, cost, best_fixed(fixed).plan, math.inf)
+    fixed, n = price_fixed(inputs, cost, known)
+    return fixed, n, improve_start(inputs, cost, best_fixed(fixed).plan, math.inf)
 
 
 def bound_value(ctx: SearchContext, cand: Candidate) -> float:
