@@ -4,7 +4,7 @@ band of the best templates found is never cut.
 
 `templates._keys` gives every key a cheap bound (the load spread fractionally over the
 pipeline's devices, no memory limit per device). Keys that survive it get `key_bound`
-before they are cut, which sees two things the cheap bound does not:
+before they are cut, which sees what the cheap bound does not:
 
 * **Memory per device.** A unit at a pipeline position that stashes i micro-batches
   holds at most `LayerCaps.memory_at` layers: its cheapest layers by state plus i
@@ -13,6 +13,10 @@ before they are cut, which sees two things the cheap bound does not:
   assignment: every class at once), so when even that holds fewer than the model's
   layers, no stage order and cut fits in that memory mode, and the key starts at a
   later one (which recomputes, and so costs more time).
+  The walk cuts a key's canonical stage order first and its other orders only where
+  that one lands in the band, so right before the cut that order is bounded apart:
+  `order_may_fit`, a greedy cut of whole layers into its stages, each within its
+  device's room and the load the band leaves.
 * **Whole layers.** In time B per micro-batch a unit holds at most its fastest layers
   that fit in B (`LayerCaps.in_time`), and no more than its memory allows; the least B
   for which the units hold the model's layers bounds the busiest device's load from
@@ -40,6 +44,7 @@ import bisect
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -143,7 +148,8 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     from `start` in which its units can hold the model), or None when none can. The
     bound is the least over the modes from there that pass the memory checks.
     `optimizer_s`: per class, a unit's optimizer step for the whole model unsharded.
-    Fill and sync are bounded as `templates._keys` does. ZeRO-2/3's collectives
+    Fill and sync are bounded as `templates._keys` does, and one micro-batch's whole
+    trip by each layer's least time on any used class. ZeRO-2/3's collectives
     (costly to price on thousands of replicas) are added only to a mode whose bound
     without them is at most `cutoff_s`: above it, the key is pruned either way."""
     kind, v, mb = config
@@ -161,8 +167,7 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     for i in range(start, len(modes)):
         mode = modes[i]
         shards = dp * cp if mode.zero else 1
-        sync = 1.0 / sum(recipe[t] * shards / optimizer_s[t] for t in used) \
-            if all(optimizer_s[t] for t in used) else 0.0
+        sync = _optimizer_floor_s({t: recipe[t] for t in used}, shards, optimizer_s)
         if first is not None and _spread_value_s(ctx, used, fast, mb, mode, shards, cache,
                                                  recipe, kind, v, m) + sync >= bound:
             continue      # a later mode that cannot lower the bound: its memory is moot
@@ -178,11 +183,11 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         load = max(got.load_s, 1.0 / sum(recipe[t] / whole[t] for t in used),
                    _chunks_floor_s(ctx, used, fast, mb, mode, shards, cache, recipe, v))
         fill = fill_bound_s(kind, v, whole, dict(zip(used, got.forward_s, strict=True)))
-        value = max((m - 1) * load + fill, m * load) + sync
+        value = max((m - 1) * load + fill, got.path_s, m * load) + sync
         if value <= cutoff_s:
             load = max(load, zero_collectives_s(ctx, kind, used, recipe, pools, tp, dp,
                                                 mode) / p)
-            value = max((m - 1) * load + fill, m * load) + sync
+            value = max((m - 1) * load + fill, got.path_s, m * load) + sync
         # the cut takes the first mode that fits, maybe a later one than this: where a
         # later mode holds more per device (sharded state, smaller stashes) its bound
         # may be lower, so the key's bound is the least over the modes that may fit
@@ -194,13 +199,14 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
 def _mode_load(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: int,
                mode: MemoryMode, shards: int, cache, held, stage_held: list[int],
                total_room: float, recipe: dict[str, int], width: int) -> ModeLoad:
-    """`key_bound`'s reading of one memory mode (`caches.ModeLoad`): `_mode_load_s`
-    and the used classes' whole-model times."""
+    """`key_bound`'s reading of one memory mode (`caches.ModeLoad`): `_mode_load_s`,
+    the used classes' whole-model times and the least trip."""
     whole_caps = {t: layer_caps(ctx, fast[t], mb, mode, shards, cache) for t in used}
     return ModeLoad(_mode_load_s(ctx, whole_caps, fast, mb, mode, shards, cache, held,
                                  stage_held, total_room, recipe, width),
                     tuple(float(c.time_prefix_s[-1]) for c in whole_caps.values()),
-                    tuple(c.forward_s for c in whole_caps.values()))
+                    tuple(c.forward_s for c in whole_caps.values()),
+                    trip_floor_s([ctx.table(fast[t], mb, mode, shards) for t in used]))
 
 
 def _mode_load_s(ctx, whole_caps: dict[str, LayerCaps], fast: dict[str, tuple[str, ...]],
@@ -396,3 +402,102 @@ def zero_ring_line(ctx, cls: str, units: int, pool, tp: int, dp: int, cp: int
                                                    lambda g=group: ring_line(g)))
         return min(a for a, _ in found), min(b for _, b in found)
     return ctx.zero_rings.memo((cls, units, dp, tp, cp), line)
+
+
+class ProbeRow(NamedTuple):
+    """One stage's reading for `order_may_fit` (prefix sums as Python lists, bisected on
+    its hot path): per-micro-batch layer time and memory kept, its per-action time, and
+    its room."""
+
+    time_prefix_s: list[float]
+    use_prefix_bytes: list[float]
+    actions_s: float
+    room_bytes: float
+
+
+def order_may_fit(ctx, kind: str, v: int, mb: int, tp: int, dp: int, order: tuple[str, ...],
+                  pools, start: int, m: int, optimizer_s: dict[str, float],
+                  cutoff_s: float, cp: int = 1, ep: int = 1) -> bool:
+    """Whether the cut of a pipeline whose devices are of the classes `order` (one per
+    device, in pipeline order) may come in at or under `cutoff_s` (a template's time) in
+    some memory mode from `start` on. False only where, in every such mode, no cut of
+    whole layers into its stages, each within its device's room with its stashes (as
+    `partition` counts memory), keeps every stage's time within the load that
+    `cutoff_s` leaves after the fill, trip and optimizer step bounds of `key_bound`.
+    A relaxation of `partition`'s cut (links and all-reduces left out, each class's
+    fastest unit, a device's whole room for each of its chunks, stages that may be
+    empty: `_reaches`), so a pipeline it rules out could not have entered the band."""
+    p = len(order)
+    stages = p * v
+    n = ctx.model.num_layers
+    if stages > n:
+        return False
+    inflight = ctx.peak_inflight(kind, p, m, v)
+    place = schedule_kind(kind).placement
+    classes = [order[stage_rank(k, p, place)] for k in range(stages)]
+    used = list(dict.fromkeys(order))
+    units = {t: order.count(t) for t in used}
+    fast = {t: ctx.fastest_unit(pools[t]) for t in used}
+    splits = schedule_kind(kind).splits_backward
+    for mode in ctx.modes(tp, dp, cp, p > 1, ep)[start:]:
+        shards = dp * cp
+        tables = {t: ctx.table(fast[t], mb, mode, shards) for t in used}
+        sync = _optimizer_floor_s(units, shards if mode.zero else 1, optimizer_s)
+        fill = fill_bound_s(kind, v, {t: t_.least_whole_s() for t, t_ in tables.items()},
+                            {t: float(t_.fwd_s[-1]) for t, t_ in tables.items()})
+        left_s = cutoff_s - sync
+        if max(fill, trip_floor_s(list(tables.values()))) > left_s:
+            continue
+        budget = left_s if m == 1 else min((left_s - fill) / (m - 1), left_s / m)
+        rows = [ctx.probe_rows.memo((fast[t], mb, mode, shards, inflight[k], splits),
+                                    lambda t=t, k=k, tb=tables[t]: _probe_row(
+                                        ctx, tb, fast[t], inflight[k], splits))
+                for k, t in enumerate(classes)]
+        if _reaches(rows, n, budget):
+            return True
+    return False
+
+
+def trip_floor_s(tables: list) -> float:
+    """A lower bound on one micro-batch's whole trip (its F and backward through every
+    stage) over stages whose `partition.LayerTables` are among `tables`: each layer at
+    its least time (`LayerTables.least_layer_s`) on the table where that is least."""
+    return float(np.min([t.least_layer_s() for t in tables], axis=0).sum())
+
+
+def _optimizer_floor_s(units: dict[str, int], shards: int, optimizer_s: dict[str, float]
+                       ) -> float:
+    """The least optimizer step of a pipeline of `units` per class, its state sharded
+    `shards` ways: the whole model's step spread over its units at their rates."""
+    if not all(optimizer_s[t] for t in units):
+        return 0.0
+    return 1.0 / sum(k * shards / optimizer_s[t] for t, k in units.items())
+
+
+def _probe_row(ctx, table, unit: tuple[str, ...], inflight: int, splits: bool) -> ProbeRow:
+    split = table.splits(splits)
+    dev = ctx.cluster.device(unit[0]).type
+    return ProbeRow(table.stage_prefix_s(split).tolist(),
+                    (table.state_bytes + inflight * table.stash_bytes).tolist(),
+                    table.actions.per_microbatch_s(split),
+                    dev.memory_bytes - dev.runtime_reserve_bytes - table.work_bytes)
+
+
+def _reaches(rows: list[ProbeRow], n: int, budget_s: float) -> bool:
+    """Whether stages `rows`, in order, each of at most `budget_s` of time and within its
+    room, can hold all `n` layers when a stage may also hold none (a relaxation of the
+    cut, whose stages hold one layer at least). Exact for that relaxation: each stage
+    takes all it may (greedily), since the last layer a stage may reach never falls as
+    its first one moves on, so reaching further never hurts the stages after it."""
+    at = 0
+    slack = budget_s * 1e-9 + 1e-15
+    for row in rows:
+        prefix, use = row.time_prefix_s, row.use_prefix_bytes
+        if budget_s - row.actions_s + slack < 0:
+            continue                                  # it can hold nothing
+        at = max(at, min(bisect.bisect_right(prefix, prefix[at] + budget_s - row.actions_s
+                                             + slack),
+                         bisect.bisect_right(use, use[at] + row.room_bytes)) - 1)
+        if at >= n:
+            return True
+    return at >= n

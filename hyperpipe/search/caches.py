@@ -161,13 +161,15 @@ class LoadKey(NamedTuple):
 
 
 class ModeLoad(NamedTuple):
-    """`LoadKey`'s entry: the load bound (inf: the model does not fit in the mode), and
-    per used class a unit's least time (`LayerTables.least_layer_s`) and forward time of
-    the whole model."""
+    """`LoadKey`'s entry: the load bound (inf: the model does not fit in the mode), per
+    used class a unit's least time (`LayerTables.least_layer_s`) and forward time of
+    the whole model, and the least time of one micro-batch's whole trip (each layer on
+    the class where its least time is least)."""
 
     load_s: float
     whole_s: tuple[float, ...]
     forward_s: tuple[float, ...]
+    path_s: float
 
 
 class RowKey(NamedTuple):

@@ -85,6 +85,7 @@ class SearchContext:
     unit_signs: Cache[tuple[str, ...], tuple] = field(default_factory=Cache)
     layer_caps: Cache[CapsKey, Any] = field(default_factory=Cache)    # `bounds.LayerCaps`
     mode_loads: Cache[LoadKey, ModeLoad] = field(default_factory=Cache)   # `bounds.key_bound`
+    probe_rows: Cache[tuple, Any] = field(default_factory=Cache)   # `bounds.order_may_fit`
     totals: Cache[TotalKey, StateStash] = field(default_factory=Cache)
     device_bounds_s: Cache[StageShape, float] = field(default_factory=Cache)
     stage_ops: Cache[StageShape, dict[str, float]] = field(default_factory=Cache)

@@ -30,7 +30,7 @@ from hyperpipe.plan.plan import StagePlan
 from hyperpipe.plan.schedule import rank_stages, stage_rank
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
-from hyperpipe.search.bounds import fill_bound_s, key_bound
+from hyperpipe.search.bounds import fill_bound_s, key_bound, order_may_fit
 from hyperpipe.search.caches import (
     BookKey,
     LinkKey,
@@ -664,6 +664,12 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
             phase.infeasible += 1
             continue
         first = canonical_order(ctx, recipe)
+        if not order_may_fit(ctx, kind, v, mb, tp, dp, first, key.pools, key.start, m,
+                             optimizer[tp], objective_time_s(ctx, race.cutoff(),
+                                                             key.price_per_hour),
+                             key.cp, key.ep):
+            phase.pruned += 1             # nor do the other orders: see below
+            continue
         tries = [(first, lay) for lay in space.layouts(dp, recipe, key.ep)]
         shape = Shape(kind, v, mb, tp, dp, types, m, key.price_per_hour, recipe, key.pools,
                       key.start, key.cp, key.ep)

@@ -60,3 +60,47 @@ def test_least_load_is_the_first_step_of_the_union_that_holds_the_layers():
                 want = s
                 break
         assert B._least_load_s(caps, room, need) == want
+
+
+def test_greedy_reach_is_the_brute_force_over_every_cut():
+    """`bounds._reaches` (greedy stages, each taking all it may) against every cut of n
+    layers into the stages: some cut, its stages maybe empty, keeps every stage within
+    the time budget and its room exactly when the greedy walk holds all n layers; so
+    when it does not, no cut of at least one layer per stage does either."""
+    import itertools
+
+    from hyperpipe.search import bounds as B
+    rng = np.random.default_rng(5)
+    hits = 0
+    for _ in range(500):
+        n = int(rng.integers(1, 9))
+        stages = int(rng.integers(1, 5))
+        rows = []
+        for _ in range(stages):
+            times = np.round(rng.uniform(0.1, 2.0, n), 1)
+            use = np.round(rng.uniform(0.0, 3.0, n), 1)
+            rows.append(B.ProbeRow(np.concatenate([[0.0], np.cumsum(times)]).tolist(),
+                                   np.concatenate([[0.0], np.cumsum(use)]).tolist(),
+                                   float(rng.choice([0.0, 0.3])), float(rng.uniform(1, 8))))
+        budget = float(rng.uniform(0.5, 6.0))
+
+        loose = _some_cut_fits(rows, n, budget, itertools.combinations_with_replacement(
+            range(n + 1), stages - 1))
+        strict = _some_cut_fits(rows, n, budget,
+                                itertools.combinations(range(1, n), stages - 1))
+        assert B._reaches(rows, n, budget) == loose
+        assert loose or not strict
+        hits += loose
+    assert 50 < hits < 450            # both answers came up often
+
+
+def _some_cut_fits(rows, n: int, budget: float, cuts) -> bool:
+    """Whether one of `cuts` (inner cut points of n layers) keeps every stage within
+    `budget` seconds and its room."""
+    import itertools
+
+    def fits(r, a: int, b: int) -> bool:
+        return (r.time_prefix_s[b] - r.time_prefix_s[a] + r.actions_s <= budget
+                and r.use_prefix_bytes[b] - r.use_prefix_bytes[a] <= r.room_bytes)
+    return any(all(fits(rows[k], a, b) for k, (a, b) in
+                   enumerate(itertools.pairwise((0, *c, n)))) for c in cuts)

@@ -145,6 +145,46 @@ def test_key_bound_is_below_every_template_of_its_key(model_name, cluster_name, 
     assert _walk_keys(ctx, batch, 7) > 50
 
 
+@pytest.mark.parametrize("model_name,cluster_name,batch", CASES)
+def test_canonical_order_bounds_are_below_its_templates(model_name, cluster_name, batch):
+    """The bound the walk takes for a key's canonical stage order (its other orders
+    are cut only where that one lands in the band): `order_may_fit` lets through a
+    cutoff at each canonical template's value before its all-reduces (and so at its
+    time), and it does rule out cutoffs below the best of them on many keys (else it
+    would prune nothing)."""
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=batch))
+    classes = tuple(ctx.classes)
+    checked = ruled_out = 0
+    for r in range(1, len(classes) + 1):
+        for types in itertools.combinations(classes, r):
+            for key in T._keys(ctx, PhaseStats("t"), types, T.all_configs(ctx))[::5]:
+                opt = T._optimizer_s(ctx, types, key.pools, key.tp)
+                order = T.canonical_order(ctx, key.recipe)
+                kind, v, mb = key.config
+                m = -(-(batch // mb) // key.dp)
+                lbs = []
+                for lay in space.layouts(key.dp, key.recipe):
+                    slots = T._assign(key.pools, key.recipe, key.dp, order, lay)
+                    tpl = T._template(ctx, kind, v, mb, key.tp, types, slots[0], key.dp,
+                                      lambda s=slots: s, m, 0.0, key.start)
+                    if tpl is None:
+                        continue
+                    skipped = T._template(ctx, kind, v, mb, key.tp, types, slots[0],
+                                          key.dp, lambda s=slots: s, m, 0.0, key.start,
+                                          cutoff=-1.0)
+                    lbs.append(skipped.value_lb)
+                    assert B.order_may_fit(ctx, kind, v, mb, key.tp, key.dp, order,
+                                           key.pools, key.start, m, opt,
+                                           skipped.value_lb), (types, key.config)
+                    checked += 1
+                if lbs and not B.order_may_fit(ctx, kind, v, mb, key.tp, key.dp, order,
+                                               key.pools, key.start, m, opt,
+                                               0.8 * min(lbs)):
+                    ruled_out += 1
+    assert checked > 30 and ruled_out > checked // 10
+
+
 # two classes of A100-40GB behind a slow network (one straggling node), where ZeRO-2/3's
 # per-micro-batch collectives dominate
 SLOW_ZERO = {"nodes": [{"name": "a", "device": "A100-40GB", "count": 4, "repeat": 3},
