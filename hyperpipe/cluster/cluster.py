@@ -185,6 +185,9 @@ class Cluster:
     def node(self, name: str) -> Node:
         return self._node_by_name[name]  # type: ignore[attr-defined]
 
+    def has_node(self, name: str) -> bool:
+        return name in self._node_by_name  # type: ignore[attr-defined]
+
     def path(self, src: str, dst: str) -> Route:
         """The hops a transfer from device `src` to device `dst` crosses."""
         a, b = self.device(src), self.device(dst)

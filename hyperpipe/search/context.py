@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, NamedTuple
 
@@ -58,34 +58,42 @@ def v_peak_inflight(p: int, m: int) -> tuple[int, ...]:
     return tuple(min(2 * p - k, m) for k in range(2 * p))
 
 
+def _portable():
+    """A cache `SearchContext.carry_from` may carry to a search of another cluster: its
+    keys name, by cost-relevant numbers or by devices and classes that cluster has
+    alike, everything its entries depend on (not the unit pools, which shrink with it)."""
+    return field(default_factory=Cache, metadata={"portable": True})
+
+
 @dataclass(frozen=True)
 class SearchContext:
-    """Everything a phase needs, with its caches (passed explicitly; no module state)."""
+    """Everything a phase needs, with its caches (passed explicitly; no module state).
+    The caches made by `_portable` carry over to a search of a cluster with some of
+    this one's nodes (`carry_from`)."""
 
     cost: CostModel
     c: SearchConstraints
-    times_s: Cache[TimesKey, tuple[np.ndarray, np.ndarray]] = field(default_factory=Cache)
-    actions_s: Cache[TimesKey, tuple[np.ndarray | None, P.ActionTimes]] = field(
-        default_factory=Cache)
-    tables: Cache[TableKey, P.LayerTables] = field(default_factory=Cache)
-    links: Cache[LinkKey, np.ndarray] = field(default_factory=Cache)
-    link_keys: Cache[tuple[str, str, int], LinkKey] = field(default_factory=Cache)
+    times_s: Cache[TimesKey, tuple[np.ndarray, np.ndarray]] = _portable()
+    actions_s: Cache[TimesKey, tuple[np.ndarray | None, P.ActionTimes]] = _portable()
+    tables: Cache[TableKey, P.LayerTables] = _portable()
+    links: Cache[LinkKey, np.ndarray] = _portable()
+    link_keys: Cache[tuple[str, str, int], LinkKey] = _portable()
     # (ZeRO stage, reshard) -> `CostModel.dp_sync_bytes_per_param` on the search's stack
-    sync_bytes: Cache[tuple[int, bool], float] = field(default_factory=Cache)
-    inflight: Cache[InflightKey, tuple[int, ...]] = field(default_factory=Cache)
+    sync_bytes: Cache[tuple[int, bool], float] = _portable()
+    inflight: Cache[InflightKey, tuple[int, ...]] = _portable()
     book: Cache[BookKey, list] = field(default_factory=Cache)     # of `templates.Template`
-    matrices: Cache[MatrixKey, np.ndarray] = field(default_factory=Cache)
-    stage_costs: Cache[StageKey, P.StageCost] = field(default_factory=Cache)
-    cuts: Cache[tuple[StageKey, ...], tuple[int, ...] | None] = field(default_factory=Cache)
-    rings: Cache[tuple, RingCost] = field(default_factory=Cache)      # by `ring_pattern`
-    row_cuts: Cache[RowKey, RowCut | None] = field(default_factory=Cache)
+    matrices: Cache[MatrixKey, np.ndarray] = _portable()
+    stage_costs: Cache[StageKey, P.StageCost] = _portable()
+    cuts: Cache[tuple[StageKey, ...], tuple[int, ...] | None] = _portable()
+    rings: Cache[tuple, RingCost] = _portable()      # by `ring_pattern`
+    row_cuts: Cache[RowKey, RowCut | None] = _portable()
     placed_rings: Cache[Placement, list] = field(default_factory=Cache)  # per device slot
     # the gradient ring of one row position across the replicas (`templates._sync_s`)
     position_rings: Cache[PositionKey, RingCost] = field(default_factory=Cache)
-    unit_signs: Cache[tuple[str, ...], tuple] = field(default_factory=Cache)
-    layer_caps: Cache[CapsKey, Any] = field(default_factory=Cache)    # `bounds.LayerCaps`
-    mode_loads: Cache[LoadKey, ModeLoad] = field(default_factory=Cache)   # `bounds.key_bound`
-    probe_rows: Cache[tuple, Any] = field(default_factory=Cache)   # `bounds.order_may_fit`
+    unit_signs: Cache[tuple[str, ...], tuple] = _portable()
+    layer_caps: Cache[CapsKey, Any] = _portable()    # `bounds.LayerCaps`
+    mode_loads: Cache[LoadKey, ModeLoad] = _portable()   # `bounds.key_bound`
+    probe_rows: Cache[tuple, Any] = _portable()   # `bounds.order_may_fit`
     totals: Cache[TotalKey, StateStash] = field(default_factory=Cache)
     device_bounds_s: Cache[StageShape, float] = field(default_factory=Cache)
     stage_ops: Cache[StageShape, dict[str, float]] = field(default_factory=Cache)
@@ -99,17 +107,44 @@ class SearchContext:
     fast_units: Cache[UnitKey, tuple[str, ...]] = field(default_factory=Cache)
     group_patterns: Cache[PositionKey, tuple] = field(default_factory=Cache)
     table_keys: Cache[tuple, TableKey] = field(default_factory=Cache)   # `table_key`
-    memories: Cache[tuple, P.LayerTables] = field(default_factory=Cache)  # `table_of`
+    memories: Cache[tuple, P.LayerTables] = _portable()  # `table_of`
     # (stage times key, layers, ring pattern, op, first forward) -> what ZeRO-2/3 adds
-    zero_extras: Cache[tuple, FsdpCost] = field(default_factory=Cache)
+    zero_extras: Cache[tuple, FsdpCost] = _portable()
     # (class, units per pipeline, replicas, tp, cp) -> `bounds.zero_ring_line`
     zero_rings: Cache[tuple, tuple[float, float]] = field(default_factory=Cache)
     # `ring_pattern` of one all-gather group -> its (latency s, s per byte)
-    gather_lines: Cache[tuple, tuple[float, float]] = field(default_factory=Cache)
+    gather_lines: Cache[tuple, tuple[float, float]] = _portable()
     # (unit, cp, ep) -> `ep_exchange`
     exchanges: Cache[tuple, tuple[tuple, tuple]] = field(default_factory=Cache)
     # (tp, more than one ZeRO rank, cp, pipelined, ep) -> `modes`
-    mode_ladders: Cache[tuple, tuple[MemoryMode, ...]] = field(default_factory=Cache)
+    mode_ladders: Cache[tuple, tuple[MemoryMode, ...]] = _portable()
+
+    def carry_from(self, other: SearchContext) -> bool:
+        """Take `other`'s portable caches (`_portable`) when they hold here: the same
+        model, profile and constraints, a model without MoE blocks (an expert group
+        depends on its class's units, not named in the keys), the same device types and
+        inter-node link, every node here one of `other`'s alike (its MTBF aside), and
+        every device class here, by name, of the same kind there. Whether it took
+        them; the results are those of a search without them."""
+        mine, theirs = self.cost, other.cost
+        if (mine.model, mine.profile, self.c) != (theirs.model, theirs.profile, other.c) \
+                or any(layer.kind == "moe" for layer in mine.model.layers):
+            return False
+        new, old = self.cluster, other.cluster
+        if (new.device_types, new.inter_node) != (old.device_types, old.inter_node):
+            return False
+        if any(not old.has_node(n.name) or replace(old.node(n.name), mtbf_s=None) !=
+               replace(n, mtbf_s=None) for n in new.nodes):
+            return False
+        if any(name not in other.classes or
+               space.class_key(old, old.node(other.classes[name].nodes[0])) !=
+               space.class_key(new, new.node(cls.nodes[0]))
+               for name, cls in self.classes.items()):
+            return False
+        for f in fields(self):
+            if f.metadata.get("portable"):
+                getattr(self, f.name).update(getattr(other, f.name))
+        return True
 
     @cached_property
     def classes(self) -> dict[str, space.DeviceClass]:
@@ -428,5 +463,7 @@ def worker_context(model, cluster, profile, constraints) -> SearchContext:
     if _last_context and _last_context[0].inputs == (model, cluster, profile, constraints):
         return _last_context[0]
     ctx = SearchContext(CostModel(model, cluster, profile), constraints)
-    _last_context[:] = [ctx]
+    if _last_context:
+        ctx.carry_from(_last_context[0])       # a pool kept for a search of a cluster less
+    _last_context[:] = [ctx]                   # some nodes (`whatif --failures`)
     return ctx

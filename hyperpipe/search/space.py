@@ -261,10 +261,7 @@ def device_classes(cluster) -> dict[str, DeviceClass]:
     "TYPE#k" (k = 2, 3, ... in cluster order)."""
     keys: dict[tuple, list[str]] = {}
     for node in cluster.nodes:
-        price = cluster.price_per_hour(f"{node.name}/0")
-        key = (node.device_type, node.count, node.intra_link, node.nic, node.nics,
-               node.slowdown, price)
-        keys.setdefault(key, []).append(node.name)
+        keys.setdefault(class_key(cluster, node), []).append(node.name)
     names: dict[tuple, str] = {}
     for type_name in dict.fromkeys(k[0] for k in keys):
         mine = [k for k in keys if k[0] == type_name]
@@ -286,6 +283,13 @@ def device_classes(cluster) -> dict[str, DeviceClass]:
     return {names[k]: DeviceClass(names[k], k[0], tuple(nodes), max(k[5], default=1.0),
                                   min(k[5], default=1.0))
             for k, nodes in keys.items()}
+
+
+def class_key(cluster, node) -> tuple:
+    """What puts a node in its device class: its device type, device count, intra-node
+    link, NICs, per-device slowdowns and price."""
+    return (node.device_type, node.count, node.intra_link, node.nic, node.nics,
+            node.slowdown, cluster.price_per_hour(f"{node.name}/0"))
 
 
 @dataclass(frozen=True)

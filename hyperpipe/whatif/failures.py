@@ -17,6 +17,7 @@ dropping the lost replicas.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ from hyperpipe.core.units import format_quantity, format_seconds
 from hyperpipe.models import ModelSpec
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
+from hyperpipe.search.backends import process_pool
 from hyperpipe.search.evaluate import Candidate, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import SearchConstraints, search, split_batch
@@ -137,8 +139,20 @@ def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, 
     # Before the search: even the most reliable node fails too often for any progress.
     _check_trains(write_s, o.restart_s, max(n.mtbf_s for n in base.nodes if n.mtbf_s))
     c = planning.constraints()
-    workers = planning.workers if backend is None else 1
-    plan = planning.plan
+    with contextlib.ExitStack() as stack:
+        workers = planning.workers if backend is None else 1
+        if backend is None and workers > 1:
+            # one pool for both searches: its workers carry their caches over to the
+            # re-plan (`SearchContext.carry_from`)
+            backend, workers = stack.enter_context(process_pool(workers)), 1
+        return _study(spec, base, o, c, size, write_s, profile, workers, backend)
+
+
+def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstraints,
+           size: float, write_s: float, profile, workers: int, backend) -> FailureStudy:
+    """`failure_whatif` once its inputs are checked: today's plan, its goodput table and
+    the re-plan without the node most likely to fail."""
+    plan = o.planning.plan
     if plan is None:
         plan = search(spec, search_view(base), c, profile=profile, top=1, workers=workers,
                       backend=backend, peers=False).best.plan
