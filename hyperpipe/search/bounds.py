@@ -183,11 +183,11 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         load = max(got.load_s, 1.0 / sum(recipe[t] / whole[t] for t in used),
                    _chunks_floor_s(ctx, used, fast, mb, mode, shards, cache, recipe, v))
         fill = fill_bound_s(kind, v, whole, dict(zip(used, got.forward_s, strict=True)))
-        value = max((m - 1) * load + fill, got.path_s, m * load) + sync
+        value = max((m - 1) * load + fill, got.trip_s, m * load) + sync
         if value <= cutoff_s:
             load = max(load, zero_collectives_s(ctx, kind, used, recipe, pools, tp, dp,
                                                 mode) / p)
-            value = max((m - 1) * load + fill, got.path_s, m * load) + sync
+            value = max((m - 1) * load + fill, got.trip_s, m * load) + sync
         # the cut takes the first mode that fits, maybe a later one than this: where a
         # later mode holds more per device (sharded state, smaller stashes) its bound
         # may be lower, so the key's bound is the least over the modes that may fit
@@ -206,7 +206,7 @@ def _mode_load(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: int,
                                  stage_held, total_room, recipe, width),
                     tuple(float(c.time_prefix_s[-1]) for c in whole_caps.values()),
                     tuple(c.forward_s for c in whole_caps.values()),
-                    trip_floor_s([ctx.table(fast[t], mb, mode, shards) for t in used]))
+                    _trip_floor_s([ctx.table(fast[t], mb, mode, shards) for t in used]))
 
 
 def _mode_load_s(ctx, whole_caps: dict[str, LayerCaps], fast: dict[str, tuple[str, ...]],
@@ -446,7 +446,7 @@ def order_may_fit(ctx, kind: str, v: int, mb: int, tp: int, dp: int, order: tupl
         fill = fill_bound_s(kind, v, {t: t_.least_whole_s() for t, t_ in tables.items()},
                             {t: float(t_.fwd_s[-1]) for t, t_ in tables.items()})
         left_s = cutoff_s - sync
-        if max(fill, trip_floor_s(list(tables.values()))) > left_s:
+        if max(fill, _trip_floor_s(list(tables.values()))) > left_s:
             continue
         budget = left_s if m == 1 else min((left_s - fill) / (m - 1), left_s / m)
         rows = [ctx.probe_rows.memo((fast[t], mb, mode, shards, inflight[k], splits),
@@ -458,7 +458,7 @@ def order_may_fit(ctx, kind: str, v: int, mb: int, tp: int, dp: int, order: tupl
     return False
 
 
-def trip_floor_s(tables: list) -> float:
+def _trip_floor_s(tables: list) -> float:
     """A lower bound on one micro-batch's whole trip (its F and backward through every
     stage) over stages whose `partition.LayerTables` are among `tables`: each layer at
     its least time (`LayerTables.least_layer_s`) on the table where that is least."""
@@ -475,6 +475,8 @@ def _optimizer_floor_s(units: dict[str, int], shards: int, optimizer_s: dict[str
 
 
 def _probe_row(ctx, table, unit: tuple[str, ...], inflight: int, splits: bool) -> ProbeRow:
+    """A stage of `unit`'s `table` holding `inflight` stashes, as `_row_cut` prices it
+    (`splits`: whether the kind splits the backward)."""
     split = table.splits(splits)
     dev = ctx.cluster.device(unit[0]).type
     return ProbeRow(table.stage_prefix_s(split).tolist(),

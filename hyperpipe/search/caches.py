@@ -169,7 +169,7 @@ class ModeLoad(NamedTuple):
     load_s: float
     whole_s: tuple[float, ...]
     forward_s: tuple[float, ...]
-    path_s: float
+    trip_s: float
 
 
 class RowKey(NamedTuple):

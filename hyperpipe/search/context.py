@@ -459,11 +459,13 @@ _last_context: list[SearchContext] = []
 
 def worker_context(model, cluster, profile, constraints) -> SearchContext:
     """A search context for these inputs (`SearchContext.inputs`) in a worker process:
-    its last task's when the inputs are equal, else a new one (which replaces it)."""
+    its last task's when the inputs are equal, else a new one (which replaces it) with
+    the last one's portable caches where they hold (`SearchContext.carry_from`: a pool
+    kept for a search of the cluster less some nodes, as `whatif --failures` keeps it)."""
     if _last_context and _last_context[0].inputs == (model, cluster, profile, constraints):
         return _last_context[0]
     ctx = SearchContext(CostModel(model, cluster, profile), constraints)
     if _last_context:
-        ctx.carry_from(_last_context[0])       # a pool kept for a search of a cluster less
-    _last_context[:] = [ctx]                   # some nodes (`whatif --failures`)
+        ctx.carry_from(_last_context[0])
+    _last_context[:] = [ctx]
     return ctx
