@@ -121,9 +121,8 @@ def layer_caps(ctx, unit: tuple[str, ...], mb: int, mode: MemoryMode, shards: in
             cache[key] = None
         else:
             cache[key] = LayerCaps(np.cumsum(np.sort(times[keep])), float(t.fwd_s[-1]),
-                                   state[keep], stash[keep],
-                                   dev.memory_bytes - dev.runtime_reserve_bytes
-                                   - t.work_bytes, int((~keep).sum()))
+                                   state[keep], stash[keep], _free_bytes(dev) - t.work_bytes,
+                                   int((~keep).sum()))
     return cache[key]
 
 
@@ -167,7 +166,7 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     for i in range(start, len(modes)):
         mode = modes[i]
         shards = dp * cp if mode.zero else 1
-        sync = _optimizer_floor_s({t: recipe[t] for t in used}, shards, optimizer_s)
+        sync = optimizer_floor_s({t: recipe[t] for t in used}, shards, optimizer_s)
         if first is not None and _spread_value_s(ctx, used, fast, mb, mode, shards, cache,
                                                  recipe, kind, v, m) + sync >= bound:
             continue      # a later mode that cannot lower the bound: its memory is moot
@@ -272,8 +271,13 @@ def _chunks_floor_s(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: 
 
 
 def _room(ctx, pool) -> float:
-    """A device's memory less its runtime reserve (bytes)."""
-    dev = ctx.cluster.device(pool.units[0][0]).type
+    """A device's memory less its runtime reserve (bytes), on `pool`'s class."""
+    return _free_bytes(ctx.cluster.device(pool.units[0][0]).type)
+
+
+def _free_bytes(dev) -> float:
+    """A `DeviceType`'s memory less its runtime reserve (bytes): what a stage's layers,
+    stashes and work space share."""
     return dev.memory_bytes - dev.runtime_reserve_bytes
 
 
@@ -442,9 +446,8 @@ def order_may_fit(ctx, kind: str, v: int, mb: int, tp: int, dp: int, order: tupl
     for mode in ctx.modes(tp, dp, cp, p > 1, ep)[start:]:
         shards = dp * cp
         tables = {t: ctx.table(fast[t], mb, mode, shards) for t in used}
-        sync = _optimizer_floor_s(units, shards if mode.zero else 1, optimizer_s)
-        fill = fill_bound_s(kind, v, {t: t_.least_whole_s() for t, t_ in tables.items()},
-                            {t: float(t_.fwd_s[-1]) for t, t_ in tables.items()})
+        sync = optimizer_floor_s(units, shards if mode.zero else 1, optimizer_s)
+        fill = work_bound(ctx, used, pools, kind, v, mb, mode)[1]
         left_s = cutoff_s - sync
         if max(fill, _trip_floor_s(list(tables.values()))) > left_s:
             continue
@@ -465,10 +468,23 @@ def _trip_floor_s(tables: list) -> float:
     return float(np.min([t.least_layer_s() for t in tables], axis=0).sum())
 
 
-def _optimizer_floor_s(units: dict[str, int], shards: int, optimizer_s: dict[str, float]
-                       ) -> float:
-    """The least optimizer step of a pipeline of `units` per class, its state sharded
-    `shards` ways: the whole model's step spread over its units at their rates."""
+def work_bound(ctx, types, pools, kind: str, v: int, mb: int, mode: MemoryMode
+               ) -> tuple[dict[str, float], float]:
+    """Per class of `types`, its fastest unit's least time of the whole model in `mode`
+    (forward and backward, `LayerTables.least_whole_s`), and the fill's lower bound
+    (`fill_bound_s`)."""
+    work = {t: ctx.table(ctx.fastest_unit(pools[t]), mb, mode) for t in types}
+    # (times only: the table's memory is not read here)
+    whole = {t: w.least_whole_s() for t, w in work.items()}
+    forward = {t: float(w.fwd_s[-1]) for t, w in work.items()}
+    return whole, fill_bound_s(kind, v, whole, forward)
+
+
+def optimizer_floor_s(units: dict[str, int], shards: int, optimizer_s: dict[str, float]
+                      ) -> float:
+    """The least optimizer step of a pipeline of `units` per class (its state sharded
+    `shards` ways; 0 where a class's step is unknown): the whole model's step spread
+    over its units at their rates."""
     if not all(optimizer_s[t] for t in units):
         return 0.0
     return 1.0 / sum(k * shards / optimizer_s[t] for t, k in units.items())
@@ -478,11 +494,10 @@ def _probe_row(ctx, table, unit: tuple[str, ...], inflight: int, splits: bool) -
     """A stage of `unit`'s `table` holding `inflight` stashes, as `_row_cut` prices it
     (`splits`: whether the kind splits the backward)."""
     split = table.splits(splits)
-    dev = ctx.cluster.device(unit[0]).type
     return ProbeRow(table.stage_prefix_s(split).tolist(),
                     (table.state_bytes + inflight * table.stash_bytes).tolist(),
                     table.actions.per_microbatch_s(split),
-                    dev.memory_bytes - dev.runtime_reserve_bytes - table.work_bytes)
+                    _free_bytes(ctx.cluster.device(unit[0]).type) - table.work_bytes)
 
 
 def _reaches(rows: list[ProbeRow], n: int, budget_s: float) -> bool:

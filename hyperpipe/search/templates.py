@@ -30,7 +30,12 @@ from hyperpipe.plan.plan import StagePlan
 from hyperpipe.plan.schedule import rank_stages, stage_rank
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
-from hyperpipe.search.bounds import fill_bound_s, key_bound, order_may_fit
+from hyperpipe.search.bounds import (
+    key_bound,
+    optimizer_floor_s,
+    order_may_fit,
+    work_bound,
+)
 from hyperpipe.search.caches import (
     BookKey,
     LinkKey,
@@ -513,11 +518,9 @@ def _keys_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
                     phase.infeasible += 1
                     continue
                 mode = modes[start]
-                whole, fill_lb = _work_bound(ctx, types, pools, kind, v, mb, mode)
+                whole, fill_lb = work_bound(ctx, types, pools, kind, v, mb, mode)
                 load_lb = 1.0 / sum(k / whole[t] for t, k in recipe.items())
-                shards = dp * cp if mode.distributed_optimizer else 1
-                sync_lb = 1.0 / sum(k * shards / opt[t] for t, k in recipe.items()) \
-                    if all(opt.values()) else 0.0
+                sync_lb = optimizer_floor_s(recipe, dp * cp if mode.zero else 1, opt)
                 bound = (m - 1) * load_lb + fill_lb + sync_lb
                 price = dp * width * sum(k * (price_of[t] if price_of[t] is not None
                                               else math.nan) for t, k in recipe.items())
@@ -554,17 +557,6 @@ def _total_bytes(ctx: SearchContext, mode: MemoryMode, dp: int, mb: int, held: i
                                      cost.stash_bytes(whole, mb, recompute=mode.recompute))
     state, stash = ctx.totals[key]
     return state + held * stash
-
-
-def _work_bound(ctx: SearchContext, types, pools, kind: str, v: int, mb: int,
-                mode: MemoryMode) -> tuple[dict[str, float], float]:
-    """Per type, a unit's least time of the whole model in `mode` (forward and backward,
-    `LayerTables.least_whole_s`), and the fill's lower bound (on the fastest type)."""
-    work = {t: ctx.table(ctx.fastest_unit(pools[t]), mb, mode) for t in types}
-    # (times only: the table's memory is not read here)
-    whole = {t: w.least_whole_s() for t, w in work.items()}
-    forward = {t: float(w.fwd_s[-1]) for t, w in work.items()}
-    return whole, fill_bound_s(kind, v, whole, forward)
 
 
 class Entry(NamedTuple):
