@@ -61,11 +61,18 @@ def group_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> Gr
     return caches.group_tables[mine]
 
 
-def _type_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> GroupTable:
+def table_class(cost, group: tuple[str, ...]) -> tuple:
+    """What `group`'s table depends on besides the micro-batch: its device type,
+    slowdown, size and intra-node link (`PeerTableKey` less the micro-batch)."""
     dev = cost.cluster.device(group[0])
     node = cost.cluster.node(dev.node)
-    key = PeerTableKey(dev.type.name, cost.cluster.slowdown(group), len(group),
-                       link_sig(node.intra_link) if len(group) > 1 else None, mb)
+    return (dev.type.name, cost.cluster.slowdown(group), len(group),
+            link_sig(node.intra_link) if len(group) > 1 else None)
+
+
+def _type_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> GroupTable:
+    dev = cost.cluster.device(group[0])
+    key = PeerTableKey(*table_class(cost, group), mb)
     memo = caches.type_tables
     if key not in memo:
         n = cost.model.num_layers

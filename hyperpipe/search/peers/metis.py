@@ -37,6 +37,7 @@ from hyperpipe.search.peers.common import (
     p2p_s,
     peer_subsets,
     sync_s,
+    table_class,
 )
 
 
@@ -155,7 +156,7 @@ def metis_plan(ctx, prune: bool = True) -> PeerPick | None:
 @dataclass
 class _Placed:
     """The replicas' rows of tp groups for one stage order of a grid point, with their
-    `cut_links` once asked."""
+    `cut_links` and the first row's table classes once asked."""
 
     rows: list[list[tuple[str, ...]]]
     cost: Any
@@ -163,6 +164,21 @@ class _Placed:
     @functools.cached_property
     def links(self) -> list:
         return cut_links(self.cost, self.rows)
+
+    @functools.cached_property
+    def classes(self) -> tuple[list[tuple[str, ...]], list[int]]:
+        """The first row's stages by `table_class`: one group of each class, and each
+        stage's class (an index into them). Stages of one class share their tables."""
+        reps: list[tuple[str, ...]] = []
+        seen: dict[tuple, int] = {}
+        of = []
+        for group in self.rows[0]:
+            key = table_class(self.cost, group)
+            if key not in seen:
+                seen[key] = len(reps)
+                reps.append(group)
+            of.append(seen[key])
+        return reps, of
 
 
 def _placed(ctx, pt: GridPoint, order: tuple[str, ...]) -> _Placed:
@@ -270,8 +286,11 @@ def _balanced(ctx, placed: _Placed, mb: int, m: int) -> tuple[float, list[int]] 
     cost, n = ctx.cost, ctx.model.num_layers
     rows = placed.rows
     pp = len(rows[0])
-    tables = [group_table(cost, rows[0][k], mb, ctx.peers) for k in range(pp)]
-    speed = [n / float(tab.time_s[-1]) for tab in tables]   # layers/s, whole model
+    reps, of = placed.classes
+    mine = [group_table(cost, g, mb, ctx.peers) for g in reps]
+    whole = [n / float(tab.time_s[-1]) for tab in mine]     # layers/s, whole model
+    tables = [mine[i] for i in of]
+    speed = [whole[i] for i in of]
     inflight = inflight_1f1b(pp, m)
     bounds = proportional_cuts(n, speed)
     if not all(fits(t, a, b, f) for t, a, b, f in zip(tables, bounds, bounds[1:], inflight,
