@@ -82,6 +82,14 @@ class StageKey(NamedTuple):
     split: bool = False          # the backward as I and W (`LayerTables.splits`)
 
 
+class CutKey(NamedTuple):
+    """All a cut depends on: its stages' keys and each stage's device in the pipeline
+    (`partition.balance_devices` evens out devices that hold several stages)."""
+
+    stages: tuple[StageKey, ...]
+    homes: tuple[int, ...]
+
+
 class InflightKey(NamedTuple):
     kind: str
     p: int

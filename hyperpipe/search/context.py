@@ -22,6 +22,7 @@ from hyperpipe.search.caches import (
     BookKey,
     Cache,
     CapsKey,
+    CutKey,
     InflightKey,
     LayersOn,
     LinkKey,
@@ -84,7 +85,7 @@ class SearchContext:
     book: Cache[BookKey, list] = field(default_factory=Cache)     # of `templates.Template`
     matrices: Cache[MatrixKey, np.ndarray] = _portable()
     stage_costs: Cache[StageKey, P.StageCost] = _portable()
-    cuts: Cache[tuple[StageKey, ...], tuple[int, ...] | None] = _portable()
+    cuts: Cache[CutKey, tuple[int, ...] | None] = _portable()
     rings: Cache[tuple, RingCost] = _portable()      # by `ring_pattern`
     row_cuts: Cache[RowKey, RowCut | None] = _portable()
     placed_rings: Cache[Placement, list] = field(default_factory=Cache)  # per device slot

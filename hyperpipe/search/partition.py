@@ -389,6 +389,71 @@ def partition(mats: list[StageCost], *, bottleneck_slack: float = 0.0
     return tuple(reversed(bounds))
 
 
+def balance_devices(bounds: tuple[int, ...], mats: list[StageCost], homes: list[int],
+                    sum_per_load: float = 1.0) -> tuple[int, ...]:
+    """`bounds` improved for pipelines whose devices hold several stages (`homes[k]`:
+    stage k's device): `partition` minimises the busiest STAGE, but a device's load is
+    the sum of its stages, so two heavy chunks can meet on one device. Moves of one
+    boundary layer between a stage of the busiest device and its neighbour stage on
+    another device are taken while one lowers the busiest device's load by some
+    amount and adds at most `sum_per_load` times that to the stages' sum (a layer may
+    be slower on the other device, which lengthens the fill), or, with others as busy,
+    takes this device below them without adding to the sum; the move that leaves the
+    least busiest load goes first. So the busiest load never grows, and the sum grows
+    by at most `sum_per_load` times what it fell. Each stage keeps at least one layer
+    and stays within its memory (`StageCost`).
+
+    `sum_per_load`: what a second of sum costs against a second of busiest load in
+    the objective. With m micro-batches, a pipeline of v chunks per device takes about
+    (m - 1/v) x load + sum / v round robin (interleaved: fill = sum / v + load (v - 1) /
+    v) and m x load + forward / v on a V (fill = load + forward / v): v - 1 and v keep
+    any move from lengthening the iteration for every m >= 1."""
+    b = list(bounds)
+    stages = len(mats)
+
+    def cost(k: int, i: int, j: int) -> float:
+        c = mats[k]
+        if j - i < 1 or (c.last is not None and j > c.last[i]):
+            return _INF
+        return float(c.times[i, j])
+
+    stage_s = [cost(k, b[k], b[k + 1]) for k in range(stages)]
+    load: dict[int, float] = defaultdict(float)
+    mine: dict[int, list[int]] = defaultdict(list)
+    for k, h in enumerate(homes):
+        load[h] += stage_s[k]
+        mine[h].append(k)
+    while True:
+        top = sorted(load, key=load.__getitem__, reverse=True)[:3]
+        d = top[0]
+        busiest = load[d]
+        best = None                    # (busiest after, pair's max, stage, neighbour, ...)
+        for k in mine[d]:
+            for nb, cut in ((k - 1, b[k] + 1), (k + 1, b[k + 1] - 1)):
+                if not 0 <= nb < stages or homes[nb] == d:
+                    continue
+                e = homes[nb]
+                lo, hi = (nb, k) if nb < k else (k, nb)
+                new_lo, new_hi = cost(lo, b[lo], cut), cost(hi, cut, b[hi + 1])
+                new_k, new_nb = (new_lo, new_hi) if lo == k else (new_hi, new_lo)
+                pair = max(busiest - stage_s[k] + new_k, load[e] - stage_s[nb] + new_nb)
+                rest = max((load[x] for x in top if x not in (d, e)), default=0.0)
+                after = max(pair, rest)
+                added = new_k + new_nb - stage_s[k] - stage_s[nb]
+                fell = busiest - after
+                ok = (fell > busiest * 1e-9 and added <= sum_per_load * fell) or \
+                    (fell >= 0 and pair < busiest * (1 - 1e-9) and added <= 0)
+                if ok and (best is None or (after, pair) < best[:2]):
+                    best = (after, pair, k, nb, cut, new_k, new_nb)
+        if best is None:
+            return tuple(b)
+        _, _, k, nb, cut, new_k, new_nb = best
+        b[max(k, nb)] = cut
+        load[d] += new_k - stage_s[k]
+        load[homes[nb]] += new_nb - stage_s[nb]
+        stage_s[k], stage_s[nb] = new_k, new_nb
+
+
 def describe(bounds: tuple[int, ...], tables: list[LayerTables],
              links: list[np.ndarray | None], split: list[bool] | None = None) -> Partition:
     """The per-stage times of a cut (the same numbers the DP minimised; `split` per

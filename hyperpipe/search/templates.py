@@ -38,6 +38,7 @@ from hyperpipe.search.bounds import (
 )
 from hyperpipe.search.caches import (
     BookKey,
+    CutKey,
     LinkKey,
     Placement,
     PositionKey,
@@ -149,8 +150,10 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
     p = len(row)
     stages = p * v
     inflight = ctx.peak_inflight(kind, p, m, v)
-    homes = [stage_rank(k, p, schedule_kind(kind).placement) for k in range(stages)]
+    place = schedule_kind(kind).placement
+    homes = [stage_rank(k, p, place) for k in range(stages)]
     splits = schedule_kind(kind).splits_backward
+    weight = v if place == "v" else v - 1   # `partition.balance_devices`' sum_per_load
     # the link after each stage (none after the last): the same in every memory mode
     lkeys, links = [], []
     for k in range(stages - 1):
@@ -177,28 +180,36 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
             split.append(rooms[-1] if v == 1 else P.Slot(group, inflight[k], room / v))
         # A device's v chunks get a v-th of its room each; if no cut fits so, shares
         # in proportion to what they keep under the even cut (`partition.shared_slots`).
-        bounds = _cut(ctx, keys, tables, split, links)
+        bounds = _cut(ctx, keys, tables, split, links, homes, weight)
         if bounds is None and v > 1:
-            bounds = _cut(ctx, keys, tables, P.shared_slots(tables, rooms, homes), links)
+            bounds = _cut(ctx, keys, tables, P.shared_slots(tables, rooms, homes), links,
+                          homes, weight)
         if bounds is not None:
             return RowCut(mode, P.describe(bounds, tables, links, [k[2] for k in keys]))
     return None
 
 
 def _cut(ctx: SearchContext, keys: list[tuple[TableKey, LinkKey | None, bool]],
-         tables: list[P.LayerTables], slots: list[P.Slot], links: list
-         ) -> tuple[int, ...] | None:
+         tables: list[P.LayerTables], slots: list[P.Slot], links: list,
+         homes: list[int], sum_per_load: float) -> tuple[int, ...] | None:
     """`partition.partition` of these stages (`keys`: each one's table and link keys,
-    and whether its backward is split, `LayerTables.splits`). The cut depends only on
-    each stage's (table, in-flight stashes, room, link, split): templates that differ
-    elsewhere (replica count, price, m past the fill) share it."""
+    and whether its backward is split, `LayerTables.splits`), then, where a device
+    holds several of them (`homes`: each stage's device), `partition.balance_devices`
+    with `sum_per_load` (which the homes' placement and chunk count fix). The cut
+    depends only on each stage's (table, in-flight stashes, room, link, split) and the
+    homes: templates that differ elsewhere (replica count, price, m past the fill)
+    share it."""
     stage_keys = tuple(StageKey(tkey, sl.inflight, sl.capacity_bytes, lkey, split)
                        for (tkey, lkey, split), sl in zip(keys, slots, strict=True))
-    if stage_keys not in ctx.cuts:
-        ctx.cuts[stage_keys] = P.partition(
-            [ctx.stage_cost(k, t, sl, ln)
-             for k, t, sl, ln in zip(stage_keys, tables, slots, links, strict=True)])
-    return ctx.cuts[stage_keys]
+    key = CutKey(stage_keys, tuple(homes))
+    if key not in ctx.cuts:
+        mats = [ctx.stage_cost(k, t, sl, ln)
+                for k, t, sl, ln in zip(stage_keys, tables, slots, links, strict=True)]
+        bounds = P.partition(mats)
+        if bounds is not None and len(set(homes)) < len(homes):
+            bounds = P.balance_devices(bounds, mats, homes, sum_per_load)
+        ctx.cuts[key] = bounds
+    return ctx.cuts[key]
 
 
 class Skipped(NamedTuple):

@@ -314,7 +314,7 @@ def test_pick_is_never_slower_than_a_tuned_baseline_and_says_when_it_is_one():
     from hyperpipe.search.report import format_search
     from hyperpipe.search.search import layout_key
     model, cluster = load_model("gpt2-xl"), load_cluster("h100-a100-l4")
-    res = search(model, cluster, SearchConstraints(global_batch=64), workers=1)
+    res = search(model, cluster, SearchConstraints(global_batch=128), workers=1)
     tuned = [res.baselines[k] for k in ("uniform", "proportional") if k in res.baselines
              and res.baselines[k].metrics.feasible]
     assert tuned
