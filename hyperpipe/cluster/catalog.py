@@ -241,6 +241,11 @@ class DeviceType:
         return RUNTIME_FIXED_BYTES + FRAGMENTATION_FRACTION * memory_bytes
 
     @property
+    def free_bytes(self) -> float:
+        """Memory less the runtime reserve (bytes): what tensors may hold."""
+        return self.memory_bytes - self.runtime_reserve_bytes
+
+    @property
     def peaks(self) -> dict[str, float]:
         """Dense FLOP/s per dtype the part computes in (empty: one peak for all)."""
         return {d: self.peak_flops * r for d, r in self.peak_ratios}

@@ -121,7 +121,7 @@ def layer_caps(ctx, unit: tuple[str, ...], mb: int, mode: MemoryMode, shards: in
             cache[key] = None
         else:
             cache[key] = LayerCaps(np.cumsum(np.sort(times[keep])), float(t.fwd_s[-1]),
-                                   state[keep], stash[keep], _free_bytes(dev) - t.work_bytes,
+                                   state[keep], stash[keep], dev.free_bytes - t.work_bytes,
                                    int((~keep).sum()))
     return cache[key]
 
@@ -272,13 +272,7 @@ def _chunks_floor_s(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: 
 
 def _room(ctx, pool) -> float:
     """A device's memory less its runtime reserve (bytes), on `pool`'s class."""
-    return _free_bytes(ctx.cluster.device(pool.units[0][0]).type)
-
-
-def _free_bytes(dev) -> float:
-    """A `DeviceType`'s memory less its runtime reserve (bytes): what a stage's layers,
-    stashes and work space share."""
-    return dev.memory_bytes - dev.runtime_reserve_bytes
+    return ctx.cluster.device(pool.units[0][0]).type.free_bytes
 
 
 def _fits_in_all(ctx, caps: LayerCaps, stage_held: list[int], total_room: float,
@@ -497,7 +491,7 @@ def _probe_row(ctx, table, unit: tuple[str, ...], inflight: int, splits: bool) -
     return ProbeRow(table.stage_prefix_s(split).tolist(),
                     (table.state_bytes + inflight * table.stash_bytes).tolist(),
                     table.actions.per_microbatch_s(split),
-                    _free_bytes(ctx.cluster.device(unit[0]).type) - table.work_bytes)
+                    ctx.cluster.device(unit[0]).type.free_bytes - table.work_bytes)
 
 
 def _reaches(rows: list[ProbeRow], n: int, budget_s: float) -> bool:

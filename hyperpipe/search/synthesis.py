@@ -127,10 +127,10 @@ def synthesise_all(ctx: SearchContext, items: list[tuple[Plan, dict | None]], po
     worker `pool` each plan is two tasks, all started at once: its policies and the
     local improvement of its best synthesised order (`_orders_task`); and its fixed
     kinds with the improvement of the best of them (`_fixed_task`), simulated whatever
-    its bound (it runs beside what it would be judged against). The second verdict is
-    then taken after the first, as `synthesise` takes it (`take_improved`)."""
+    its bound (it runs beside what it would be judged against). The verdicts are then
+    taken as `synthesise` takes them (`take_improvements`)."""
     from hyperpipe.search.backends import fan_out
-    from hyperpipe.synth.synthesise import synth_result, synthesise, take_improved
+    from hyperpipe.synth.synthesise import synth_result, synthesise, take_improvements
     if pool is None:
         return [synthesise(plan, ctx.cost, known=known) for plan, known in items]
     t0 = time.perf_counter()
@@ -140,12 +140,8 @@ def synthesise_all(ctx: SearchContext, items: list[tuple[Plan, dict | None]], po
     out = []
     for q in range(len(items)):
         (synth_best, n, first), (fixed, n_fixed, second) = done[2 * q], done[2 * q + 1]
-        n += n_fixed
-        for policy, improved in ((synth_best.policy if synth_best else None, first),
-                                 (None, second)):
-            if improved is not None:
-                n += improved.metrics is not None
-                synth_best = take_improved(synth_best, improved, policy)
+        synth_best, n = take_improvements(synth_best, n + n_fixed, first,
+                                          lambda _beat_s, got=second: got)
         out.append(synth_result(fixed, synth_best, n, t0))
     return out
 

@@ -162,8 +162,7 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
         links.append(ctx.link_of(lkeys[-1], src, dst))
     lkeys.append(None)
     links.append(None)
-    devices = [ctx.cluster.device(group[0]).type for group in row]
-    free_of = [dev.memory_bytes - dev.runtime_reserve_bytes for dev in devices]
+    free_of = [ctx.cluster.device(group[0]).type.free_bytes for group in row]
     for mode in modes:
         tables, rooms, split, keys = [], [], [], []
         units = []                      # per device of the row: table key, table, room
@@ -501,8 +500,7 @@ def _keys_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
     counts = {t: len(pools[t].units) for t in types}
     opt = _optimizer_s(ctx, types, pools, tp)
     price_of = {t: ctx.cluster.price_per_hour(pools[t].units[0][0]) for t in types}
-    room = {t: ctx.type_of(t).memory_bytes - ctx.type_of(t).runtime_reserve_bytes
-            for t in types}
+    room = {t: ctx.type_of(t).free_bytes for t in types}
     for kind, v, mb in configs:
         big_m = c.global_batch // mb
         for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,

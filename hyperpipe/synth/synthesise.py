@@ -20,7 +20,7 @@ kind ``synth`` with ``schedule.actions``, or the winning fixed kind.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -312,8 +312,23 @@ def improve_start(inputs: Inputs, cost: CostModel, start: Plan, beat_s: float
     return Improved(better, bound, simulate(better, cost, inputs.opts).metrics)
 
 
-def take_improved(synth_best: Priced | None, improved: Improved, policy: Policy | None
-                  ) -> Priced | None:
+def take_improvements(synth_best: Priced | None, n: int, first: Improved | None,
+                      second: Callable[[float], Improved]) -> tuple[Priced | None, int]:
+    """`synth_best` after the two local improvements, in this order, and `n` plus the
+    simulations they ran: `first`, of the best synthesised order (None without one),
+    credited to its policy; then `second(beat_s)`, of the best fixed kind's order, asked
+    with the time it must beat then (a caller that ran it beforehand, with a larger
+    `beat_s`, gets the same verdict: `_take_improved`)."""
+    if first is not None:
+        n += first.metrics is not None
+        synth_best = _take_improved(synth_best, first, synth_best.policy if synth_best
+                                    else None)
+    got = second(synth_best.time_s if synth_best else float("inf"))
+    return _take_improved(synth_best, got, None), n + (got.metrics is not None)
+
+
+def _take_improved(synth_best: Priced | None, improved: Improved, policy: Policy | None
+                   ) -> Priced | None:
     """`synth_best` after one `improve_start` (`policy`: the one credited for it): the
     improved order where its bound is below `synth_best`'s time and it is faster. The
     verdict is the same whatever `beat_s` the improvement was given, as long as it was
@@ -362,11 +377,9 @@ def synthesise(plan: Plan, cost: CostModel, options: SimOptions | None = None,
     fixed, n = price_fixed(inputs, cost, known or {})
     synth_best, found = price_policies(inputs, cost, policies)
     n += found
-    # local improvement of the best synthesised order, then of the best fixed kind's
-    starts = [(synth_best.plan, synth_best.policy)] if synth_best else []
-    for start, policy in starts + [(best_fixed(fixed).plan, None)]:
-        got = improve_start(inputs, cost, start,
-                            synth_best.time_s if synth_best else float("inf"))
-        n += got.metrics is not None
-        synth_best = take_improved(synth_best, got, policy)
+    first = None if synth_best is None else \
+        improve_start(inputs, cost, synth_best.plan, synth_best.time_s)
+    synth_best, n = take_improvements(
+        synth_best, n, first,
+        lambda beat_s: improve_start(inputs, cost, best_fixed(fixed).plan, beat_s))
     return synth_result(fixed, synth_best, n, t0)
