@@ -594,6 +594,7 @@ def check_actions(plan: Plan, where: str) -> None:
         raise BadInput(f"{where}: schedule.actions", f"per-device action lists for kind "
                        f"'{SYNTH}'", None)
     used = set()
+    valid: set[Schedule] = set()           # replicas alike share their lists: check once
     for q, pipe in enumerate(plan.pipelines):
         sched = schedule_for(plan, q)
         names = [pipe.stages[d].devices[0] for d in range(sched.num_devices)]
@@ -603,12 +604,15 @@ def check_actions(plan: Plan, where: str) -> None:
             raise BadInput(f"{where}: schedule.actions", f"at most "
                            f"{limits.MAX_SCHEDULE_ACTIONS} actions per pipeline "
                            "(hyperpipe.core.limits)", f"{count} in pipeline {q}")
+        if sched in valid:
+            continue
         try:
             validate(sched)
         except ScheduleError as err:
             text = re.sub(r"rank (\d+)", lambda mt, names=names: f"device {names[int(mt[1])]}",
                           str(err))
             raise _bad(where, f"pipeline {q}: {text}") from None
+        valid.add(sched)
     extra = sorted(set(dict(plan.actions)) - used)
     if extra:
         raise BadInput(f"{where}: schedule.actions", "lists only for the first device of "

@@ -230,25 +230,34 @@ def dependencies(schedule: Schedule) -> dict[Action, tuple[Action, ...]]:
     (s+1,m), whichever the schedule holds; W(s,m) waits for I(s,m). Data movement between
     devices is implied by these edges. Insertion order follows the schedule (device, step).
     """
-    present = {a for row in schedule.actions for a in row}
+    present = _by_key(schedule)
+
+    def action(s: int, op: str, mb: int) -> Action:      # the schedule's own, if held
+        got = present.get((s, op, mb))
+        return got if got is not None else Action(s, op, mb)
+
     last = schedule.num_stages - 1
     deps: dict[Action, tuple[Action, ...]] = {}
     for row in schedule.actions:
         for a in row:
             s, mb = a.stage, a.microbatch
             if a.op == "F":
-                need = (Action(s - 1, "F", mb),) if s > 0 else ()
+                need = (action(s - 1, "F", mb),) if s > 0 else ()
             elif a.op in ("B", "I"):
-                need = (Action(s, "F", mb),)
+                need = (action(s, "F", mb),)
                 if s < last:
-                    grad_in = Action(s + 1, "I", mb)
-                    if grad_in not in present:
-                        grad_in = Action(s + 1, "B", mb)
-                    need += (grad_in,)
+                    grad_in = "I" if (s + 1, "I", mb) in present else "B"
+                    need += (action(s + 1, grad_in, mb),)
             else:
-                need = (Action(s, "I", mb),)
+                need = (action(s, "I", mb),)
             deps[a] = need
     return deps
+
+
+def _by_key(schedule: Schedule) -> dict[tuple[int, str, int], Action]:
+    """The schedule's actions by (stage, op, micro-batch): looked up without building
+    (and checking) a new `Action` each time."""
+    return {(a.stage, a.op, a.microbatch): a for row in schedule.actions for a in row}
 
 
 def format_grid(actions: Sequence[Sequence[object]], marks: Iterable[tuple[int, int]] = ()) -> str:
@@ -326,9 +335,10 @@ def validate(schedule: Schedule) -> None:
                 )
             position[a] = (d, step)
 
+    held = _by_key(schedule)
     for s in range(n_st):
         for mb in range(n_mb):
-            have = {op for op in OPS if Action(s, op, mb) in position}
+            have = {op for op in OPS if (s, op, mb) in held}
             if have not in ({"F", "B"}, {"F", "I", "W"}):
                 marks = [position[Action(s, op, mb)] for op in sorted(have)]
                 raise _fail(
@@ -343,7 +353,7 @@ def validate(schedule: Schedule) -> None:
         before = {"B": "F", "I": "F", "W": "I"}.get(a.op)
         if before is None:
             continue
-        other = Action(a.stage, before, a.microbatch)
+        other = held[a.stage, before, a.microbatch]
         if position[other][1] > step:
             raise _fail(
                 schedule,

@@ -54,6 +54,32 @@ def test_synth_plan_over_the_action_limit_is_refused(monkeypatch):
     _check(doc)
 
 
+def test_replicas_alike_are_validated_once_and_others_each(monkeypatch):
+    """Two replicas with the same action lists are one schedule: validated once. A
+    replica whose lists differ is validated on its own, and its deadlock is reported
+    for it (pipeline 1, its device), not hidden behind the first's."""
+    import hyperpipe.plan.plan as plan_mod
+    calls = []
+    real = plan_mod.validate
+    monkeypatch.setattr(plan_mod, "validate", lambda s: calls.append(s) or real(s))
+    ok = ["0F0", "0F1", "0B0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]
+
+    def doc(second):
+        pipes = [{"micro_batch": 1, "num_microbatches": 2, "stages": [
+            {"layers": [0, 4], "devices": [f"n/{2 * q}"]},
+            {"layers": [4, 8], "devices": [f"n/{2 * q + 1}"]}]} for q in range(2)]
+        rows = {"n/0": ok[0], "n/1": ok[1], "n/2": ok[0], "n/3": second}
+        return plan_doc(pipes, schedule={"kind": "synth", "actions": rows})
+
+    _check(doc(ok[1]))
+    assert len(calls) == 1
+    calls.clear()
+    _check(doc(["1F0", "1F1", "1B0", "1B1"]))      # valid, another order: checked too
+    assert len(calls) == 2
+    with pytest.raises(BadInput, match=r"pipeline 1: .*device n/3"):
+        _check(doc(["1B0", "1F0", "1F1", "1B1"]))
+
+
 def _check(doc):
     plan = plan_from_dict(doc)
     plan.check(plan.load_model(), plan.load_cluster())
