@@ -10,7 +10,9 @@ least total time (fill and drain). Costs come from `CostModel` as per-layer pref
 overhead) and a split backward priced as I + W, as the simulator runs them; each stage's
 (L+1) x (L+1) cost table is built with numpy. The classic
 linear-partition DP with a min-max objective (PipeDream, Narayanan et al. 2019, sec.
-3.1; HetPipe and AMP use the same recurrence on heterogeneous devices).
+3.1; HetPipe and AMP use the same recurrence on heterogeneous devices). Where a device
+holds several stages (V and interleaved placements), `balance_devices` then moves
+boundary layers to even out the devices' loads, which the DP does not see.
 """
 
 from __future__ import annotations
@@ -389,6 +391,20 @@ def partition(mats: list[StageCost], *, bottleneck_slack: float = 0.0
     return tuple(reversed(bounds))
 
 
+class _Move(NamedTuple):
+    """One boundary layer moved between `stage` and `neighbour` (the cut between them
+    to `cut`), with what it leaves: the busiest device's load and the larger of the two
+    devices' (seconds), and the two stages' new times."""
+
+    busiest_s: float
+    pair_s: float
+    stage: int
+    neighbour: int
+    cut: int
+    stage_s: float
+    neighbour_s: float
+
+
 def balance_devices(bounds: tuple[int, ...], mats: list[StageCost], homes: list[int],
                     sum_per_load: float = 1.0) -> tuple[int, ...]:
     """`bounds` improved for pipelines whose devices hold several stages (`homes[k]`:
@@ -427,7 +443,7 @@ def balance_devices(bounds: tuple[int, ...], mats: list[StageCost], homes: list[
         top = sorted(load, key=load.__getitem__, reverse=True)[:3]
         d = top[0]
         busiest = load[d]
-        best = None                    # (busiest after, pair's max, stage, neighbour, ...)
+        best: _Move | None = None
         for k in mine[d]:
             for nb, cut in ((k - 1, b[k] + 1), (k + 1, b[k + 1] - 1)):
                 if not 0 <= nb < stages or homes[nb] == d:
@@ -443,15 +459,15 @@ def balance_devices(bounds: tuple[int, ...], mats: list[StageCost], homes: list[
                 fell = busiest - after
                 ok = (fell > busiest * 1e-9 and added <= sum_per_load * fell) or \
                     (fell >= 0 and pair < busiest * (1 - 1e-9) and added <= 0)
-                if ok and (best is None or (after, pair) < best[:2]):
-                    best = (after, pair, k, nb, cut, new_k, new_nb)
+                if ok and (best is None or (after, pair) < (best.busiest_s, best.pair_s)):
+                    best = _Move(after, pair, k, nb, cut, new_k, new_nb)
         if best is None:
             return tuple(b)
-        _, _, k, nb, cut, new_k, new_nb = best
-        b[max(k, nb)] = cut
-        load[d] += new_k - stage_s[k]
-        load[homes[nb]] += new_nb - stage_s[nb]
-        stage_s[k], stage_s[nb] = new_k, new_nb
+        k, nb = best.stage, best.neighbour
+        b[max(k, nb)] = best.cut
+        load[d] += best.stage_s - stage_s[k]
+        load[homes[nb]] += best.neighbour_s - stage_s[nb]
+        stage_s[k], stage_s[nb] = best.stage_s, best.neighbour_s
 
 
 def describe(bounds: tuple[int, ...], tables: list[LayerTables],
