@@ -292,9 +292,11 @@ class GroupAt(NamedTuple):
 @dataclass(frozen=True)
 class PeerCaches:
     """The peer planners' (Metis, AMP) tables (`peers.common.GroupTable`, which builds
-    on this module), per type and per group, and Metis's per-stage layer capacities."""
+    on this module), per type and per group, each group's table class, and Metis's
+    per-stage layer capacities."""
 
     type_tables: Cache[PeerTableKey, Any] = field(default_factory=Cache)
     group_tables: Cache[GroupAt, Any] = field(default_factory=Cache)
+    classes: Cache[tuple[str, ...], tuple] = field(default_factory=Cache)  # `table_class`
     # per table, the layers it holds by in-flight count (`metis._capacities`)
     capacity: Cache[PeerTableKey, Any] = field(default_factory=Cache)

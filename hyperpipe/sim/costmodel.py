@@ -178,6 +178,8 @@ class _Tables:
     stash_bytes: dict[tuple[_Layers, int, int, str, bool, int], float] = \
         field(default_factory=dict)
     send_bytes: dict[tuple[int, int], float] = field(default_factory=dict)  # (layer, mb)
+    # (layers, tp, dp shards, zero, expert share, expert shards) -> bytes
+    state_bytes: dict[tuple, float] = field(default_factory=dict)
     param_prefix: list[int] | None = None          # parameters of layers [0, i)
     memos: dict[str, object] = field(default_factory=dict)   # see `CostModel.memo`
 
@@ -623,7 +625,8 @@ class CostModel:
     def param_state(self) -> StateBytes:
         """Bytes per parameter of the model's dtype and optimizer state
         (`param_bytes`)."""
-        return param_bytes(self.model.dtype, self.model.optimizer_state)
+        return self.memo("param_state",
+                         lambda: param_bytes(self.model.dtype, self.model.optimizer_state))
 
     @property
     def state_bytes_per_param(self) -> float:
@@ -682,6 +685,10 @@ class CostModel:
         `zero3_working_bytes`. With expert parallelism a device holds `expert_share` of
         the routed experts (`expert_params`), sharded over `expert_shards` ranks (their
         expert-data-parallel group; None: `dp_shards`)."""
+        table = self._tables.state_bytes
+        key = (layers, tp, dp_shards, zero, expert_share, expert_shards)
+        if key in table:
+            return table[key]
         bytes_ = self.param_state
         kept, shardable, weight = bytes_.kept, bytes_.shardable, bytes_.weight
         grad = kept - weight
@@ -693,8 +700,9 @@ class CostModel:
         experts = self.expert_params(layers) if expert_share != 1.0 or \
             expert_shards not in (None, dp_shards) else 0
         dense = self.stage_params(layers) - experts
-        return (dense * per_param(dp_shards) + experts * expert_share * per_param(
+        table[key] = (dense * per_param(dp_shards) + experts * expert_share * per_param(
             dp_shards if expert_shards is None else expert_shards)) / tp
+        return table[key]
 
     def zero3_working_bytes(self, layers: tuple[int, int], tp: int = 1,
                             reshard_after_forward: bool = True, *,

@@ -160,6 +160,7 @@ class _Placed:
 
     rows: list[list[tuple[str, ...]]]
     cost: Any
+    caches: PeerCaches
 
     @functools.cached_property
     def links(self) -> list:
@@ -173,7 +174,8 @@ class _Placed:
         seen: dict[tuple, int] = {}
         of = []
         for group in self.rows[0]:
-            key = table_class(self.cost, group)
+            key = self.caches.classes.memo(group,
+                                           lambda g=group: table_class(self.cost, g))
             if key not in seen:
                 seen[key] = len(reps)
                 reps.append(group)
@@ -185,7 +187,7 @@ def _placed(ctx, pt: GridPoint, order: tuple[str, ...]) -> _Placed:
     """Replica r's groups of type t: its units r, r + dp, ... (pt.per[t] of them)."""
     strided = {t: [pt.pools[t].units[r::pt.dp] for r in range(pt.dp)] for t in pt.types}
     return _Placed([list(itertools.chain.from_iterable(strided[t][r] for t in order))
-                    for r in range(pt.dp)], ctx.cost)
+                    for r in range(pt.dp)], ctx.cost, ctx.peers)
 
 
 def _grid(ctx, si: int, types: tuple[str, ...], prune: bool) -> list[GridPoint]:
