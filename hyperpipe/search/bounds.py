@@ -160,7 +160,7 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
     first: int | None = None
     bound = math.inf
     stage_held = sorted(ctx.peak_inflight(kind, p, m, v), reverse=True)
-    total_room = sum(recipe[t] * tp * cp * _room(ctx, pools[t]) for t in used)
+    total_room = sum(recipe[t] * tp * cp * ctx.type_of(t).free_bytes for t in used)
     fast = {t: ctx.fastest_unit(pools[t]) for t in used}
     units, counts = tuple(fast[t] for t in used), tuple(recipe[t] for t in used)
     for i in range(start, len(modes)):
@@ -268,11 +268,6 @@ def _chunks_floor_s(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: 
         if len(prefix) >= v:
             floor = max(floor, prefix[v - 1])
     return floor
-
-
-def _room(ctx, pool) -> float:
-    """A device's memory less its runtime reserve (bytes), on `pool`'s class."""
-    return ctx.cluster.device(pool.units[0][0]).type.free_bytes
 
 
 def _fits_in_all(ctx, caps: LayerCaps, stage_held: list[int], total_room: float,

@@ -284,19 +284,13 @@ class PeerTableKey(NamedTuple):
     micro_batch: int
 
 
-class GroupAt(NamedTuple):
-    group: tuple[str, ...]
-    micro_batch: int
-
-
 @dataclass(frozen=True)
 class PeerCaches:
     """The peer planners' (Metis, AMP) tables (`peers.common.GroupTable`, which builds
-    on this module), per type and per group, each group's table class, and Metis's
+    on this module) per table class and micro-batch, each group's class, and Metis's
     per-stage layer capacities."""
 
     type_tables: Cache[PeerTableKey, Any] = field(default_factory=Cache)
-    group_tables: Cache[GroupAt, Any] = field(default_factory=Cache)
-    classes: Cache[tuple[str, ...], tuple] = field(default_factory=Cache)  # `table_class`
+    classes: Cache[tuple[str, ...], tuple] = field(default_factory=Cache)  # `group_class`
     # per table, the layers it holds by in-flight count (`metis._capacities`)
     capacity: Cache[PeerTableKey, Any] = field(default_factory=Cache)

@@ -16,7 +16,7 @@ from hyperpipe.cluster.cluster import link_sig
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import DEFAULT_KIND
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
-from hyperpipe.search.caches import GroupAt, PeerTableKey
+from hyperpipe.search.caches import PeerTableKey
 
 if TYPE_CHECKING:
     from hyperpipe.cluster.cluster import Link
@@ -53,28 +53,13 @@ class PeerPick(NamedTuple):
 
 
 def group_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> GroupTable:
-    """The table of `group` at micro-batch `mb`, shared by groups alike (device type,
-    size, intra-node link)."""
-    mine = GroupAt(group, mb)
-    if mine not in caches.group_tables:
-        caches.group_tables[mine] = _type_table(cost, group, mb, caches)
-    return caches.group_tables[mine]
-
-
-def table_class(cost, group: tuple[str, ...]) -> tuple:
-    """What `group`'s table depends on besides the micro-batch: its device type,
-    slowdown, size and intra-node link (`PeerTableKey` less the micro-batch)."""
-    dev = cost.cluster.device(group[0])
-    node = cost.cluster.node(dev.node)
-    return (dev.type.name, cost.cluster.slowdown(group), len(group),
-            link_sig(node.intra_link) if len(group) > 1 else None)
-
-
-def _type_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> GroupTable:
-    dev = cost.cluster.device(group[0])
-    key = PeerTableKey(*table_class(cost, group), mb)
+    """The table of `group` at micro-batch `mb`, shared by the groups of its
+    `group_class`."""
+    key = (*group_class(cost, group, caches), mb)     # a `PeerTableKey`'s fields
     memo = caches.type_tables
     if key not in memo:
+        key = PeerTableKey(*key)
+        dev = cost.cluster.device(group[0])
         n = cost.model.num_layers
         tp = len(group)
         t = [sum(cost.stage_time_s((i, i + 1), group, mb, op) for op in ("F", "B"))
@@ -86,6 +71,19 @@ def _type_table(cost, group: tuple[str, ...], mb: int, caches: PeerCaches) -> Gr
                                np.concatenate([[0.0], np.cumsum(stash)]),
                                dev.type.memory_bytes, key)
     return memo[key]
+
+
+def group_class(cost, group: tuple[str, ...], caches: PeerCaches) -> tuple:
+    """What `group`'s table depends on besides the micro-batch (`PeerTableKey` less it):
+    its device type, slowdown, size and intra-node link; found once per group."""
+    got = caches.classes.get(group)
+    if got is None:
+        dev = cost.cluster.device(group[0])
+        node = cost.cluster.node(dev.node)
+        got = caches.classes[group] = (dev.type.name, cost.cluster.slowdown(group),
+                                       len(group), link_sig(node.intra_link)
+                                       if len(group) > 1 else None)
+    return got
 
 
 def inflight_1f1b(p: int, m: int) -> list[int]:

@@ -31,13 +31,13 @@ from hyperpipe.search.peers.common import (
     build,
     cut_links,
     fits,
+    group_class,
     group_table,
     inflight_1f1b,
     keep_better,
     p2p_s,
     peer_subsets,
     sync_s,
-    table_class,
 )
 
 
@@ -168,14 +168,13 @@ class _Placed:
 
     @functools.cached_property
     def classes(self) -> tuple[list[tuple[str, ...]], list[int]]:
-        """The first row's stages by `table_class`: one group of each class, and each
+        """The first row's stages by `group_class`: one group of each class, and each
         stage's class (an index into them). Stages of one class share their tables."""
         reps: list[tuple[str, ...]] = []
         seen: dict[tuple, int] = {}
         of = []
         for group in self.rows[0]:
-            key = self.caches.classes.memo(group,
-                                           lambda g=group: table_class(self.cost, g))
+            key = group_class(self.cost, group, self.caches)
             if key not in seen:
                 seen[key] = len(reps)
                 reps.append(group)
