@@ -31,7 +31,7 @@ on a catalog entry keeps its curve unless it sets `efficiency`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -381,6 +381,7 @@ def _unmeasured(sms: int) -> GemmCurve:
 # README.md: 13B-70B with activation checkpointing, HFU 71.1-79.3%), so the large-GEMM
 # ceiling this curve gives is not far above what real kernels sustain.
 _A100 = _burst(267.9, 312, "6912x16384x2048", 108, _MAMF, "A100 SXM")
+_H100 = _burst(792.1, 989, "6144x17920x2816", 132, _MAMF, "H100 SXM")
 # H200: the sustained (MSMF) rate itself, 702.9 of 989 TFLOP/s (same source, "alone" row);
 # its shape is not printed there, so a large one is assumed.
 _H200 = GemmCurve(702.9 / 989, (8192, 8192, 8192), 132,
@@ -475,6 +476,18 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA Tesla V100 datasheet (SXM2 32GB): 15.7 TFLOPS single, 125 TFLOPS tensor, "
        "900 GB/s, NVLink 300 GB/s; no bf16/tf32",
        gemm=_unmeasured(80), simt=_simt("V100", 15.7, 80)),
+    # Pascal has no tensor cores: its fp16 GEMMs run on the CUDA cores (two fp16 FMAs
+    # per fp32 lane), so the fp16 curve has the SIMT shape and fraction too.
+    _d("P100-16GB", {"fp32": 9.3, "fp16": 18.7}, 16, 732, 16,
+       "NVIDIA Tesla P100 datasheet (PCIe 16GB): 9.3 TFLOPS single, 18.7 TFLOPS half "
+       "precision, 16 GB CoWoS HBM2 at 732 GB/s, 250 W, PCIe Gen3 x16 32 GB/s; no "
+       "tensor cores, no bf16/tf32", latency_us=5.0,
+       gemm=_simt_unmeasured(56), simt=_simt_unmeasured(56)),
+    _d("A30", {"fp32": 10.3, "tf32": 82, "fp16": 165, "bf16": 165}, 24, 933, 32,
+       "NVIDIA A30 datasheet: 10.3 FP32, 82 TF32, 165 BF16/FP16 TFLOPS dense (half the "
+       "sparse figures), 24 GB HBM2, 933 GB/s, 165 W, PCIe Gen4 64 GB/s (NVLink bridge "
+       "200 GB/s between two cards only)", latency_us=5.0,
+       gemm=_unmeasured(56), simt=_simt_unmeasured(56)),
     _d("A100-40GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 40, 1555, 300,
        "NVIDIA A100 datasheet (SXM4 40GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
        "dense, 1,555 GB/s, NVLink 600 GB/s",
@@ -487,8 +500,20 @@ _CATALOG: tuple[DeviceType, ...] = (
        80, 3350, 450,
        "NVIDIA H100 datasheet (SXM5): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 FP8 "
        "TFLOPS dense (half the sparse figures), 3.35 TB/s, NVLink 900 GB/s",
-       gemm=_burst(792.1, 989, "6144x17920x2816", 132, _MAMF, "H100 SXM"),
-       simt=_simt("H100-SXM", 67, 132), nvlink_sharp=True),
+       gemm=_H100, simt=_simt("H100-SXM", 67, 132), nvlink_sharp=True),
+    # The export parts: the same silicon, memory and clocks as the A100 SXM4 80GB and the
+    # H100 SXM5, with NVLink cut to 400 GB/s in both directions together (so the same
+    # GEMM and SGEMM curves; 200 GB/s per direction).
+    _d("A800-80GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80, 2039, 200,
+       "NVIDIA A800 datasheet (SXM4 80GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
+       "dense, 2,039 GB/s, NVLink 400 GB/s",
+       gemm=_A100, simt=_simt("A100-80GB", 19.5, 108)),
+    _d("H800", {"fp32": 67, "tf32": 494.5, "fp16": 989, "bf16": 989, "fp8": 1979},
+       80, 3350, 200,
+       "NVIDIA H800 SXM5 (H100 SXM5 compute and HBM3: 67 FP32, 494.5 TF32, 989 BF16/FP16, "
+       "1,979 FP8 TFLOPS dense, 3.35 TB/s) with NVLink 400 GB/s (DeepSeek-AI, arXiv "
+       "2505.09343, sec. 2)",
+       gemm=_H100, simt=_simt("H100-SXM", 67, 132), nvlink_sharp=True),
     _d("H100-PCIe", {"fp32": 51, "tf32": 378, "fp16": 756, "bf16": 756, "fp8": 1513},
        80, 2000, 64,
        "NVIDIA H100 datasheet (PCIe): 51 FP32, 378 TF32, 756 BF16/FP16, 1,513 FP8 TFLOPS "
@@ -539,6 +564,12 @@ _CATALOG: tuple[DeviceType, ...] = (
        # all 8 RTX 3090s of a server, NVIDIA/nccl issue #1127; a patched open kernel module
        # exists to add it, aikitoria/open-gpu-kernel-modules).
        peer_to_peer=False),
+    _d("RTX-3080", {"fp32": 29.8, "tf32": 29.8, "fp16": 59.5, "bf16": 59.5}, 10, 760, 32,
+       "NVIDIA Ampere GA102 whitepaper (appendix): RTX 3080 29.8 FP32, 29.8 TF32, 59.5 "
+       "FP16/BF16 tensor TFLOPS with FP32 accumulate (dense), 10 GB GDDR6X, 760 GB/s, "
+       "320 W, PCIe Gen4", latency_us=5.0,
+       gemm=_unmeasured(68), simt=_simt_unmeasured(68),
+       peer_to_peer=False),          # GeForce: as the RTX 3090 above
     _d("RTX-4090", {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2,
                     "fp8": 330.3}, 24, 1008, 32,
        "NVIDIA Ada Lovelace whitepaper (appendix): RTX 4090 82.6 FP32, 82.6 TF32, 165.2 "
@@ -549,6 +580,12 @@ _CATALOG: tuple[DeviceType, ...] = (
        # No peer-to-peer on the stock driver: NCCL on 8 RTX 4090s connects "via SHM"
        # (NVIDIA/nccl-tests issue #307); tinygrad/open-gpu-kernel-modules patches it in.
        peer_to_peer=False),
+    _d("RTX-4080", {"fp32": 48.7, "tf32": 48.7, "fp16": 97.5, "bf16": 97.5}, 16, 716.8, 32,
+       "NVIDIA Ada Lovelace whitepaper (appendix): RTX 4080 48.7 FP32, 48.7 TF32, 97.5 "
+       "FP16/BF16 tensor TFLOPS with FP32 accumulate (dense), 16 GB GDDR6X, 716.8 GB/s, "
+       "320 W, PCIe Gen4", latency_us=5.0,
+       gemm=_unmeasured(76), simt=_simt_unmeasured(76),
+       peer_to_peer=False),          # GeForce: as the RTX 4090 above
     _d("Titan-RTX", {"fp32": 16.3, "fp16": 130.5}, 24, 672, 16,
        "NVIDIA Turing whitepaper (appendix) and Titan RTX page: 16.3 FP32, 130.5 FP16 "
        "tensor TFLOPS with FP32 accumulate (full rate on Titan), 24 GB GDDR6, 672 GB/s, "
@@ -568,6 +605,14 @@ _CATALOG: tuple[DeviceType, ...] = (
        latency_us=5.0,
        gemm=_mag(131.2, 154.8, "9856x12480x13248", 84, "NVIDIA RTX A6000"),
        simt=_simt("A6000", 38.7, 84)),
+    _d("A5000", {"fp32": 27.8, "tf32": 55.6, "fp16": 111.1, "bf16": 111.1}, 24, 768, 32,
+       "NVIDIA RTX A5000 datasheet: 27.8 FP32, 222.2 tensor TFLOPS with sparsity (111.1 "
+       "dense BF16/FP16, 55.6 dense TF32), 24 GB GDDR6, 768 GB/s, 230 W, PCIe Gen4",
+       latency_us=5.0, gemm=_unmeasured(64), simt=_simt_unmeasured(64)),
+    _d("A4000", {"fp32": 19.2, "tf32": 38.4, "fp16": 76.7, "bf16": 76.7}, 16, 448, 32,
+       "NVIDIA RTX A4000 datasheet: 19.2 FP32, 153.4 tensor TFLOPS with sparsity (76.7 "
+       "dense BF16/FP16, 38.4 dense TF32), 16 GB GDDR6, 448 GB/s, 140 W, PCIe Gen4",
+       latency_us=5.0, gemm=_unmeasured(48), simt=_simt_unmeasured(48)),
     _d("A40", {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7}, 48, 696, 32,
        "NVIDIA A40 datasheet: 37.4 FP32, 74.8 TF32, 149.7 BF16/FP16 tensor TFLOPS dense "
        "(half the sparse figures), 48 GB GDDR6, 696 GB/s, 300 W, PCIe Gen4",
@@ -590,6 +635,33 @@ _CATALOG: tuple[DeviceType, ...] = (
        "2,614.9 FP8 TFLOPS dense, 192 GB HBM3, 5.3 TB/s, Infinity Fabric 896 GB/s aggregate",
        gemm=_MI300X),
 )
+
+
+# Vendor and product-line words that tell no part apart ("NVIDIA Tesla T4", "GeForce
+# RTX 3090", "AMD Instinct MI250X"): a device name is matched without them.
+_BRAND_WORDS = ("nvidia", "tesla", "geforce", "quadro", "amd", "instinct")
+
+
+def _spelling(name: str) -> str:
+    """`name` lower-cased, without `_BRAND_WORDS` and anything but letters and digits;
+    the professional Ampere cards' "RTX A6000" is "a6000"."""
+    s = name.lower()
+    for word in _BRAND_WORDS:
+        s = s.replace(word, "")
+    s = "".join(ch for ch in s if ch.isascii() and ch.isalnum())
+    return s[3:] if s.startswith("rtxa") else s
+
+
+def catalog_name(name: str, names: Iterable[str]) -> str | None:
+    """The one of `names` that `name` is or spells (case, spaces, hyphens and vendor
+    words aside: "Tesla T4" is T4, "RTX A6000" A6000, "a100 80gb" A100-80GB), or None:
+    no match, or several (a name that does not tell the parts apart, such as "V100",
+    matches none)."""
+    names = list(names)
+    if name in names:
+        return name
+    found = [n for n in names if _spelling(n) == _spelling(name)]
+    return found[0] if len(found) == 1 else None
 
 
 def builtin_device_types() -> dict[str, DeviceType]:

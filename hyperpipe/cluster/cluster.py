@@ -32,6 +32,7 @@ from hyperpipe.cluster.catalog import (
     HOST_STAGED_SEND_EFFICIENCY,
     DeviceType,
     builtin_device_types,
+    catalog_name,
     peak_ratios,
 )
 from hyperpipe.core import limits
@@ -318,7 +319,8 @@ def _link(f: Fields, key: str, default: Link | None) -> Link:
 
 
 def _device_type(name: str, f: Fields, catalog: dict[str, DeviceType]) -> DeviceType:
-    base_name = f.string("base") if f.has("base") else (name if name in catalog else None)
+    base_name = catalog_name(f.string("base"), catalog) or f.string("base") \
+        if f.has("base") else (name if name in catalog else None)
     if base_name is not None and base_name not in catalog:
         raise BadInput(f.at("base"), f"a known device type ({', '.join(sorted(catalog))})",
                        base_name)
@@ -435,6 +437,7 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     for i, raw in enumerate(raw_nodes):
         nf = Fields(raw, f"{where}: nodes[{i}]", _NODE_KEYS)
         dev_name = printable(nf.string("device"))
+        dev_name = catalog_name(dev_name, catalog) or dev_name
         if dev_name not in catalog:
             raise BadInput(nf.at("device"), f"a known device type ({', '.join(sorted(catalog))}) "
                            "or one defined under device_types", dev_name)

@@ -35,6 +35,8 @@ SOURCES = {
     "L40S": (252.0, 362.05, "4416x3776x3072", 1, (4416, 3072, 3776)),
     "T4": (24, 65, "4096x4096x4096", 2, (4096, 4096, 4096)),
 }
+# the export parts are their base silicon, measured once
+SOURCES["A800-80GB"], SOURCES["H800"] = SOURCES["A100-80GB"], SOURCES["H100-SXM"]
 # The later README's re-print of the v1 table, reduction LAST (K of MxNxK).
 REPRINTED_K_LAST = {"A100-80GB": "6912x2048x16384", "H100-SXM": "6144x2816x17920",
                     "MI250X": "1024x19968x14080", "MI300X": "4096x4864x10240"}

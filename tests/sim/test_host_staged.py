@@ -77,7 +77,7 @@ def test_a_node_that_declares_peer_to_peer_gets_the_link_at_its_efficiency():
 def test_catalog_marks_the_parts_without_peer_to_peer():
     types = builtin_device_types()
     assert not any(types[n].peer_to_peer for n in ("T4", "L4", "RTX-3090", "RTX-4090",
-                                                   "RTX-2080Ti"))
+                                                   "RTX-2080Ti", "RTX-3080", "RTX-4080"))
     assert all(types[n].peer_to_peer for n in ("A100-80GB", "H100-SXM", "V100-16GB"))
 
 
