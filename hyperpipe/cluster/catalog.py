@@ -32,7 +32,7 @@ on a catalog entry keeps its curve unless it sets `efficiency`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from hyperpipe.core.errors import BadInput
@@ -460,6 +460,28 @@ def _simt_unmeasured(sms: int) -> GemmCurve:
                      source="no public fp32 SGEMM run: median of the measured parts")
 
 
+_A100_80GB = _d("A100-80GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80,
+                2039, 300,
+                "NVIDIA A100 datasheet (SXM4 80GB): 19.5 FP32, 156 TF32, 312 TFLOPS "
+                "BF16/FP16 dense, 2,039 GB/s, NVLink 600 GB/s",
+                gemm=_A100, simt=_simt("A100-80GB", 19.5, 108))
+_H100_SXM = _d("H100-SXM", {"fp32": 67, "tf32": 494.5, "fp16": 989, "bf16": 989,
+                            "fp8": 1979}, 80, 3350, 450,
+               "NVIDIA H100 datasheet (SXM5): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 "
+               "FP8 TFLOPS dense (half the sparse figures), 3.35 TB/s, NVLink 900 GB/s",
+               gemm=_H100, simt=_simt("H100-SXM", 67, 132), nvlink_sharp=True)
+# The export parts' NVLink: 400 GB/s in both directions together, 200 per direction.
+EXPORT_NVLINK_BYTES_PER_S = 200e9
+
+
+def _nvlink_cut(base: DeviceType, name: str, source: str) -> DeviceType:
+    """An export part: `base`'s silicon, memory and clocks (so its peaks and GEMM
+    curves) with NVLink cut to `EXPORT_NVLINK_BYTES_PER_S` per direction."""
+    return replace(base, name=name, link_bandwidth_bytes_per_s=EXPORT_NVLINK_BYTES_PER_S,
+                   source=f"{source}: the {base.name} ({base.source}) with NVLink "
+                          "400 GB/s")
+
+
 # NVLink figures are total bidirectional in NVIDIA's sheets; we store one direction (half).
 # PCIe figures: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction.
 # Peaks are dense (without sparsity) in TFLOP/s; fp32 is the non-tensor (CUDA core) rate
@@ -492,28 +514,10 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA A100 datasheet (SXM4 40GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
        "dense, 1,555 GB/s, NVLink 600 GB/s",
        gemm=_A100, simt=_simt("A100-40GB", 19.5, 108)),
-    _d("A100-80GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80, 2039, 300,
-       "NVIDIA A100 datasheet (SXM4 80GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
-       "dense, 2,039 GB/s, NVLink 600 GB/s",
-       gemm=_A100, simt=_simt("A100-80GB", 19.5, 108)),
-    _d("H100-SXM", {"fp32": 67, "tf32": 494.5, "fp16": 989, "bf16": 989, "fp8": 1979},
-       80, 3350, 450,
-       "NVIDIA H100 datasheet (SXM5): 67 FP32, 494.5 TF32, 989 BF16/FP16, 1,979 FP8 "
-       "TFLOPS dense (half the sparse figures), 3.35 TB/s, NVLink 900 GB/s",
-       gemm=_H100, simt=_simt("H100-SXM", 67, 132), nvlink_sharp=True),
-    # The export parts: the same silicon, memory and clocks as the A100 SXM4 80GB and the
-    # H100 SXM5, with NVLink cut to 400 GB/s in both directions together (so the same
-    # GEMM and SGEMM curves; 200 GB/s per direction).
-    _d("A800-80GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80, 2039, 200,
-       "NVIDIA A800 datasheet (SXM4 80GB): 19.5 FP32, 156 TF32, 312 TFLOPS BF16/FP16 "
-       "dense, 2,039 GB/s, NVLink 400 GB/s",
-       gemm=_A100, simt=_simt("A100-80GB", 19.5, 108)),
-    _d("H800", {"fp32": 67, "tf32": 494.5, "fp16": 989, "bf16": 989, "fp8": 1979},
-       80, 3350, 200,
-       "NVIDIA H800 SXM5 (H100 SXM5 compute and HBM3: 67 FP32, 494.5 TF32, 989 BF16/FP16, "
-       "1,979 FP8 TFLOPS dense, 3.35 TB/s) with NVLink 400 GB/s (DeepSeek-AI, arXiv "
-       "2505.09343, sec. 2)",
-       gemm=_H100, simt=_simt("H100-SXM", 67, 132), nvlink_sharp=True),
+    _A100_80GB,
+    _H100_SXM,
+    _nvlink_cut(_A100_80GB, "A800-80GB", "NVIDIA A800 datasheet (SXM4 80GB)"),
+    _nvlink_cut(_H100_SXM, "H800", "DeepSeek-AI, arXiv 2505.09343, sec. 2 (H800 SXM5)"),
     _d("H100-PCIe", {"fp32": 51, "tf32": 378, "fp16": 756, "bf16": 756, "fp8": 1513},
        80, 2000, 64,
        "NVIDIA H100 datasheet (PCIe): 51 FP32, 378 TF32, 756 BF16/FP16, 1,513 FP8 TFLOPS "
