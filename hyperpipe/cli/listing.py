@@ -81,10 +81,10 @@ def _models() -> str:
 def _devices() -> str:
     from hyperpipe.cluster.catalog import builtin_device_types
     rows = [[d.name, f"{d.peak_flops / 1e12:g}", f"{d.efficiency:g}",
-             f"{d.memory_bytes / 1e9:g}", f"{d.mem_bandwidth_bytes_per_s / 1e9:g}",
+             f"{d.memory_bytes / 2**30:g}", f"{d.mem_bandwidth_bytes_per_s / 1e9:g}",
              f"{d.link_bandwidth_bytes_per_s / 1e9:g}"]
             for d in builtin_device_types().values()]
-    return _table(["device", "peak dense bf16 (TFLOP/s)", "efficiency", "memory (GB)",
+    return _table(["device", "peak dense bf16 (TFLOP/s)", "efficiency", "memory (GiB)",
                    "memory bandwidth (GB/s)", "intra-node link (GB/s)"], rows)
 
 

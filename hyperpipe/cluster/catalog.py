@@ -98,6 +98,15 @@ KERNEL_FLOOR_S = 3.8e-6
 # read-only gradient norm of the same series reached 87%). Their mean over 320 GB/s.
 T4_MEM_EFFICIENCY = (226 + 234 + 242) / 3 / 320
 
+# GPU memory sizes in datasheets are binary: a "16 GB" card holds 16 GiB (its chips come
+# in powers of two; a V100 16GB reports 15.78 GiB to CUDA, the driver holding the rest).
+# GDDR parts with ECC on, as data-centre parts are sold (T4, A10, L4, A40, L40S), store
+# the ECC bits in that memory: "On GPUs with GDDR memory with ECC enabled the available
+# DRAM is reduced by 6.25% to allow for the storage of ECC bits" (NVIDIA, CUDA C++ Best
+# Practices Guide, "Device Memory Spaces"; a T4's 16 GiB show as 15 GiB in nvidia-smi).
+# HBM carries its ECC bits beside the data.
+ECC_GDDR_FRACTION = 1 / 16
+
 # Intra-node transfers between GPUs that cannot reach each other directly (no PCIe
 # peer-to-peer: GeForce parts on NVIDIA's stock driver, GPUs behind a CPU host bridge,
 # where NCCL's path search refuses P2P by default) go through host shared memory (NCCL's
@@ -301,18 +310,22 @@ def peak_ratios(peaks: Mapping[str, float]) -> tuple[float, tuple[tuple[str, flo
     return head, tuple((d, peaks[d] / head) for d in DTYPES if d in peaks)
 
 
-def _d(name, peaks, mem_gb, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None,
+def _d(name, peaks, mem_gib, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None,
        mem_efficiency=DEFAULT_MEM_EFFICIENCY, peer_to_peer=True, nvlink_sharp=False,
-       simt: GemmCurve | None = None):
-    """A catalog entry; `peaks` in TFLOP/s per dtype, dense; `simt`: its fp32 CUDA-core
-    curve (NVIDIA parts: `SIMT_MEASURED`'s, else the unmeasured median)."""
+       simt: GemmCurve | None = None, ecc_gddr: bool = False):
+    """A catalog entry; `peaks` in TFLOP/s per dtype, dense; `mem_gib`: the memory the
+    datasheet gives in "GB", which for GPU memory is GiB (2^30 bytes: the chips come
+    in powers of two; a "16 GB" V100 holds 16 GiB), less `ECC_GDDR_FRACTION` where
+    `ecc_gddr` (GDDR parts sold with ECC on); `simt`: its fp32 CUDA-core curve (NVIDIA
+    parts: `SIMT_MEASURED`'s, else the unmeasured median)."""
     head, ratios = peak_ratios({d: v * 1e12 for d, v in peaks.items()})
-    return DeviceType(name=name, peak_flops=head, memory_bytes=mem_gb * 1e9,
+    mem_bytes = mem_gib * 2**30 * (1 - ECC_GDDR_FRACTION if ecc_gddr else 1)
+    return DeviceType(name=name, peak_flops=head, memory_bytes=mem_bytes,
                       mem_bandwidth_bytes_per_s=bw_gbs * 1e9,
                       link_bandwidth_bytes_per_s=link_gbs * 1e9,
                       link_latency_s=latency_us * 1e-6, source=source, gemm=gemm,
                       simt_gemm=simt,
-                      runtime_reserve_bytes=DeviceType.reserve_for(mem_gb * 1e9),
+                      runtime_reserve_bytes=DeviceType.reserve_for(mem_bytes),
                       peak_ratios=ratios, kernel_floor_s=KERNEL_FLOOR_S,
                       mem_efficiency=mem_efficiency, peer_to_peer=peer_to_peer,
                       nvlink_sharp=nvlink_sharp)
@@ -533,17 +546,18 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA L4 datasheet: 30.3 FP32, 120/242/485 TF32/BF16/FP8 TFLOPS with sparsity "
        "(half dense), 24 GB GDDR6, 300 GB/s, 72 W, PCIe Gen4 x16 64 GB/s", latency_us=5.0,
        gemm=_mag(91.4, 121, "1024x6016x1792", 58, "NVIDIA L4"),
-       simt=_simt_unmeasured(58),
+       simt=_simt_unmeasured(58), ecc_gddr=True,
        # No peer-to-peer as L4s are deployed: "AWS g6 series does not have NVLink/
        # NVSwitch or PCIe P2P" (llm-d-incubation/llm-d-infra issue #181); NCCL over 4 L4s
        # runs its SHM transport (NVIDIA/nccl issue #1838, transport/shm.cc).
        peer_to_peer=False),
-    # Memory: what CUDA gives a process, not the 16 GB on the board: ECC (on by default
-    # on data-centre T4s, e.g. AWS g4dn, Google Colab) holds back part of the GDDR6, and
+    # Memory: what CUDA gives a process, not the 16 GiB on the board: ECC (on by default
+    # on data-centre T4s, e.g. AWS g4dn, Google Colab) holds back a 16th of the GDDR6
+    # (`ECC_GDDR_FRACTION`), the driver a little more, and
     # PyTorch's out-of-memory message on a T4 reads "14.75 GiB total capacity"
     # (torch.cuda.get_device_properties().total_memory; e.g. TransformerLens's model
     # notes, "T4: CUDA out of memory ... 14.75 GiB total capacity").
-    _d("T4", {"fp32": 8.1, "fp16": 65}, 14.75 * 2**30 / 1e9, 320, 16,
+    _d("T4", {"fp32": 8.1, "fp16": 65}, 14.75, 320, 16,
        "NVIDIA T4 datasheet: 8.1 TFLOPS single, 65 TFLOPS FP16 mixed precision, "
        "16 GB GDDR6 (14.75 GiB usable with ECC), 320 GB/s, 70 W, PCIe Gen3 x16 32 GB/s; "
        "no bf16/tf32", latency_us=5.0,
@@ -557,7 +571,7 @@ _CATALOG: tuple[DeviceType, ...] = (
     _d("A10", {"fp32": 31.2, "tf32": 62.5, "fp16": 125, "bf16": 125}, 24, 600, 32,
        "NVIDIA A10 datasheet: 31.2 FP32, 62.5 TF32, 125 BF16/FP16 TFLOPS dense (half "
        "the sparse figures), 24 GB GDDR6, 600 GB/s, 150 W, PCIe Gen4 64 GB/s",
-       latency_us=5.0, gemm=_unmeasured(72), simt=_simt_unmeasured(72)),
+       latency_us=5.0, gemm=_unmeasured(72), simt=_simt_unmeasured(72), ecc_gddr=True),
     _d("RTX-3090", {"fp32": 35.6, "tf32": 35.6, "fp16": 71, "bf16": 71}, 24, 936, 32,
        "NVIDIA Ampere GA102 whitepaper (appendix): RTX 3090 35.6 FP32, 35.6 TF32, 71 "
        "FP16/BF16 tensor TFLOPS with FP32 accumulate (dense), 24 GB GDDR6X, 936 GB/s, "
@@ -620,14 +634,14 @@ _CATALOG: tuple[DeviceType, ...] = (
     _d("A40", {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7}, 48, 696, 32,
        "NVIDIA A40 datasheet: 37.4 FP32, 74.8 TF32, 149.7 BF16/FP16 tensor TFLOPS dense "
        "(half the sparse figures), 48 GB GDDR6, 696 GB/s, 300 W, PCIe Gen4",
-       latency_us=5.0, gemm=_unmeasured(84), simt=_simt("A40", 37.4, 84)),
+       latency_us=5.0, gemm=_unmeasured(84), simt=_simt("A40", 37.4, 84), ecc_gddr=True),
     _d("L40S", {"fp32": 91.6, "tf32": 183, "fp16": 362.05, "bf16": 362.05, "fp8": 733},
        48, 864, 32,
        "NVIDIA L40S datasheet: 91.6 FP32, 183 TF32, 362.05 BF16/FP16, 733 FP8 tensor "
        "TFLOPS dense (half the sparse figures), 48 GB GDDR6, 864 GB/s, 350 W, PCIe Gen4",
        latency_us=5.0,
        gemm=_mag(252.0, 362.05, "4416x3776x3072", 142, "NVIDIA L40S"),
-       simt=_simt("L40S", 91.6, 142)),
+       simt=_simt("L40S", 91.6, 142), ecc_gddr=True),
     # AMD: an fp32 GEMM runs on the matrix cores (MFMA FP32), so fp32 is the matrix rate.
     _d("MI250X", {"fp32": 95.7, "fp16": 383, "bf16": 383}, 128, 3200, 50,
        "AMD Instinct MI250X datasheet: 95.7 FP32 matrix, 383 TFLOPS FP16/BF16 dense, "

@@ -16,7 +16,7 @@ def test_catalog_entries_have_sources_and_sane_values():
         d = catalog[name]
         assert d.source and "datasheet" in d.source or "whitepaper" in d.source
         assert 10e12 < d.peak_flops < 2e15
-        assert 8e9 <= d.memory_bytes <= 200e9
+        assert 8e9 <= d.memory_bytes <= 192 * 2**30
         assert 0 < d.efficiency <= 1
     assert catalog["A100-80GB"].peak_flops / catalog["V100-32GB"].peak_flops == \
         pytest.approx(312 / 125)

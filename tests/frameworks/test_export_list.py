@@ -110,7 +110,7 @@ def test_list_prints_builtins_with_units_in_headers(what, needle, capsys):
         assert "(" in out.splitlines()[0]
     if what == "devices":
         row = next(x.split() for x in out.splitlines() if x.startswith("A100-80GB"))
-        assert row[1] == "312" and row[3] == "80"    # TFLOP/s and GB from the catalog
+        assert row[1] == "312" and row[3] == "80"    # TFLOP/s and GiB from the catalog
 
 
 def test_readme_links_stay_in_the_repo_and_the_format_examples_load():

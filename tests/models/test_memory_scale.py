@@ -75,7 +75,7 @@ def test_state_bytes_per_parameter(dtype, kept, shardable):
 def test_runtime_reserve_in_catalog():
     a100 = load_cluster("a100-1024").device_types["A100-80GB"]
     assert a100.runtime_reserve_bytes == pytest.approx(
-        RUNTIME_FIXED_BYTES + FRAGMENTATION_FRACTION * 80e9)
+        RUNTIME_FIXED_BYTES + FRAGMENTATION_FRACTION * 80 * 2**30)    # "80 GB": 80 GiB
     assert 3e9 < a100.runtime_reserve_bytes < 8e9        # a few GB of an 80 GB part
     user = load_cluster({"device_types": {"x": {"peak_flops": "1 TFLOP/s", "memory": "1 GB"}},
                          "nodes": [{"device": "x", "count": 1}]})
