@@ -86,3 +86,19 @@ def test_cluster_rejects(doc, field):
         cluster_from_dict(doc, where="c.yaml", name="c")
     assert field in str(err.value)
 
+
+
+def test_catalog_memory_is_the_datasheet_size_in_gib_less_ecc_on_gddr():
+    """A "16 GB" part holds 16 GiB; GDDR parts sold with ECC on give a 16th of it to the
+    ECC bits (NVIDIA's CUDA C++ Best Practices Guide: "reduced by 6.25%"); the T4
+    carries what CUDA reports on it (14.75 GiB)."""
+    catalog = builtin_device_types()
+    gib = 2**30
+    for name, size in (("V100-16GB", 16), ("A100-40GB", 40), ("A100-80GB", 80),
+                       ("H100-SXM", 80), ("RTX-3090", 24), ("RTX-3080", 10),
+                       ("A6000", 48), ("MI300X", 192)):
+        assert catalog[name].memory_bytes == size * gib, name
+    for name, size in (("A10", 24), ("L4", 24), ("A40", 48), ("L40S", 48)):
+        assert catalog[name].memory_bytes == size * gib * 15 / 16, name
+    assert catalog["T4"].memory_bytes == 14.75 * gib
+    assert catalog["V100-16GB"].memory_bytes > 16e9 * 1.07       # not decimal GB
