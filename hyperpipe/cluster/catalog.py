@@ -670,15 +670,31 @@ def _spelling(name: str) -> str:
     return s[3:] if s.startswith("rtxa") else s
 
 
+# The names the driver gives catalog parts (`nvidia-smi`, torch.cuda.get_device_name())
+# where they carry more than the catalog's name (form factor, memory kind), as spelled
+# by `_spelling`: "Tesla V100-SXM2-16GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB
+# HBM3" (the SXM5 part), "Tesla P100-PCIE-16GB".
+DRIVER_NAMES: Mapping[str, str] = MappingProxyType({
+    "v100sxm216gb": "V100-16GB", "v100sxm232gb": "V100-32GB",
+    "v100pcie16gb": "V100-16GB", "v100pcie32gb": "V100-32GB",
+    "a100sxm440gb": "A100-40GB", "a100sxm480gb": "A100-80GB",
+    "a800sxm480gb": "A800-80GB", "h10080gbhbm3": "H100-SXM",
+    "p100pcie16gb": "P100-16GB",
+})
+
+
 def catalog_name(name: str, names: Iterable[str]) -> str | None:
     """The one of `names` that `name` is or spells (case, spaces, hyphens and vendor
-    words aside: "Tesla T4" is T4, "RTX A6000" A6000, "a100 80gb" A100-80GB), or None:
+    words aside: "Tesla T4" is T4, "RTX A6000" A6000, "a100 80gb" A100-80GB), or the
+    catalog part the driver calls so (`DRIVER_NAMES`: "NVIDIA A100-SXM4-80GB"), or None:
     no match, or several (a name that does not tell the parts apart, such as "V100",
     matches none)."""
     names = list(names)
     if name in names:
         return name
     found = [n for n in names if _spelling(n) == _spelling(name)]
+    if not found and DRIVER_NAMES.get(_spelling(name)) in names:
+        found = [DRIVER_NAMES[_spelling(name)]]
     return found[0] if len(found) == 1 else None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hyperpipe.cluster.catalog import (
+    DRIVER_NAMES,
     SIMT_TILE_AREA,
     UNMEASURED_SIMT_FRACTION,
     builtin_device_types,
@@ -24,6 +25,11 @@ NAMES = sorted(builtin_device_types())
     ("GeForce RTX 3090", "RTX-3090"), ("rtx 2080 ti", "RTX-2080Ti"),
     ("TITAN RTX", "Titan-RTX"), ("Tesla V100-32GB", "V100-32GB"),
     ("AMD Instinct MI250X", "MI250X"), ("h800", "H800"),
+    # as the driver names them (nvidia-smi, torch.cuda.get_device_name())
+    ("Tesla V100-SXM2-16GB", "V100-16GB"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+    ("NVIDIA H100 PCIe", "H100-PCIe"), ("Tesla P100-PCIE-16GB", "P100-16GB"),
+    ("NVIDIA A800-SXM4-80GB", "A800-80GB"),
 ])
 def test_spellings_find_the_one_part(spelled, name):
     assert catalog_name(spelled, NAMES) == name
@@ -32,6 +38,13 @@ def test_spellings_find_the_one_part(spelled, name):
 @pytest.mark.parametrize("spelled", ["V100", "H100", "A100", "RTX", "", "T4x"])
 def test_names_that_do_not_tell_parts_apart_find_none(spelled):
     assert catalog_name(spelled, NAMES) is None
+
+
+def test_every_driver_name_is_a_catalog_part():
+    assert set(DRIVER_NAMES.values()) <= set(NAMES)
+    # each resolves to its part, and none is how a catalog name itself is spelled
+    assert all(catalog_name(k, NAMES) == part for k, part in DRIVER_NAMES.items())
+    assert not set(DRIVER_NAMES) & {n.lower().replace("-", "") for n in NAMES}
 
 
 def test_an_exact_name_wins_over_a_spelling():
