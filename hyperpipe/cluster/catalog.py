@@ -316,7 +316,8 @@ def _d(name, peaks, mem_gib, bw_gbs, link_gbs, source, latency_us=2.0, gemm=None
     """A catalog entry; `peaks` in TFLOP/s per dtype, dense; `mem_gib`: the memory the
     datasheet gives in "GB", which for GPU memory is GiB (2^30 bytes: the chips come
     in powers of two; a "16 GB" V100 holds 16 GiB), less `ECC_GDDR_FRACTION` where
-    `ecc_gddr` (GDDR parts sold with ECC on); `simt`: its fp32 CUDA-core curve (NVIDIA
+    `ecc_gddr` (GDDR parts sold with ECC on), or what CUDA reports where a public source
+    prints it (the T4); `simt`: its fp32 CUDA-core curve (NVIDIA
     parts: `SIMT_MEASURED`'s, else the unmeasured median)."""
     head, ratios = peak_ratios({d: v * 1e12 for d, v in peaks.items()})
     mem_bytes = mem_gib * 2**30 * (1 - ECC_GDDR_FRACTION if ecc_gddr else 1)
