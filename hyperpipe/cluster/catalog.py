@@ -693,9 +693,9 @@ def catalog_name(name: str, names: Iterable[str]) -> str | None:
     names = list(names)
     if name in names:
         return name
-    found = [n for n in names if _spelling(n) == _spelling(name)]
-    if not found and DRIVER_NAMES.get(_spelling(name)) in names:
-        found = [DRIVER_NAMES[_spelling(name)]]
+    spelled = _spelling(name)
+    found = [n for n in names if _spelling(n) == spelled] or \
+        [n for n in names if n == DRIVER_NAMES.get(spelled)]
     return found[0] if len(found) == 1 else None
 
 

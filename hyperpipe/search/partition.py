@@ -296,6 +296,12 @@ class StageCost:
         cols = np.arange(j0, j0 + size)
         return np.where(cols[None, :] > self.last[i0:i0 + size, None], _INF, t)
 
+    def at(self, i: int, j: int) -> float:
+        """C[i, j] of one stage of layers [i, j) (inf where none or they do not fit)."""
+        if j - i < 1 or (self.last is not None and j > self.last[i]):
+            return _INF
+        return float(self.times[i, j])
+
 
 def stage_matrix(tables: LayerTables, slot: Slot, times: np.ndarray) -> StageCost:
     """C[i, j]: `times` where layers [i, j) fit in the slot's memory (weights, optimizer
@@ -427,13 +433,7 @@ def balance_devices(bounds: tuple[int, ...], mats: list[StageCost], homes: list[
     b = list(bounds)
     stages = len(mats)
 
-    def cost(k: int, i: int, j: int) -> float:
-        c = mats[k]
-        if j - i < 1 or (c.last is not None and j > c.last[i]):
-            return _INF
-        return float(c.times[i, j])
-
-    stage_s = [cost(k, b[k], b[k + 1]) for k in range(stages)]
+    stage_s = [mats[k].at(b[k], b[k + 1]) for k in range(stages)]
     load: dict[int, float] = defaultdict(float)
     mine: dict[int, list[int]] = defaultdict(list)
     for k, h in enumerate(homes):
@@ -450,7 +450,7 @@ def balance_devices(bounds: tuple[int, ...], mats: list[StageCost], homes: list[
                     continue
                 e = homes[nb]
                 lo, hi = (nb, k) if nb < k else (k, nb)
-                new_lo, new_hi = cost(lo, b[lo], cut), cost(hi, cut, b[hi + 1])
+                new_lo, new_hi = mats[lo].at(b[lo], cut), mats[hi].at(cut, b[hi + 1])
                 new_k, new_nb = (new_lo, new_hi) if lo == k else (new_hi, new_lo)
                 pair = max(busiest - stage_s[k] + new_k, load[e] - stage_s[nb] + new_nb)
                 rest = max((load[x] for x in top if x not in (d, e)), default=0.0)
