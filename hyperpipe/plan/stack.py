@@ -94,6 +94,21 @@ class Runtime:
     on an empty one: a stage must hold a bias or a norm (`Plan.stack_refusal`). Not
     overridable from a plan."""
 
+    tied_reduce_own_grads: bool = False
+    """True: the first and last stage all-reduce the tied embedding's gradient as the
+    parameter holds it (the model dtype's rule: fp16 for fp16, the fp32 master gradient
+    for bf16), whatever `grad_reduce_dtype` makes of the data-parallel sync; False: in
+    the data-parallel sync's dtype (Megatron-LM's `_allreduce_word_embedding_grads`
+    reduces the `main_grad` of the data-parallel gradient buffer). Not overridable from
+    a plan."""
+
+    tied_reduce_first: bool = False
+    """True: a rank holding a tied stage all-reduces the tied embedding's gradient right
+    after its last action and only then starts its data-parallel sync (with the sync
+    after the flush, it waits for the other end's flush too); False: the data-parallel
+    sync first, then the tie (Megatron-LM's `finalize_model_grads`). Not overridable
+    from a plan."""
+
     keeps_stage_outputs: bool = False
     """True: the engine holds each in-flight micro-batch's stage output from its forward
     until its backward, beside what autograd saves (DeepSpeed's `PipelineEngine.
@@ -128,6 +143,13 @@ class Runtime:
         if self.grad_reduce_dtype is None:
             return model_dtype_grad_bytes
         return GRAD_REDUCE_BYTES[self.grad_reduce_dtype]
+
+    def tied_grad_bytes_per_param(self, model_dtype_grad_bytes: float) -> float:
+        """Bytes per element of the tied embedding's gradient all-reduce between the
+        first and last stage (`tied_reduce_own_grads`)."""
+        if self.tied_reduce_own_grads:
+            return model_dtype_grad_bytes
+        return self.grad_bytes_per_param(model_dtype_grad_bytes)
 
 
 @dataclass(frozen=True)
@@ -176,11 +198,19 @@ STACKS: Mapping[str, Stack] = MappingProxyType({
     # torch.cat that refuses an empty list) of the two Megatron-LM builds
     # (megatron/model/utils.py `get_params_for_weight_decay_optimization`: LayerNorm
     # parameters and biases without decay, the rest with): `flattens_param_groups`.
+    # `ReduceTiedGrads` all-reduces the tied weight's own gradient (`_exec_reduce_tied_grads`:
+    # `weight._hp_grad` under bf16, else `weight.grad`; pipe/module.py
+    # `allreduce_tied_weight_gradients`: `dist.all_reduce(weight.grad, ...)`), while the
+    # engine's `fp32_allreduce` casts only the data-parallel buckets (engine.py
+    # `allreduce_bucket`): `tied_reduce_own_grads`. It comes first in the last step
+    # (`TrainSchedule.steps`: `ReduceTiedGrads`, then `ReduceGrads`): `tied_reduce_first`.
     "megatron-deepspeed": Stack("megatron-deepspeed",
                                 Runtime("blocking", False, None, ("bf16",),
                                         accumulates_fp32_grads=("bf16",),
                                         flattens_param_groups=("fp16",),
-                                        keeps_stage_outputs=True),
+                                        keeps_stage_outputs=True,
+                                        tied_reduce_own_grads=True,
+                                        tied_reduce_first=True),
                                 "microsoft/DeepSpeed deepspeed/runtime/pipe"),
     # torchtitan (pytorch/torchtitan) on torch.distributed.pipelining: Schedule1F1B and
     # the others send with `batch_isend_irecv` and wait for a send only before the next

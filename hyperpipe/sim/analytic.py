@@ -114,6 +114,22 @@ def estimate(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = None,
     per_class = [_class_estimate(plan, cost, members, own.get(members[0]), ex, cache)
                  for members in classes]
     ready = {(c, s): at for c, e in enumerate(per_class) for s, at in e.ready.items()}
+    ties = [tie_spec(cost, plan, members, ex.tie_bytes_per_param) for members in classes]
+    # a stack that reduces the tie first (`Execution.tied_reduce_first`): when both ends
+    # have run their last action, then their data-parallel syncs
+    first_done = {}
+    for c, (e, tie) in enumerate(zip(per_class, ties, strict=True)):
+        last = len(plan.pipelines[classes[c][0]].stages) - 1
+        at_ends = [(end, mine) for end, mine in e.rank_ends if {0, last} & set(mine)]
+        if tie is None or not ex.tied_reduce_first or not at_ends:
+            continue
+        first_done[c] = max(end for end, _ in at_ends) + tie.time_s
+        if ex.overlap_dp_allreduce:
+            continue                     # their buckets went during the last backward
+        for _, mine in at_ends:
+            for s in mine:
+                ready[(c, s)] = ready[(c, s)]._replace(
+                    end_s=max(ready[(c, s)].end_s, first_done[c]))
     rank_devices = {(c, s): devices for c, e in enumerate(per_class)
                     for s, devices in e.stage_devices.items()}
     done = _allreduce_done(plan, cost, classes, ready, rank_devices, cache, bucket_bytes,
@@ -122,7 +138,7 @@ def estimate(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = None,
     iteration = pipeline_s
     for c, e in enumerate(per_class):
         stages = plan.pipelines[classes[c][0]].stages
-        tie = tie_spec(cost, plan, classes[c], ex.grad_bytes_per_param)
+        tie = ties[c]
         tied = (0, len(stages) - 1) if tie is not None else ()
 
         def finish(end: float, mine: list[int], tie_done: float, c=c, stages=stages,
@@ -140,8 +156,9 @@ def estimate(plan: Plan, cost: CostModel, *, cache: AnalyticCache | None = None,
                                       expert_state(cost, plan, stages[s]))
             return t, reached
 
-        tie_done = 0.0
-        if tie is not None:     # both ends reduced over data parallelism, then the tie
+        tie_done = first_done.get(c, 0.0)
+        if c not in first_done and tie is not None:
+            # both ends reduced over data parallelism, then the tie
             arrivals = [at for end, mine in e.rank_ends
                         for at in finish(end, mine, 0.0)[1].values()]
             tie_done = max(arrivals) + tie.time_s

@@ -31,7 +31,9 @@ class Execution:
     blocking_p2p: bool               # a sender's stream waits out its send
     overlap_dp_allreduce: bool       # buckets start during the last backward
     dp_sync_bytes_per_param: float   # bytes per parameter of the data-parallel sync
-    grad_bytes_per_param: float      # bytes per gradient element reduced (tied embeddings)
+    grad_bytes_per_param: float      # bytes per gradient element reduced (ZeRO-2/3's)
+    tie_bytes_per_param: float       # ... in the tied embedding's first-last all-reduce
+    tied_reduce_first: bool          # the tie before the data-parallel sync (`Runtime`)
     zero: int = 0                    # the plan's ZeRO stage
     reshard_after_forward: bool = True   # ZeRO-3: gather again for every backward
     keeps_stage_outputs: bool = False    # the engine holds each stage output till backward
@@ -47,7 +49,9 @@ def execution_of(plan: Plan, cost: CostModel) -> Execution:
     return Execution(rt.p2p == "blocking", rt.overlap_grad_reduce,
                      cost.dp_sync_bytes_per_param(plan.distributed_optimizer, rt, plan.zero,
                                                   reshard),
-                     rt.grad_bytes_per_param(cost.grad_bytes_per_param), plan.zero, reshard,
+                     rt.grad_bytes_per_param(cost.grad_bytes_per_param),
+                     rt.tied_grad_bytes_per_param(cost.grad_bytes_per_param),
+                     rt.tied_reduce_first, plan.zero, reshard,
                      rt.keeps_stage_outputs,
                      FP32_ACCUMULATE_BYTES_PER_PARAM
                      if cost.model.dtype in rt.accumulates_fp32_grads else 0.0)

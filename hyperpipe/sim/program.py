@@ -137,8 +137,10 @@ class Tie:
     """The all-reduce of a pipeline's two copies of a tied embedding's gradient, between
     its first and last stage's devices (every member of its replica class at once), once
     both ranks have their gradients reduced over data parallelism (Megatron's
-    `finalize_model_grads`: the data-parallel sync, then `_allreduce_embedding_grads`);
-    the optimizer steps of those two stages wait for it."""
+    `finalize_model_grads`: the data-parallel sync, then `_allreduce_embedding_grads`),
+    or, on a stack that reduces the tie first (`Execution.tied_reduce_first`), once both
+    have run their last action, their data-parallel syncs after it; the optimizer steps
+    of those two stages wait for it."""
 
     def __init__(self, stages: tuple[int, int], spec: FlowSpec, peers: tuple[str, str]):
         self.stages, self.spec, self.peers = stages, spec, peers
@@ -227,7 +229,7 @@ def _first_forward_gathers(plan: Plan, cost: CostModel, ex: Execution, q: int,
 def prepare_tie(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Tie | None:
     """The tied-embedding all-reduce of `pipe`'s class (`network.tie_spec`; None without
     tied embeddings, or when first and last stage share their devices)."""
-    spec = tie_spec(cost, plan, pipe.members, ex.grad_bytes_per_param)
+    spec = tie_spec(cost, plan, pipe.members, ex.tie_bytes_per_param)
     if spec is None:
         return None
     stages = plan.pipelines[pipe.index].stages

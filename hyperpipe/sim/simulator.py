@@ -213,12 +213,18 @@ class _Engine:
         rank.cursor = len(rank.program)
         rank.busy_s = sum(map(Step.busy_s, rank.program))
         rank.compute_end_s = env.now
+        tie = pipe.tie
+        ends = [s for s in rank.grad_order if tie is not None and s in tie.stages]
+        first = bool(ends) and self.ex.tied_reduce_first
+        if first:                            # DeepSpeed: the tie, then the sync
+            for _ in ends[1:]:
+                self._tie_arrive(tie)
+            yield self._tie_arrive(tie)
         if not overlap:
             for s in rank.grad_order:
                 self._report(pipe, s, env.now, 0.0)
-        tie = pipe.tie
         for s in rank.grad_order:
-            tied = tie is not None and s in tie.stages
+            tied = s in ends and not first
             if not (opt.include_optimizer or tied):
                 continue
             if pipe.pending.get(s, 0) > 0:

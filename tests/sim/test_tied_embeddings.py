@@ -18,10 +18,10 @@ BW, LAT = 1e9, 1e-4
 V, H = 1000, 64
 
 
-def gpt(tie: bool):
-    """A bf16 GPT of two blocks: embedding, 2 blocks, head (4 layers)."""
+def gpt(tie: bool, dtype: str = "bf16"):
+    """A GPT of two blocks: embedding, 2 blocks, head (4 layers)."""
     return load_model({"kind": "gpt", "vocab_size": V, "n_layer": 2, "n_head": 2,
-                       "d_model": H, "seq_len": 16, "tie_embeddings": tie})
+                       "d_model": H, "seq_len": 16, "tie_embeddings": tie, "dtype": dtype})
 
 
 CLUSTER = load_cluster({
@@ -31,9 +31,9 @@ CLUSTER = load_cluster({
     "inter_node": {"bandwidth": BW, "latency": LAT}})
 
 
-def plan_of(model, dp: int, cut: int | None = 2):
+def plan_of(model, dp: int, cut: int | None = 2, **extra):
     """dp pipelines; stage 0 on a/r, stage 1 on b/r (cut at layer `cut`), or one stage
-    on a/r (cut None)."""
+    on a/r (cut None); `extra`: more plan fields (stack, runtime)."""
     def stages(r):
         if cut is None:
             return [{"layers": [0, 4], "devices": [f"a/{r}"]}]
@@ -43,7 +43,7 @@ def plan_of(model, dp: int, cut: int | None = 2):
         "format": "hyperpipe.plan/1", "model": model.to_dict(), "cluster": cluster_ref(CLUSTER),
         "global_batch": 2 * dp, "schedule": "1f1b",
         "pipelines": [{"micro_batch": 1, "num_microbatches": 2, "stages": stages(r)}
-                      for r in range(dp)]})
+                      for r in range(dp)], **extra})
 
 
 def test_gpt2_small_counts_its_published_parameters():
@@ -95,6 +95,45 @@ def test_first_and_last_stage_all_reduce_the_embedding_gradient(dp):
     assert est_t.iteration_time_s == pytest.approx(sim_t.metrics.iteration_time_s,
                                                    abs=2 * LAT)
     assert sim_t.metrics.iteration_time_s == pytest.approx(end)
+
+
+@pytest.mark.parametrize("stack, tie_bytes", [("megatron-lm", 4), ("megatron-deepspeed", 2)])
+def test_the_tie_moves_the_gradient_as_the_stack_holds_it(stack, tie_bytes):
+    """An fp16 model whose data-parallel sync is cast to fp32 (`grad_reduce_dtype`, as
+    DeepSpeed's `fp32_allreduce`): Megatron-LM's tie reduces the fp32 main grad (4 bytes
+    an element), DeepSpeed's pipeline engine the parameter's own fp16 gradient (2):
+    2(n-1)/n x bytes V h / BW + 2(n-1) latencies for the ring of two."""
+    model = gpt(True, "fp16")
+    plan = plan_of(model, 1, stack=stack, runtime={"grad_reduce_dtype": "fp32"})
+    (event, *_) = tie_events(simulate(plan, CostModel(model, CLUSTER)).trace)
+    assert event.duration_s == pytest.approx(tie_bytes * V * H / BW + 2 * LAT, rel=1e-9)
+
+
+@pytest.mark.parametrize("stack", ["megatron-lm", "megatron-deepspeed"])
+def test_deepspeed_reduces_the_tie_before_the_data_parallel_sync(stack):
+    """Two replicas of two stages, the last stage's replicas on node b. Megatron-LM
+    syncs over data parallelism first (the last stage's ring starts while stage 0
+    drains), then the tie; DeepSpeed's engine runs `ReduceTiedGrads` before
+    `ReduceGrads`, so the tie starts when both ends have run their last action (stage
+    0's, the later) and every data-parallel ring of a tied rank after it. The analytic
+    tier agrees with the simulator to the latencies."""
+    model = gpt(True, "fp16")
+    plan = plan_of(model, 2, stack=stack, runtime={"overlap_grad_reduce": False})
+    cost = CostModel(model, CLUSTER)
+    sim = simulate(plan, cost, SimOptions(include_optimizer=False))
+    ranks = {r["device"]: r for r in sim.metrics.extra["ranks"]}
+    (tie, *_) = tie_events(sim.trace)
+    syncs = [e for e in sim.trace.events if e.op == "allreduce" and e.microbatch != -1]
+    assert len(syncs) == 2                       # stage 0's ring on a, stage 1's on b
+    first_sync = min(e.start_s for e in syncs)
+    if stack == "megatron-deepspeed":
+        assert tie.start_s == pytest.approx(max(r["compute_end_s"] for r in ranks.values()))
+        assert first_sync >= tie.end_s - 1e-12
+    else:
+        assert first_sync < ranks["a/0"]["compute_end_s"]    # b's ring in a's drain
+        assert tie.start_s >= min(e.end_s for e in syncs) - 1e-12
+    est = estimate(plan, cost, include_optimizer=False)
+    assert est.iteration_time_s == pytest.approx(sim.metrics.iteration_time_s, abs=4 * LAT)
 
 
 def test_no_tie_when_one_stage_holds_both_ends():
