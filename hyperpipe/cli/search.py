@@ -113,6 +113,7 @@ def run(opts: SearchOptions) -> int:
     from hyperpipe.cluster.cluster import load_cluster
     from hyperpipe.models import load_model
     from hyperpipe.plan.plan import load_plan
+    from hyperpipe.search.backends import backend_or_workers
     from hyperpipe.search.report import format_search
     from hyperpipe.search.search import SearchConstraints, search
     from hyperpipe.sim.costmodel import CostModel
@@ -146,20 +147,24 @@ def run(opts: SearchOptions) -> int:
                               **({"stack": stack} if stack else {}),
                               **({"runtime": start.runtime}
                                  if start is not None and stack == start.stack else {}))
-    with opened_backend(opts.backend, opts.workers) as backend, as_flags():
-        result = search(model, cluster, c, profile=profile, top=opts.top,
-                        workers=opts.workers, progress=opts.progress, backend=backend)
-    cost = CostModel(model, cluster, profile)
-    if start is not None:
-        result = _with_start(result, start, cost, c)
-    if opts.out:
-        result.best.plan.save(opts.out)
-    if opts.json:
-        print_json(result.to_dict())
-    else:
-        sys.stdout.write(format_search(result, cost, objective=opts.objective))
+    with opened_backend(opts.backend, opts.workers) as backend:
+        with as_flags():
+            result = search(model, cluster, c, profile=profile, top=opts.top,
+                            workers=opts.workers, progress=opts.progress, backend=backend)
+        cost = CostModel(model, cluster, profile)
+        if start is not None:
+            result = _with_start(result, start, cost, c)
         if opts.out:
-            print(f"best plan written to {opts.out}")
+            result.best.plan.save(opts.out)
+        if opts.json:
+            print_json(result.to_dict())
+            return EXIT_OK
+        # the report's simulations (where the gain comes from) over the same workers
+        with backend_or_workers(backend, opts.workers) as pool:
+            text = format_search(result, cost, objective=opts.objective, pool=pool)
+    sys.stdout.write(text)
+    if opts.out:
+        print(f"best plan written to {opts.out}")
     return EXIT_OK
 
 

@@ -27,6 +27,7 @@ from hyperpipe.plan.kinds import DEFAULT_KIND, KINDS, schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, pipeline_placement
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search.baselines import layer_counts
+from hyperpipe.sim.metrics import Metrics
 
 FACTORS = ("device choice", "layer partition", "schedule kind", "micro-batching",
            "recompute")
@@ -78,7 +79,25 @@ def _peak(cost):
 
 
 def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan | str]:
-    """Per factor, B with that factor switched to O's choice, or a string saying why not."""
+    """Per factor, B with that factor switched to O's choice, or a string saying why not;
+    a synthesised pick's variants with their own schedules (`_resynthesised`)."""
+    out = _switched(best, other, other_name, cost)
+    for factor in _to_resynthesise(best, other, out):
+        out[factor] = _resynthesised(out[factor], cost)
+    return out
+
+
+def _to_resynthesise(best: Plan, other: Plan, switched: dict[str, Plan | str]) -> list[str]:
+    """The factors whose variant needs a schedule of its own: all but the schedule
+    kind's, where B is synthesised and O chose otherwise."""
+    if not schedule_kind(best.schedule).carries_actions:
+        return []
+    return [f for f in ("device choice", "layer partition", "micro-batching", "recompute")
+            if isinstance(switched[f], Plan) and not _same(best, other, f)]
+
+
+def _switched(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan | str]:
+    """`variants` before any synthesis: a synthesised pick's action lists stay on them."""
     out: dict[str, Plan | str] = {}
     # device choice: O's pipelines, B's other choices, layers by speed
     try:
@@ -125,10 +144,6 @@ def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan |
     out["recompute"] = _with_mb(best, best.pipelines[0].micro_batch, _recompute_of(other))
     if isinstance(out["schedule kind"], Plan):          # O's kind: no action lists
         out["schedule kind"] = replace(out["schedule kind"], actions=None)
-    if schedule_kind(best.schedule).carries_actions:
-        for factor in ("device choice", "layer partition", "micro-batching", "recompute"):
-            if isinstance(out[factor], Plan) and not _same(best, other, factor):
-                out[factor] = _resynthesised(out[factor], cost)
     return out
 
 
@@ -182,28 +197,57 @@ def _same(best: Plan, other: Plan, factor: str) -> bool:
         {s.recompute for p in other.pipelines for s in p.stages}
 
 
-def attribute(best, other, other_name: str, cost) -> list[FactorGain]:
-    """One FactorGain per FACTORS entry; `best`/`other` are Candidates (plan, metrics)."""
-    from hyperpipe.search.evaluate import simulate_one
+def attribute(best, other, other_name: str, cost, pool=None) -> list[FactorGain]:
+    """One FactorGain per FACTORS entry; `best`/`other` are Candidates (plan, metrics).
+    The variants are synthesised (`variants`) and simulated over the worker `pool` (a
+    backend or a process pool; None: here), with the same results."""
+    from hyperpipe.search.backends import fan_out
     base_s = best.metrics.iteration_time_s
+    switched = _switched(best.plan, other.plan, other_name, cost)
+    again = _to_resynthesise(best.plan, other.plan, switched)
+    todo = [f for f, plan in switched.items()
+            if isinstance(plan, Plan) and not _same(best.plan, other.plan, f)]
+    judged = dict(zip(todo, fan_out(
+        pool, todo, lambda f: _judge(switched[f], f in again, cost), _judge_task,
+        lambda f: (switched[f], f in again, cost.model, cost.cluster, cost.profile),
+        at_least=2)(), strict=True))
     out = []
-    for factor, plan in variants(best.plan, other.plan, other_name, cost).items():
+    for factor, plan in switched.items():
         if _same(best.plan, other.plan, factor):
             out.append(FactorGain(factor, True, base_s, 1.0, "same in both"))
-            continue
-        if isinstance(plan, str):
-            out.append(FactorGain(factor, False, None, None, plan))
-            continue
-        try:
-            plan.check(cost.model, cost.cluster)
-            m = simulate_one(plan, cost)
-        except (InfeasiblePlan, BadInput, ValueError) as exc:
-            out.append(FactorGain(factor, False, None, None, f"not a valid plan: {exc}"))
-            continue
-        note = "out of memory" if m.oom else (m.refused or "")
-        out.append(FactorGain(factor, False, m.iteration_time_s, m.iteration_time_s / base_s,
-                              note))
+        elif factor not in judged:
+            out.append(FactorGain(factor, False, None, None, str(plan)))
+        elif isinstance(judged[factor], str):
+            out.append(FactorGain(factor, False, None, None, judged[factor]))
+        else:
+            m = judged[factor]
+            note = "out of memory" if m.oom else (m.refused or "")
+            out.append(FactorGain(factor, False, m.iteration_time_s,
+                                  m.iteration_time_s / base_s, note))
     return out
+
+
+def _judge(plan: Plan, resynthesise: bool, cost) -> Metrics | str:
+    """A variant's simulated metrics (synthesised first where `resynthesise`), or why it
+    has none."""
+    from hyperpipe.search.evaluate import simulate_one
+    if resynthesise:
+        got = _resynthesised(plan, cost)
+        if isinstance(got, str):
+            return got
+        plan = got
+    try:
+        plan.check(cost.model, cost.cluster)
+        return simulate_one(plan, cost)
+    except (InfeasiblePlan, BadInput, ValueError) as exc:
+        return f"not a valid plan: {exc}"
+
+
+def _judge_task(args) -> Metrics | str:
+    """`_judge` in a worker process."""
+    from hyperpipe.sim.costmodel import CostModel
+    plan, resynthesise, model, cluster, profile = args
+    return _judge(plan, resynthesise, CostModel(model, cluster, profile))
 
 
 @dataclass(frozen=True)

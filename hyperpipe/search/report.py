@@ -152,9 +152,10 @@ def best_other(result):
     return name, cand
 
 
-def gain_lines(result, cost: CostModel) -> list[str]:
+def gain_lines(result, cost: CostModel, pool=None) -> list[str]:
     """The speed-up over the best other plan and where it comes from (each factor of the
-    pick switched back to the other's choice, one at a time, and simulated)."""
+    pick switched back to the other's choice, one at a time, and simulated, over the
+    worker `pool` when there is one)."""
     from hyperpipe.search.attribution import attribute
     found = best_other(result)
     if found is None:
@@ -164,7 +165,7 @@ def gain_lines(result, cost: CostModel) -> list[str]:
     total = other.metrics.iteration_time_s / best.metrics.iteration_time_s
     out = ["", f"speed-up over the best other plan ({name}): {total:.2f}x; where it comes "
            "from (the pick with one factor switched to the other's choice, simulated):"]
-    for g in attribute(best, other, name, cost):
+    for g in attribute(best, other, name, cost, pool):
         out.append(f"  {g.factor:<16} same in both" if g.same
                    else _gain_line(g.factor, 16, g.time_s, g.ratio, g.note))
     out.append("  (factors interact: their ratios need not multiply to the total)")
@@ -231,7 +232,10 @@ def seed_lines(result, cluster, unit) -> list[str]:
     return out
 
 
-def format_search(result, cost: CostModel, *, objective: str = "throughput") -> str:
+def format_search(result, cost: CostModel, *, objective: str = "throughput",
+                  pool=None) -> str:
+    """The search report; what it simulates (`gain_lines`) runs over the worker `pool`
+    (a backend or a process pool) when there is one."""
     cluster, model = cost.cluster, cost.model
     best = result.best
     out = [f"search: model {model.name} on cluster {cluster.name} "
@@ -264,7 +268,7 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput") -> 
     out += ["", "what each competitor may choose:"]
     out += [f"  {name:<13}{text}" for name, text in competitor_freedoms().items()
             if name in result.baselines]
-    out += gain_lines(result, cost)
+    out += gain_lines(result, cost, pool)
     out += expert_lines(result, cost)
     out += ["", "why the best wins:"] + [f"  {line}" for line in
                                            why_best(best.plan, best.metrics, cost)]

@@ -90,3 +90,21 @@ def test_a_v_placed_pick_gets_valid_device_and_partition_variants(other_pp):
         assert plan.schedule == "zb-v"
         assert len({st.devices for st in plan.pipelines[0].stages}) == other_pp \
             if factor == "device choice" else 4
+
+
+def test_the_variants_over_a_pool_are_priced_as_here():
+    """The report simulates (and synthesises) its variants over the search's workers:
+    the same gains as one process, factor for factor."""
+    from hyperpipe.search.backends import process_pool
+    from hyperpipe.synth.synthesise import POLICIES, synth_plan
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    fixed = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
+    best = synth_plan(fixed, cost, POLICIES[0])
+    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=2, global_batch=8)
+    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    here = attribute(b, o, "uniform", cost)
+    with process_pool(2) as pool:
+        there = attribute(b, o, "uniform", cost, pool)
+    assert there == here
+    assert sum(g.time_s is not None and not g.same for g in here) >= 3
