@@ -92,12 +92,6 @@ def inflight_1f1b(p: int, m: int) -> list[int]:
     return [min(p - k, m) for k in range(p)]
 
 
-def fits(table: GroupTable, a: int, b: int, inflight: int) -> bool:
-    need = table.state_bytes[b] - table.state_bytes[a] + \
-        inflight * (table.stash_bytes[b] - table.stash_bytes[a])
-    return need <= table.memory_bytes
-
-
 def stage_matrix(tables: list[GroupTable], inflight: list[int], n: int) -> list[np.ndarray]:
     """Per stage k, an (n+1) x (n+1) matrix of the time of layers [a, b) on the slowest
     of its groups (`tables[k]` a list of one table per replica), inf where a >= b or the

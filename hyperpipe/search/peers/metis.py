@@ -30,7 +30,6 @@ from hyperpipe.search.peers.common import (
     PeerPick,
     build,
     cut_links,
-    fits,
     group_class,
     group_table,
     inflight_1f1b,
@@ -61,7 +60,8 @@ def proportional_cuts(n: int, speed: list[float]) -> list[int]:
 
 def balance_memory(bounds: list[int], tables, inflight: list[int]) -> list[int] | None:
     """Move single layers off overflowing stages to the neighbour with more free memory,
-    until all fit (None if they cannot). The first overflowing stage moves first."""
+    until all fit (None if they cannot; `bounds` as they are when all fit). The first
+    overflowing stage moves first."""
     b = list(bounds)
     p = len(b) - 1
     state = [t.state_list for t in tables]
@@ -293,12 +293,9 @@ def _balanced(ctx, placed: _Placed, mb: int, m: int) -> tuple[float, list[int]] 
     tables = [mine[i] for i in of]
     speed = [whole[i] for i in of]
     inflight = inflight_1f1b(pp, m)
-    bounds = proportional_cuts(n, speed)
-    if not all(fits(t, a, b, f) for t, a, b, f in zip(tables, bounds, bounds[1:], inflight,
-                                                      strict=False)):
-        bounds = balance_memory(bounds, tables, inflight)
-        if bounds is None:
-            return None
+    bounds = balance_memory(proportional_cuts(n, speed), tables, inflight)
+    if bounds is None:
+        return None
     e = p2p_s(cost, placed.links, bounds, mb) + [0.0]
     stage = [float(tab.time_s[b] - tab.time_s[a]) + ek
              for tab, a, b, ek in zip(tables, bounds, bounds[1:], e, strict=False)]
