@@ -34,16 +34,24 @@ def test_one_factor_apart_gives_the_other_plans_time(field):
             assert g.same, name
 
 
-def test_a_synthesised_pick_gets_every_factor_priced():
-    """A synth pick's action lists fit its own stages only: the schedule kind's variant
-    drops them (and is then exactly O), the others get a schedule synthesised."""
+def synthesised_pick(other_mb: int):
+    """(cost, B, O): a tiny-gpt pick synthesised from 1F1B over four stages, and a
+    uniform plan of two replicas of two stages at micro-batch `other_mb`, simulated."""
     from hyperpipe.synth.synthesise import POLICIES, synth_plan
     model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
     cost = CostModel(model, cluster)
     fixed = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
     best = synth_plan(fixed, cost, POLICIES[0])
-    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=2, global_batch=8)
+    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=other_mb, global_batch=8)
     b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    return cost, b, o
+
+
+def test_a_synthesised_pick_gets_every_factor_priced():
+    """A synth pick's action lists fit its own stages only: the schedule kind's variant
+    drops them (and is then exactly O), the others get a schedule synthesised."""
+    cost, b, o = synthesised_pick(other_mb=2)
+    best = b.plan
     gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
     for name in ("device choice", "layer partition", "schedule kind", "micro-batching"):
         assert gains[name].time_s is not None, (name, gains[name].note)
@@ -56,17 +64,11 @@ def test_a_synthesised_pick_is_not_resynthesised_for_factors_both_agree_on(monke
     """Synthesis is the slow part of the report (minutes at 1024 GPUs): a factor B and O
     share is reported "same in both" without one."""
     from hyperpipe.search import attribution
-    from hyperpipe.synth.synthesise import POLICIES, synth_plan
-    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
-    cost = CostModel(model, cluster)
-    fixed = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
-    best = synth_plan(fixed, cost, POLICIES[0])
-    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=1, global_batch=8)
+    cost, b, o = synthesised_pick(other_mb=1)
     calls = []
     real = attribution._resynthesised
     monkeypatch.setattr(attribution, "_resynthesised",
                         lambda plan, c: calls.append(plan) or real(plan, c))
-    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
     gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
     assert gains["micro-batching"].same and gains["recompute"].same
     assert not gains["device choice"].same and not gains["layer partition"].same
@@ -96,13 +98,7 @@ def test_the_variants_over_a_pool_are_priced_as_here():
     """The report simulates (and synthesises) its variants over the search's workers:
     the same gains as one process, factor for factor."""
     from hyperpipe.search.backends import process_pool
-    from hyperpipe.synth.synthesise import POLICIES, synth_plan
-    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
-    cost = CostModel(model, cluster)
-    fixed = uniform_plan(model, cluster, pp=4, micro_batch=1, global_batch=8)
-    best = synth_plan(fixed, cost, POLICIES[0])
-    other = uniform_plan(model, cluster, pp=2, dp=2, micro_batch=2, global_batch=8)
-    b, o = (Candidate(p, simulate_one(p, cost)) for p in (best, other))
+    cost, b, o = synthesised_pick(other_mb=2)
     here = attribute(b, o, "uniform", cost)
     with process_pool(2) as pool:
         there = attribute(b, o, "uniform", cost, pool)
