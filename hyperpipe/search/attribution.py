@@ -151,12 +151,29 @@ def _resynthesised(plan: Plan, cost) -> Plan | str:
     """A variant of a synthesised pick: its action lists belong to the pick's devices,
     stages and micro-batches, so the variant gets its own schedule, synthesised as the
     search would (the best of it and the fixed kinds of its placement)."""
-    from hyperpipe.synth.synthesise import fixed_kinds, synthesise
-    bare = replace(plan, actions=None)
     try:
-        return synthesise(replace(bare, schedule=fixed_kinds(bare)[0]), cost).plan
+        return _synthesis_of(plan, cost)()[0].plan
     except (InfeasiblePlan, BadInput) as exc:
         return f"no schedule for it: {exc}"
+
+
+def _synthesis_of(plan: Plan, cost, pool=None):
+    """`_resynthesised`'s synthesis of `plan`, started over the worker `pool` (None: run
+    when asked) as the search runs its own (`synthesis.start_synthesis`): the function
+    that waits for its `SynthResult`s and raises what it raised."""
+    from hyperpipe.search.context import SearchContext
+    from hyperpipe.search.space import SearchConstraints
+    from hyperpipe.search.synthesis import start_synthesis
+    from hyperpipe.synth.synthesise import fixed_kinds
+    bare = replace(plan, actions=None)
+    try:
+        bare = replace(bare, schedule=fixed_kinds(bare)[0])
+    except (InfeasiblePlan, BadInput) as exc:
+        def failed(exc=exc):
+            raise exc
+        return failed
+    ctx = SearchContext(cost, SearchConstraints(global_batch=plan.global_batch))
+    return start_synthesis(ctx, [(bare, None)], pool)
 
 
 def _types(plan: Plan, cost) -> list[tuple[str, int]]:
@@ -199,18 +216,27 @@ def _same(best: Plan, other: Plan, factor: str) -> bool:
 
 def attribute(best, other, other_name: str, cost, pool=None) -> list[FactorGain]:
     """One FactorGain per FACTORS entry; `best`/`other` are Candidates (plan, metrics).
-    The variants are synthesised (`variants`) and simulated over the worker `pool` (a
-    backend or a process pool; None: here), with the same results."""
+    The variants that need a schedule of their own are synthesised as the search
+    synthesises (`_synthesis_of`, its simulated winner priced), the others simulated,
+    all at once over the worker `pool` (a backend or a process pool; None: here), with
+    the same results."""
     from hyperpipe.search.backends import fan_out
     base_s = best.metrics.iteration_time_s
     switched = _switched(best.plan, other.plan, other_name, cost)
     again = _to_resynthesise(best.plan, other.plan, switched)
-    todo = [f for f, plan in switched.items()
-            if isinstance(plan, Plan) and not _same(best.plan, other.plan, f)]
-    judged = dict(zip(todo, fan_out(
-        pool, todo, lambda f: _judge(switched[f], f in again, cost), _judge_task,
-        lambda f: (switched[f], f in again, cost.model, cost.cluster, cost.profile),
-        at_least=2)(), strict=True))
+    # the syntheses first: the longest work
+    started = {f: _synthesis_of(switched[f], cost, pool) for f in again}
+    plain = [f for f, plan in switched.items() if isinstance(plan, Plan)
+             and f not in again and not _same(best.plan, other.plan, f)]
+    judged: dict[str, Metrics | str] = dict(zip(plain, fan_out(
+        pool, plain, lambda f: _judge(switched[f], cost), _judge_task,
+        lambda f: (switched[f], cost.model, cost.cluster, cost.profile), at_least=2)(),
+        strict=True))
+    for factor, wait in started.items():
+        try:
+            judged[factor] = wait()[0].metrics
+        except (InfeasiblePlan, BadInput) as exc:
+            judged[factor] = f"no schedule for it: {exc}"
     out = []
     for factor, plan in switched.items():
         if _same(best.plan, other.plan, factor):
@@ -227,15 +253,9 @@ def attribute(best, other, other_name: str, cost, pool=None) -> list[FactorGain]
     return out
 
 
-def _judge(plan: Plan, resynthesise: bool, cost) -> Metrics | str:
-    """A variant's simulated metrics (synthesised first where `resynthesise`), or why it
-    has none."""
+def _judge(plan: Plan, cost) -> Metrics | str:
+    """A variant's simulated metrics, or why it has none."""
     from hyperpipe.search.evaluate import simulate_one
-    if resynthesise:
-        got = _resynthesised(plan, cost)
-        if isinstance(got, str):
-            return got
-        plan = got
     try:
         plan.check(cost.model, cost.cluster)
         return simulate_one(plan, cost)
@@ -246,8 +266,8 @@ def _judge(plan: Plan, resynthesise: bool, cost) -> Metrics | str:
 def _judge_task(args) -> Metrics | str:
     """`_judge` in a worker process."""
     from hyperpipe.sim.costmodel import CostModel
-    plan, resynthesise, model, cluster, profile = args
-    return _judge(plan, resynthesise, CostModel(model, cluster, profile))
+    plan, model, cluster, profile = args
+    return _judge(plan, CostModel(model, cluster, profile))
 
 
 @dataclass(frozen=True)

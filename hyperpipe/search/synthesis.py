@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -129,21 +130,33 @@ def synthesise_all(ctx: SearchContext, items: list[tuple[Plan, dict | None]], po
     kinds with the improvement of the best of them (`_fixed_task`), simulated whatever
     its bound (it runs beside what it would be judged against). The verdicts are then
     taken as `synthesise` takes them (`take_improvements`)."""
+    return start_synthesis(ctx, items, pool)()
+
+
+def start_synthesis(ctx: SearchContext, items: list[tuple[Plan, dict | None]], pool=None
+                    ) -> Callable[[], list[SynthResult]]:
+    """`synthesise_all`, its tasks started now over `pool`; the returned function waits
+    for the results (without a pool it works them out when called), raising what a
+    synthesis raised (a plan that does not check out: BadInput, InfeasiblePlan)."""
     from hyperpipe.search.backends import fan_out
     from hyperpipe.synth.synthesise import synth_result, synthesise, take_improvements
     if pool is None:
-        return [synthesise(plan, ctx.cost, known=known) for plan, known in items]
+        return lambda: [synthesise(plan, ctx.cost, known=known) for plan, known in items]
     t0 = time.perf_counter()
     tasks = [(q, part) for q in range(len(items)) for part in (_orders_task, _fixed_task)]
-    done = list(fan_out(pool, tasks, None, _synthesis_task,
-                        lambda t: (t[1], ctx.inputs, *items[t[0]]))())
-    out = []
-    for q in range(len(items)):
-        (synth_best, n, first), (fixed, n_fixed, second) = done[2 * q], done[2 * q + 1]
-        synth_best, n = take_improvements(synth_best, n + n_fixed, first,
-                                          lambda _beat_s, got=second: got)
-        out.append(synth_result(fixed, synth_best, n, t0))
-    return out
+    wait = fan_out(pool, tasks, None, _synthesis_task,
+                   lambda t: (t[1], ctx.inputs, *items[t[0]]))
+
+    def results() -> list[SynthResult]:
+        done = list(wait())
+        out = []
+        for q in range(len(items)):
+            (synth_best, n, first), (fixed, n_fixed, second) = done[2 * q], done[2 * q + 1]
+            synth_best, n = take_improvements(synth_best, n + n_fixed, first,
+                                              lambda _beat_s, got=second: got)
+            out.append(synth_result(fixed, synth_best, n, t0))
+        return out
+    return results
 
 
 def _synthesis_task(args):

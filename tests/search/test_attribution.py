@@ -66,9 +66,9 @@ def test_a_synthesised_pick_is_not_resynthesised_for_factors_both_agree_on(monke
     from hyperpipe.search import attribution
     cost, b, o = synthesised_pick(other_mb=1)
     calls = []
-    real = attribution._resynthesised
-    monkeypatch.setattr(attribution, "_resynthesised",
-                        lambda plan, c: calls.append(plan) or real(plan, c))
+    real = attribution._synthesis_of
+    monkeypatch.setattr(attribution, "_synthesis_of",
+                        lambda plan, c, pool=None: calls.append(plan) or real(plan, c, pool))
     gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
     assert gains["micro-batching"].same and gains["recompute"].same
     assert not gains["device choice"].same and not gains["layer partition"].same
