@@ -512,6 +512,15 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA Tesla V100 datasheet (SXM2 32GB): 15.7 TFLOPS single, 125 TFLOPS tensor, "
        "900 GB/s, NVLink 300 GB/s; no bf16/tf32",
        gemm=_unmeasured(80), simt=_simt("V100", 15.7, 80)),
+    # The PCIe cards: lower clocks (250 W) and no NVLink, PCIe Gen3 x16 between GPUs.
+    _d("V100-PCIe-16GB", {"fp32": 14, "fp16": 112}, 16, 900, 16,
+       "NVIDIA Tesla V100 datasheet (PCIe): 14 TFLOPS single, 112 TFLOPS tensor, 16 GB "
+       "HBM2, 900 GB/s, PCIe Gen3 32 GB/s (both directions), 250 W; no bf16/tf32",
+       latency_us=5.0, gemm=_unmeasured(80), simt=_simt_unmeasured(80)),
+    _d("V100-PCIe-32GB", {"fp32": 14, "fp16": 112}, 32, 900, 16,
+       "NVIDIA Tesla V100 datasheet (PCIe 32GB): 14 TFLOPS single, 112 TFLOPS tensor, "
+       "32 GB HBM2, 900 GB/s, PCIe Gen3 32 GB/s (both directions), 250 W; no bf16/tf32",
+       latency_us=5.0, gemm=_unmeasured(80), simt=_simt_unmeasured(80)),
     # Pascal has no tensor cores: its fp16 GEMMs run on the CUDA cores (two fp16 FMAs
     # per fp32 lane), so the fp16 curve has the SIMT shape and fraction too.
     _d("P100-16GB", {"fp32": 9.3, "fp16": 18.7}, 16, 732, 16,
@@ -529,6 +538,19 @@ _CATALOG: tuple[DeviceType, ...] = (
        "dense, 1,555 GB/s, NVLink 600 GB/s",
        gemm=_A100, simt=_simt("A100-40GB", 19.5, 108)),
     _A100_80GB,
+    # The PCIe cards: the SXM4 part's peaks at 250-300 W (no measured GEMM of their own:
+    # the unmeasured median, not the SXM4 curve), PCIe Gen4 x16 between GPUs (an NVLink
+    # bridge joins two cards only).
+    _d("A100-PCIe-40GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 40, 1555,
+       32, "NVIDIA A100 datasheet (PCIe 40GB) and product brief PB-10137-001: 19.5 FP32, "
+       "156 TF32, 312 BF16/FP16 TFLOPS dense, 40 GB HBM2, 1,555 GB/s, 250 W, PCIe Gen4 "
+       "64 GB/s (both directions)", latency_us=5.0,
+       gemm=_unmeasured(108), simt=_simt_unmeasured(108)),
+    _d("A100-PCIe-80GB", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80, 1935,
+       32, "NVIDIA A100 datasheet (PCIe 80GB) and product brief PB-10577-001: 19.5 FP32, "
+       "156 TF32, 312 BF16/FP16 TFLOPS dense, 80 GB HBM2e, 1,935 GB/s, 300 W, PCIe Gen4 "
+       "64 GB/s (both directions)", latency_us=5.0,
+       gemm=_unmeasured(108), simt=_simt_unmeasured(108)),
     _H100_SXM,
     _nvlink_cut(_A100_80GB, "A800-80GB", "NVIDIA A800 datasheet (SXM4 80GB)"),
     _nvlink_cut(_H100_SXM, "H800", "DeepSeek-AI, arXiv 2505.09343, sec. 2 (H800 SXM5)"),
@@ -610,6 +632,23 @@ _CATALOG: tuple[DeviceType, ...] = (
        "tensor TFLOPS with FP32 accumulate (full rate on Titan), 24 GB GDDR6, 672 GB/s, "
        "280 W, PCIe Gen3; no bf16/tf32", latency_us=5.0,
        gemm=_unmeasured(72), simt=_simt("Titan-RTX", 16.3, 72)),
+    # The Turing workstation cards: the Titan RTX's TU102 at its clocks (full-rate FP32
+    # accumulate), 24 or 48 GB of GDDR6 (ECC optional: left off, as shipped).
+    _d("Quadro-RTX-6000", {"fp32": 16.3, "fp16": 130.5}, 24, 672, 16,
+       "NVIDIA Quadro RTX 6000 datasheet: 16.3 TFLOPS single precision, 130.5 TFLOPS "
+       "tensor, 24 GB GDDR6, 672 GB/s, 260 W board (295 W total), PCIe Gen3 x16; no "
+       "bf16/tf32", latency_us=5.0, gemm=_unmeasured(72), simt=_simt_unmeasured(72)),
+    _d("Quadro-RTX-8000", {"fp32": 16.3, "fp16": 130.5}, 48, 672, 16,
+       "NVIDIA Quadro RTX 8000 datasheet: 16.3 TFLOPS single precision, 130.5 TFLOPS "
+       "tensor, 48 GB GDDR6, 672 GB/s, 260 W board (295 W total), PCIe Gen3 x16; no "
+       "bf16/tf32", latency_us=5.0, gemm=_unmeasured(72), simt=_simt_unmeasured(72)),
+    # Volta's GV100 as a PCIe card, 12 GB of it (three HBM2 stacks).
+    _d("Titan-V", {"fp32": 13.8, "fp16": 110}, 12, 652.8, 16,
+       "NVIDIA TITAN V: 110 TFLOPS tensor (deep learning), 5,120 CUDA cores in 80 SMs, "
+       "12 GB HBM2 on 3,072 bits at 1.7 Gbps (652.8 GB/s), 250 W, PCIe Gen3; 13.8 TFLOPS "
+       "single precision at the same clocks (AnandTech, 'The NVIDIA Titan V Deep Learning "
+       "Deep Dive', 2018, specification table); no bf16/tf32", latency_us=5.0,
+       gemm=_unmeasured(80), simt=_simt_unmeasured(80)),
     _d("RTX-2080Ti", {"fp32": 13.4, "fp16": 53.8}, 11, 616, 16,
        "NVIDIA Turing whitepaper (appendix): RTX 2080 Ti (reference clocks) 13.4 FP32, "
        "53.8 FP16 tensor TFLOPS with FP32 accumulate (107.6 with FP16 accumulate), 11 GB "
@@ -673,12 +712,12 @@ def _spelling(name: str) -> str:
 
 # The names the driver gives catalog parts (`nvidia-smi`, torch.cuda.get_device_name())
 # where they carry more than the catalog's name (form factor, memory kind), as spelled
-# by `_spelling`: "Tesla V100-SXM2-16GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB
-# HBM3" (the SXM5 part), "Tesla P100-PCIE-16GB".
+# by `_spelling`: "Tesla V100-SXM2-16GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB
+# PCIe", "NVIDIA H100 80GB HBM3" (the SXM5 part), "Tesla P100-PCIE-16GB". ("Tesla
+# V100-PCIE-16GB" and "NVIDIA A100-PCIE-40GB" spell catalog names themselves.)
 DRIVER_NAMES: Mapping[str, str] = MappingProxyType({
     "v100sxm216gb": "V100-16GB", "v100sxm232gb": "V100-32GB",
-    "v100pcie16gb": "V100-16GB", "v100pcie32gb": "V100-32GB",
-    "a100sxm440gb": "A100-40GB", "a100sxm480gb": "A100-80GB",
+    "a100sxm440gb": "A100-40GB", "a100sxm480gb": "A100-80GB", "a10080gbpcie": "A100-PCIe-80GB",
     "a800sxm480gb": "A800-80GB", "h10080gbhbm3": "H100-SXM",
     "p100pcie16gb": "P100-16GB",
 })

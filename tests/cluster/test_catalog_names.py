@@ -1,5 +1,6 @@
 """Catalog names as users spell them, and the parts added after the first catalog
-(P100, A30, RTX A5000/A4000, RTX 3080/4080, A800, H800)."""
+(P100, A30, RTX A5000/A4000, RTX 3080/4080, A800, H800; the PCIe V100s and A100s, Quadro
+RTX 6000/8000, Titan V)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ NAMES = sorted(builtin_device_types())
     ("Tesla V100-SXM2-16GB", "V100-16GB"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
     ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("NVIDIA H100 80GB HBM3", "H100-SXM"),
     ("NVIDIA H100 PCIe", "H100-PCIe"), ("Tesla P100-PCIE-16GB", "P100-16GB"),
-    ("NVIDIA A800-SXM4-80GB", "A800-80GB"),
+    ("NVIDIA A800-SXM4-80GB", "A800-80GB"), ("Tesla V100-PCIE-16GB", "V100-PCIe-16GB"),
+    ("Tesla V100-PCIE-32GB", "V100-PCIe-32GB"), ("NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"), ("Quadro RTX 6000", "Quadro-RTX-6000"),
+    ("Quadro RTX 8000", "Quadro-RTX-8000"), ("NVIDIA TITAN V", "Titan-V"),
 ])
 def test_spellings_find_the_one_part(spelled, name):
     assert catalog_name(spelled, NAMES) == name

@@ -96,7 +96,8 @@ def test_catalog_memory_is_the_datasheet_size_in_gib_less_ecc_on_gddr():
     gib = 2**30
     for name, size in (("V100-16GB", 16), ("A100-40GB", 40), ("A100-80GB", 80),
                        ("H100-SXM", 80), ("RTX-3090", 24), ("RTX-3080", 10),
-                       ("A6000", 48), ("MI300X", 192)):
+                       ("A6000", 48), ("MI300X", 192), ("V100-PCIe-32GB", 32),
+                       ("A100-PCIe-80GB", 80), ("Quadro-RTX-8000", 48), ("Titan-V", 12)):
         assert catalog[name].memory_bytes == size * gib, name
     for name, size in (("A10", 24), ("L4", 24), ("A40", 48), ("L40S", 48)):
         assert catalog[name].memory_bytes == size * gib * 15 / 16, name
