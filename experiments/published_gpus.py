@@ -31,7 +31,7 @@ Caveats. The measured figure is end to end over 100 steps or more (the first, sl
 ones included) and truncated to an integer; batches differ by GPU (the largest that fit
 Lambda's template for the card's memory). The two tables ran different software
 (NGC 22.09 against 20.01/20.10: the same RTX 3090 reads 52 and 47), so each fp16 table
-is scored on its own; the four fp32 rows (the Volta and Turing parts of both tables)
+is scored on its own; the seven fp32 rows (the Volta and Turing parts of both tables)
 are one block. Nothing here is fitted to these rows; they were first simulated after the
 catalog figures they test were in place.
 

@@ -38,7 +38,7 @@ def test_every_row_is_one_catalog_gpu_of_a_known_table(script):
     rows = script.load_rows()
     assert {r.table for r in rows} == {t for _, t, _ in script.BLOCKS if t is not None}
     assert {r.precision for r in rows} == {p for *_, p in script.BLOCKS}
-    assert len(rows) == 18
+    assert len(rows) == 27
     for row in rows:
         cluster = script.one_gpu(row.device)
         assert cluster.devices[0].type.name == row.device
