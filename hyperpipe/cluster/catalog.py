@@ -633,7 +633,7 @@ _CATALOG: tuple[DeviceType, ...] = (
        "280 W, PCIe Gen3; no bf16/tf32", latency_us=5.0,
        gemm=_unmeasured(72), simt=_simt("Titan-RTX", 16.3, 72)),
     # The Turing workstation cards: the Titan RTX's TU102 at its clocks (full-rate FP32
-    # accumulate), 24 or 48 GB of GDDR6 (ECC optional: left off, as shipped).
+    # accumulate), 24 or 48 GB of GDDR6 (ECC is optional on them: counted off here).
     _d("Quadro-RTX-6000", {"fp32": 16.3, "fp16": 130.5}, 24, 672, 16,
        "NVIDIA Quadro RTX 6000 datasheet: 16.3 TFLOPS single precision, 130.5 TFLOPS "
        "tensor, 24 GB GDDR6, 672 GB/s, 260 W board (295 W total), PCIe Gen3 x16; no "
