@@ -496,6 +496,30 @@ def _nvlink_cut(base: DeviceType, name: str, source: str) -> DeviceType:
                           "400 GB/s")
 
 
+def _more_memory(base: DeviceType, name: str, mem_gib: float, source: str) -> DeviceType:
+    """`base`'s board with larger memory chips: its silicon, clocks, bandwidth and links
+    (so its peaks and curves), `mem_gib` GiB of memory (`_d`'s rule, no ECC share)."""
+    mem_bytes = mem_gib * 2**30
+    return replace(base, name=name, memory_bytes=mem_bytes,
+                   runtime_reserve_bytes=DeviceType.reserve_for(mem_bytes),
+                   source=f"{source}: the {base.name} ({base.source}) with {mem_gib} GB")
+
+
+# The V100 PCIe card: lower clocks (250 W) and no NVLink, PCIe Gen3 x16 between GPUs.
+_V100_PCIE_16GB = _d("V100-PCIe-16GB", {"fp32": 14, "fp16": 112}, 16, 900, 16,
+                     "NVIDIA Tesla V100 datasheet (PCIe): 14 TFLOPS single, 112 TFLOPS "
+                     "tensor, 16 GB HBM2, 900 GB/s, PCIe Gen3 32 GB/s (both directions), "
+                     "250 W; no bf16/tf32",
+                     latency_us=5.0, gemm=_unmeasured(80), simt=_simt_unmeasured(80))
+# The Turing workstation card: the Titan RTX's TU102 at its clocks (full-rate FP32
+# accumulate), GDDR6 (ECC is optional on it: counted off here).
+_QUADRO_RTX_6000 = _d("Quadro-RTX-6000", {"fp32": 16.3, "fp16": 130.5}, 24, 672, 16,
+                      "NVIDIA Quadro RTX 6000 datasheet: 16.3 TFLOPS single precision, "
+                      "130.5 TFLOPS tensor, 24 GB GDDR6, 672 GB/s, 260 W board (295 W "
+                      "total), PCIe Gen3 x16; no bf16/tf32",
+                      latency_us=5.0, gemm=_unmeasured(72), simt=_simt_unmeasured(72))
+
+
 # NVLink figures are total bidirectional in NVIDIA's sheets; we store one direction (half).
 # PCIe figures: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction.
 # Peaks are dense (without sparsity) in TFLOP/s; fp32 is the non-tensor (CUDA core) rate
@@ -512,15 +536,9 @@ _CATALOG: tuple[DeviceType, ...] = (
        "NVIDIA Tesla V100 datasheet (SXM2 32GB): 15.7 TFLOPS single, 125 TFLOPS tensor, "
        "900 GB/s, NVLink 300 GB/s; no bf16/tf32",
        gemm=_unmeasured(80), simt=_simt("V100", 15.7, 80)),
-    # The PCIe cards: lower clocks (250 W) and no NVLink, PCIe Gen3 x16 between GPUs.
-    _d("V100-PCIe-16GB", {"fp32": 14, "fp16": 112}, 16, 900, 16,
-       "NVIDIA Tesla V100 datasheet (PCIe): 14 TFLOPS single, 112 TFLOPS tensor, 16 GB "
-       "HBM2, 900 GB/s, PCIe Gen3 32 GB/s (both directions), 250 W; no bf16/tf32",
-       latency_us=5.0, gemm=_unmeasured(80), simt=_simt_unmeasured(80)),
-    _d("V100-PCIe-32GB", {"fp32": 14, "fp16": 112}, 32, 900, 16,
-       "NVIDIA Tesla V100 datasheet (PCIe 32GB): 14 TFLOPS single, 112 TFLOPS tensor, "
-       "32 GB HBM2, 900 GB/s, PCIe Gen3 32 GB/s (both directions), 250 W; no bf16/tf32",
-       latency_us=5.0, gemm=_unmeasured(80), simt=_simt_unmeasured(80)),
+    _V100_PCIE_16GB,
+    _more_memory(_V100_PCIE_16GB, "V100-PCIe-32GB", 32,
+                 "NVIDIA Tesla V100 datasheet (PCIe 32GB)"),
     # Pascal has no tensor cores: its fp16 GEMMs run on the CUDA cores (two fp16 FMAs
     # per fp32 lane), so the fp16 curve has the SIMT shape and fraction too.
     _d("P100-16GB", {"fp32": 9.3, "fp16": 18.7}, 16, 732, 16,
@@ -632,16 +650,10 @@ _CATALOG: tuple[DeviceType, ...] = (
        "tensor TFLOPS with FP32 accumulate (full rate on Titan), 24 GB GDDR6, 672 GB/s, "
        "280 W, PCIe Gen3; no bf16/tf32", latency_us=5.0,
        gemm=_unmeasured(72), simt=_simt("Titan-RTX", 16.3, 72)),
-    # The Turing workstation cards: the Titan RTX's TU102 at its clocks (full-rate FP32
-    # accumulate), 24 or 48 GB of GDDR6 (ECC is optional on them: counted off here).
-    _d("Quadro-RTX-6000", {"fp32": 16.3, "fp16": 130.5}, 24, 672, 16,
-       "NVIDIA Quadro RTX 6000 datasheet: 16.3 TFLOPS single precision, 130.5 TFLOPS "
-       "tensor, 24 GB GDDR6, 672 GB/s, 260 W board (295 W total), PCIe Gen3 x16; no "
-       "bf16/tf32", latency_us=5.0, gemm=_unmeasured(72), simt=_simt_unmeasured(72)),
-    _d("Quadro-RTX-8000", {"fp32": 16.3, "fp16": 130.5}, 48, 672, 16,
-       "NVIDIA Quadro RTX 8000 datasheet: 16.3 TFLOPS single precision, 130.5 TFLOPS "
-       "tensor, 48 GB GDDR6, 672 GB/s, 260 W board (295 W total), PCIe Gen3 x16; no "
-       "bf16/tf32", latency_us=5.0, gemm=_unmeasured(72), simt=_simt_unmeasured(72)),
+    _QUADRO_RTX_6000,
+    _more_memory(_QUADRO_RTX_6000, "Quadro-RTX-8000", 48,
+                 "NVIDIA Quadro RTX 8000 datasheet (16.3 TFLOPS single precision, 130.5 "
+                 "TFLOPS tensor, 48 GB GDDR6, 672 GB/s)"),
     # Volta's GV100 as a PCIe card, 12 GB of it (three HBM2 stacks).
     _d("Titan-V", {"fp32": 13.8, "fp16": 110}, 12, 652.8, 16,
        "NVIDIA TITAN V: 110 TFLOPS tensor (deep learning), 5,120 CUDA cores in 80 SMs, "

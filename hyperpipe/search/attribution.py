@@ -78,15 +78,6 @@ def _peak(cost):
     return lambda st: sum(cost.cluster.device(d).type.peak_flops for d in st.devices)
 
 
-def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan | str]:
-    """Per factor, B with that factor switched to O's choice, or a string saying why not;
-    a synthesised pick's variants with their own schedules (`_resynthesised`)."""
-    out = _switched(best, other, other_name, cost)
-    for factor in _to_resynthesise(best, other, out):
-        out[factor] = _resynthesised(out[factor], cost)
-    return out
-
-
 def _to_resynthesise(best: Plan, other: Plan, switched: dict[str, Plan | str]) -> list[str]:
     """The factors whose variant needs a schedule of its own: all but the schedule
     kind's, where B is synthesised and O chose otherwise."""
@@ -96,8 +87,10 @@ def _to_resynthesise(best: Plan, other: Plan, switched: dict[str, Plan | str]) -
             if isinstance(switched[f], Plan) and not _same(best, other, f)]
 
 
-def _switched(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan | str]:
-    """`variants` before any synthesis: a synthesised pick's action lists stay on them."""
+def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan | str]:
+    """Per factor, B with that factor switched to O's choice, or a string saying why not.
+    A synthesised pick's action lists stay on its variants: `attribute` gives each the
+    schedule of its own it needs (`_to_resynthesise`, `_synthesis_of`)."""
     out: dict[str, Plan | str] = {}
     # device choice: O's pipelines, B's other choices, layers by speed
     try:
@@ -147,20 +140,12 @@ def _switched(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan 
     return out
 
 
-def _resynthesised(plan: Plan, cost) -> Plan | str:
-    """A variant of a synthesised pick: its action lists belong to the pick's devices,
-    stages and micro-batches, so the variant gets its own schedule, synthesised as the
-    search would (the best of it and the fixed kinds of its placement)."""
-    try:
-        return _synthesis_of(plan, cost)()[0].plan
-    except (InfeasiblePlan, BadInput) as exc:
-        return f"no schedule for it: {exc}"
-
-
 def _synthesis_of(plan: Plan, cost, pool=None):
-    """`_resynthesised`'s synthesis of `plan`, started over the worker `pool` (None: run
-    when asked) as the search runs its own (`synthesis.start_synthesis`): the function
-    that waits for its `SynthResult`s and raises what it raised."""
+    """A synthesis of variant `plan` (its stages, devices and micro-batches kept; the
+    best of the synthesised orders and the fixed kinds of its placement), started over
+    the worker `pool` (None: run when asked) as the search runs its own
+    (`synthesis.start_synthesis`): the function that waits for its `SynthResult`s and
+    raises what it raised."""
     from hyperpipe.search.context import SearchContext
     from hyperpipe.search.space import SearchConstraints
     from hyperpipe.search.synthesis import start_synthesis
@@ -222,7 +207,7 @@ def attribute(best, other, other_name: str, cost, pool=None) -> list[FactorGain]
     the same results."""
     from hyperpipe.search.backends import fan_out
     base_s = best.metrics.iteration_time_s
-    switched = _switched(best.plan, other.plan, other_name, cost)
+    switched = variants(best.plan, other.plan, other_name, cost)
     again = _to_resynthesise(best.plan, other.plan, switched)
     # the syntheses first: the longest work
     started = {f: _synthesis_of(switched[f], cost, pool) for f in again}
