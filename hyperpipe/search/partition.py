@@ -368,28 +368,30 @@ def partition(mats: list[StageCost], *, bottleneck_slack: float = 0.0
             return None
     if reach < n:
         return None
-    f = np.full(n + 1, _INF)
-    f[0] = 0.0
+    # Both passes keep their state on that window only (f[k]: the stages so far end
+    # at layer s + k) and write into one buffer: the same arithmetic as over n + 1.
     blocks = [c.block(s, s + 1, span) for s, c in enumerate(mats)]
-    for s, block in enumerate(blocks):
-        win = np.maximum(f[s:s + span, None], block)
-        f = np.full(n + 1, _INF)
-        f[s + 1:s + 1 + span] = np.min(win, axis=0)
-    best = f[n]
+    buf = np.empty((span, span))
+    f = np.full(span, _INF)
+    f[0] = 0.0
+    for block in blocks:
+        np.maximum(f[:, None], block, out=buf)
+        f = buf.min(axis=0)
+    best = f[span - 1]
     if not np.isfinite(best):
         return None
     limit = best * (1.0 + bottleneck_slack) * (1.0 + 1e-12) + 1e-15
-    g = np.full(n + 1, _INF)
+    g = np.full(span, _INF)
     g[0] = 0.0
     choice = np.zeros((p, n + 1), dtype=np.int64)
     cols = np.arange(span)
     for s, block in enumerate(blocks):
-        tot = g[s:s + span, None] + np.where(block <= limit, block, _INF)
-        arg = np.argmin(tot, axis=0)
+        np.add(g[:, None], block, out=buf)
+        np.copyto(buf, _INF, where=~(block <= limit))
+        arg = buf.argmin(axis=0)
         choice[s, s + 1:s + 1 + span] = s + arg
-        g = np.full(n + 1, _INF)
-        g[s + 1:s + 1 + span] = tot[arg, cols]
-    if not np.isfinite(g[n]):
+        g = buf[arg, cols]
+    if not np.isfinite(g[span - 1]):
         return None
     bounds = [n]
     for s in range(p - 1, -1, -1):
