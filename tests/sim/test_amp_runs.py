@@ -61,3 +61,31 @@ def test_profile_gives_each_type_its_own_measured_block(script, device, key):
     block = next(i for i, spec in enumerate(model.layers) if spec.kind == "block")
     assert cost.layer_time_s(block, device, 1, "F") == pytest.approx(want_s, rel=1e-9)
     assert cost.layer_time_s(block, device, 1, "B") == pytest.approx(2 * want_s, rel=1e-9)
+
+
+def test_t4_at_tp_4_takes_the_tp_2_block_and_the_rule_is_as_good_as_scaling(script):
+    """No T4 profile at tp 4: a block's forward at micro-batch 1, its tensor-parallel
+    collectives included, costs the tp-2 measurement. Where a tp-4 profile exists (the
+    V100's), holding the tp-2 time misses it by as much as scaling it by the stock
+    model's tp-4/tp-2 ratio does, in the other direction (the docstring's figures)."""
+    import json
+    profiles = json.loads(script.PROFILE_FILE.read_text())["profiles"]
+
+    def block_s(key: str) -> float:
+        return sum(profiles[key][2:26]) / 24
+
+    def stage_f_s(cost: CostModel, model, device: str, tp: int) -> float:
+        members = tuple(d.name for d in cost.cluster.devices if d.type.name == device)
+        block = next(i for i, spec in enumerate(model.layers) if spec.kind == "block")
+        return cost.stage_time_s((block, block + 1), members[:tp], 1, "F")
+
+    cluster = script.het_cluster()
+    model = script.model_for(4)
+    calibrated = CostModel(model, cluster, script.amp_profile(4, cluster))
+    assert stage_f_s(calibrated, model, "T4", 4) == pytest.approx(block_s("gpt2_G4_2"),
+                                                                  rel=1e-9)
+    stock = [stage_f_s(CostModel(script.model_for(tp), cluster), script.model_for(tp),
+                       "V100-16GB", tp) for tp in (2, 4)]
+    held = block_s("gpt2_P3_2") / block_s("gpt2_P3_4") - 1
+    scaled = block_s("gpt2_P3_2") * stock[1] / stock[0] / block_s("gpt2_P3_4") - 1
+    assert held == pytest.approx(0.16, abs=0.005) and scaled == pytest.approx(-0.16, abs=0.005)
