@@ -23,9 +23,11 @@ degree): seconds of one layer's FORWARD for ONE sample on a T4 of a tensor-paral
 of the file's degree, the layer's tensor-parallel all-reduces included.
 
 Memory verdicts (pass 1) count what the T4 gives a process (14.75 GiB with ECC), the
-stage outputs DeepSpeed's engine keeps until each backward (on the last stage the fp16
-logits) and the head backward's fp16 copy of the fp32 logit gradient
-(`CostModel.stage_output_bytes`, `head_backward_work_bytes`).
+stage outputs DeepSpeed's engine keeps until each backward (on the last stage the fp32
+logits, counted apart from the cross-entropy's softmax as today's Megatron-DeepSpeed
+holds them; v1.1.5 shared one buffer: docs/accuracy.md) and the head backward's fp16
+copy of the fp32 logit gradient (`CostModel.stage_output_bytes`,
+`head_backward_work_bytes`).
 
 Out of sample, the same two passes over the 53 plans AMP ran on its heterogeneous
 cluster (`experiments/data/amp_het_cluster_results.json`, from src/results/

@@ -113,8 +113,8 @@ class Runtime:
     """True: the engine holds each in-flight micro-batch's stage output from its forward
     until its backward, beside what autograd saves (DeepSpeed's `PipelineEngine.
     _exec_forward_pass` stores it in `pipe_buffers['outputs']`; with tensor parallelism
-    only this rank's 1/tp part, `PartitionedTensor`): on the last stage the logits in the
-    model dtype. Not overridable from a plan."""
+    only this rank's 1/tp part, `PartitionedTensor`): on the last stage the fp32 logits
+    (`CostModel.stage_output_bytes`). Not overridable from a plan."""
 
     reshard_after_forward: bool | None = None
     """ZeRO-3/FSDP: True frees each unit's gathered parameters after its forward and

@@ -27,7 +27,7 @@ from hyperpipe.cluster.cluster import (
     ring_channels,
 )
 from hyperpipe.models import ModelSpec
-from hyperpipe.models.ops import block_launches, layer_work, pass_launches
+from hyperpipe.models.ops import LOGIT_BYTES, block_launches, layer_work, pass_launches
 from hyperpipe.models.spec import DTYPE_BYTES
 from hyperpipe.plan.profile import Profile
 from hyperpipe.plan.stack import DEFAULT_STACK, Runtime, resolve_runtime
@@ -799,13 +799,18 @@ class CostModel:
     def stage_output_bytes(self, layers: tuple[int, int], micro_batch: int, tp: int = 1
                            ) -> float:
         """Bytes of a stage's forward output per device of its tensor-parallel group: the
-        activations it sends (`send_bytes`), or on a stage ending with the head its
-        logits in the model dtype (vocab-parallel: 1/tp each); with tp > 1 DeepSpeed
-        keeps only this rank's 1/tp part of the activations (`PartitionedTensor`,
-        deepspeed/runtime/pipe/engine.py `_exec_forward_pass`)."""
+        activations it sends (`send_bytes`), or on a stage ending with the head its fp32
+        logits (vocab-parallel: 1/tp each); with tp > 1 DeepSpeed keeps only this rank's
+        1/tp part of the activations (`PartitionedTensor`, deepspeed/runtime/pipe/
+        engine.py `_exec_forward_pass`). Megatron-DeepSpeed's `GPTModelPipe` ends with a
+        `float16_to_fp32` layer, so the output its engine keeps is the fp32 copy of the
+        logits, a buffer apart from the cross-entropy's saved softmax (the stash):
+        BigScience's `vocab_parallel_cross_entropy` clones its input, Microsoft's
+        subtracts the maximum out of place. (Megatron-LM v1.1.5 worked in place on it,
+        one buffer for both: docs/accuracy.md.)"""
         logits = self._head_logits(layers, micro_batch)
         if logits > 0:
-            return logits * self.model.dtype_bytes / tp
+            return logits * LOGIT_BYTES / tp
         return self.send_bytes(layers, micro_batch) / tp
 
     def head_backward_work_bytes(self, layers: tuple[int, int], micro_batch: int,

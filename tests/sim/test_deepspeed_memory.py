@@ -1,7 +1,7 @@
 """Memory that DeepSpeed's pipeline engine and Megatron's loss hold beyond autograd's
 stash, against closed forms: each in-flight stage output kept until its backward (on the
-last stage the logits in the model dtype), and the head backward's cast of the fp32
-logit gradient."""
+last stage the fp32 logits of `GPTModelPipe`'s `float16_to_fp32`), and the head
+backward's cast of the fp32 logit gradient."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from hyperpipe.sim.simulator import SimOptions, simulate
 
 B, S, H, V = 2, 128, 64, 1000        # micro-batch, sequence, width, vocabulary
 FP16 = 2
+FP32 = 4
 
 
 def small_gpt():
@@ -42,12 +43,12 @@ def test_stage_output_bytes_closed_form(tp):
     cost = CostModel(small_gpt(), two_devices())
     n = cost.model.num_layers
     assert cost.stage_output_bytes((0, 3), B, tp) == B * S * H * FP16 / tp
-    assert cost.stage_output_bytes((3, n), B, tp) == B * S * V * FP16 / tp
+    assert cost.stage_output_bytes((3, n), B, tp) == B * S * V * FP32 / tp
     assert cost.head_backward_work_bytes((3, n), B, tp) == B * S * V * FP16 / tp
     assert cost.head_backward_work_bytes((0, 3), B, tp) == 0.0
     stage = StagePlan((3, n), ("n0/0",), 1)
     assert cost.stage_stash_bytes(stage, B, True) - cost.stage_stash_bytes(stage, B) == \
-        B * S * V * FP16
+        B * S * V * FP32
 
 
 def test_head_backward_work_is_static_on_the_head_stage_only():
@@ -64,7 +65,7 @@ def test_head_backward_work_is_static_on_the_head_stage_only():
 def test_simulated_and_estimated_peaks_grow_by_the_kept_outputs():
     """1F1B over 2 stages and 4 micro-batches: the first stage has 2 micro-batches in
     flight at its peak, the last 1; on megatron-deepspeed each keeps its output beside
-    the stash, so the peaks grow by 2 activations and by 1 micro-batch's fp16 logits."""
+    the stash, so the peaks grow by 2 activations and by 1 micro-batch's fp32 logits."""
     model, cluster = small_gpt(), two_devices()
     cost = CostModel(model, cluster)
     n = model.num_layers
@@ -75,7 +76,7 @@ def test_simulated_and_estimated_peaks_grow_by_the_kept_outputs():
     ds = simulate(ds_plan, cost, opts).metrics.peak_memory_bytes
     est = estimate(ds_plan, cost).peak_memory_bytes
     assert ds["n0/0"] - lm["n0/0"] == pytest.approx(2 * B * S * H * FP16)
-    assert ds["n0/1"] - lm["n0/1"] == pytest.approx(B * S * V * FP16)
+    assert ds["n0/1"] - lm["n0/1"] == pytest.approx(B * S * V * FP32)
     for dev in ("n0/0", "n0/1"):
         assert est[dev] == pytest.approx(ds[dev])
 
