@@ -291,7 +291,8 @@ class SearchContext:
                  key.shards, key.zero, key.reshard),
                 lambda: P.layer_memory(self.cost, t.tp, t.micro_batch, *times, t.recompute,
                                        t.sequence_parallel, key.shards, zero=key.zero,
-                                       cp=t.cp, reshard=key.reshard, ep=t.ep))
+                                       cp=t.cp, reshard=key.reshard, ep=t.ep,
+                                       keeps_outputs=self.runtime.keeps_stage_outputs))
             split, actions = self.actions_s.memo(t, lambda: P.action_times(
                 self.cost, group, t.micro_batch, t.recompute, t.sequence_parallel, t.cp))
             self.tables[key] = replace(mem, fwd_s=times[0], bwd_s=times[1], split_s=split,

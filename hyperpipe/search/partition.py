@@ -90,6 +90,9 @@ class LayerTables:
     state_bytes: np.ndarray    # prefix sums: weights + grads + optimizer state per device
     stash_bytes: np.ndarray    # prefix sums: activations one micro-batch stashes
     work_bytes: float = 0.0    # the largest one-layer recompute working set (not summed)
+    # per in-flight micro-batch, what a stage ending at layer j keeps of its output
+    # (index j; a stack that keeps stage outputs: `Runtime.keeps_stage_outputs`), or None
+    out_bytes: np.ndarray | None = None
     # prefix sums of I + W - B per layer; None where the cost model prices B as I + W
     split_s: np.ndarray | None = None
     actions: ActionTimes = ActionTimes()
@@ -214,14 +217,16 @@ def expert_parallel_extra_s(cost: CostModel, stage: StagePlan, micro_batch: int,
 def layer_memory(cost: CostModel, tp: int, micro_batch: int, fwd_s: np.ndarray,
                  bwd_s: np.ndarray, recompute: str = "none", sequence_parallel: bool = False,
                  dp_shards: int = 1, *, zero: int | None = None, cp: int = 1,
-                 reshard: bool = True, ep: int = 1) -> LayerTables:
+                 reshard: bool = True, ep: int = 1, keeps_outputs: bool = False
+                 ) -> LayerTables:
     """`LayerTables` of the given time prefix sums and the per-device memory of a stage
     kind (memory does not depend on the device type), by the simulator's rules
     (`CostModel.device_static_bytes`): state with the ZeRO stage `zero` over
     `dp_shards` ranks (None: ZeRO-1's split over them), stashes of s/cp tokens; ZeRO-3's
     unsharded working set per layer without resharding (the stage's whole weights and
     gradient), else the largest unit's, counted once like the recompute working set;
-    the head's backward working set with the head (`CostModel.head_backward_work_bytes`)."""
+    the head's backward working set with the head (`CostModel.head_backward_work_bytes`);
+    with `keeps_outputs` each stage end's kept output (`CostModel.stage_stash_bytes`)."""
     n = cost.model.num_layers
     state = np.zeros(n + 1)
     stash = np.zeros(n + 1)
@@ -241,7 +246,11 @@ def layer_memory(cost: CostModel, tp: int, micro_batch: int, fwd_s: np.ndarray,
     if zero == 3 and reshard:
         work += cost.zero3_working_bytes((0, n), tp, True,
                                          **expert_state(ep, zero, dp_shards))
-    return LayerTables(fwd_s, bwd_s, np.cumsum(state), np.cumsum(stash), work)
+    out = None
+    if keeps_outputs:
+        out = np.array([0.0] + [cost.stage_output_bytes((j - 1, j), micro_batch, tp) / cp
+                                for j in range(1, n + 1)])
+    return LayerTables(fwd_s, bwd_s, np.cumsum(state), np.cumsum(stash), work, out_bytes=out)
 
 
 def expert_state(ep: int, zero: int | None, dp_shards: int) -> dict:
@@ -305,12 +314,17 @@ class StageCost:
 
 def stage_matrix(tables: LayerTables, slot: Slot, times: np.ndarray) -> StageCost:
     """C[i, j]: `times` where layers [i, j) fit in the slot's memory (weights, optimizer
-    state and `inflight` stashes), inf elsewhere. Memory grows with j, so the last layer
-    that fits after i is a binary search on the prefix sums (no n x n memory table)."""
+    state, `inflight` stashes and, where the stack keeps them, `inflight` outputs of its
+    last layer), inf elsewhere. Memory grows with j, so the last layer that fits after i
+    is a binary search on the prefix sums (no n x n memory table); kept outputs that
+    shrink with j (none of a GPT's do) are taken at the largest before j, which may
+    refuse a range that fits but never admits one that does not."""
     use = _use(tables, slot)
-    if use[-1] - use[0] <= slot.capacity_bytes:
+    end = use if tables.out_bytes is None else \
+        np.maximum.accumulate(use + slot.inflight * tables.out_bytes)
+    if end[-1] - use[0] <= slot.capacity_bytes:
         return StageCost(times)                   # the whole model fits: no limit
-    return StageCost(times, np.searchsorted(use, use + slot.capacity_bytes, side="right") - 1)
+    return StageCost(times, np.searchsorted(end, use + slot.capacity_bytes, side="right") - 1)
 
 
 def _use(table: LayerTables, slot: Slot) -> np.ndarray:

@@ -15,6 +15,7 @@ from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.core.errors import InfeasiblePlan
 from hyperpipe.models import load_model
+from hyperpipe.plan.plan import StagePlan
 from hyperpipe.search import partition as P
 from hyperpipe.search.search import SearchConstraints, search
 from hyperpipe.search.space import MemoryMode, memory_modes
@@ -224,3 +225,39 @@ def test_gpipe_in_flight_counts_follow_m_whatever_was_asked_before():
     many, alone = cut(warm, 301), cut(fresh, 301)
     assert alone is not None and alone.mode.recompute != "none"
     assert (many.mode, many.part) == (alone.mode, alone.part)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_stage_memory_counts_the_outputs_deepspeed_keeps(tp):
+    """On a stack that keeps each in-flight stage output (megatron-deepspeed), the
+    search's memory tables admit layers [i, j) exactly where the simulator's rules
+    (`CostModel.device_static_bytes` and `stage_stash_bytes` with the kept output, the
+    head's fp32 logits on the last stage) fit them, for every i and j; without the
+    kept outputs they admit more."""
+    model = load_model({"kind": "gpt", "name": "t", "vocab_size": 1000, "n_layer": 6,
+                        "n_head": 4, "d_model": 64, "seq_len": 128, "dtype": "fp16",
+                        "tie_embeddings": False})   # per-layer state: no shared matrix
+    cluster = load_cluster(_cluster(1.0))
+    cost, mb, inflight = CostModel(model, cluster), 2, 3
+    n = model.num_layers
+    zeros = np.zeros(n + 1)
+    kept = P.layer_memory(cost, tp, mb, zeros, zeros, keeps_outputs=True)
+    plain = P.layer_memory(cost, tp, mb, zeros, zeros)
+    devices = tuple(d.name for d in cluster.devices)[:tp]
+
+    def need(i, j):
+        st = StagePlan((i, j), devices, tp)
+        return (cost.device_static_bytes([st], mb) - cost.runtime_reserve_bytes("x")
+                + inflight * cost.stage_stash_bytes(st, mb, True))
+
+    sizes = sorted(need(i, j) for i in range(n) for j in range(i + 1, n + 1))
+    admitted_more = 0
+    for cap in sizes[::7]:
+        slot = P.Slot(devices, inflight, cap * (1 + 1e-12))
+        with_kept = P.stage_matrix(kept, slot, P.time_matrix(kept, None))
+        without = P.stage_matrix(plain, slot, P.time_matrix(plain, None))
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                assert (with_kept.at(i, j) < np.inf) == (need(i, j) <= slot.capacity_bytes)
+                admitted_more += without.at(i, j) < np.inf <= with_kept.at(i, j)
+    assert admitted_more > 0
