@@ -125,8 +125,10 @@ class SearchContext:
         model, profile and constraints, a model without MoE blocks (an expert group
         depends on its class's units, not named in the keys), the same device types and
         inter-node link, every node here one of `other`'s alike (its MTBF aside), and
-        every device class here, by name, of the same kind there. Whether it took
-        them; the results are those of a search without them."""
+        every device class here, by name, of the same kind there. With them, the kept
+        templates (`book`) of every type group whose classes have the same nodes here:
+        a group's templates depend on its classes' units alone. Whether it took them;
+        the results are those of a search without them."""
         mine, theirs = self.cost, other.cost
         if (mine.model, mine.profile, self.c) != (theirs.model, theirs.profile, other.c) \
                 or any(layer.kind == "moe" for layer in mine.model.layers):
@@ -145,6 +147,9 @@ class SearchContext:
         for f in fields(self):
             if f.metadata.get("portable"):
                 getattr(self, f.name).update(getattr(other, f.name))
+        same = {name for name, cls in self.classes.items() if other.classes.get(name) == cls}
+        self.book.update((key, list(kept)) for key, kept in other.book.items()
+                         if same.issuperset(key.types))
         return True
 
     @cached_property

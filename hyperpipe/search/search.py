@@ -100,6 +100,9 @@ class SearchResult:
     seeded_from: str | None = None
     # the best feasible plan of the search's own (what it picks without the seeds)
     own_best: Candidate | None = None
+    # the search's context (its caches), for a search of this cluster less some nodes
+    # to start from (`search(carry=...)`)
+    context: SearchContext | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The `search --json` object: best, ranked, baselines, candidates_evaluated,
@@ -288,7 +291,8 @@ def _shortfall(ctx: SearchContext) -> str:
 
 def search(model, cluster, constraints: SearchConstraints, *, profile=None, top: int = 5,
            workers: int = 1, progress: bool = False, backend=None,
-           quiet: bool = False, peers: bool = True) -> SearchResult:
+           quiet: bool = False, peers: bool = True,
+           carry: SearchResult | None = None) -> SearchResult:
     """Find the best plans for `model` on `cluster` under `constraints`. Independent
     work is spread over `backend` (`hyperpipe.search.backends`, already entered) when
     given, else over `workers` local processes. Progress bars on stderr: on a terminal,
@@ -296,6 +300,10 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
 
     `peers` False leaves the peer planners (Metis, AMP) out: `baselines` then holds the
     tuned ones alone (the seeds), for callers that read the pick alone.
+
+    `carry`: an earlier search of a cluster with this one's nodes (and maybe more), whose
+    caches and type groups' templates this one starts from where they hold
+    (`SearchContext.carry_from`); the result is that of a search without it.
 
     Raises InfeasiblePlan (one line saying what is short) when nothing fits, BadInput
     when the constraints contradict the cluster.
@@ -306,6 +314,8 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
         raise BadInput("top/workers", "positive integers", (top, workers))
     _check_constraints(model, cluster, c)
     ctx = SearchContext(CostModel(model, cluster, profile), c)
+    if carry is not None and carry.context is not None:
+        ctx.carry_from(carry.context)
     # None: the bar shows itself on a terminal only; `quiet`: a caller's bar is shown
     show = False if quiet else (progress or None)
     phases = [PhaseStats("templates"), PhaseStats("assemble"), PhaseStats("refine"),
@@ -336,7 +346,8 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
                         seeded_from=origin[0],
                         own_best=next((cand for cand, seed in zip(feasible, origin,
                                                                   strict=True)
-                                       if seed is None), None))
+                                       if seed is None), None),
+                        context=ctx)
 
 
 def layout_key(plan: Plan) -> tuple:

@@ -32,7 +32,7 @@ from hyperpipe.plan.plan import Plan
 from hyperpipe.search.backends import process_pool
 from hyperpipe.search.evaluate import Candidate, rank_key
 from hyperpipe.search.report import describe_plan
-from hyperpipe.search.search import SearchConstraints, search, split_batch
+from hyperpipe.search.search import SearchConstraints, SearchResult, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 from hyperpipe.synth.synthesise import fixed_kinds, synthesise
@@ -152,10 +152,11 @@ def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstrain
            size: float, write_s: float, profile, workers: int, backend) -> FailureStudy:
     """`failure_whatif` once its inputs are checked: today's plan, its goodput table and
     the re-plan without the node most likely to fail."""
-    plan = o.planning.plan
+    plan, first = o.planning.plan, None
     if plan is None:
-        plan = search(spec, search_view(base), c, profile=profile, top=1, workers=workers,
-                      backend=backend, peers=False).best.plan
+        first = search(spec, search_view(base), c, profile=profile, top=1, workers=workers,
+                       backend=backend, peers=False)
+        plan = first.best.plan
     cost = CostModel(spec, base, profile)
     today = Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)
     nodes = tuple(dict.fromkeys(base.device(d).node for d in plan.devices))
@@ -168,7 +169,7 @@ def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstrain
     rows = _interval_rows(ckpt, mtbf, o.intervals_s)
     failed = min(failing, key=lambda n: n.mtbf_s).name       # ties: the first in the plan
     replan, error, text, origin = _replan(spec, base, failed, c, profile, workers, backend,
-                                          plan)
+                                          plan, first)
     return FailureStudy(spec.name, base.name, today, nodes, mtbf, size, ckpt, rows, failed,
                         replan, error, origin, describe_plan(plan, base), text)
 
@@ -258,9 +259,10 @@ def surviving_replicas(plan: Plan, spec: ModelSpec, smaller: Cluster) -> list[Pl
 
 
 def _replan(spec, cluster: Cluster, failed: str, c: SearchConstraints, profile,
-            workers: int, backend, today: Plan
+            workers: int, backend, today: Plan, first: SearchResult | None = None
             ) -> tuple[Candidate | None, str | None, str, str]:
-    """(the re-plan, why there is none, its description, where it comes from)."""
+    """(the re-plan, why there is none, its description, where it comes from); the
+    search starts from `first`'s caches (the search that found `today`), if any."""
     try:
         smaller = without_node(cluster, failed)
     except InfeasiblePlan as exc:
@@ -270,7 +272,7 @@ def _replan(spec, cluster: Cluster, failed: str, c: SearchConstraints, profile,
     error = None
     try:
         res = search(spec, search_view(smaller), c, profile=profile, top=1, workers=workers,
-                     backend=backend, peers=False)
+                     backend=backend, peers=False, carry=first)
         found.append((Candidate(res.best.plan, simulate(res.best.plan, cost, SimOptions(
             trace=False)).metrics), "search"))
     except InfeasiblePlan as exc:

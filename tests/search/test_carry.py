@@ -10,6 +10,7 @@ from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.search import context
 from hyperpipe.search import templates as T
+from hyperpipe.search.caches import BookKey
 from hyperpipe.search.context import PhaseStats, SearchContext
 from hyperpipe.search.space import SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
@@ -33,7 +34,8 @@ def _templates(ctx: SearchContext) -> dict:
 def test_carried_caches_give_the_templates_of_a_fresh_search():
     """Phase 1 on the cluster less a node, after phase 1 on the whole cluster: with the
     carried caches the same templates (every field) as without, while most of the cuts
-    it asks for are found in them."""
+    it asks for are found in them; the templates of the group whose class lost no node
+    (the V100s) are carried, not cut again, and no group with the A100s is."""
     model, full = load_model("gpt2-medium"), load_cluster(MIX)
     small = without_node(full, "a0")
     whole = _ctx(model, full)
@@ -42,10 +44,14 @@ def test_carried_caches_give_the_templates_of_a_fresh_search():
     assert warm.carry_from(whole)
     carried = len(warm.cuts)
     assert carried == len(whole.cuts) > 0
+    assert list(warm.book) == [BookKey(("V100-32GB",), None)]
+    assert warm.book[BookKey(("V100-32GB",), None)]
     got = _templates(warm)
     cold = _ctx(model, small)
     want = _templates(cold)
-    assert repr(got) == repr(want) and want      # (repr: no price is NaN, != itself)
+    # (repr: no price is NaN, != itself)
+    assert {k: repr(v) for k, v in got.items()} == {k: repr(v) for k, v in want.items()}
+    assert want
     # the cuts it asked for: the cold search's; those it had to make: the new entries
     made = len(warm.cuts) - carried
     assert made < len(cold.cuts)
@@ -106,3 +112,19 @@ def test_failure_study_over_one_pool_is_the_one_without_it():
     one, two = (s.to_dict() for s in studies)
     assert one == two
     assert studies[0].replan is not None and studies[0].failed_node == "a0"
+
+
+def test_a_search_carried_from_the_whole_clusters_is_the_search_without():
+    """`search(carry=...)` on the cluster less a node, from the whole cluster's search:
+    the same ranking (plans and simulated metrics) as a search of its own, with fewer
+    templates walked (the V100 group's are carried)."""
+    from hyperpipe.search.search import search
+    model, full = load_model("gpt2-medium"), load_cluster(MIX)
+    small = without_node(full, "a0")
+    c = SearchConstraints(global_batch=32)
+    first = search(model, full, c, top=3, peers=False)
+    warm = search(model, small, c, top=3, peers=False, carry=first)
+    cold = search(model, small, c, top=3, peers=False)
+    assert [(x.plan, x.metrics) for x in warm.ranked] == \
+        [(x.plan, x.metrics) for x in cold.ranked]
+    assert warm.phases[0]["seen"] < cold.phases[0]["seen"]
