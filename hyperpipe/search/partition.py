@@ -226,7 +226,8 @@ def layer_memory(cost: CostModel, tp: int, micro_batch: int, fwd_s: np.ndarray,
     unsharded working set per layer without resharding (the stage's whole weights and
     gradient), else the largest unit's, counted once like the recompute working set;
     the head's backward working set with the head (`CostModel.head_backward_work_bytes`);
-    with `keeps_outputs` each stage end's kept output (`CostModel.stage_stash_bytes`)."""
+    with `keeps_outputs` each stage end's kept output (`CostModel.stage_output_bytes`
+    per 1/cp, as `CostModel.stage_stash_bytes` adds it)."""
     n = cost.model.num_layers
     state = np.zeros(n + 1)
     stash = np.zeros(n + 1)
