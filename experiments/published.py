@@ -29,9 +29,13 @@ NeMo GPT-3 175B benchmark on 128 to 2048 H100s (the layout the search picks for 
 model: tensor parallelism 4, pipeline 8, interleaved, distributed optimizer) and a line
 `nemo_mape=X nemo_max_ape=Y n_rows=5`; then Megatron-Turing NLG 530B on 2240 to 3360
 A100s (Megatron-DeepSpeed, tp 8, pp 35) and a line `mtnlg_mape=X mtnlg_max_ape=Y
-n_rows=3`; then MosaicML's MPT 1B to 30B on one DGX A100 (a current stack:
-FlashAttention, bf16 under autocast, FSDP, simulated as zero 3), with a second, in-sample
-null model (their own mean MFU) and a line `mosaic_mape=X mosaic_max_ape=Y n_rows=5`;
+n_rows=3`; then Megatron-LM on 64 V100s of eight AWS p3.16xlarge over 25 Gbit/s Ethernet
+(Yuan et al. 2022: GPT-XL shapes, four layouts), with a second, in-sample null model (their
+own mean TFLOP/s per GPU), how often it orders two layouts as measured, and a line
+`ds3lab_mape=X ds3lab_max_ape=Y n_rows=24`; then MosaicML's MPT 1B to 30B on one DGX A100
+(a current stack: FlashAttention, bf16 under autocast, FSDP, simulated as zero 3), with a
+second, in-sample null model (their own mean MFU) and a line `mosaic_mape=X
+mosaic_max_ape=Y n_rows=5`;
 then Llama 3 405B's three layouts of its paper's table 4 (FSDP, tp 8, pp 16, cp 1 and 16
 at sequence 131,072) and a line `llama3_mape=X llama3_max_ape=Y n_rows=3`; then four
 mixture-of-experts runs with expert parallelism (DeepSeek-V3 on its 2048 H800s, from its
@@ -55,12 +59,14 @@ Run: python experiments/published.py [--no-sustained-ratio]
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 
 from hyperpipe.cluster.cluster import Cluster, cluster_ref, load_cluster
+from hyperpipe.frameworks.megatron import VOCAB_DIVISIBLE_BY, padded_vocab
 from hyperpipe.models import load_model
 from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.sim.costmodel import CostModel
@@ -345,6 +351,89 @@ def mtnlg_runs(mean_x: float) -> tuple[list[float], list[float]]:
         null = run.hardware_flops() / (mean_x * 1e12 * run.gpus) / pub - 1
         errors.append(abs(print_row(run, "full", pub, m, null)))
         nulls.append(abs(null))
+    return errors, nulls
+
+
+# Out of sample, older GPUs over Ethernet: Megatron-LM on eight AWS p3.16xlarge (8 V100-SXM2
+# 16GB on NVLink each, one 25 Gbit/s network interface per instance, AWS EC2 P3
+# specifications), the "data center on demand" case of Yuan et al., "Decentralized Training
+# of Foundation Models in Heterogeneous Environments" (NeurIPS 2022), as their repository
+# DS3Lab/Decentralized_FM_alpha tabulates it (results/NeurIPS2022_submission.md, case 1, one
+# iteration's seconds; Megatron-P8 is pp 8, P4T2 pp 4 tp 2, P2T4 pp 2 tp 4, T8 tp 8, data
+# parallel over the rest of the 64 GPUs; micro-batch 1). The plans are what HyperPipe's
+# Megatron importer reads off their launch script (scripts/local_scripts/
+# megatron_gpt3_xl_mp8_dp8.sh; tests/frameworks/test_published_jobs.py checks it): hidden
+# 2048, 16 heads, sequence 2048, fp16, --checkpoint-activations (full recompute),
+# --DDP-impl local (gradients reduced after the last micro-batch), --no-bias-dropout-fusion
+# (which the importer prices as unfused elementwise work), the BERT cased WordPiece
+# vocabulary (28,996 tokens, padded by Megatron to a multiple of 128 x tp), Megatron's
+# defaults of the time otherwise (tied embedding, dropout 0.1, eager attention, blocking
+# 1F1B sends); --optimizer sgd, whose step the model prices as Adam's (a few ms here). Not
+# published: how many iterations each figure averages (the version of the script in the
+# index runs one; a first iteration's start-up would make the published times slower than
+# steady state, but they grow in proportion to the batch, so no large start-up cost
+# shows). Never looked at while building the cost model.
+# (layers, global batch, pp, tp, seconds)
+DS3LAB_CASE1 = (
+    (24, 1024, 8, 1, 24.34), (24, 1024, 1, 8, 25.04), (24, 1024, 4, 2, 12.52),
+    (24, 1024, 2, 4, 14.25), (24, 2048, 8, 1, 50.73), (24, 2048, 4, 2, 24.70),
+    (24, 4096, 8, 1, 101.79), (24, 4096, 4, 2, 48.91),
+    (32, 1024, 8, 1, 26.80), (32, 1024, 1, 8, 32.59), (32, 1024, 4, 2, 15.38),
+    (32, 1024, 2, 4, 18.44), (32, 2048, 8, 1, 53.45), (32, 2048, 4, 2, 30.51),
+    (32, 4096, 8, 1, 106.82), (32, 4096, 4, 2, 60.32),
+    (40, 1024, 8, 1, 28.62), (40, 1024, 1, 8, 40.46), (40, 1024, 4, 2, 18.88),
+    (40, 1024, 2, 4, 22.60), (40, 2048, 8, 1, 56.78), (40, 2048, 4, 2, 36.87),
+    (40, 4096, 8, 1, 111.58), (40, 4096, 4, 2, 72.96))
+BERT_CASED_VOCAB = 28996
+
+
+def p3_cluster(nodes: int = 8) -> Cluster:
+    """`nodes` AWS p3.16xlarge: 8 V100-SXM2-16GB on NVLink (the catalog's V100 link) and
+    one 25 Gbit/s network interface, shared by the node's 8 GPUs."""
+    return as_measured(load_cluster({
+        "name": f"p3-16xlarge-{nodes}",
+        "nodes": [{"name": "p3", "device": "V100-16GB", "count": 8, "repeat": nodes}],
+        "inter_node": {"bandwidth": "25 Gbit/s"}}))
+
+
+def ds3lab_plan(layers: int, batch: int, pp: int, tp: int, cluster: Cluster):
+    """(run, model, plan) of one of Yuan et al.'s Megatron-LM runs on 64 V100s."""
+    model = load_model({"kind": "gpt", "name": f"gpt-xl-{layers}l-tp{tp}",
+                        "vocab_size": padded_vocab(BERT_CASED_VOCAB, VOCAB_DIVISIBLE_BY, tp),
+                        "n_layer": layers, "n_head": 16, "d_model": 2048, "seq_len": SEQ,
+                        "dtype": "fp16", "attention": "eager", "dropout": 0.1,
+                        "tie_embeddings": True, "fused_elementwise": False})
+    run = Run(f"pp{pp}tp{tp}", 16, 2048, layers, tp, pp, 64, batch, 1, None)
+    return run, model, plan_of(run, model, cluster, runtime=MEGATRON_2021)
+
+
+def ds3lab_runs(mean_x: float) -> tuple[list[float], list[float]]:
+    """|error| of each of Yuan et al.'s runs, printed as it goes, and of the null model:
+    eq. (3) hardware FLOPs at Table 1's mean TFLOP/s per GPU scaled from the A100's fp16
+    peak to the V100's (125 of 312). Then how often the simulator orders two layouts of
+    one model and batch as they measured."""
+    cluster = p3_cluster()
+    errors, nulls, achieved, by_shape = [], [], [], {}
+    for layers, batch, pp, tp, pub in DS3LAB_CASE1:
+        run, model, plan = ds3lab_plan(layers, batch, pp, tp, cluster)
+        m = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
+        flops = eq3_flops(batch, layers, 2048, model.config.vocab_size)
+        null = flops / (mean_x * 125 / 312 * 1e12 * run.gpus) / pub - 1
+        errors.append(abs(print_row(run, f"L{layers} B{batch}", pub, m, null)))
+        nulls.append(abs(null))
+        achieved.append(flops / (pub * run.gpus))
+        by_shape.setdefault((layers, batch), []).append((pub, m.iteration_time_s))
+    # in-sample null: every run at these runs' own mean achieved FLOP/s per GPU
+    own = [abs(x / mean(achieved) - 1) for x in achieved]
+    print(f"null model (these runs' own mean TFLOP/s per GPU, {mean(achieved) / 1e12:.2f}, "
+          f"in-sample): mape={mean(own):.4f} max_ape={max(own):.4f}; simulator beats it: "
+          f"{'yes' if mean(errors) < mean(own) else 'no'}")
+    SUMMARY.append(("Megatron-LM on 64 V100, own mean TFLOP/s (in-sample null)",
+                    mean(errors), mean(own)))
+    pairs = [(a, b) for runs in by_shape.values() for a, b in itertools.combinations(runs, 2)]
+    agree = sum(1 for (p1, s1), (p2, s2) in pairs if (p1 - p2) * (s1 - s2) > 0)
+    print(f"layouts of one model and batch ordered as measured: {agree} of {len(pairs)} "
+          "pairs")
     return errors, nulls
 
 
@@ -775,6 +864,9 @@ def main(argv: list[str] | None = None) -> int:
           partial(nemo_runs, mean_x), "Table 1's mean TFLOP/s per GPU x H100/A100 peak")
     block("Megatron-Turing NLG 530B (Megatron-DeepSpeed, tp 8, pp 35)", "mtnlg",
           partial(mtnlg_runs, mean_x))
+    block("Megatron-LM on 64 V100 over 25 Gbit/s Ethernet (Yuan et al. 2022, 8 AWS "
+          "p3.16xlarge)", "ds3lab", partial(ds3lab_runs, mean_x),
+          "Table 1's mean TFLOP/s per GPU x V100/A100 peak")
     block("MosaicML MPT 1B-30B on one DGX A100-80GB (FSDP: zero 3 over data parallel 8)",
           "mosaic", partial(mosaic_runs, mean_x))
     block("Llama 3 405B on H100 (table 4: tp 8, pp 16, cp 1 and 16, zero 3)", "llama3",

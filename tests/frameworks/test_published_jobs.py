@@ -181,3 +181,31 @@ def test_torchtitan_llama3_tomls_import_as_stated(flavor, toml, tp, recompute, l
             (80, 8192, 64, 8, 28672)
     m = simulate(plan, CostModel(spec, cluster)).metrics
     assert m.iteration_time_s > 0
+
+
+def ds3lab_line(layers: int, batch: int, pp: int, tp: int) -> str:
+    """Yuan et al.'s launch line for one row, with `--vocab-size` added: the BERT cased
+    vocabulary's 28,996 tokens, which the importer cannot read off a WordPiece file."""
+    env = {"num_layers": layers, "global_batch_size": batch, "MICRO_BATCH_SIZE": 1,
+           "TENSOR_PARALLEL_SIZE": tp, "PIPELINE_PARALLEL_SIZE": pp, "NODE_RANK": 0,
+           "MASTER_ADDR": "10.0.0.1"}
+    line = (DATA / "ds3lab_megatron_gpt3_xl.sh").read_text().strip()
+    return re.sub(r"\$(\w+)", lambda m: str(env[m.group(1)]), line) + " --vocab-size 28996"
+
+
+@pytest.mark.parametrize("pp,tp", [(8, 1), (1, 8), (4, 2), (2, 4)])
+def test_ds3lab_runs_import_to_published_plan_and_time(pp, tp, published, tmp_path):
+    """published.py's plans of Yuan et al.'s runs (its `ds3lab` block) are what the
+    importer reads off their launch line: the same plan, simulated to the same time."""
+    assert (24, 1024, pp, tp) in {row[:4] for row in published.DS3LAB_CASE1}
+    path = tmp_path / "job.sh"
+    path.write_text(ds3lab_line(24, 1024, pp, tp))
+    cluster = published.p3_cluster()
+    plan, notes = import_plan("megatron", path, cluster)
+    _, model, ref = published.ds3lab_plan(24, 1024, pp, tp, cluster)
+    assert comparable(plan) == comparable(ref)
+    options = published.OPTIONS
+    got = simulate(plan, CostModel(plan.load_model(), cluster), options).metrics
+    want = simulate(ref, CostModel(model, cluster), options).metrics
+    assert got.iteration_time_s == want.iteration_time_s
+    assert any("--DDP-impl local" in line for line in notes.lines())
