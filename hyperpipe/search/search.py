@@ -100,8 +100,8 @@ class SearchResult:
     seeded_from: str | None = None
     # the best feasible plan of the search's own (what it picks without the seeds)
     own_best: Candidate | None = None
-    # the search's context (its caches), for a search of this cluster less some nodes
-    # to start from (`search(carry=...)`)
+    # the search's context (its caches) when searched with `keep_context`, for a search
+    # of this cluster less some nodes to start from (`search(carry=...)`); else None
     context: SearchContext | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -292,7 +292,7 @@ def _shortfall(ctx: SearchContext) -> str:
 def search(model, cluster, constraints: SearchConstraints, *, profile=None, top: int = 5,
            workers: int = 1, progress: bool = False, backend=None,
            quiet: bool = False, peers: bool = True,
-           carry: SearchResult | None = None) -> SearchResult:
+           carry: SearchResult | None = None, keep_context: bool = False) -> SearchResult:
     """Find the best plans for `model` on `cluster` under `constraints`. Independent
     work is spread over `backend` (`hyperpipe.search.backends`, already entered) when
     given, else over `workers` local processes. Progress bars on stderr: on a terminal,
@@ -303,7 +303,9 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
 
     `carry`: an earlier search of a cluster with this one's nodes (and maybe more), whose
     caches and type groups' templates this one starts from where they hold
-    (`SearchContext.carry_from`); the result is that of a search without it.
+    (`SearchContext.carry_from`); the result is that of a search without it. Only a
+    result searched with `keep_context` holds them (`SearchResult.context`): they are
+    most of the search's memory, and without it they go with the search.
 
     Raises InfeasiblePlan (one line saying what is short) when nothing fits, BadInput
     when the constraints contradict the cluster.
@@ -347,7 +349,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
                         own_best=next((cand for cand, seed in zip(feasible, origin,
                                                                   strict=True)
                                        if seed is None), None),
-                        context=ctx)
+                        context=ctx if keep_context else None)
 
 
 def layout_key(plan: Plan) -> tuple:

@@ -155,7 +155,7 @@ def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstrain
     plan, first = o.planning.plan, None
     if plan is None:
         first = search(spec, search_view(base), c, profile=profile, top=1, workers=workers,
-                       backend=backend, peers=False)
+                       backend=backend, peers=False, keep_context=True)
         plan = first.best.plan
     cost = CostModel(spec, base, profile)
     today = Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)

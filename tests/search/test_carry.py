@@ -122,9 +122,14 @@ def test_a_search_carried_from_the_whole_clusters_is_the_search_without():
     model, full = load_model("gpt2-medium"), load_cluster(MIX)
     small = without_node(full, "a0")
     c = SearchConstraints(global_batch=32)
-    first = search(model, full, c, top=3, peers=False)
+    first = search(model, full, c, top=3, peers=False, keep_context=True)
     warm = search(model, small, c, top=3, peers=False, carry=first)
     cold = search(model, small, c, top=3, peers=False)
     assert [(x.plan, x.metrics) for x in warm.ranked] == \
         [(x.plan, x.metrics) for x in cold.ranked]
     assert warm.phases[0]["seen"] < cold.phases[0]["seen"]
+    # only a result searched with keep_context holds the caches; carrying from one
+    # without them is a search of its own
+    assert warm.context is None and cold.context is None
+    bare = search(model, small, c, top=3, peers=False, carry=warm)
+    assert bare.phases[0]["seen"] == cold.phases[0]["seen"]
