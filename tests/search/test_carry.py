@@ -133,3 +133,26 @@ def test_a_search_carried_from_the_whole_clusters_is_the_search_without():
     assert warm.context is None and cold.context is None
     bare = search(model, small, c, top=3, peers=False, carry=warm)
     assert bare.phases[0]["seen"] == cold.phases[0]["seen"]
+
+
+def test_the_failure_studys_replan_starts_from_the_first_searchs_caches(monkeypatch):
+    """`whatif --failures` keeps its first search's context and hands it to the re-plan
+    (`search(keep_context=True)`, then `carry`), so the re-plan walks fewer templates."""
+    from hyperpipe.whatif import failures
+    from hyperpipe.whatif.failures import FailureOptions, failure_whatif
+    from hyperpipe.whatif.variants import Planning
+    calls = []
+    real = failures.search
+
+    def recording(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append((kwargs.get("carry"), result))
+        return result
+
+    monkeypatch.setattr(failures, "search", recording)
+    cluster = load_cluster({**MIX, "nodes": [{**n, "mtbf": "3 days"} for n in MIX["nodes"]]})
+    failure_whatif(load_model("gpt2-medium"), cluster, FailureOptions(
+        Planning(global_batch=32), restart_s=600.0, write_s=30.0))
+    (none, first), (carried, replan) = calls
+    assert none is None and carried is first and first.context is not None
+    assert replan.context is None
