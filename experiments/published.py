@@ -403,7 +403,7 @@ def ds3lab_plan(layers: int, batch: int, pp: int, tp: int, cluster: Cluster):
                         "n_layer": layers, "n_head": 16, "d_model": 2048, "seq_len": SEQ,
                         "dtype": "fp16", "attention": "eager", "dropout": 0.1,
                         "tie_embeddings": True, "fused_elementwise": False})
-    run = Run(f"pp{pp}tp{tp}", 16, 2048, layers, tp, pp, 64, batch, 1, None)
+    run = Run(f"L{layers}p{pp}t{tp}", 16, 2048, layers, tp, pp, 64, batch, 1, None)
     return run, model, plan_of(run, model, cluster, runtime=MEGATRON_2021)
 
 
@@ -419,7 +419,7 @@ def ds3lab_runs(mean_x: float) -> tuple[list[float], list[float]]:
         m = simulate(plan, CostModel(model, cluster), OPTIONS).metrics
         flops = eq3_flops(batch, layers, 2048, model.config.vocab_size)
         null = flops / (mean_x * 125 / 312 * 1e12 * run.gpus) / pub - 1
-        errors.append(abs(print_row(run, f"L{layers} B{batch}", pub, m, null)))
+        errors.append(abs(print_row(run, f"full, B {batch}", pub, m, null)))
         nulls.append(abs(null))
         achieved.append(flops / (pub * run.gpus))
         by_shape.setdefault((layers, batch), []).append((pub, m.iteration_time_s))
