@@ -61,6 +61,7 @@ from pathlib import Path
 
 from hyperpipe.cluster.cluster import Cluster, cluster_ref, load_cluster
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
+from hyperpipe.frameworks.megatron import GPT2_VOCAB, VOCAB_DIVISIBLE_BY, padded_vocab
 from hyperpipe.models import ModelSpec, load_model
 from hyperpipe.plan.plan import Plan, plan_from_dict
 from hyperpipe.plan.profile import Fit, Profile
@@ -74,10 +75,9 @@ HET_RUNS_FILE = DATA / "amp_het_cluster_results.json"
 PROFILE_FILE = DATA / "amp_known_cost.json"
 GLOBAL_BATCH = 32
 NODES, PER_NODE = 4, 4
-# GPT-2's BPE vocabulary (50,257) padded as Megatron-LM v1.1.5 pads it: to a multiple of
-# 128 x the model-parallel size (megatron/tokenizer/tokenizer.py `_vocab_size_with_padding`,
-# `--make-vocab-size-divisible-by 128`).
-GPT2_VOCAB = 50257
+# GPT-2's BPE vocabulary (50,257) is padded as Megatron-LM v1.1.5 pads it: to a multiple
+# of 128 x the model-parallel size (megatron/tokenizer/tokenizer.py
+# `_vocab_size_with_padding`, `--make-vocab-size-divisible-by 128`; `model_for`).
 DS_LAYERS = 30      # DeepSpeed's pipeline layers: embedding, no-op, 24 blocks, 2, head, 1
 OPTIONS = SimOptions(trace=False)
 
@@ -104,11 +104,6 @@ def load_rows(path: Path = RUNS_FILE) -> list[Row]:
             for r in doc["rows"]]
 
 
-def padded_vocab(tp: int) -> int:
-    step = 128 * tp
-    return -(-GPT2_VOCAB // step) * step
-
-
 def model_for(tp: int) -> ModelSpec:
     """GPT-2 medium as AMP's Megatron-LM v1.1.5 trains it: learned positions, GeLU,
     biases, dropout 0.1, eager attention, tied output embedding, and no elementwise
@@ -118,7 +113,8 @@ def model_for(tp: int) -> ModelSpec:
     script (examples/ds_pretrain_gpt2_pipe.sh, run by amp_utils.py `simulate`) does not
     pass."""
     return load_model({"kind": "gpt", "name": f"gpt2-medium-amp-tp{tp}",
-                       "vocab_size": padded_vocab(tp), "n_layer": 24, "n_head": 16,
+                       "vocab_size": padded_vocab(GPT2_VOCAB, VOCAB_DIVISIBLE_BY, tp),
+                       "n_layer": 24, "n_head": 16,
                        "d_model": 1024, "seq_len": 1024, "dtype": "fp16",
                        "attention": "eager", "dropout": 0.1, "tie_embeddings": True,
                        "fused_elementwise": False})
