@@ -121,9 +121,11 @@ class Pipe:
         self.bwd: list[FlowSpec | None] = []             # ... and backward flow
         self.channel_spec: list[FlowSpec | None] = []    # channel -> its flow
         # Per box: arrival time (NEVER until known), the reader's event, the blocked
-        # reader's action time (-1: none), the timeout it sleeps on, when it was sent.
+        # reader's action time (-1: none), the timeout it sleeps on, when it was sent,
+        # and the event of a blocking sender waiting for it to land.
         self.eta: list[float] = []
         self.waiters: list[simpy.Event | None] = []
+        self.senders: list[simpy.Event | None] = []
         self.fuse: list[float] = []
         self.wake: list[simpy.Event | None] = []
         self.sent_at: list[float | None] = []
@@ -283,6 +285,7 @@ def _prepare_boxes(pipe: Pipe, n_st: int, m: int, fwd: list[FlowSpec | None],
     boxes = 2 * n_st * m
     pipe.eta = [NEVER] * boxes
     pipe.waiters = [None] * boxes
+    pipe.senders = [None] * boxes
     pipe.fuse = [-1.0] * boxes
     pipe.wake = [None] * boxes
     pipe.sent_at = [None] * boxes

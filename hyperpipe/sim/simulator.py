@@ -5,8 +5,9 @@ analytic tier), a `Trace` of every action, send, all-reduce bucket and optimizer
 (a rank's actions on its tensor-parallel group's first device, timed as on idle links),
 and each used device's memory over time. Modelled: one compute stream per pipeline
 rank running its schedule row in order; point-to-point sends as flows over the
-route's hops, overlapped with compute (or waited out when the plan's stack sends
-blocking: `options.execution_of`), one at a time per stage pair and direction;
+route's hops, overlapped with compute (or, when the plan's stack sends blocking,
+`options.execution_of`, waited out until the message lands, sharing its hops with
+whatever crosses them meanwhile), one at a time per stage pair and direction;
 data-parallel ring all-reduces per layer range in DDP buckets, overlapped with the last
 backward (or after the flush, as the stack says); with tied embeddings the first and
 last stage's all-reduce of the embedding's gradient; the engine's per-micro-batch fp32
@@ -127,7 +128,8 @@ class _Engine:
     # ------------------------------------------------------------------ processes
     def _rank_process(self, rank: Rank):
         env, pipe, opt = self.env, rank.pipe, self.opt
-        eta, waiters, busy_until = pipe.eta, pipe.waiters, pipe.busy_until
+        eta, waiters, busy_until, senders = pipe.eta, pipe.waiters, pipe.busy_until, \
+            pipe.senders
         overlap, blocking = self.ex.overlap_dp_allreduce, self.ex.blocking_p2p
         timeline, starts = rank.timeline, rank.starts
         _, current = timeline[0]
@@ -206,9 +208,15 @@ class _Engine:
                         if waiters[box] is not None:
                             arrive(pipe, box, t)
                 if blocking and spec is not None:
-                    # the stream waits out the send (its time on the hops as weighted,
-                    # without later sharing) before its next action
-                    yield timeout(spec.latency_s + spec.work_s / spec.speed)
+                    # the stream waits until its message lands (behind the channel's
+                    # earlier one, sharing the hops with whatever crosses them
+                    # meanwhile) before its next action
+                    while eta[box] > env.now:
+                        if eta[box] == NEVER:        # queued, or slowed by a later flow
+                            ev = senders[box] = env.event()
+                            yield ev
+                        else:                        # rechecked: a flow may join
+                            yield timeout(eta[box] - env.now)
                     t1 = env.now
         rank.cursor = len(rank.program)
         rank.busy_s = sum(map(Step.busy_s, rank.program))
@@ -250,8 +258,17 @@ class _Engine:
     # Channel c (one stage pair, one direction) sends one message at a time; `busy_until`
     # is when its current one lands (NEVER while that is not known yet).
     def _arrive(self, pipe: Pipe, box: int, t: float) -> None:
-        """Message `box` lands at time t (now or later): wake its reader then."""
+        """Message `box` lands at time t (now or later): wake its reader then, and its
+        sender where a blocking send waits for it (it checks t still holds)."""
         pipe.eta[box] = t
+        sender = pipe.senders[box]
+        if sender is not None:
+            pipe.senders[box] = None
+            if t <= self.env.now:
+                sender.succeed()
+            else:
+                self.env.timeout(t - self.env.now).callbacks.append(
+                    lambda _e: sender.succeed())
         ev = pipe.waiters[box]
         if ev is not None:
             pipe.waiters[box] = None
@@ -286,7 +303,7 @@ class _Engine:
             return
         pipe.busy_until[channel] = t
         pipe.eta[box] = t
-        if pipe.waiters[box] is not None:
+        if pipe.waiters[box] is not None or pipe.senders[box] is not None:
             self._arrive(pipe, box, t)
 
     def _pump_at(self, pipe: Pipe, channel: int, now: float) -> None:

@@ -45,13 +45,52 @@ def test_megatron_deepspeed_is_blocking_sends_and_the_reduction_after_the_flush(
     assert ds.iteration_time_s > lm.iteration_time_s
 
 
+def two_nodes_of_four(nics: int = 1, slowdown: float | None = None):
+    """Two nodes of four 1 TFLOP/s devices, links BW and LAT, `nics` NICs of BW per
+    node; device n1/1 `slowdown` times slower when given."""
+    return load_cluster({"name": "t", "device_types": {"unit": device_type(1e12)},
+                         "inter_node": LINK, "nodes": [
+        {"name": f"n{i}", "device": "unit", "count": 4, "intra_link": LINK,
+         "nics": {"count": nics, "bandwidth": BW},
+         **({"slowdown": {1: slowdown}} if slowdown and i == 1 else {})}
+        for i in range(2)]})
+
+
+@pytest.mark.parametrize("kind,chunks", [("1f1b", 1), ("zb-v", 2), ("gpipe", 1)])
+def test_a_blocking_send_waits_while_the_replicas_share_its_nic(kind, chunks):
+    """Four replicas of pp 2 cross one NIC per node (1 GB/s), each send 1 MB against 1
+    ms of compute per layer. A blocking sender waits until its message lands, sharing
+    the NIC with the other replicas' sends: simulating every replica on its own gives
+    what their collapsed class gives (one representative whose flows carry the four);
+    a NIC per device is faster, a straggler slower."""
+    model = chain(layers=8)
+    plan = uniform_plan(model, two_nodes_of_four(), pp=2, dp=4, micro_batch=1,
+                        global_batch=32, schedule=kind, chunks=chunks
+                        ).on_stack(p2p="blocking")
+
+    def simulated(cluster, collapse: bool = False):
+        return simulate(plan, CostModel(model, cluster), SimOptions(
+            trace=False, include_optimizer=False, collapse_replicas=collapse)).metrics
+
+    collapsed, full = simulated(two_nodes_of_four(), True), simulated(two_nodes_of_four())
+    assert (len(collapsed.extra["replica_classes"]), len(full.extra["replica_classes"])) \
+        == (1, 4)
+    assert full.iteration_time_s == pytest.approx(collapsed.iteration_time_s, rel=1e-9)
+    assert simulated(two_nodes_of_four(nics=4)).iteration_time_s < full.iteration_time_s
+    assert simulated(two_nodes_of_four(slowdown=1.5)).iteration_time_s > \
+        full.iteration_time_s
+
+
 @pytest.mark.parametrize("pp,kind,chunks,tolerance", [
     (4, "gpipe", 1, 1e-9), (2, "zb-v", 2, 1e-9), (2, "1f1b", 1, 1e-9),
-    (4, "1f1b", 1, 0.02), (4, "zb-h1", 1, 0.01), (2, "interleaved-1f1b", 2, 0.01)])
+    (4, "1f1b", 1, 0.02), (4, "zb-h1", 1, 0.05), (2, "interleaved-1f1b", 2, 0.01)])
 def test_analytic_tier_prices_blocking_sends_as_the_simulator(pp, kind, chunks, tolerance):
     """Sends of 1 ms (1 MB at 1 GB/s) against 1 ms of compute per layer: blocking them
     lengthens the iteration, and the analytic tier, which folds each send into the
-    action that makes it, follows the simulation."""
+    action that makes it, follows the simulation. It folds each at its time alone: where
+    a stage's forward and backward sends leave its node's one NIC at once (zb-h1, pp 4:
+    3 ms of 77.19), the simulator's blocked sender waits for them to share it, and the
+    estimate is below the simulation there (74.20 ms); it is above it by 2% at most."""
     model = chain()
     cluster = nodes(pp)
     cost = CostModel(model, cluster)
@@ -62,6 +101,7 @@ def test_analytic_tier_prices_blocking_sends_as_the_simulator(pp, kind, chunks, 
     sim = simulate(blocking, cost, options).metrics.iteration_time_s
     est = estimate(blocking, cost, include_optimizer=False).iteration_time_s
     assert est == pytest.approx(sim, rel=tolerance)
+    assert est <= sim * (1 + 0.02)
     assert sim > simulate(plan, cost, options).metrics.iteration_time_s
     assert est > estimate(plan, cost, include_optimizer=False).iteration_time_s
 
