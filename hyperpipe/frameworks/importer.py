@@ -4,8 +4,9 @@
 `torchtitan.read_torchtitan`, `deepspeed.read_deepspeed`), places it on the cluster in
 the framework's rank order (`job.plan_of`) and returns the plan with the notes: what
 was not read, what was assumed where the job is silent, and what the plan approximates.
-Settings the import does not read yet (context parallelism, mixture-of-experts) refuse
-it with BadInput (exit 2); ZeRO-2/3 and FSDP import as the plan's `zero` 2 or 3.
+Settings the import does not read yet (mixture-of-experts) refuse it with BadInput
+(exit 2); context parallelism imports as every stage's `cp`, ZeRO-2/3 and FSDP as the
+plan's `zero` 2 or 3.
 """
 
 from __future__ import annotations
