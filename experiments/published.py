@@ -68,6 +68,7 @@ from functools import partial
 from hyperpipe.cluster.cluster import Cluster, cluster_ref, load_cluster
 from hyperpipe.models import load_model
 from hyperpipe.plan.plan import plan_from_dict
+from hyperpipe.sim.calibrate import fit_line
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 
@@ -446,18 +447,11 @@ def ds3lab_runs(mean_x: float) -> tuple[list[float], list[float]]:
           "fixed ms, measured vs simulated")
     for (pp, tp), points in cycles.items():
         held = [x for x, _, _ in points]
-        (mp, mf), (sp, sf) = (line_fit(held, [p[k] for p in points]) for k in (1, 2))
-        print(f"  pp {pp} tp {tp}: per layer {mp * 1e3:6.2f} vs {sp * 1e3:6.2f}, "
-              f"fixed {mf * 1e3:7.2f} vs {sf * 1e3:7.2f}")
+        got, sim = (fit_line(held, [p[k] for p in points]) for k in (1, 2))
+        print(f"  pp {pp} tp {tp}: per layer {got.b_s_per_unit * 1e3:6.2f} vs "
+              f"{sim.b_s_per_unit * 1e3:6.2f}, fixed {got.a_s * 1e3:7.2f} vs "
+              f"{sim.a_s * 1e3:7.2f}")
     return errors, nulls
-
-
-def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares (slope, intercept) of ys against xs."""
-    mx, my = mean(xs), mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / \
-        sum((x - mx) ** 2 for x in xs)
-    return slope, my - slope * mx
 
 
 # Out of sample, the layout the search picks for GPT-3 175B (tensor parallelism 4,

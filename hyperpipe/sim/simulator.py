@@ -258,17 +258,13 @@ class _Engine:
     # Channel c (one stage pair, one direction) sends one message at a time; `busy_until`
     # is when its current one lands (NEVER while that is not known yet).
     def _arrive(self, pipe: Pipe, box: int, t: float) -> None:
-        """Message `box` lands at time t (now or later): wake its reader then, and its
-        sender where a blocking send waits for it (it checks t still holds)."""
+        """Message `box` lands at time t (now or later): wake its reader then; a blocking
+        sender waiting for it wakes now and sleeps until t itself."""
         pipe.eta[box] = t
         sender = pipe.senders[box]
         if sender is not None:
             pipe.senders[box] = None
-            if t <= self.env.now:
-                sender.succeed()
-            else:
-                self.env.timeout(t - self.env.now).callbacks.append(
-                    lambda _e: sender.succeed())
+            sender.succeed()
         ev = pipe.waiters[box]
         if ev is not None:
             pipe.waiters[box] = None
