@@ -207,19 +207,43 @@ AMP_KINDS = {"embedding": range(0, 2), "block": range(2, 26), "head": range(26, 
 AMP_PROFILES = {"T4": ("G4", (1, 2)), "V100-16GB": ("P3", (1, 2, 4))}
 
 
+@dataclass(frozen=True)
+class StockParts:
+    """One pass of one layer at micro-batch 1 on one device of a tensor-parallel
+    group, as the stock cost model prices it: FLOPs and compute seconds on the device,
+    and the seconds of the group's collectives."""
+
+    flops: float
+    compute_s: float
+    comm_s: float
+
+
+def _stock_parts(stock: CostModel, model: ModelSpec, layer: int, device: str,
+                 group: tuple[str, ...], op: str) -> StockParts:
+    compute_s = stock.layer_time_s(layer, device, 1, op, len(group))
+    return StockParts(op_flops(model, layer, 1, op) / len(group), compute_s,
+                      stock.stage_time_s((layer, layer + 1), group, 1, op) - compute_s)
+
+
 def amp_profile(tp: int, cluster: Cluster) -> Profile:
     """AMP's per-layer profile of one tensor-parallel degree in HyperPipe's format.
 
     AMP measured one micro-batch size (1) per layer: its forward seconds on a T4 of a
     tensor-parallel group, the group's all-reduces included (`AMP_KINDS` groups the 30
-    layers; the 24 blocks by their mean); AMP's cost model reads the backward as twice
-    the forward. One point cannot split a per-action cost from a per-FLOP one, so the
+    layers; the 24 blocks by their mean). AMP's cost model reads the backward as twice
+    the forward, collectives included; here twice the forward's compute (the measured
+    forward less the stock model's collectives), plus the backward's own collectives,
+    which the simulator prices: Megatron's tensor-parallel regions all-reduce once
+    forward and once backward (`RowParallelLinear`'s output, `ColumnParallelLinear`'s
+    input gradient), so a block's backward has as many all-reduces as its forward, not
+    twice as many. One point cannot split a per-action cost from a per-FLOP one, so the
     per-FLOP slope is the stock cost model's at that point (its compute seconds per
-    FLOP, micro-batch 1) and the intercept is what the measurement has beyond the stock
-    estimate (compute and tensor-parallel collectives): at micro-batch 1 a layer's op
-    costs exactly what AMP measured, and it grows with the micro-batch as the stock
-    model says compute grows. T4 profiles exist for tp 1 and 2 (src/known_cost has no
-    G4_4 in the public repository): tp 4 takes the tp-2 profile (a block's forward did
+    FLOP, micro-batch 1) and the intercept is what the measured compute has beyond the
+    stock estimate: at micro-batch 1 a layer's forward costs exactly what AMP measured,
+    and it grows with the micro-batch as the stock model says compute grows. T4
+    profiles exist for tp 1 and 2 (src/known_cost has no G4_4 in the public
+    repository; DeepSpeed/.../known_cost/gpt2_G4_4.npy there is binary and was not
+    read): tp 4 takes the tp-2 profile (a block's forward did
     not shrink from tp 1 to tp 2 but grew, 5.47 to 5.96 ms). The V100's (P3) cover tp
     1, 2 and 4, which tests that rule where it can be: holding the tp-2 block (5.24 ms)
     reads tp 4 16% slow (4.52 measured), scaling it by the stock model's tp-4/tp-2
@@ -240,14 +264,14 @@ def amp_profile(tp: int, cluster: Cluster) -> Profile:
             if kind == "block":
                 fwd_s /= len(ds_layers)
             layer = next(i for i, spec in enumerate(model.layers) if spec.kind == kind)
-            for op, target_s in (("F", fwd_s), ("B", 2 * fwd_s)):
-                flops = op_flops(model, layer, 1, op) / tp
-                compute_s = stock.layer_time_s(layer, device, 1, op, tp)
-                total_s = stock.stage_time_s((layer, layer + 1), group, 1, op)
-                slope = compute_s / flops if flops > 0 else 0.0     # the embedding: none
-                comm_s = total_s - compute_s
-                compute[Profile.key(device, kind, op)] = Fit(
-                    target_s - comm_s - slope * flops, slope, samples=1)
+            parts = {op: _stock_parts(stock, model, layer, device, group, op)
+                     for op in ("F", "B")}
+            own_f_s = fwd_s - parts["F"].comm_s         # the forward's own compute
+            for op, own_s in (("F", own_f_s), ("B", 2 * own_f_s)):
+                p = parts[op]
+                slope = p.compute_s / p.flops if p.flops > 0 else 0.0  # embedding: none
+                compute[Profile.key(device, kind, op)] = Fit(own_s - slope * p.flops,
+                                                             slope, samples=1)
     return Profile(compute=compute, provenance={
         "source": "DachengLi1/AMP src/known_cost/gpt2_{G4,P3}_*.npy (experiments/data/"
                   "amp_known_cost.json)", "model": model.name})

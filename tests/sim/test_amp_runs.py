@@ -63,6 +63,34 @@ def test_profile_gives_each_type_its_own_measured_block(script, device, key):
     assert cost.layer_time_s(block, device, 1, "B") == pytest.approx(2 * want_s, rel=1e-9)
 
 
+def test_backward_doubles_the_forwards_compute_not_its_all_reduces(script):
+    """At tp 2 (AMP's T4 profile gpt2_G4_2) a block's forward, its all-reduces
+    included, costs what AMP measured; its backward costs twice the measured forward
+    less the forward's all-reduces, plus the backward's own all-reduces (as many as the
+    forward's), priced by the stock model, so that AMP's x3 rule's extra all-reduces
+    are not counted."""
+    import json
+    measured = json.loads(script.PROFILE_FILE.read_text())["profiles"]["gpt2_G4_2"]
+    fwd_s = sum(measured[2:26]) / 24
+    cluster = script.g4dn_cluster()
+    model = script.model_for(2)
+    block = next(i for i, spec in enumerate(model.layers) if spec.kind == "block")
+    group = tuple(d.name for d in cluster.devices[:2])
+    stock = CostModel(model, cluster)
+
+    def comm_s(op: str) -> float:
+        return (stock.stage_time_s((block, block + 1), group, 1, op)
+                - stock.layer_time_s(block, "T4", 1, op, 2))
+
+    calibrated = CostModel(model, cluster, script.amp_profile(2, cluster))
+    f_s = calibrated.stage_time_s((block, block + 1), group, 1, "F")
+    b_s = calibrated.stage_time_s((block, block + 1), group, 1, "B")
+    assert comm_s("F") > 0.1e-3 and comm_s("B") == pytest.approx(comm_s("F"), rel=0.01)
+    assert f_s == pytest.approx(fwd_s, rel=1e-9)
+    assert b_s == pytest.approx(2 * (fwd_s - comm_s("F")) + comm_s("B"), rel=1e-9)
+    assert b_s < 2 * fwd_s - 0.5 * comm_s("F")
+
+
 def test_t4_at_tp_4_takes_the_tp_2_block_and_the_rule_is_as_good_as_scaling(script):
     """No T4 profile at tp 4: a block's forward at micro-batch 1, its tensor-parallel
     collectives included, costs the tp-2 measurement. Where a tp-4 profile exists (the
