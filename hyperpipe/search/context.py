@@ -91,6 +91,9 @@ class SearchContext:
     placed_rings: Cache[Placement, list] = field(default_factory=Cache)  # per device slot
     # the gradient ring of one row position across the replicas (`templates._sync_s`)
     position_rings: Cache[PositionKey, RingCost] = field(default_factory=Cache)
+    # the tied embedding's all-reduce between two row positions (`templates._tie_s`)
+    tie_rings: Cache[tuple[PositionKey, PositionKey], RingCost] = field(
+        default_factory=Cache)
     unit_signs: Cache[tuple[str, ...], tuple] = _portable()
     layer_caps: Cache[CapsKey, Any] = _portable()    # `bounds.LayerCaps`
     mode_loads: Cache[LoadKey, ModeLoad] = _portable()   # `bounds.key_bound`
@@ -154,8 +157,9 @@ class SearchContext:
 
     @cached_property
     def classes(self) -> dict[str, space.DeviceClass]:
-        """The cluster's device classes (`space.device_classes`), by name."""
-        return space.device_classes(self.cluster)
+        """The cluster's device classes (`space.device_classes`), by name, sorted by
+        name: the search walks them in this order, whatever the cluster's node order."""
+        return dict(sorted(space.device_classes(self.cluster).items()))
 
     def pools(self, tp: int, cp: int = 1) -> dict[str, space.UnitPool]:
         """Per device class, its units of `tp` x `cp` devices (`space.unit_pools`)."""
@@ -236,6 +240,11 @@ class SearchContext:
     def grad_bytes_per_param(self) -> float:
         """Bytes per gradient element its data-parallel collectives move."""
         return self.runtime.grad_bytes_per_param(self.cost.grad_bytes_per_param)
+
+    @cached_property
+    def tie_bytes_per_param(self) -> float:
+        """Bytes per element of the tied embedding's first-last gradient all-reduce."""
+        return self.runtime.tied_grad_bytes_per_param(self.cost.grad_bytes_per_param)
 
     @cached_property
     def weighted_params(self) -> tuple[int, ...]:

@@ -337,7 +337,9 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
     (`CostModel.dp_sync_bytes_per_param` on the search's stack: fp32 main grads for
     bf16; reduce-scatter and all-gather with the distributed optimizer), the rings of a
     tp group's ranks at once (`network.ring_spec`: rings that cross one NIC share it),
-    plus its optimizer step (sharded with it); the busiest device counts. `placement`: a
+    plus its optimizer step (sharded with it), plus on the first and the last stage's
+    devices the tied embedding's all-reduce between them (`_tie_s`; the analytic tier
+    and the simulator count it too); the busiest device counts. `placement`: a
     name for `slots` (what built them), under which each device's ring is cached.
     `rings` False: the optimizer steps alone (a lower bound, without the costly
     all-reduces). With context parallelism the reduction over dp x cp ranks is costed as
@@ -374,7 +376,32 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
         params = cost.stage_params((a, b)) - (1 - 1 / mode.ep) * cost.expert_params((a, b))
         nbytes = params * per_param / tp
         per_device[d] += _affine_s(placed[d], nbytes)
+    if rings:
+        first, last = 0, stage_rank(len(part.stage_s) - 1, p, place)
+        tie_s = _tie_s(ctx, slots, first, last, tp, placement)
+        per_device[first] += tie_s
+        per_device[last] += tie_s
     return max(per_device)
+
+
+def _tie_s(ctx: SearchContext, slots, first: int, last: int, tp: int,
+           placement: tuple | None) -> float:
+    """The tied embedding's gradient all-reduce between the row positions of the first
+    and the last stage, every replica's pairs at once (`network.tie_rings`: device i of
+    one unit with device i of the other), on otherwise idle links; 0 without tied
+    embeddings or where both stages sit on one unit (a V placement, one stage).
+    `placement` names `slots` (as in `_sync_s`): the pairs' cost is cached under it."""
+    tied = ctx.cost.tied_params()
+    if not tied or first == last:
+        return 0.0
+
+    def ring() -> RingCost:
+        return _ring_cost(ctx, (tuple(x for r in slots for x in r[first]),
+                                tuple(x for r in slots for x in r[last])))
+
+    cost = ring() if placement is None else ctx.tie_rings.memo(
+        (_position(placement, first), _position(placement, last)), ring)
+    return _affine_s(cost, tied * ctx.tie_bytes_per_param / tp)
 
 
 def _position(placement: Placement, d: int) -> PositionKey:

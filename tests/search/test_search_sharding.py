@@ -222,9 +222,12 @@ def test_zero_templates_count_their_per_micro_batch_collectives(zero, reshard):
     ctx = SearchContext(CostModel(model, cluster), c)
     tpls = group_templates(ctx, PhaseStats("templates"), tuple(ctx.classes),
                            all_configs(ctx))
+    # the group's templates of 4 replicas (it keeps fewer replicas too, for combining
+    # with other groups into the 4 pipelines asked for; their order is not a contract)
+    tpls = [tpl for tpl in tpls if tpl.dp == 4]
     assert tpls
     for tpl in tpls[:6]:
-        assert (tpl.mode.zero, tpl.dp) == (zero, 4)
+        assert tpl.mode.zero == zero
         m = -(-(64 // tpl.micro_batch) // tpl.dp)
         plan = _build_plan(ctx, (tpl,))
         analytic = estimate(plan, ctx.cost).iteration_time_s
