@@ -91,9 +91,9 @@ class SearchContext:
     placed_rings: Cache[Placement, list] = field(default_factory=Cache)  # per device slot
     # the gradient ring of one row position across the replicas (`templates._sync_s`)
     position_rings: Cache[PositionKey, RingCost] = field(default_factory=Cache)
-    # the tied embedding's all-reduce between two row positions (`templates._tie_s`)
-    tie_rings: Cache[tuple[PositionKey, PositionKey], RingCost] = field(
-        default_factory=Cache)
+    # seconds of the tied embedding's all-reduce between two row positions
+    # (`templates._tie_s`)
+    tie_rings: Cache[tuple[PositionKey, PositionKey], float] = field(default_factory=Cache)
     unit_signs: Cache[tuple[str, ...], tuple] = _portable()
     layer_caps: Cache[CapsKey, Any] = _portable()    # `bounds.LayerCaps`
     mode_loads: Cache[LoadKey, ModeLoad] = _portable()   # `bounds.key_bound`

@@ -387,21 +387,25 @@ def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryM
 def _tie_s(ctx: SearchContext, slots, first: int, last: int, tp: int,
            placement: tuple | None) -> float:
     """The tied embedding's gradient all-reduce between the row positions of the first
-    and the last stage, every replica's pairs at once (`network.tie_rings`: device i of
-    one unit with device i of the other), on otherwise idle links; 0 without tied
-    embeddings or where both stages sit on one unit (a V placement, one stage).
-    `placement` names `slots` (as in `_sync_s`): the pairs' cost is cached under it."""
+    and the last stage: device i of one unit with device i of the other, in every
+    replica (`network.tie_rings`), the slowest pair on idle links (as `network.
+    ring_spec` times rings); 0 without tied embeddings or where both stages sit on one
+    unit (a V placement, one stage). `placement` names `slots` (as in `_sync_s`): the
+    time is cached under the two positions."""
     tied = ctx.cost.tied_params()
     if not tied or first == last:
         return 0.0
+    nbytes = tied * ctx.tie_bytes_per_param / tp
 
-    def ring() -> RingCost:
-        return _ring_cost(ctx, (tuple(x for r in slots for x in r[first]),
-                                tuple(x for r in slots for x in r[last])))
+    def slowest_pair_s() -> float:
+        return max((ctx.cost.allreduce_time_s((a, b), nbytes) for r in slots
+                    for a, b in zip(r[first], r[last], strict=True) if a != b),
+                   default=0.0)
 
-    cost = ring() if placement is None else ctx.tie_rings.memo(
-        (_position(placement, first), _position(placement, last)), ring)
-    return _affine_s(cost, tied * ctx.tie_bytes_per_param / tp)
+    if placement is None:
+        return slowest_pair_s()
+    return ctx.tie_rings.memo((_position(placement, first), _position(placement, last)),
+                              slowest_pair_s)
 
 
 def _position(placement: Placement, d: int) -> PositionKey:
