@@ -93,7 +93,7 @@ class SearchContext:
     position_rings: Cache[PositionKey, RingCost] = field(default_factory=Cache)
     # seconds of the tied embedding's all-reduce between two row positions
     # (`templates._tie_s`)
-    tie_rings: Cache[tuple[PositionKey, PositionKey], float] = field(default_factory=Cache)
+    tie_times: Cache[tuple[PositionKey, PositionKey], float] = field(default_factory=Cache)
     unit_signs: Cache[tuple[str, ...], tuple] = _portable()
     layer_caps: Cache[CapsKey, Any] = _portable()    # `bounds.LayerCaps`
     mode_loads: Cache[LoadKey, ModeLoad] = _portable()   # `bounds.key_bound`

@@ -404,7 +404,7 @@ def _tie_s(ctx: SearchContext, slots, first: int, last: int, tp: int,
 
     if placement is None:
         return slowest_pair_s()
-    return ctx.tie_rings.memo((_position(placement, first), _position(placement, last)),
+    return ctx.tie_times.memo((_position(placement, first), _position(placement, last)),
                               slowest_pair_s)
 
 
