@@ -207,24 +207,6 @@ AMP_KINDS = {"embedding": range(0, 2), "block": range(2, 26), "head": range(26, 
 AMP_PROFILES = {"T4": ("G4", (1, 2)), "V100-16GB": ("P3", (1, 2, 4))}
 
 
-@dataclass(frozen=True)
-class StockParts:
-    """One pass of one layer at micro-batch 1 on one device of a tensor-parallel
-    group, as the stock cost model prices it: FLOPs and compute seconds on the device,
-    and the seconds of the group's collectives."""
-
-    flops: float
-    compute_s: float
-    comm_s: float
-
-
-def _stock_parts(stock: CostModel, model: ModelSpec, layer: int, device: str,
-                 group: tuple[str, ...], op: str) -> StockParts:
-    compute_s = stock.layer_time_s(layer, device, 1, op, len(group))
-    return StockParts(op_flops(model, layer, 1, op) / len(group), compute_s,
-                      stock.stage_time_s((layer, layer + 1), group, 1, op) - compute_s)
-
-
 def amp_profile(tp: int, cluster: Cluster) -> Profile:
     """AMP's per-layer profile of one tensor-parallel degree in HyperPipe's format.
 
@@ -264,14 +246,14 @@ def amp_profile(tp: int, cluster: Cluster) -> Profile:
             if kind == "block":
                 fwd_s /= len(ds_layers)
             layer = next(i for i, spec in enumerate(model.layers) if spec.kind == kind)
-            parts = {op: _stock_parts(stock, model, layer, device, group, op)
-                     for op in ("F", "B")}
-            own_f_s = fwd_s - parts["F"].comm_s         # the forward's own compute
+            # the forward's own compute: the measurement less its all-reduces
+            own_f_s = fwd_s - stock.tp_comm_s((layer, layer + 1), group, 1, "F")
             for op, own_s in (("F", own_f_s), ("B", 2 * own_f_s)):
-                p = parts[op]
-                slope = p.compute_s / p.flops if p.flops > 0 else 0.0  # embedding: none
-                compute[Profile.key(device, kind, op)] = Fit(own_s - slope * p.flops,
-                                                             slope, samples=1)
+                flops = op_flops(model, layer, 1, op) / tp
+                compute_s = stock.layer_time_s(layer, device, 1, op, tp)
+                slope = compute_s / flops if flops > 0 else 0.0     # the embedding: none
+                compute[Profile.key(device, kind, op)] = Fit(own_s - slope * flops, slope,
+                                                             samples=1)
     return Profile(compute=compute, provenance={
         "source": "DachengLi1/AMP src/known_cost/gpt2_{G4,P3}_*.npy (experiments/data/"
                   "amp_known_cost.json)", "model": model.name})

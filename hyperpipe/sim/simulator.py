@@ -128,8 +128,8 @@ class _Engine:
     # ------------------------------------------------------------------ processes
     def _rank_process(self, rank: Rank):
         env, pipe, opt = self.env, rank.pipe, self.opt
-        eta, waiters, busy_until, senders = pipe.eta, pipe.waiters, pipe.busy_until, \
-            pipe.senders
+        eta, waiters, senders = pipe.eta, pipe.waiters, pipe.senders
+        busy_until = pipe.busy_until
         overlap, blocking = self.ex.overlap_dp_allreduce, self.ex.blocking_p2p
         timeline, starts = rank.timeline, rank.starts
         _, current = timeline[0]
