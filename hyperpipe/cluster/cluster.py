@@ -260,7 +260,7 @@ def _rail(node: Node, index: int, direction: str) -> tuple[str, float]:
     ``nic-out``/``nic-in``; with several, device i uses NIC i·count // devices (a DGX
     A100: GPU i on HCA i, the rail-optimised layout NCCL uses, one rail per GPU)."""
     if node.nics.count == 1:
-        return f"{node.name}:nic-{direction}", node.nic.bandwidth_bytes_per_s
+        return f"{node.name}:nic-{direction}", node.nics.bandwidth_bytes_per_s
     j = index * node.nics.count // node.count
     return f"{node.name}:nic{j}-{direction}", node.nics.bandwidth_bytes_per_s
 

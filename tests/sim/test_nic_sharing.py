@@ -45,14 +45,16 @@ B_NIC, LAT = 1.25e9, 5e-6        # each NIC (10 Gbit/s) and the inter-node laten
 
 def two_nodes(k: int, nics: int, switch_reduces: bool = False, b_in: float = B_IN) -> dict:
     """Two nodes of k user-defined devices (collective and NIC efficiency 1.0), `nics`
-    NICs of B_NIC each, ports of `b_in`; `switch_reduces`: the type's `nvlink_sharp`."""
+    NICs of B_NIC each, ports of `b_in`; `switch_reduces`: the type's `nvlink_sharp`.
+    The cluster's `inter_node` is 100 times faster: the nodes' `nics` must set the pace,
+    one NIC or several."""
     node = {"device": "unit", "count": k, "repeat": 2,
             "intra_link": {"bandwidth": b_in, "latency": LAT_IN},
             "nics": {"count": nics, "bandwidth": B_NIC}}
     unit = device_type(1e12, nvlink_sharp=switch_reduces)
     return {"name": f"two-{k}x{nics}", "device_types": {"unit": unit},
             "nodes": [{"name": "n", **node}],
-            "inter_node": {"bandwidth": B_NIC, "latency": LAT}}
+            "inter_node": {"bandwidth": 100 * B_NIC, "latency": LAT}}
 
 
 def closed_form_s(k: int, nics: int, nbytes: float, switch_reduces: bool = False,
@@ -65,6 +67,20 @@ def closed_form_s(k: int, nics: int, nbytes: float, switch_reduces: bool = False
     n = 2 * k
     return 2 * (n - 1) / n * nbytes * max((k - 1) / k / b_in, 1 / (nics * B_NIC)) + \
         2 * (n - 1) * max(LAT_IN, LAT)
+
+
+def test_a_single_nic_runs_at_its_own_bandwidth():
+    """`nics: {count: 1, bandwidth}` sets the node's one NIC, whatever `inter_node` says:
+    a send between nodes leaves at the slower of the two ends' NICs."""
+    cluster = load_cluster({"name": "one-nic", "inter_node": {"bandwidth": "100 Gbit/s"},
+                            "nodes": [{"name": "a", "device": "V100-32GB", "count": 2,
+                                       "nics": {"count": 1, "bandwidth": "10 Gbit/s"}},
+                                      {"name": "b", "device": "V100-32GB", "count": 2,
+                                       "nics": {"count": 1, "bandwidth": "25 Gbit/s"}},
+                                      {"name": "c", "device": "V100-32GB", "count": 2}]})
+    assert cluster.path("a/1", "b/0").bandwidth_bytes_per_s == pytest.approx(1.25e9)
+    assert cluster.path("b/0", "c/1").bandwidth_bytes_per_s == pytest.approx(3.125e9)
+    assert cluster.path("c/0", "c/1").link_class == "intra:c"
 
 
 def test_streams_share_each_hop_equally():
