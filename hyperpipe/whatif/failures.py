@@ -129,7 +129,7 @@ def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, 
                        "file, or `mtbf` for every node)", has_got=False)
     spec = model
     size = o.checkpoint_bytes if o.checkpoint_bytes is not None else \
-        CHECKPOINT_BYTES_PER_PARAM * sum(layer.params for layer in spec.layers)
+        CHECKPOINT_BYTES_PER_PARAM * spec.params
     write_s = o.write_s
     if write_s is None:
         if o.storage_bandwidth_bytes_per_s is None:

@@ -12,6 +12,7 @@ import pytest
 
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
+from hyperpipe.models import load_model
 from hyperpipe.whatif.failures import without_node
 from hyperpipe.whatif.goodput import (
     Checkpointing,
@@ -223,3 +224,19 @@ def test_failure_replan_synthesises_the_survivors_when_today_was_synthesised(
     assert origin == "surviving replicas" and error is None
     assert {d for d in got.plan.devices} == {"b/0", "b/1"}
     assert got.metrics.iteration_time_s <= fixed_s * (1 + 1e-12)
+
+
+def test_checkpoint_counts_a_tied_embedding_once(tmp_path, capsys):
+    """A tied head shares the embedding's matrix: the checkpoint holds it once, 14 bytes
+    a parameter (`CHECKPOINT_BYTES_PER_PARAM`) of every layer's less one vocab x d_model."""
+    args = _files(tmp_path)
+    model = {"preset": "tiny-gpt", "tie_embeddings": True}
+    (tmp_path / "tied.json").write_text(json.dumps(model))
+    args[args.index("--model") + 1] = str(tmp_path / "tied.json")
+    rc = main(["whatif", "--failures", *args, "--mtbf", "5 days",
+               "--storage-bandwidth", "1 GB/s", "--restart-time", "10 min", "--json"])
+    assert rc == 0
+    spec = load_model(model)
+    c = spec.config
+    once = sum(layer.params for layer in spec.layers) - c.vocab_size * c.d_model
+    assert json.loads(capsys.readouterr().out)["checkpoint_bytes"] == 14 * once
