@@ -233,7 +233,7 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
         raise BadInput(f"{src}: zero_optimization.stage", "0 or 1 with pipeline parallelism "
                        "(DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3)", zero)
     dist_opt = zero >= 1 or (dtype == "bf16" and job.pp > 1) or job.distributed_optimizer
-    micro, global_batch, per_replica = _batch(top, job, src)
+    micro, global_batch, per_replica, steps = _batch(top, job, src)
     for key in doc:
         if key not in _KEYS:
             notes.unread.append(key_name(key))
@@ -242,6 +242,8 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
                    schedule=framework_kind("deepspeed", 1),
                    micro_batch=micro, global_batch=global_batch,
                    samples_per_replica=per_replica, distributed_optimizer=dist_opt,
+                   accumulation=None if steps is None else ("gradient_accumulation_steps",
+                                                            steps),
                    zero=zero if zero >= 2 else 0)
 
 
@@ -257,9 +259,12 @@ def _enabled(top: Fields, key: str) -> bool:
     return value
 
 
-def _batch(top: Fields, job: Job, src: str) -> tuple[int, int | None, int | None]:
-    """(micro-batch, global batch or None, samples per replica or None): DeepSpeed's
-    train_batch_size = micro x accumulation steps x data-parallel ranks."""
+def _batch(top: Fields, job: Job, src: str) -> tuple[int, int | None, int | None,
+                                                     int | None]:
+    """(micro-batch, global batch or None, samples per replica or None, accumulation
+    steps stated beside the global batch or None): DeepSpeed's train_batch_size = micro
+    x accumulation steps x data-parallel ranks, which it checks when all three are
+    given (deepspeed/runtime/config.py `_batch_assertion`), as `job.plan_of` does."""
     micro = top.positive_int("train_micro_batch_size_per_gpu", job.micro_batch)
     if micro != job.micro_batch:
         raise BadInput(top.at("train_micro_batch_size_per_gpu"), f"the arguments' "
@@ -273,4 +278,5 @@ def _batch(top: Fields, job: Job, src: str) -> tuple[int, int | None, int | None
         if top.has("gradient_accumulation_steps") else None
     if total is None and steps is None:
         steps = 1                     # DeepSpeed's default accumulation
-    return micro, total, (micro * steps if total is None and steps is not None else None)
+    return micro, total, (micro * steps if total is None and steps is not None else None), \
+        (steps if total is not None else None)

@@ -80,6 +80,9 @@ class Job:
     notes: Notes
     global_batch: int | None = None
     samples_per_replica: int | None = None
+    # (the job's field, its value): micro-batches per replica stated beside the global
+    # batch, which must then agree with it (DeepSpeed's gradient_accumulation_steps)
+    accumulation: tuple[str, int] | None = None
     dp: int | None = None             # when the job states it (torchtitan)
     world_size: int | None = None     # from the launcher, when the job states it
     actions: tuple[tuple[str, ...], ...] | None = None
@@ -153,7 +156,13 @@ def _microbatches(job: Job, dp: int) -> int:
         if job.global_batch % per:
             raise BadInput(f"{job.source}: global batch", f"a multiple of micro-batch x "
                            f"data-parallel degree = {job.micro_batch} x {dp}", job.global_batch)
-        return job.global_batch // per
+        m = job.global_batch // per
+        if job.accumulation is not None and job.accumulation[1] != m:
+            name, steps = job.accumulation
+            raise BadInput(f"{job.source}: {name}", f"global batch / (micro-batch x data-"
+                           f"parallel degree) = {job.global_batch} / ({job.micro_batch} x "
+                           f"{dp}) = {m}", steps)
+        return m
     if job.samples_per_replica is not None:
         if job.samples_per_replica % job.micro_batch:
             raise BadInput(f"{job.source}: batch per replica", f"a multiple of the "

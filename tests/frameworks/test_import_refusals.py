@@ -97,3 +97,21 @@ def test_megatron_deepspeed_refuses_context_parallelism(tmp_path, capsys):
     rc, out, err = cli(capsys, args)
     assert_one_line(rc, err, 2, "--context-parallel-size")
     assert out == ""
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_deepspeed_accumulation_steps_must_make_the_batch(steps, tmp_path, capsys):
+    """DeepSpeed requires train_batch_size = micro-batch x gradient_accumulation_steps x
+    data-parallel ranks: 8 = 1 x 2 x 4 on the 8 GPUs at pp 2, so only 2 steps import;
+    1 and 3 are refused in one line naming the field."""
+    args = _files(tmp_path, "deepspeed", "")
+    doc = json.loads((tmp_path / "d.json").read_text())
+    (tmp_path / "d.json").write_text(json.dumps({**doc, "gradient_accumulation_steps": steps}))
+    rc, out, err = cli(capsys, args + ["--out", str(tmp_path / "p.json")])
+    if steps == 2:
+        assert rc == 0
+        plan = json.loads((tmp_path / "p.json").read_text())
+        assert {p["num_microbatches"] for p in plan["pipelines"]} == {2}
+    else:
+        assert_one_line(rc, err, 2, "gradient_accumulation_steps")
+        assert not (tmp_path / "p.json").exists()
