@@ -11,13 +11,9 @@ from hyperpipe.sim.simulator import SimResult
 def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
     """A short human summary of a simulation (the `hyperpipe simulate` text output)."""
     m, cluster = result.metrics, cost.cluster
-    pipes = plan.pipelines
-    shape = (f"{len(pipes)} pipeline(s) x {len(pipes[0].stages) // plan.chunks} stage "
-             f"device(s)" + (f" x {plan.chunks} chunks" if plan.chunks > 1 else ""))
     lines = [
         f"model {cost.model.name} on cluster {cluster.name}: {len(plan.devices)} devices, "
-        f"{shape}, {plan.schedule}, global batch {plan.global_batch} "
-        f"(micro-batch {pipes[0].micro_batch} x {pipes[0].num_microbatches})",
+        f"{_shape(plan)}",
         f"iteration   {format_seconds(m.iteration_time_s)}   "
         f"{m.throughput_samples_per_s:.4g} samples/s   {m.tokens_per_s:.4g} tokens/s",
         f"bubble      {m.bubble_fraction:.1%} of device time idle   MFU {m.mfu:.1%}",
@@ -44,3 +40,23 @@ def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
     if m.cost_per_million_tokens is not None:
         lines.append(f"cost        ${m.cost_per_million_tokens:.4g} per million tokens")
     return "\n".join(lines) + "\n"
+
+
+def _shape(plan: Plan) -> str:
+    """'N pipeline(s) x S stage device(s)[ x V chunks], SCHEDULE, global batch G
+    (micro-batch b x m)'; replicas of different shapes (stage count, micro-batching) are
+    listed one group each, in plan order: '2 pipeline(s): 1 x 2 stage device(s) (micro-
+    batch 2 x 16), 1 x 4 stage device(s) (micro-batch 2 x 8), 1f1b, global batch 48'."""
+    groups: dict[tuple[int, int, int], int] = {}
+    for pipe in plan.pipelines:
+        key = (len(pipe.stages) // plan.chunks, pipe.micro_batch, pipe.num_microbatches)
+        groups[key] = groups.get(key, 0) + 1
+    chunks = f" x {plan.chunks} chunks" if plan.chunks > 1 else ""
+    tail = f"{plan.schedule}, global batch {plan.global_batch}"
+    if len(groups) == 1:
+        (stages, mb, m), n = next(iter(groups.items()))
+        return (f"{n} pipeline(s) x {stages} stage device(s){chunks}, {tail} "
+                f"(micro-batch {mb} x {m})")
+    parts = ", ".join(f"{n} x {stages} stage device(s){chunks} (micro-batch {mb} x {m})"
+                      for (stages, mb, m), n in groups.items())
+    return f"{len(plan.pipelines)} pipeline(s): {parts}, {tail}"

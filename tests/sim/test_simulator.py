@@ -424,3 +424,29 @@ def test_mfu_counts_model_flops_as_narayanan_eq3_without_recompute():
         assert flops == pytest.approx(expected + 2 * b * s * h, rel=1e-9)
         mfus[recompute] = m
     assert mfus["full"].iteration_time_s > mfus["none"].iteration_time_s
+
+
+def test_summary_lists_each_replica_shape(tmp_path, capsys):
+    """`simulate`'s first line names every replica shape of a heterogeneous plan: two A100
+    stages with 8 micro-batches beside two V100 replicas of one stage each with 4."""
+    plan = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+            "global_batch": 32, "schedule": {"kind": "1f1b"},
+            "pipelines": [{"micro_batch": 2, "num_microbatches": 8, "stages": [
+                              {"layers": [0, 4], "devices": ["a100/0"]},
+                              {"layers": [4, 8], "devices": ["a100/1"]}]}] + [
+                          {"micro_batch": 2, "num_microbatches": 4, "stages": [
+                              {"layers": [0, 8], "devices": [f"v100/{i}"]}]}
+                          for i in range(2)]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(plan))
+    assert main(["simulate", "--plan", str(path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert ("3 pipeline(s): 1 x 2 stage device(s) (micro-batch 2 x 8), 2 x 1 stage "
+            "device(s) (micro-batch 2 x 4), 1f1b, global batch 32") in first
+    plan["pipelines"] = plan["pipelines"][:1]
+    plan["global_batch"] = 16
+    path.write_text(json.dumps(plan))
+    assert main(["simulate", "--plan", str(path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "1 pipeline(s) x 2 stage device(s), 1f1b, global batch 16 (micro-batch 2 x 8)" \
+        in first
