@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterable, Iterator
@@ -595,13 +596,29 @@ class Fields:
 def check_int(value: Any, where: str, *, allow_zero: bool = False,
               at_most: int = limits.MAX_INT) -> int:
     """Return `value` if it is a positive (or non-negative) integer of at most `at_most`
-    (a documented limit of `hyperpipe.core.limits`), else raise BadInput."""
+    (a documented limit of `hyperpipe.core.limits`), else raise BadInput. A whole number
+    written in exponent form counts: JSON's ``1e6`` (a float) and YAML's ``1e6`` (a string
+    under YAML 1.1, which wants ``1.0e+6`` for a float)."""
+    value = _whole_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 \
             or (value == 0 and not allow_zero) or value > at_most:
         want = "a non-negative integer" if allow_zero else "a positive integer"
         if isinstance(value, int) and value > at_most:
             want += f" of at most {at_most} (hyperpipe.core.limits)"
         raise BadInput(where, want, value)
+    return value
+
+
+_EXPONENT_FORM = re.compile(r"[+]?[0-9]+(\.[0-9]*)?[eE][+]?[0-9]+")
+
+
+def _whole_number(value: Any) -> Any:
+    """`value` as an int when it is a finite whole float, or a string in exponent form
+    (``1e6``, ``2.5E3``) of a whole number; else `value` unchanged."""
+    if isinstance(value, str) and _EXPONENT_FORM.fullmatch(value.strip()):
+        value = float(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
     return value
 
 

@@ -331,3 +331,26 @@ def test_configs_and_layers_are_frozen_data():
         c.n_layer = 2  # type: ignore[misc]
     layer = SyntheticLayer(1.0, 1.0, 1.0, 0.0, 0.0)
     assert layer.kind == "synthetic" and layer.params == 0
+
+
+@pytest.mark.parametrize("text, ext", [("params_per_layer: 1e6", "yaml"),
+                                       ("params_per_layer: 1.0e+6", "yaml"),
+                                       ('"params_per_layer": 1e6', "json")])
+def test_whole_numbers_in_exponent_form_are_integers(text, ext, tmp_path):
+    """A count written as 1e6 (a string under YAML 1.1, a float in JSON) is the integer."""
+    body = "kind: synthetic\nlayers: 2\nfwd_flops_per_sample: 1.0e9\n" + text + "\n" \
+        if ext == "yaml" else '{"kind": "synthetic", "layers": 2, ' \
+        '"fwd_flops_per_sample": 1e9, ' + text + "}"
+    path = tmp_path / f"m.{ext}"
+    path.write_text(body)
+    spec = load_model(str(path))
+    assert [layer.params for layer in spec.layers] == [10**6, 10**6]
+
+
+@pytest.mark.parametrize("value", ["2.5e0", "1e-3", 2.5])
+def test_a_fractional_count_is_refused(value, tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"kind": "synthetic", "layers": 2,
+                                "fwd_flops_per_sample": 1e9, "params_per_layer": value}))
+    with pytest.raises(BadInput, match="params_per_layer.*non-negative integer"):
+        load_model(str(path))
