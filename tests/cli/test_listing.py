@@ -1,0 +1,29 @@
+"""`hyperpipe list devices` quotes the GEMM efficiency the cost model uses."""
+
+from __future__ import annotations
+
+import re
+
+from hyperpipe.cli import main
+from hyperpipe.cluster.catalog import builtin_device_types
+from hyperpipe.sim.compute import gemm_time_s
+
+
+def test_listed_gemm_efficiency_is_what_the_cost_model_reaches(capsys):
+    """Every catalog row's 'curve E at 8192^3' is the fraction of peak that the cost
+    model's GEMM time gives an 8192^3 GEMM on that device (2 x 8192^3 FLOP over peak x
+    time), to the two decimals printed."""
+    assert main(["list", "devices"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    listed = {}
+    for row in rows:
+        got = re.search(r"curve (\d\.\d\d) at 8192\^3", row)
+        assert got, row
+        listed[row.split()[0]] = float(got.group(1))
+    types = builtin_device_types()
+    assert set(listed) == set(types)
+    n = 8192
+    for name, eff in listed.items():
+        dev = types[name]
+        reached = 2 * n**3 / (dev.peak_flops * gemm_time_s(dev, n, n, n, 1, 2))
+        assert abs(reached - eff) <= 0.005 + 1e-12, (name, reached, eff)
