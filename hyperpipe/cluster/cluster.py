@@ -280,10 +280,14 @@ def builtin_cluster_names() -> list[str]:
     return sorted(p.name.rsplit(".", 1)[0] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_cluster(ref: str | dict | Path, *, base_dir: Path | None = None) -> Cluster:
-    """A cluster from a built-in name, a YAML/JSON file path, or already-parsed data."""
+def load_cluster(ref: str | dict | Path, *, base_dir: Path | None = None,
+                 where: str | None = None) -> Cluster:
+    """A cluster from a built-in name, a YAML/JSON file path, or already-parsed data.
+    Errors name the file, or else `where` (default: "--cluster" for a name or path,
+    "cluster" for data)."""
     if isinstance(ref, dict):
-        return cluster_from_dict(ref, where="cluster", name=str(ref.get("name", "inline")))
+        return cluster_from_dict(ref, where=where or "cluster",
+                                 name=str(ref.get("name", "inline")))
     text = str(ref)
     if text in builtin_cluster_names():
         path = resources.files("hyperpipe") / "data" / "clusters" / f"{text}.yaml"
@@ -291,7 +295,8 @@ def load_cluster(ref: str | dict | Path, *, base_dir: Path | None = None) -> Clu
             return cluster_from_dict(load_document(p), where=f"cluster {text}", name=text)
     p = resolve_ref(text, base_dir)
     if not path_exists(p):
-        raise BadInput("--cluster", f"a built-in cluster ({', '.join(builtin_cluster_names())}) "
+        raise BadInput(where or "--cluster", f"a built-in cluster "
+                       f"({', '.join(builtin_cluster_names())}) "
                        "or a YAML/JSON file", text)
     return cluster_from_dict(load_document(p), where=str(p), name=p.stem)
 

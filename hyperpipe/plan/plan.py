@@ -271,14 +271,21 @@ class Plan:
 
     # ------------------------------------------------------------------ resolving refs
     def load_model(self, override: Any = None):
-        """The ModelSpec this plan names (or `override`, e.g. from --model)."""
+        """The ModelSpec this plan names (or `override`, e.g. from --model); errors name
+        the plan's file and its `model` field, or the override's."""
         from hyperpipe.models import load_model
-        return load_model(self.model if override is None else override, base_dir=self.base_dir)
+        if override is not None:
+            return load_model(override, base_dir=self.base_dir)
+        return load_model(self.model, base_dir=self.base_dir, where=f"{self.source}: model")
 
     def load_cluster(self, override: Any = None):
+        """The Cluster this plan names (or `override`, e.g. from --cluster); errors name
+        the plan's file and its `cluster` field, or the override's."""
         from hyperpipe.cluster.cluster import load_cluster
-        return load_cluster(self.cluster if override is None else override,
-                            base_dir=self.base_dir)
+        if override is not None:
+            return load_cluster(override, base_dir=self.base_dir)
+        return load_cluster(self.cluster, base_dir=self.base_dir,
+                            where=f"{self.source}: cluster")
 
     # ------------------------------------------------------------------ checks
     def check(self, model, cluster, *, where: str | None = None) -> None:

@@ -37,6 +37,13 @@ CASES = [
      ["simulate", "--plan", "{dir}/p.json"], ["p.json", "format"]),
     ("plan-kind", {"p.json": _plan_with(schedule={"kind": "zigzag"})},
      ["simulate", "--plan", "{dir}/p.json"], ["schedule.kind", "zigzag"]),
+    ("plan-cluster-missing", {"p.json": _plan_with(cluster="missing.yaml")},
+     ["simulate", "--plan", "{dir}/p.json"], ["p.json: cluster", "missing.yaml"]),
+    ("plan-model-unknown", {"p.json": _plan_with(model="nomodel")},
+     ["simulate", "--plan", "{dir}/p.json"], ["p.json: model", "nomodel"]),
+    ("plan-inline-cluster", {"p.json": _plan_with(cluster={"nodes": [
+        {"name": "a100", "device": "A100-80GB", "count": -1}]})},
+     ["simulate", "--plan", "{dir}/p.json"], ["p.json: cluster: nodes[0].count"]),
     ("plan-batch", {"p.json": _plan_with(global_batch=9)},
      ["simulate", "--plan", "{dir}/p.json"], ["global_batch"]),
     ("plan-overlap", {"p.json": _plan_with(**{"pipelines/0/stages/1/layers": [4, 8]})},
