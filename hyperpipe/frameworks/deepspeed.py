@@ -30,7 +30,7 @@ import re
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hyperpipe.core.errors import BadInput, key_name
 from hyperpipe.core.files import Fields, load_document, read_text
@@ -233,17 +233,17 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
         raise BadInput(f"{src}: zero_optimization.stage", "0 or 1 with pipeline parallelism "
                        "(DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3)", zero)
     dist_opt = zero >= 1 or (dtype == "bf16" and job.pp > 1) or job.distributed_optimizer
-    micro, global_batch, per_replica, steps = _batch(top, job, src)
+    batch = _batch(top, job, src)
     for key in doc:
         if key not in _KEYS:
             notes.unread.append(key_name(key))
     notes.unread += a.unread_flags()
     return replace(job, source=src, model=model, stages=stages, chunks=1,
                    schedule=framework_kind("deepspeed", 1),
-                   micro_batch=micro, global_batch=global_batch,
-                   samples_per_replica=per_replica, distributed_optimizer=dist_opt,
-                   accumulation=None if steps is None else ("gradient_accumulation_steps",
-                                                            steps),
+                   micro_batch=batch.micro, global_batch=batch.global_batch,
+                   samples_per_replica=batch.per_replica, distributed_optimizer=dist_opt,
+                   accumulation=None if batch.steps is None else
+                   ("gradient_accumulation_steps", batch.steps),
                    zero=zero if zero >= 2 else 0)
 
 
@@ -259,12 +259,19 @@ def _enabled(top: Fields, key: str) -> bool:
     return value
 
 
-def _batch(top: Fields, job: Job, src: str) -> tuple[int, int | None, int | None,
-                                                     int | None]:
-    """(micro-batch, global batch or None, samples per replica or None, accumulation
-    steps stated beside the global batch or None): DeepSpeed's train_batch_size = micro
-    x accumulation steps x data-parallel ranks, which it checks when all three are
-    given (deepspeed/runtime/config.py `_batch_assertion`), as `job.plan_of` does."""
+class Batch(NamedTuple):
+    """A DeepSpeed JSON's batch settings (samples)."""
+
+    micro: int                     # train_micro_batch_size_per_gpu
+    global_batch: int | None       # train_batch_size
+    per_replica: int | None        # micro x steps, where no global batch is given
+    steps: int | None              # accumulation steps given beside the global batch
+
+
+def _batch(top: Fields, job: Job, src: str) -> Batch:
+    """DeepSpeed's train_batch_size = micro x accumulation steps x data-parallel ranks,
+    which it checks when all three are given (deepspeed/runtime/config.py
+    `_batch_assertion`), as `job.plan_of` does with `Batch.steps`."""
     micro = top.positive_int("train_micro_batch_size_per_gpu", job.micro_batch)
     if micro != job.micro_batch:
         raise BadInput(top.at("train_micro_batch_size_per_gpu"), f"the arguments' "
@@ -278,5 +285,5 @@ def _batch(top: Fields, job: Job, src: str) -> tuple[int, int | None, int | None
         if top.has("gradient_accumulation_steps") else None
     if total is None and steps is None:
         steps = 1                     # DeepSpeed's default accumulation
-    return micro, total, (micro * steps if total is None and steps is not None else None), \
-        (steps if total is not None else None)
+    return Batch(micro, total, micro * steps if total is None and steps is not None else None,
+                 steps if total is not None else None)
