@@ -84,21 +84,21 @@ def _devices() -> str:
              f"{d.memory_bytes / 2**30:g}", f"{d.mem_bandwidth_bytes_per_s / 1e9:g}",
              f"{d.link_bandwidth_bytes_per_s / 1e9:g}"]
             for d in builtin_device_types().values()]
-    return _table(["device", "peak dense bf16 (TFLOP/s)", "GEMM efficiency",
-                   "memory (GiB)", "memory bandwidth (GB/s)", "intra-node link (GB/s)"], rows)
+    return _table(["device", "peak dense bf16 (TFLOP/s)",
+                   f"GEMM {LISTED_GEMM}^3 (fraction of peak)", "memory (GiB)",
+                   "memory bandwidth (GB/s)", "intra-node link (GB/s)"], rows)
 
 
 LISTED_GEMM = 8192               # M = N = K of the GEMM `list devices` quotes a curve at
 
 
 def _gemm_efficiency(d) -> str:
-    """What the cost model takes for the device's GEMMs: its curve's fraction of peak at
-    a large square GEMM ('curve 0.71 at 8192^3', by shape otherwise), or the flat
-    fraction of a device without a curve ('flat 0.5')."""
+    """What the cost model takes for a large square GEMM on the device: its GEMM curve's
+    fraction of peak there ('0.71'; other shapes by the curve), or the flat fraction of
+    a device without a curve ('0.5(flat)', every shape)."""
     if d.gemm is None:
-        return f"flat {d.efficiency:g}"
-    n = LISTED_GEMM
-    return f"curve {d.gemm.efficiency(n, n, n):.2f} at {n}^3"
+        return f"{d.efficiency:g}(flat)"
+    return f"{d.gemm.efficiency(LISTED_GEMM, LISTED_GEMM, LISTED_GEMM):.2f}"
 
 
 def _schedules() -> str:
