@@ -59,6 +59,23 @@ def rank_key(c: SearchConstraints, m: Metrics) -> tuple:
     return (not m.feasible, value, m.iteration_time_s)
 
 
+# A local move improves a plan only by more than this fraction of its objective: the
+# analytic tier and the simulator sum the same terms in an order that follows the
+# cluster file's node order, so one plan's figure can differ in its last bits between
+# two listings of one cluster, and a strict comparison would let that noise steer the
+# descent (a cut 3.8% slower from one node order than from another).
+IMPROVEMENT_REL = 1e-9
+
+
+def improves(c: SearchConstraints, new: Metrics, old: Metrics) -> bool:
+    """Whether `new` ranks before `old` by more than float noise (`IMPROVEMENT_REL`):
+    feasible before infeasible, then a smaller objective by more than that fraction."""
+    a, b = rank_key(c, new), rank_key(c, old)
+    if a[0] != b[0]:
+        return a[0] < b[0]
+    return a[1] < b[1] - IMPROVEMENT_REL * abs(b[1])
+
+
 def pareto_front(cands: list[Candidate]) -> list[Candidate]:
     """Feasible candidates not beaten on both iteration time and cost per million
     tokens, by increasing iteration time (empty when the cluster has no prices)."""

@@ -14,6 +14,7 @@ from hyperpipe.search.evaluate import (
     count_actions,
     dedupe,
     estimate,
+    improves,
     rank_key,
     simulate_all,
 )
@@ -66,7 +67,7 @@ def refine(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate], budget
                 if not metrics.feasible:
                     phase.infeasible += 1
                     continue
-                if rank_key(ctx.c, metrics) < rank_key(ctx.c, (best or current).metrics):
+                if improves(ctx.c, metrics, (best or current).metrics):
                     best = Candidate(plan, metrics)
             if best is None:
                 break
@@ -89,10 +90,11 @@ def polish(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate], budge
                 break
             budget -= cost
             phase.seen += len(moves)
-            metrics = simulate_all(moves, ctx.cost, pool)
-            best = min((Candidate(p, m) for p, m in zip(moves, metrics, strict=True)),
-                       key=lambda cand: rank_key(ctx.c, cand.metrics))
-            if rank_key(ctx.c, best.metrics) >= rank_key(ctx.c, current.metrics):
+            best = current              # the first move that beats the rest (`improves`)
+            for plan, metrics in zip(moves, simulate_all(moves, ctx.cost, pool), strict=True):
+                if improves(ctx.c, metrics, best.metrics):
+                    best = Candidate(plan, metrics)
+            if best is current:
                 break
             current = best
         out[i] = current

@@ -11,7 +11,8 @@ Five phases, each reported with the candidates it saw, pruned and found infeasib
    The tuned uniform and proportional baselines' best plans (synthesised alike) are
    points of the search's own space (equal or proportional cuts): they join the ranking
    as seeds, so the pick is never slower than either; the result says when the pick is
-   a seed (`SearchResult.seeded_from`) and what the search's own best was (`own_best`).
+   a seed (`SearchResult.seeded_from`: a seed's plan, unless the search found the same
+   plan itself) and what the search's own best was (`own_best`).
 5. baselines (`baselines`, `peers`): tuned uniform/proportional plans and the Metis and
    AMP picks, judged by the same simulator; the report says when one beats the pick.
 
@@ -94,9 +95,8 @@ class SearchResult:
     # the best simulated plan of the search's own that also uses the devices the pick
     # leaves idle (None when it leaves none, or no simulated plan uses them all)
     using_idle: Candidate | None = None
-    # the seed baseline ("uniform" or "proportional") the pick is, when no plan of the
-    # search's own had its devices, stages and micro-batching; None when the pick is
-    # the search's own
+    # the seed baseline ("uniform" or "proportional") whose plan the pick is, unless the
+    # search found that same plan itself; None when the pick is the search's own
     seeded_from: str | None = None
     # the best feasible plan of the search's own (what it picks without the seeds)
     own_best: Candidate | None = None
@@ -338,7 +338,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     if not feasible:
         raise InfeasiblePlan(_shortfall(ctx))
     feasible = dedupe_equivalent(feasible, cluster)     # no look-alikes in the list
-    origin = [seed_of(cand.plan, seeds) for cand in feasible]
+    origin = [seed_of(cand, seeds) for cand in feasible]
     return SearchResult(best=feasible[0], ranked=feasible[:top], baselines=baselines,
                         candidates_evaluated=sum(p.seen for p in phases),
                         search_time_s=time.perf_counter() - start,
@@ -352,18 +352,12 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
                         context=ctx if keep_context else None)
 
 
-def layout_key(plan: Plan) -> tuple:
-    """Per pipeline its micro-batching and each stage's devices: what polish (layers
-    moved across cuts) and synthesis (actions reordered) keep of a plan."""
-    return tuple((pipe.micro_batch, pipe.num_microbatches,
-                  tuple(st.devices for st in pipe.stages)) for pipe in plan.pipelines)
-
-
-def seed_of(plan: Plan, seeds: dict[str, tuple]) -> str | None:
-    """The seed (`SearchResult.seeded_from`) whose layout `plan` keeps, or None;
-    `seeds`: name -> `layout_key` of each seed no plan of the search's own shared."""
-    key = layout_key(plan)
-    return next((name for name, lay in seeds.items() if lay == key), None)
+def seed_of(cand: Candidate, seeds: dict[str, Candidate]) -> str | None:
+    """The seed (`SearchResult.seeded_from`) `cand` is, or None when it is a plan of the
+    search's own; `seeds`: name -> the candidate each seed joined the ranking as. By
+    identity: a seed on devices, stages and micro-batching the search also found keeps
+    its own cut, which follows the cluster's rank order, not the search's walk."""
+    return next((name for name, seed in seeds.items() if seed is cand), None)
 
 
 def idle_devices(cluster, plan: Plan) -> list[str]:
@@ -559,8 +553,8 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     in which stage sits where, the simulator does not. Then single-layer moves on the
     best simulated plans, judged by the simulator, while budget is left, schedules
     synthesised for the best, and the seeds join (see the module doc). Returns the
-    ranking, the baselines and the seeds no plan of the search's own shared (name ->
-    `layout_key`)."""
+    ranking, the baselines and the seeds that joined it as themselves (name -> the
+    candidate; a seed equal to a plan of the search's own stays the search's)."""
     from hyperpipe.core.progress import Progress
     from hyperpipe.plan.plan import plan_over_action_limit
     # plans whose schedule could not be built (the analytic tier's closed forms do not
@@ -618,12 +612,11 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
                                        budget=budget)
     # the seeds: the tuned baselines of the search's own space (`SYNTHESISED_BASELINES`,
     # synthesised as the search's best are) that keep what the user fixed join the
-    # ranking, under their names where no plan of the search's own has their layout
-    own = {layout_key(cand.plan) for cand in ranked}
+    # ranking under their names; one equal to a plan of the search's own is dropped
+    # as a duplicate of it (`dedupe` keeps the first)
     joined = {k: baselines[k] for k in SYNTHESISED_BASELINES if k in baselines
               and baselines[k].metrics.feasible and ctx.c.admits(baselines[k].plan)}
-    seeds = {k: lay for k, cand in joined.items()
-             if (lay := layout_key(cand.plan)) not in own}
     ranked = sorted(dedupe(ranked + list(joined.values())),
                     key=lambda cand: rank_key(ctx.c, cand.metrics))
-    return ranked, baselines, seeds
+    kept = {id(cand) for cand in ranked}
+    return ranked, baselines, {k: cand for k, cand in joined.items() if id(cand) in kept}

@@ -312,7 +312,6 @@ def test_pick_is_never_slower_than_a_tuned_baseline_and_says_when_it_is_one():
     (synthesised alike), that plan joins the ranking as a seed and is picked: the result
     names it, keeps the search's own best beside it, and the report says so."""
     from hyperpipe.search.report import format_search
-    from hyperpipe.search.search import layout_key
     model, cluster = load_model("gpt2-xl"), load_cluster("h100-a100-l4")
     res = search(model, cluster, SearchConstraints(global_batch=128), workers=1)
     tuned = [res.baselines[k] for k in ("uniform", "proportional") if k in res.baselines
@@ -324,10 +323,10 @@ def test_pick_is_never_slower_than_a_tuned_baseline_and_says_when_it_is_one():
     # (if the search's own best comes to win here, this test needs another such case)
     assert res.seeded_from is not None, "the search's own best no longer loses here"
     seed = res.baselines[res.seeded_from]
-    assert layout_key(res.best.plan) == layout_key(seed.plan)
+    assert res.best.plan == seed.plan
     assert res.best.metrics.iteration_time_s == seed.metrics.iteration_time_s
     assert res.own_best.metrics.iteration_time_s > res.best.metrics.iteration_time_s
-    assert layout_key(res.own_best.plan) != layout_key(seed.plan)
+    assert res.own_best.plan != seed.plan
     text = format_search(res, CostModel(model, cluster))
     assert f"the pick is the tuned {res.seeded_from} baseline's plan" in text
     assert "the search's own best" in text
