@@ -201,8 +201,8 @@ def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
                  for r in range(world)]
         started_at = time.time()
         try:
-            with stopping.held():   # a stop waits until every rank has a pid to stop
-                for p in procs:
+            with stopping.held(), _safe_path():   # a stop waits until every rank has a
+                for p in procs:                   # pid to stop
                     p.start()
             collector = Collector(run_dir / EVENTS, world, monitor)
             _watch(procs, devices, run_dir, watchdog_s, started_at, collector.poll)
@@ -216,6 +216,24 @@ def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
             with open(path, "rb") as f:
                 results.append(pickle.load(f))
         return results
+
+
+@contextlib.contextmanager
+def _safe_path():
+    """Start processes (the forkserver, on its first use) without the working directory
+    on their import path: the forkserver starts as ``python -c ...``, whose sys.path
+    begins with the directory it was started in until the parent's path is applied, so
+    a stray ``grp.py`` there would run in it (PYTHONSAFEPATH, Python 3.11+). The
+    parent's environment is as it was afterwards."""
+    before = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = before
 
 
 def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_dir: str,

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +143,20 @@ def test_a_stopped_rank_is_blamed_and_no_process_is_left(rank, plan_path, capsys
     line = assert_one_line(rc, err, 1, f"rank {rank} (n/{rank}) failed", "stopped answering")
     assert "process stopped" in line
     assert len(started) == 2 and _pids_alive(started) == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is Python 3.11+")
+def test_a_module_in_the_working_directory_does_not_run_in_the_ranks(plan_path, tmp_path):
+    """`hyperpipe run` from a directory holding a ``grp.py`` (a standard module's name,
+    which the forkserver's start-up imports) must not execute it: the forkserver starts
+    without the working directory on its path (`launch._safe_path`)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    marker = tmp_path / "ran"
+    (work / "grp.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                 "raise ImportError('not the real grp')\n")
+    exe = Path(sys.executable).parent / "hyperpipe"
+    done = subprocess.run([str(exe), "run", "--plan", str(plan_path), "--steps", "1"],
+                          cwd=work, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not marker.exists()
