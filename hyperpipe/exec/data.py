@@ -12,6 +12,8 @@ get N(0, 1) inputs and tanh(N(0, 1)) targets, what their MSE head expects.
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from hyperpipe.models.spec import ModelSpec
@@ -19,6 +21,14 @@ from hyperpipe.models.spec import ModelSpec
 _STEP_BITS = 24          # (seed, step) -> seed·2²⁴ + step, unique for step < 2²⁴
 _MAX_STRIDE = 8
 _NOISE = 0.1
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of `rank`'s own random stream (dropout masks: torch's default generator)
+    in a run of `seed`: one stream per rank, the same in every run of the seed, and
+    unrelated to the data stream's (seed, step) seeds (a hash, not an offset)."""
+    digest = hashlib.sha256(f"hyperpipe-rank-stream:{seed}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1          # a non-negative int64
 
 
 def step_batch(spec: ModelSpec, global_batch: int, step: int, seed: int

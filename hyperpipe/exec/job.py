@@ -25,6 +25,7 @@ from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.core.errors import BadInput
 from hyperpipe.exec import checkpoint, links, preflight
 from hyperpipe.exec.comm import probe_links
+from hyperpipe.exec.data import rank_seed
 from hyperpipe.exec.emulation import device_factors
 from hyperpipe.exec.experts import check_expert_parallel
 from hyperpipe.exec.fabric import topology
@@ -152,6 +153,7 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
         return time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    torch.manual_seed(rank_seed(options.seed, rank))      # dropout: same seed, same masks
     runtime = RankRuntime(plan, spec, where, seed=options.seed, lr=options.lr, device=device,
                           timeout_s=options.timeout_s, clock=clock,
                           emulation_factor=factors[where.device],
@@ -161,12 +163,11 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
                           nodes=[prep.cluster.device(d).node for d in plan.devices],
                           switch_nodes=frozenset(n.name for n in prep.cluster.nodes
                                                  if prep.cluster.switch_reduces(n.name)))
-    first_step = 0
+    first_step, rng = 0, None
     if prep.resume_from is not None:
         state = checkpoint.load_rank(options.checkpoint_dir, prep.resume_from, rank)
         runtime.load_state_dict(state)
-        checkpoint.set_rng_state(state["rng"])
-        first_step = int(state["step"])
+        rng, first_step = state["rng"], int(state["step"])
     if emulated:
         _reference_phase(runtime, options, prep, rank, report)
         busy = _expected_busy_s(runtime, factors[where.device])
@@ -178,6 +179,8 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
         runtime.timeout_s = max(options.timeout_s, TIMEOUT_STEPS * float(total.item()))
         if client is not None:
             client.timeout_s = runtime.timeout_s
+    if rng is not None:          # after the reference passes, which draw dropout masks too
+        checkpoint.set_rng_state(rng)
     dist.barrier()
     t0 = time.perf_counter()        # aligned: every rank leaves the barrier together
     if client is not None:
