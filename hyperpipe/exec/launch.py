@@ -79,9 +79,10 @@ def run_plan(plan: Plan, options: RunOptions, monitor: Monitor | None = None) ->
     script calling this needs the ``if __name__ == "__main__":`` guard: the children
     start from a fork server, which imports the main script as multiprocessing's spawn
     does). `monitor` hears of phases, progress and each step as it ends (under torchrun,
-    rank 0's view of its own steps). A checkpoint directory is locked and stamped with
-    this run for as long as it runs. Raises BadInput for a bad plan or options (before
-    any rank starts), RunFailed when a rank fails.
+    on rank 0, each step gathered from every rank: `_gathering_reporter`). A checkpoint
+    directory is locked and stamped with this run for as long as it runs. Raises
+    BadInput for a bad plan or options (before any rank starts), RunFailed when a rank
+    fails.
     """
     prep = prepare(plan, options)
     if monitor is not None and options.resume:
@@ -97,12 +98,11 @@ def run_plan(plan: Plan, options: RunOptions, monitor: Monitor | None = None) ->
             raise BadInput("WORLD_SIZE (from torchrun)", f"{len(plan.devices)}, one rank per "
                            "device of the plan", world)
         use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
-        collector = Collector(".", 1, monitor if rank == 0 else None)
+        collector = Collector(".", world, monitor if rank == 0 else None)
         lock = _claim(prep, options) if rank == 0 else None
         try:
             return rank_main(prep, options, rank, local_rank, use_cuda=use_cuda,
-                             report=lambda kind, **d: collector.handle(
-                                 {"kind": kind, "rank": 0, **d}))
+                             report=_gathering_reporter(collector, rank, world))
         except BaseException as exc:
             if isinstance(exc, (BadInput, KeyboardInterrupt)):
                 raise
@@ -117,6 +117,28 @@ def run_plan(plan: Plan, options: RunOptions, monitor: Monitor | None = None) ->
     finally:
         if lock is not None:
             lock.close()
+
+
+# Reports every rank makes at the same point of its program, each of its own part (its
+# device's expected compute, its view of a step): under torchrun they are gathered so that
+# rank 0's console sees the whole step (the loss lives on the last stage), as a local
+# run's launcher does from the ranks' files.
+GATHERED_REPORTS = ("expected", "step")
+
+
+def _gathering_reporter(collector: Collector, rank: int, world: int):
+    """A torchrun rank's reporter: `GATHERED_REPORTS` are all-gathered (a collective,
+    made by every rank at the same point) and handed to `collector` (rank 0's, with the
+    monitor) as if every rank had reported; the others are rank 0's own."""
+    def report(kind: str, **data: Any) -> None:
+        if kind not in GATHERED_REPORTS:
+            collector.handle({"kind": kind, "rank": rank, **data})
+            return
+        got: list[Any] = [None] * world
+        dist.all_gather_object(got, data)
+        for r, part in enumerate(got):
+            collector.handle({"kind": kind, "rank": r, **part})
+    return report
 
 
 def _claim(prep: Prepared, options: RunOptions):

@@ -305,3 +305,23 @@ def test_dropout_is_seeded_and_a_resumed_run_draws_the_same_masks(emulate, tmp_p
     for a, b in zip(straight.state, resumed.state, strict=True):
         for name in a:
             assert torch.equal(a[name]["param"], b[name]["param"]), name
+
+
+@pytest.mark.slow
+def test_torchrun_console_shows_the_whole_step(tmp_path):
+    """Under torchrun, rank 0 (the first stage) prints each step's loss, which the last
+    stage holds, and the emulation scale over every rank's compute: its step lines read
+    the losses a local run of the plan gives, not 0."""
+    import re
+    import subprocess
+    import sys
+    plan = make_plan("gpipe", [(2, 2, [(0, 4), (4, 8)])])
+    path = _save(plan, tmp_path)
+    local = run_plan(plan, RunOptions(steps=2, emulate=False, probe_links=False))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "hyperpipe", "run", "--plan", path,
+                           "--steps", "2", "--no-emulate"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"\| loss (\d+\.\d+) \|", done.stdout)]
+    assert losses == pytest.approx(local.losses, abs=5e-5), done.stdout
