@@ -84,8 +84,24 @@ def run(cfg: DemoConfig) -> int:
         probe_folder(cfg.out_dir)      # before minutes of work, not after
     except BadInput as exc:
         raise BadInput(f"--out {exc.where}", exc.expected, has_got=False) from None
+    for name in output_names():
+        path = Path(cfg.out_dir) / name
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise BadInput(f"--out {path}", "a file the demo may replace (it is a folder "
+                           "or another kind of file)", has_got=False)
     run_demo(cfg)
     return EXIT_OK
+
+
+PLAN_NAMES = ("uniform", "best", "tuned")    # the plans the demo runs, in that order
+
+
+def output_names() -> list[str]:
+    """The files the demo writes in its folder (the tuned baseline's only when it runs)."""
+    per_plan = ("plan_{}.json", "trace_{}_measured.json", "chrome_{}_measured.json",
+                "trace_{}_predicted.json", "chrome_{}_predicted.json", "timeline_{}.png")
+    return ["report.json", "profile_native.json", "profile_layers.json",
+            "profile_calibrated.json"] + [f.format(n) for n in PLAN_NAMES for f in per_plan]
 
 
 def _log(msg: str) -> None:

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from hyperpipe.cli import main
+from hyperpipe.cli.demo import output_names
 from hyperpipe.plan.plan import load_plan
 from hyperpipe.plan.profile import load_profile
 from hyperpipe.plan.trace import load_trace
@@ -60,3 +61,16 @@ def test_demo_writes_a_consistent_report(tmp_path, capsys):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chrome = json.loads((out / "chrome_best_measured.json").read_text())
     assert any(e.get("ph") == "X" for e in chrome["traceEvents"])
+    # what the demo checks before it starts is what it writes
+    assert {p.name for p in out.iterdir()} <= set(output_names())
+
+
+def test_demo_refuses_an_output_it_cannot_write_before_any_work(tmp_path, capsys):
+    """A folder where the demo writes report.json: exit 2 at once, one line naming it,
+    and nothing written."""
+    out = tmp_path / "demo"
+    (out / "report.json").mkdir(parents=True)
+    assert main(["demo", "--out", str(out), "--steps", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "report.json" in err[0]
+    assert [p.name for p in out.iterdir()] == ["report.json"]
