@@ -8,17 +8,20 @@ optimizer entries are keyed by device type, with x = parameters held. Overhead e
 keyed ``"DEVICE_TYPE|OP"``, are seconds each compute action costs on top of its layers
 (dispatch, Python, the executor's bookkeeping), fitted from pipeline runs.
 
+Every fitted time is non-negative: ``a_s``, ``b_s_per_unit`` and overheads are >= 0.
+
 A profile records what it was measured on (``provenance.model``,
 ``provenance.model_fingerprint``, and the device types of its entries); `check_profile`
-refuses it for another model or for a cluster with device types it has no entry for,
-unless the user asks for it explicitly.
+refuses it for another model, for a cluster with device types it has no entry for, or
+when its provenance does not say which model it was measured on, unless the user asks
+for it explicitly. A profile without provenance (written by hand) is not checked
+against the model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,18 +91,13 @@ class Profile:
 MAX_FIT_S = 1e9      # seconds: the largest intercept or slope a profile may hold
 
 
-def _seconds(v: Any, where: str) -> float:
-    """A fitted time: finite, of either sign (a fitted intercept may be negative)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or abs(v) > MAX_FIT_S:
-        raise BadInput(where, f"a finite number of seconds within +-{MAX_FIT_S:g}", v)
-    return float(v)
-
-
 def _fit(data: Any, where: str) -> Fit:
+    """A fit of a profile file: a_s and b_s_per_unit finite, >= 0 and <= MAX_FIT_S (the
+    calibration's least squares is non-negative; a negative time per call or per unit
+    is a corrupted or hand-edited file, as a negative overhead is)."""
     f = Fields(data, where, ("a_s", "b_s_per_unit", "samples", "rel_rmse"))
-    a = _seconds(f.raw("a_s"), f.at("a_s"))
-    b = _seconds(f.raw("b_s_per_unit"), f.at("b_s_per_unit"))
+    a = f.number("a_s", at_most=MAX_FIT_S)
+    b = f.number("b_s_per_unit", at_most=MAX_FIT_S)
     return Fit(a, b, int(f.number("samples", 0, at_most=limits.MAX_INT)),
                f.number("rel_rmse", 0.0, at_most=1e6))
 
@@ -142,28 +140,36 @@ def model_fingerprint(spec: Any) -> str:
 
 def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
                   allow_mismatch: bool = False, devices: Any = None) -> None:
-    """Refuse (BadInput) a profile measured on another model, or one without entries for
-    a device type in use (`devices`, by default every device of `cluster`: its costs
-    would silently mix with analytic ones), unless `allow_mismatch`. Profiles older than
-    the fingerprint are checked by model name."""
+    """Refuse (BadInput) a profile measured on another model, one whose provenance names
+    no model (`provenance` non-empty without `model_fingerprint` or `model`), or one
+    without `compute` entries for a device type in use (`devices`, by default every
+    device of `cluster`: its costs would silently mix with analytic ones; an empty
+    `compute` covers none), unless `allow_mismatch`. Profiles older than the fingerprint
+    are checked by model name; a profile without provenance (written by hand) is not
+    checked against the model."""
     if allow_mismatch:
         return
     hint = "pass `allow_profile_mismatch` to use it anyway"
     prov = profile.provenance
     got_fp, got_name = prov.get("model_fingerprint"), prov.get("model")
+    if prov and not got_fp and not got_name:
+        raise BadInput(f"{where}: provenance.model_fingerprint", "the model the profile was "
+                       f"measured on, to check against model {spec.name} "
+                       f"({model_fingerprint(spec)}); its provenance names none: {hint}",
+                       has_got=False)
     if (got_fp and got_fp != model_fingerprint(spec)) or \
             (not got_fp and got_name and got_name != spec.name):
         raise BadInput(where, f"a profile measured on model {spec.name} "
                        f"({model_fingerprint(spec)}); it was measured on {got_name} "
                        f"({got_fp or 'no fingerprint'}): {hint}", has_got=False)
     covered = {k.split("|")[0] for k in profile.compute}
-    if covered:
-        used = cluster.devices if devices is None else [cluster.device(d) for d in devices]
-        missing = sorted({d.type.name for d in used} - covered)
-        if missing:
-            raise BadInput(where, f"a profile with entries for every device type used on "
-                           f"cluster {cluster.name}; it has none for {', '.join(missing)} (it "
-                           f"covers {', '.join(sorted(covered))}): {hint}", has_got=False)
+    used = cluster.devices if devices is None else [cluster.device(d) for d in devices]
+    missing = sorted({d.type.name for d in used} - covered)
+    if missing:
+        raise BadInput(f"{where}: compute", f"entries for every device type used on "
+                       f"cluster {cluster.name}; it has none for {', '.join(missing)} (it "
+                       f"covers {', '.join(sorted(covered)) or 'none'}): {hint}",
+                       has_got=False)
 
 
 def load_profile(path: str | Path) -> Profile:

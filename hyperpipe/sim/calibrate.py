@@ -32,7 +32,7 @@ from hyperpipe.cluster.cluster import Cluster, Link
 from hyperpipe.core.errors import BadInput
 from hyperpipe.models import ModelSpec
 from hyperpipe.plan.plan import Plan, plan_from_dict
-from hyperpipe.plan.profile import Fit, Profile
+from hyperpipe.plan.profile import Fit, Profile, model_fingerprint
 from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 from hyperpipe.sim.costmodel import CostModel, op_flops
 
@@ -349,6 +349,11 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
               base: Profile | None = None) -> Profile:
     """Fit a Profile to measured traces (each must carry its plan in ``meta["plan"]``).
 
+    Every trace must have run the same model (by fingerprint, `_check_one_model`): a
+    profile prices the model it was measured on and records it in its provenance
+    (``model``, ``model_fingerprint``). Traces may come from different clusters (the
+    fits are keyed by device type and link class).
+
     With `base` (a profile from per-layer profiling, `hyperpipe calibrate --measure`),
     its per-layer shape is kept and scaled to the runs (`_fit_to_base`); without it,
     per-layer-kind lines are fitted from the traces alone. Links, all-reduce and
@@ -358,6 +363,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
     samples: list[_Sample] = []
     with_cluster: list[tuple[Trace, Cluster]] = []
     misc = []
+    first: _Measured | None = None
     for n, trace in enumerate(traces):
         where = (sources or [f"trace {n}"] * len(traces))[n]
         if "plan" not in trace.meta:
@@ -365,6 +371,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
                            has_got=False)
         plan = plan_from_dict(trace.meta["plan"], where=f"{where}: meta.plan")
         model, cluster = plan.load_model(), plan.load_cluster()
+        first = _check_one_model(first, _Measured(where, model))
         dtypes = {d: cluster.device(d).type.name for d in plan.devices}
         _check_events(trace, plan, where)
         base_cost = None if base is None else CostModel(model, cluster, base)
@@ -405,9 +412,31 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         })
 
 
+class _Measured(NamedTuple):
+    """A trace's source (file name) and the model its plan ran."""
+
+    where: str
+    model: ModelSpec
+
+
+def _check_one_model(first: _Measured | None, this: _Measured) -> _Measured:
+    """`first` (or `this` when it is the first trace); BadInput naming both traces when
+    `this` ran another model than `first` (by `model_fingerprint`: shapes, not names)."""
+    if first is None:
+        return this
+    fp_first, fp_this = model_fingerprint(first.model), model_fingerprint(this.model)
+    if fp_first != fp_this:
+        raise BadInput(f"{first.where}, {this.where}: meta.plan.model",
+                       "traces of one model (a profile prices the model it was measured "
+                       f"on); {first.where} ran {first.model.name} ({fp_first}), "
+                       f"{this.where} ran {this.model.name} ({fp_this}): calibrate each "
+                       "model separately", has_got=False)
+    return first
+
+
 def _measured_on(models: list) -> dict:
-    """The model a profile was fitted on (name and fingerprint), when the traces agree."""
-    from hyperpipe.plan.profile import model_fingerprint
+    """The model a profile was fitted on (name and fingerprint), when the traces agree
+    (`calibrate` refuses traces that do not, `_check_one_model`)."""
     fps = {model_fingerprint(m) for m in models}
     if len(fps) != 1:
         return {}

@@ -1,0 +1,88 @@
+"""Calibration fits one model: traces of different models (by shape, not name) are
+refused with one line naming both files and writing nothing; the profile written records
+the model, so that `simulate` refuses it for another."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from factories import chain_plan
+
+from hyperpipe.cli import main as cli_main
+from hyperpipe.core.errors import BadInput
+from hyperpipe.models import load_model
+from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.profile import load_profile, model_fingerprint
+from hyperpipe.plan.trace import Trace
+from hyperpipe.sim.calibrate import calibrate
+from hyperpipe.sim.costmodel import CostModel
+from hyperpipe.sim.simulator import simulate
+
+TINY_GPT_SEQ32 = {"preset": "tiny-gpt", "seq_len": 32}   # same name, other shapes
+
+
+def _plan(model, cuts: list[int]) -> Plan:
+    return chain_plan(model, "demo-hetero", cuts, ["a100/0", "v100/0"], 2, 2)
+
+
+def _measured_like(plan: Plan) -> Trace:
+    """A simulated trace of `plan` with its step repeated as step 1 (calibration leaves
+    step 0, the warm-up, out)."""
+    trace = simulate(plan, CostModel(plan.load_model(), plan.load_cluster())).trace
+    end = max(e.end_s for e in trace.events)
+    again = tuple(replace(e, start_s=e.start_s + end, end_s=e.end_s + end, step=1)
+                  for e in trace.events)
+    return Trace(trace.events + again, trace.meta)
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[str, Trace]:
+    return {"gpt": _measured_like(_plan("tiny-gpt", [0, 4, 8])),
+            "moe": _measured_like(_plan("tiny-moe", [0, 3, 6])),
+            "gpt-seq32": _measured_like(_plan(TINY_GPT_SEQ32, [0, 4, 8]))}
+
+
+@pytest.mark.parametrize("other,needles", [
+    ("moe", ["tiny-moe"]),
+    ("gpt-seq32", []),         # told apart by fingerprint although both say tiny-gpt
+])
+def test_calibrate_refuses_traces_of_different_models(traces, other, needles, tmp_path,
+                                                      capsys):
+    a, b = tmp_path / "A.json", tmp_path / "B.json"
+    traces["gpt"].save(a)
+    traces[other].save(b)
+    out = tmp_path / "p.json"
+    assert cli_main(["calibrate", "--trace", str(a), str(b), "--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    fp_a = model_fingerprint(load_model("tiny-gpt"))
+    for word in [str(a), str(b), "meta.plan.model", "tiny-gpt", fp_a, *needles]:
+        assert word in lines[0], (word, lines[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A.json", "B.json"]  # nothing written
+
+
+def test_calibrate_library_names_the_sources(traces):
+    with pytest.raises(BadInput, match=r"^t0, t1: meta\.plan\.model: expected traces of one "
+                       r"model.*t0 ran tiny-gpt .*t1 ran tiny-moe"):
+        calibrate([traces["gpt"], traces["moe"]], sources=["t0", "t1"])
+
+
+def test_calibrated_profile_records_its_model_and_is_refused_for_another(traces, tmp_path,
+                                                                         capsys):
+    a, b = tmp_path / "A.json", tmp_path / "B.json"
+    traces["gpt"].save(a)
+    traces["gpt"].save(b)
+    out = tmp_path / "p.json"
+    assert cli_main(["calibrate", "--trace", str(a), str(b), "--out", str(out)]) == 0
+    prov = load_profile(out).provenance
+    assert (prov["model"], prov["model_fingerprint"]) == \
+        ("tiny-gpt", model_fingerprint(load_model("tiny-gpt")))
+    capsys.readouterr()
+    other = tmp_path / "moe-plan.json"
+    _plan("tiny-moe", [0, 3, 6]).save(other)
+    assert cli_main(["simulate", "--plan", str(other), "--profile", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "measured on tiny-gpt" in err and str(out) in err
+    assert Path(out).exists()
