@@ -4,8 +4,10 @@ the memory check before launch, and live step lines.
 On a CPU the executor replays the plan's cluster slowed down (exec.emulation). The
 *emulation scale* is the ranks' expected compute seconds per step here over the
 simulator's (both summed over devices), known once the ranks have timed their actions,
-before step 0; the step lines print `predicted here = predicted x scale` beside the
-measured time, so the prediction is not fitted to the steps it is compared with.
+before step 0; the step lines print the step predicted here beside the measured time:
+the plan simulated with every device's compute stretched by the scale and the links as
+they are (emulation stretches compute; the link emulator keeps the links' own times),
+so the prediction is not fitted to the steps it is compared with.
 
 Memory: each rank's predicted peak must fit before anything starts: with one GPU per
 rank, in that GPU's free memory; on a CPU, all ranks together plus each process's torch
@@ -16,7 +18,9 @@ reserve of the catalog. A plan that does not fit is bad input (exit 2) with the 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -44,6 +48,10 @@ class Prediction:
     busy_s: dict[str, float]                # device -> compute seconds in one step
     # device -> the GPU runtime reserve inside its peak (not held by a CPU rank)
     reserve_bytes: dict[str, float] = field(default_factory=dict)
+    # seconds of one step with every device's compute stretched by a factor and the
+    # links as they are (emulation stretches compute, not links); None: the iteration
+    # time times the factor
+    stretched_s: Callable[[float], float] | None = None
 
 
 def predict(plan: Plan) -> Prediction:
@@ -61,7 +69,22 @@ def predict(plan: Plan) -> Prediction:
     reserve = {d: cost.runtime_reserve_bytes(cluster.device(d).type.name)
                for d in plan.devices}
     return Prediction(m.iteration_time_s, m.tokens_per_s * m.iteration_time_s,
-                      dict(m.peak_memory_bytes), busy, reserve)
+                      dict(m.peak_memory_bytes), busy, reserve,
+                      partial(stretched_step_s, plan, spec, cluster))
+
+
+def stretched_step_s(plan: Plan, spec, cluster, factor: float) -> float:
+    """The simulated step of `plan` with every device computing `factor` times slower
+    (each node's `slowdown` times `factor`) and the links unchanged: what an emulated
+    run at that scale should measure."""
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import SimOptions, simulate
+    nodes = tuple(replace(n, slowdown=tuple(n.device_slowdown(i) * factor
+                                            for i in range(n.count)))
+                  for n in cluster.nodes)
+    slower = replace(cluster, nodes=nodes)
+    return simulate(plan, CostModel(spec, slower), SimOptions(trace=False)
+                    ).metrics.iteration_time_s
 
 
 def host_available_bytes() -> float | None:
@@ -126,6 +149,7 @@ class ConsoleMonitor:
         self.progress = progress
         self.bar: Progress | None = None
         self.scale: float | None = None
+        self.here_s: float | None = None       # the step predicted here, seconds
 
     def say(self, text: str) -> None:
         self.stream.write(text + "\n")
@@ -152,13 +176,15 @@ class ConsoleMonitor:
             return
         self.scale = sum(busy_s.values()) / sim
         p = self.pred.iteration_time_s
+        self.here_s = self.pred.stretched_s(self.scale) if self.pred.stretched_s \
+            else p * self.scale
         self.say(f"predicted step: {fmt_s(p)} on the cluster; emulation scale here "
                  f"{self.scale:,.0f}x (the ranks' compute per step here / the simulator's),"
-                 f" so {fmt_s(p * self.scale)} here")
+                 f" so {fmt_s(self.here_s)} here (compute stretched, links as they are)")
 
     def step(self, r: StepReport) -> None:
-        pred = f"{self.pred.iteration_time_s * self.scale * 1e3:.1f} ms predicted here" \
-            if self.pred is not None and self.scale is not None else "no prediction here"
+        pred = f"{self.here_s * 1e3:.1f} ms predicted here" \
+            if self.here_s is not None else "no prediction here"
         tokens = self.pred.tokens_per_step / r.time_s if self.pred is not None else 0.0
         self.say(f"step {r.step}: {r.time_s * 1e3:.1f} ms measured, {pred} | loss "
                  f"{r.loss:.4f} | {tokens:.0f} tokens/s | peak memory "

@@ -168,3 +168,34 @@ def test_layer_profiling_says_what_it_does_and_holds_to_its_budget():
     assert all(Profile.key("local", kind, op) in over.compute
                for kind in ("embedding", "block", "head") for op in ("F", "I", "W", "B"))
     assert prof.provenance["model"] == "tiny-gpt" and prof.provenance["model_fingerprint"]
+
+
+def test_predicted_here_stretches_compute_and_keeps_links():
+    """The step predicted here for a plan whose time is mostly a slow link: stretching
+    compute by k adds (k - 1) x the compute on the critical path, not (k - 1) x the link
+    time. One stage on each of two devices over 1 Gbit/s, gpipe, one micro-batch: the
+    step is F0 + send + F1 + B1 + send back + B0, then both optimizer steps at once, so
+    stretching by k moves it by (k - 1) x (the four passes + the longer optimizer
+    step), the links' part unchanged."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.plan.plan import plan_from_dict
+    cluster = {"name": "slow", "inter_node": {"bandwidth": "1 Gbit/s", "latency": "1 ms"},
+               "nodes": [{"name": "a", "device": "A100-80GB", "count": 1},
+                         {"name": "b", "device": "A100-80GB", "count": 1}]}
+    plan = plan_from_dict({"format": "hyperpipe.plan/1", "model": "tiny-gpt",
+                           "cluster": cluster, "global_batch": 2,
+                           "schedule": {"kind": "gpipe"},
+                           "pipelines": [{"micro_batch": 2, "num_microbatches": 1,
+                                          "stages": [{"layers": [0, 4], "devices": ["a/0"]},
+                                                     {"layers": [4, 8], "devices": ["b/0"]}]}]})
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import simulate
+    pred = predict(plan)
+    events = simulate(plan, CostModel(plan.load_model(), plan.load_cluster())).trace.events
+    passes = sum(e.duration_s for e in events if e.op in ("F", "B", "I", "W"))
+    busy = passes + max(e.duration_s for e in events if e.op == "optimizer")
+    k = 50.0
+    here = pred.stretched_s(k)
+    assert here == pytest.approx(pred.iteration_time_s + (k - 1) * busy, rel=1e-6)
+    assert pred.iteration_time_s - busy > 0.5e-3      # the links' part: what k leaves
+    assert load_cluster(cluster) == plan.load_cluster()   # the plan's cluster untouched
