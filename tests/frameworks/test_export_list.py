@@ -194,3 +194,30 @@ def test_zero_and_cp_reach_the_frameworks_that_hold_them_and_are_named_elsewhere
     assert "context_parallel_degree = 2" in export(cp, "torchtitan")
     for fw in ("megatron", "torchtitan"):
         assert "cannot express: context" not in export(cp, fw)
+
+
+def test_an_export_says_what_it_costs_even_when_it_drops_nothing():
+    """Two ZeRO-3 replicas of tiny-gpt, one on an A100 and one on a V100: DeepSpeed's JSON
+    can say all of it, but its launcher puts rank 1 on the cluster's second device (the
+    other A100), so the export runs faster than the plan, and a `# cost:` line says so
+    with both simulated times. The same plan on the two A100s reads back as itself: no
+    line."""
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import simulate
+    doc = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+           "global_batch": 8, "schedule": {"kind": "1f1b"}, "zero": 3,
+           "pipelines": [{"micro_batch": 2, "num_microbatches": 2,
+                          "stages": [{"layers": [0, 8], "devices": [d]}]}
+                         for d in ("a100/0", "v100/0")]}
+    plan = plan_from_dict(doc)
+    files = export_files(plan, "deepspeed")
+    head = next(text for name, text in files.items() if name.endswith(".args"))
+    assert "# cannot express" not in head
+    cost = [x for x in head.splitlines() if x.startswith("# cost:")]
+    ours = simulate(plan, CostModel(plan.load_model(), plan.load_cluster()))
+    assert len(cost) == 1 and "faster than the plan" in cost[0]
+    assert f"{ours.metrics.iteration_time_s:.4f} s per iteration" in cost[0]
+    same = plan_from_dict({**doc, "pipelines": [
+        {**p, "stages": [{"layers": [0, 8], "devices": [d]}]}
+        for p, d in zip(doc["pipelines"], ("a100/0", "a100/1"), strict=True)]})
+    assert not any("# cost:" in text for text in export_files(same, "deepspeed").values())
