@@ -555,7 +555,10 @@ class Fields:
 
     def positive_int(self, key: str, default: Any = ..., *, allow_zero: bool = False,
                      at_most: int = limits.MAX_INT) -> int:
-        value = self.raw(key, default)
+        """`check_int` of the field, a whole number in exponent form read as that integer:
+        JSON's ``1e6`` (a float) and YAML's ``1e6`` (a string under YAML 1.1, which wants
+        ``1.0e+6`` for a float)."""
+        value = _whole_number(self.raw(key, default))
         return check_int(value, self.at(key), allow_zero=allow_zero, at_most=at_most)
 
     def number(self, key: str, default: Any = ..., *, positive: bool = False,
@@ -596,10 +599,7 @@ class Fields:
 def check_int(value: Any, where: str, *, allow_zero: bool = False,
               at_most: int = limits.MAX_INT) -> int:
     """Return `value` if it is a positive (or non-negative) integer of at most `at_most`
-    (a documented limit of `hyperpipe.core.limits`), else raise BadInput. A whole number
-    written in exponent form counts: JSON's ``1e6`` (a float) and YAML's ``1e6`` (a string
-    under YAML 1.1, which wants ``1.0e+6`` for a float)."""
-    value = _whole_number(value)
+    (a documented limit of `hyperpipe.core.limits`), else raise BadInput."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 \
             or (value == 0 and not allow_zero) or value > at_most:
         want = "a non-negative integer" if allow_zero else "a positive integer"

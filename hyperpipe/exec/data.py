@@ -24,9 +24,10 @@ _NOISE = 0.1
 
 
 def rank_seed(seed: int, rank: int) -> int:
-    """The seed of `rank`'s own random stream (dropout masks: torch's default generator)
-    in a run of `seed`: one stream per rank, the same in every run of the seed, and
-    unrelated to the data stream's (seed, step) seeds (a hash, not an offset)."""
+    """The seed of the random stream of `rank` (dropout masks: torch's default generator;
+    the executor passes its tensor-parallel group's first rank, whose ranks must draw
+    the same masks) in a run of `seed`: the same in every run of the seed, and unrelated
+    to the data stream's (seed, step) seeds (a hash, not an offset)."""
     digest = hashlib.sha256(f"hyperpipe-rank-stream:{seed}:{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1          # a non-negative int64
 

@@ -153,7 +153,9 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
         return time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    torch.manual_seed(rank_seed(options.seed, rank))      # dropout: same seed, same masks
+    # dropout: same seed, same masks; one stream per tensor-parallel group, whose ranks
+    # hold the same activations outside the split layers (embedding, residual dropout)
+    torch.manual_seed(rank_seed(options.seed, min(where.tp_ranks, default=rank)))
     runtime = RankRuntime(plan, spec, where, seed=options.seed, lr=options.lr, device=device,
                           timeout_s=options.timeout_s, clock=clock,
                           emulation_factor=factors[where.device],
@@ -169,7 +171,10 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
         runtime.load_state_dict(state)
         rng, first_step = state["rng"], int(state["step"])
     if emulated:
-        _reference_phase(runtime, options, prep, rank, report)
+        # the reference passes draw dropout masks too: on a stream of their own, so that
+        # the run's masks do not depend on whether it emulates
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            _reference_phase(runtime, options, prep, rank, report)
         busy = _expected_busy_s(runtime, factors[where.device])
         report("expected", device=where.device, busy_s=busy)
         # Every wait may last a whole step of the slowest rank: give waits at least a few
@@ -179,7 +184,7 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
         runtime.timeout_s = max(options.timeout_s, TIMEOUT_STEPS * float(total.item()))
         if client is not None:
             client.timeout_s = runtime.timeout_s
-    if rng is not None:          # after the reference passes, which draw dropout masks too
+    if rng is not None:
         checkpoint.set_rng_state(rng)
     dist.barrier()
     t0 = time.perf_counter()        # aligned: every rank leaves the barrier together

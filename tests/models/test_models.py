@@ -354,3 +354,12 @@ def test_a_fractional_count_is_refused(value, tmp_path):
                                 "fwd_flops_per_sample": 1e9, "params_per_layer": value}))
     with pytest.raises(BadInput, match="params_per_layer.*non-negative integer"):
         load_model(str(path))
+
+
+@pytest.mark.parametrize("field", [{"n_head": 4e0}, {"n_layer": "2e0"}, {"vocab_size": 1e3}])
+def test_a_gpt_dimension_must_be_an_integer(field):
+    """The exponent form is read as an integer only in the synthetic model's counts; a
+    GPT dimension written so is refused naming the field, never left a float or string
+    for the arithmetic (a TypeError, exit 1)."""
+    with pytest.raises(BadInput, match=next(iter(field))):
+        load_model({"preset": "tiny-gpt", **field})
