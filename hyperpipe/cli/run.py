@@ -7,7 +7,6 @@ torchrun. Before launch rank 0 predicts the step and checks that memory fits
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ class RunCommandOptions:
     progress: bool
     inject_fault: str | None      # RANK:STEP[:stop] as typed
     no_emulate: bool
-    emulation_scale: float | None     # None: `_default_scale`
+    emulation_scale: float
     threads: int
     seed: int
     lr: float
@@ -74,10 +73,8 @@ def add_parser(sub) -> None:
                    "SIGSTOP it instead, a drill of the watchdog)")
     p.add_argument("--no-emulate", action="store_true",
                    help="run every device at this machine's native speed")
-    p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=None, metavar="S",
-                   help="stretch every device's compute by this factor too (default on a "
-                   "CPU: 1.5 x ranks / cores, at least 2, so that the ranks' contention "
-                   "for the cores does not set the times; docs/emulation.md)")
+    p.add_argument("--emulation-scale", type=ca.EMULATION_SCALE, default=1.0, metavar="S",
+                   help="stretch every device's compute by this factor too")
     p.add_argument("--threads", type=ca.THREADS, default=1, metavar="N",
                    help="CPU threads per rank")
     p.add_argument("--seed", type=ca.SEED, default=0, metavar="S", help="weights and data seed")
@@ -106,17 +103,6 @@ def parse_fault(text: str | None, steps: int) -> tuple | None:
 _BAD_INPUT = "BadInput: "        # how a rank's report names a BadInput (exec.launch)
 
 
-def _default_scale(ranks_here: int) -> float:
-    """The emulation scale without --emulation-scale: on a CPU `auto_emulation_scale` of
-    the ranks on this machine over its cores; with GPUs (a rank each, no contention) 1."""
-    import torch
-
-    from hyperpipe.exec.emulation import auto_emulation_scale
-    if torch.cuda.is_available():
-        return 1.0
-    return auto_emulation_scale(ranks_here, os.cpu_count() or 1)
-
-
 def run(opts: RunCommandOptions) -> int:
     fault = parse_fault(opts.inject_fault, opts.steps)
     check_outputs([("--plan", opts.plan)], [("--trace", opts.trace),
@@ -124,16 +110,14 @@ def run(opts: RunCommandOptions) -> int:
     from hyperpipe.exec import RunFailed, RunOptions, run_plan
     from hyperpipe.exec.launch import torchrun_env
     from hyperpipe.plan.plan import load_plan
-    env = torchrun_env()
-    plan = load_plan(opts.plan)
     options = RunOptions(
         steps=opts.steps, seed=opts.seed, trace_path=opts.trace, chrome_path=opts.chrome,
         checkpoint_dir=opts.checkpoint, checkpoint_every=opts.checkpoint_every,
         resume=opts.resume, overwrite=opts.overwrite, inject_fault=fault,
-        emulate=not opts.no_emulate,
-        emulation_scale=opts.emulation_scale if opts.emulation_scale is not None
-        else _default_scale(len(plan.devices) if env is None else env[3]),
+        emulate=not opts.no_emulate, emulation_scale=opts.emulation_scale,
         threads_per_rank=opts.threads, timeout_s=opts.timeout_s, lr=opts.lr)
+    env = torchrun_env()
+    plan = load_plan(opts.plan)
     monitor = None
     if env is None or env[0] == 0:
         monitor = _console(plan, opts)
