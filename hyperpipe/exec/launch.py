@@ -246,7 +246,9 @@ def _safe_path():
     on their import path: the forkserver starts as ``python -c ...``, whose sys.path
     begins with the directory it was started in until the parent's path is applied, so
     a stray ``grp.py`` there would run in it (PYTHONSAFEPATH, Python 3.11+). The
-    parent's environment is as it was afterwards."""
+    parent's environment is as it was afterwards; the ranks inherit the setting (their
+    path is the parent's). A script that calls this still has its own directory on its
+    path, as any Python script does."""
     before = os.environ.get("PYTHONSAFEPATH")
     os.environ["PYTHONSAFEPATH"] = "1"
     try:

@@ -107,7 +107,8 @@ class Collector:
                 continue
 
     def handle(self, event: dict) -> None:
-        """One report (also called directly under torchrun, with world 1)."""
+        """One report (under torchrun called directly on rank 0 with every rank's part of
+        the reports all of them make, `launch._gathering_reporter`)."""
         if self.monitor is None:
             return
         kind = event["kind"]

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from hyperpipe.core.errors import BadInput, key_name
 from hyperpipe.core.files import Fields, load_document, read_text
-from hyperpipe.frameworks.job import Job, Notes, framework_kind
+from hyperpipe.frameworks.job import Job, Notes, Stated, framework_kind
 from hyperpipe.frameworks.launch import read_launch
 from hyperpipe.frameworks.megatron import read_args
 
@@ -243,7 +243,7 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
                    micro_batch=batch.micro, global_batch=batch.global_batch,
                    samples_per_replica=batch.per_replica, distributed_optimizer=dist_opt,
                    accumulation=None if batch.steps is None else
-                   ("gradient_accumulation_steps", batch.steps),
+                   Stated("gradient_accumulation_steps", batch.steps),
                    zero=zero if zero >= 2 else 0)
 
 

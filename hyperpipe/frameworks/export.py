@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from hyperpipe.core.errors import BadInput
+from hyperpipe.core.errors import BadInput, HyperPipeError
 from hyperpipe.frameworks.job import stage_units
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.kinds import DEFAULT_KIND, KINDS, schedule_kind
@@ -149,9 +150,15 @@ def export_files(plan: Plan, framework: str, main: str | None = None) -> dict[st
     head += [f"# cannot express: {line}" for line in lay.lost + lost]
     # what the framework runs may differ from the plan even where nothing is lost: its
     # launcher places ranks in its own order, and its defaults (blocking sends) apply
-    change, line = cost_of_export(plan, framework, files, main)
-    if lay.lost or lost or abs(change) >= EXPORT_COST_SHOWN:
-        head.append(f"# cost: {line}")
+    if lay.lost or lost:
+        head.append(f"# cost: {cost_of_export(plan, framework, files, main).line}")
+    else:
+        try:
+            cost = cost_of_export(plan, framework, files, main)
+        except HyperPipeError:
+            cost = None        # nothing dropped: the export stands without its price
+        if cost is not None and abs(cost.change) >= EXPORT_COST_SHOWN:
+            head.append(f"# cost: {cost.line}")
     if framework == "deepspeed":           # JSON has no comments: they go in the launch file
         args = next(name for name in files if name != main)
         files[args] = "\n".join(head) + "\n" + files[args]
@@ -165,14 +172,20 @@ def export_files(plan: Plan, framework: str, main: str | None = None) -> dict[st
 EXPORT_COST_SHOWN = 0.001
 
 
+class ExportCost(NamedTuple):
+    """The export's simulated time against the plan's."""
+
+    change: float          # theirs / ours - 1
+    line: str              # the `# cost:` line's text
+
+
 def cost_of_export(plan: Plan, framework: str, files: dict[str, str], main: str
-                   ) -> tuple[float, str]:
+                   ) -> ExportCost:
     """What running the export instead of the plan costs, simulated: the plan against the
     plan that `framework` runs from `files` (its export, read back by `hyperpipe import`
     onto the plan's cluster with the plan's model, as the framework's launcher would
-    place it): (the relative change, one line: "the export runs 12.3% slower than the
-    plan (1.2345 s vs 1.0990 s per iteration, simulated, ranks in the launcher's
-    order)")."""
+    place it), with the line "the export runs 12.3% slower than the plan (1.2345 s vs
+    1.0990 s per iteration, simulated, ranks in the launcher's order)"."""
     import tempfile
     from pathlib import Path
 
@@ -193,9 +206,9 @@ def cost_of_export(plan: Plan, framework: str, files: dict[str, str], main: str
     theirs = simulate(runnable, cost).metrics.iteration_time_s
     change = theirs / ours - 1.0
     word = "slower" if change >= 0 else "faster"
-    return change, (f"the export runs {abs(change):.1%} {word} than the plan ({theirs:.4f} "
-                    f"s vs {ours:.4f} s per iteration, simulated, ranks in the launcher's "
-                    "order)")
+    return ExportCost(change, f"the export runs {abs(change):.1%} {word} than the plan "
+                      f"({theirs:.4f} s vs {ours:.4f} s per iteration, simulated, ranks in "
+                      "the launcher's order)")
 
 
 def export(plan: Plan, framework: str) -> str:

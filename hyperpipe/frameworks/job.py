@@ -23,7 +23,7 @@ torchrun and srun number them: node by node, the local rank being the GPU's inde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hyperpipe.cluster.cluster import Cluster, cluster_ref
 from hyperpipe.core.errors import BadInput, printable
@@ -33,6 +33,13 @@ from hyperpipe.plan.plan import PLAN_FORMAT, Plan, plan_from_dict
 from hyperpipe.plan.schedule import Action, stage_rank
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+
+
+class Stated(NamedTuple):
+    """A value a job states in one of its fields, kept to be checked later."""
+
+    field: str                        # the field's name, for messages
+    value: int
 
 
 @dataclass
@@ -80,9 +87,9 @@ class Job:
     notes: Notes
     global_batch: int | None = None
     samples_per_replica: int | None = None
-    # (the job's field, its value): micro-batches per replica stated beside the global
-    # batch, which must then agree with it (DeepSpeed's gradient_accumulation_steps)
-    accumulation: tuple[str, int] | None = None
+    # micro-batches per replica stated beside the global batch, which must then agree
+    # with it (DeepSpeed's gradient_accumulation_steps)
+    accumulation: Stated | None = None
     dp: int | None = None             # when the job states it (torchtitan)
     world_size: int | None = None     # from the launcher, when the job states it
     actions: tuple[tuple[str, ...], ...] | None = None
@@ -157,11 +164,10 @@ def _microbatches(job: Job, dp: int) -> int:
             raise BadInput(f"{job.source}: global batch", f"a multiple of micro-batch x "
                            f"data-parallel degree = {job.micro_batch} x {dp}", job.global_batch)
         m = job.global_batch // per
-        if job.accumulation is not None and job.accumulation[1] != m:
-            name, steps = job.accumulation
-            raise BadInput(f"{job.source}: {name}", f"global batch / (micro-batch x data-"
-                           f"parallel degree) = {job.global_batch} / ({job.micro_batch} x "
-                           f"{dp}) = {m}", steps)
+        if job.accumulation is not None and job.accumulation.value != m:
+            raise BadInput(f"{job.source}: {job.accumulation.field}", f"global batch / "
+                           f"(micro-batch x data-parallel degree) = {job.global_batch} / "
+                           f"({job.micro_batch} x {dp}) = {m}", job.accumulation.value)
         return m
     if job.samples_per_replica is not None:
         if job.samples_per_replica % job.micro_batch:

@@ -618,5 +618,5 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
               and baselines[k].metrics.feasible and ctx.c.admits(baselines[k].plan)}
     ranked = sorted(dedupe(ranked + list(joined.values())),
                     key=lambda cand: rank_key(ctx.c, cand.metrics))
-    kept = {id(cand) for cand in ranked}
-    return ranked, baselines, {k: cand for k, cand in joined.items() if id(cand) in kept}
+    return ranked, baselines, {k: cand for k, cand in joined.items()
+                               if any(cand is kept for kept in ranked)}
