@@ -85,7 +85,8 @@ def _fit(opts: CalibrateOptions):
     base = load_profile(opts.base) if opts.base else None
     traces = [load_trace(t) for t in opts.traces]
     with as_flags():
-        return calibrate(traces, sources=list(opts.traces), base=base)
+        return calibrate(traces, sources=list(opts.traces), base=base,
+                         base_source=f"--base {opts.base}")
 
 
 def _measure(opts: CalibrateOptions):

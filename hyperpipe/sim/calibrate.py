@@ -32,7 +32,7 @@ from hyperpipe.cluster.cluster import Cluster, Link
 from hyperpipe.core.errors import BadInput
 from hyperpipe.models import ModelSpec
 from hyperpipe.plan.plan import Plan, plan_from_dict
-from hyperpipe.plan.profile import Fit, Profile, model_fingerprint
+from hyperpipe.plan.profile import Fit, Profile, check_profile, model_fingerprint
 from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 from hyperpipe.sim.costmodel import CostModel, op_flops
 
@@ -346,7 +346,7 @@ def _params_on(device: str, plan: Plan, model: ModelSpec) -> float:
 
 
 def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
-              base: Profile | None = None) -> Profile:
+              base: Profile | None = None, base_source: str = "base profile") -> Profile:
     """Fit a Profile to measured traces (each must carry its plan in ``meta["plan"]``).
 
     Every trace must have run the same model (by fingerprint, `_check_one_model`): a
@@ -354,8 +354,10 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
     (``model``, ``model_fingerprint``). Traces may come from different clusters (the
     fits are keyed by device type and link class).
 
-    With `base` (a profile from per-layer profiling, `hyperpipe calibrate --measure`),
-    its per-layer shape is kept and scaled to the runs (`_fit_to_base`); without it,
+    With `base` (a profile from per-layer profiling, `hyperpipe calibrate --measure`,
+    refused as `check_profile` refuses a profile for a simulation when it was measured
+    on another model or lacks a device type of the traces; `base_source` names it), its
+    per-layer shape is kept and scaled to the runs (`_fit_to_base`); without it,
     per-layer-kind lines are fitted from the traces alone. Links, all-reduce and
     optimizer come from the traces (or the base where the traces have none)."""
     if not traces:
@@ -374,6 +376,8 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         first = _check_one_model(first, _Measured(where, model))
         dtypes = {d: cluster.device(d).type.name for d in plan.devices}
         _check_events(trace, plan, where)
+        if base is not None:    # a layer profile of this model and these device types
+            check_profile(base, model, cluster, where=base_source, devices=plan.devices)
         base_cost = None if base is None else CostModel(model, cluster, base)
         samples += _compute_samples(trace, plan, model, dtypes, base_cost)
         with_cluster.append((trace, cluster))

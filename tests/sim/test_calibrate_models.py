@@ -86,3 +86,22 @@ def test_calibrated_profile_records_its_model_and_is_refused_for_another(traces,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "measured on tiny-gpt" in err and str(out) in err
     assert Path(out).exists()
+
+
+def test_a_base_profile_of_another_model_is_refused(traces, tmp_path, capsys):
+    """`calibrate --base` scales a layer profile to the traces: one measured on another
+    model (here tiny-moe's, for tiny-gpt traces) is refused in one line naming the
+    --base file, nothing written; the traces' own model's profile is taken."""
+    moe, gpt = tmp_path / "moe.json", tmp_path / "gpt.json"
+    calibrate([traces["moe"]]).save(moe)
+    calibrate([traces["gpt"]]).save(gpt)
+    a = tmp_path / "A.json"
+    traces["gpt"].save(a)
+    out = tmp_path / "p.json"
+    assert cli_main(["calibrate", "--trace", str(a), "--base", str(moe), "--out",
+                     str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--base {moe}" in lines[0] and "tiny-moe" in lines[0]
+    assert not out.exists()
+    assert cli_main(["calibrate", "--trace", str(a), "--base", str(gpt), "--out",
+                     str(out)]) == 0
