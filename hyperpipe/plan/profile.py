@@ -159,9 +159,12 @@ def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
                        has_got=False)
     if (got_fp and got_fp != model_fingerprint(spec)) or \
             (not got_fp and got_name and got_name != spec.name):
+        fp = got_fp or "no fingerprint"
+        other = f"another {got_name} (other shapes, {fp})" if got_name == spec.name \
+            else f"{got_name} ({fp})"
         raise BadInput(where, f"a profile measured on model {spec.name} "
-                       f"({model_fingerprint(spec)}); it was measured on {got_name} "
-                       f"({got_fp or 'no fingerprint'}): {hint}", has_got=False)
+                       f"({model_fingerprint(spec)}); it was measured on {other}: {hint}",
+                       has_got=False)
     covered = {k.split("|")[0] for k in profile.compute}
     used = cluster.devices if devices is None else [cluster.device(d) for d in devices]
     missing = sorted({d.type.name for d in used} - covered)

@@ -143,3 +143,16 @@ def test_a_name_alone_is_still_checked_and_no_provenance_is_not(tmp_path, capsys
         else:
             doc["provenance"] = empty
         assert _simulate(tmp_path, capsys, doc)[0] == 0
+
+
+def test_a_same_named_model_of_other_shapes_is_named_as_such():
+    """A profile of tiny-gpt at another sequence length: the refusal says it was measured
+    on another tiny-gpt (other shapes), not the same name twice as if they matched."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.core.errors import BadInput
+    from hyperpipe.plan.profile import check_profile
+    measured = load_model({"preset": "tiny-gpt", "seq_len": 32})
+    prov = {"model": "tiny-gpt", "model_fingerprint": model_fingerprint(measured)}
+    with pytest.raises(BadInput, match=r"measured on another tiny-gpt \(other shapes, "):
+        check_profile(Profile(provenance=prov), load_model("tiny-gpt"),
+                      load_cluster("demo-hetero"), where="p.json")
