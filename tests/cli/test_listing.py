@@ -28,3 +28,17 @@ def test_listed_gemm_efficiency_is_what_the_cost_model_reaches(capsys):
         dev = types[name]
         reached = 2 * n**3 / (dev.peak_flops * gemm_time_s(dev, n, n, n, 1, 2))
         assert abs(reached - eff) <= 0.005 + 1e-12, (name, reached, eff)
+
+
+def test_listed_fp32_peak_is_the_catalogs(capsys):
+    """The fp32 column is the rate an fp32 model's GEMMs are priced at
+    (`DeviceType.peak_for("fp32")`), not the fp16/bf16 headline: a T4 reads 8.1, not 65."""
+    assert main(["list", "devices"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "fp32 (TFLOP/s)" in lines[0] and "fp16/bf16" in lines[0]
+    types = builtin_device_types()
+    for row in lines[1:]:
+        cells = row.split()
+        dev = types[cells[0]]
+        assert float(cells[3]) == float(f"{dev.peak_for('fp32') / 1e12:g}"), row
+        assert float(cells[3]) < float(cells[1]), row
