@@ -96,12 +96,25 @@ def run(cfg: DemoConfig) -> int:
 PLAN_NAMES = ("uniform", "best", "tuned")    # the plans the demo runs, in that order
 
 
+# The files the demo writes in its folder; {} is a plan's name (`PLAN_NAMES`)
+REPORT_FILE = "report.json"
+NATIVE_PROFILE_FILE = "profile_native.json"         # this CPU's layer times, unstretched
+LAYER_PROFILE_FILE = "profile_layers.json"          # stretched per device type
+CALIBRATED_PROFILE_FILE = "profile_calibrated.json"
+PLAN_FILE = "plan_{}.json"
+MEASURED_TRACE_FILE = "trace_{}_measured.json"
+MEASURED_CHROME_FILE = "chrome_{}_measured.json"
+PREDICTED_TRACE_FILE = "trace_{}_predicted.json"
+PREDICTED_CHROME_FILE = "chrome_{}_predicted.json"
+TIMELINE_FILE = "timeline_{}.png"
+
+
 def output_names() -> list[str]:
     """The files the demo writes in its folder (the tuned baseline's only when it runs)."""
-    per_plan = ("plan_{}.json", "trace_{}_measured.json", "chrome_{}_measured.json",
-                "trace_{}_predicted.json", "chrome_{}_predicted.json", "timeline_{}.png")
-    return ["report.json", "profile_native.json", "profile_layers.json",
-            "profile_calibrated.json"] + [f.format(n) for n in PLAN_NAMES for f in per_plan]
+    per_plan = (PLAN_FILE, MEASURED_TRACE_FILE, MEASURED_CHROME_FILE, PREDICTED_TRACE_FILE,
+                PREDICTED_CHROME_FILE, TIMELINE_FILE)
+    return [REPORT_FILE, NATIVE_PROFILE_FILE, LAYER_PROFILE_FILE, CALIBRATED_PROFILE_FILE
+            ] + [f.format(n) for n in PLAN_NAMES for f in per_plan]
 
 
 def _log(msg: str) -> None:
@@ -187,7 +200,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         _log(f"note: {line}")
     report = _report(setup, plans, measured, searched, tuned, sims, rows, notes,
                      wall_time_s=time.perf_counter() - t_start)
-    write_atomic(setup.out / "report.json", json.dumps(report, indent=1) + "\n")
+    write_atomic(setup.out / REPORT_FILE, json.dumps(report, indent=1) + "\n")
     _print_report(report, rows, setup.out)
     return report
 
@@ -213,10 +226,10 @@ def _profile_layers(setup: Setup) -> LayerProfiles:
     _log(f"[1/5] profiling the layers of {cfg.model} on this CPU "
          f"(device speeds of {cfg.cluster} emulated, scale {cfg.emulation_scale})")
     native = measure_profile(cfg.model, cfg.cluster, emulate=False)
-    native.save(out / "profile_native.json")   # emulation's compute reference for the runs
+    native.save(out / NATIVE_PROFILE_FILE)   # emulation's compute reference for the runs
     layer_profile = emulated_profile(native, emulation_factors(setup.cluster,
                                                                cfg.emulation_scale))
-    layer_profile.save(out / "profile_layers.json")
+    layer_profile.save(out / LAYER_PROFILE_FILE)
     return LayerProfiles(native, layer_profile)
 
 
@@ -231,12 +244,12 @@ def _run_for_real(setup: Setup, name: str, plan) -> Any:
     """`plan` run by the executor, its plan and traces written; the measured Trace."""
     from hyperpipe.exec import RunOptions, run_plan
     cfg, out = setup.cfg, setup.out
-    plan.save(out / f"plan_{name}.json")
+    plan.save(out / PLAN_FILE.format(name))
     result = run_plan(plan, RunOptions(
         steps=cfg.steps, seed=cfg.seed, emulation_scale=cfg.emulation_scale,
-        reference_profile=str(out / "profile_native.json"),
-        trace_path=str(out / f"trace_{name}_measured.json"),
-        chrome_path=str(out / f"chrome_{name}_measured.json")))
+        reference_profile=str(out / NATIVE_PROFILE_FILE),
+        trace_path=str(out / MEASURED_TRACE_FILE.format(name)),
+        chrome_path=str(out / MEASURED_CHROME_FILE.format(name))))
     return result.trace
 
 
@@ -254,7 +267,7 @@ def _search_again(setup: Setup, layers: LayerProfiles, uniform, measured_uniform
     constraints = SearchConstraints(global_batch=cfg.global_batch)
     # Why search again: the layer profile knows compute but not what each action costs
     # around it on this machine (dispatch, messages, wake-ups); one real run tells.
-    first_fit = calibrate([measured_uniform], sources=["trace_uniform_measured.json"],
+    first_fit = calibrate([measured_uniform], sources=[MEASURED_TRACE_FILE.format("uniform")],
                           base=layers.emulated)
     result = search(model, cluster, constraints, profile=first_fit, workers=cfg.workers)
     # the tie margin is at least the uniform run's own step-to-step spread: plans closer
@@ -300,9 +313,9 @@ def _resimulate(setup: Setup, layers: LayerProfiles, plans: dict, measured: dict
     _log("[5/5] calibrating from the uniform and best runs and simulating again")
     fitted = ("uniform", "best")        # the tuned baseline's run stays out of sample
     profile = calibrate([measured[k] for k in fitted],
-                        sources=[f"trace_{k}_measured.json" for k in fitted],
+                        sources=[MEASURED_TRACE_FILE.format(k) for k in fitted],
                         base=layers.emulated)
-    profile.save(setup.out / "profile_calibrated.json")
+    profile.save(setup.out / CALIBRATED_PROFILE_FILE)
     after_cost = CostModel(model, cluster, profile)
     after = {k: simulate(p, after_cost) for k, p in plans.items()}
     return Resimulated(profile, before, after)
@@ -324,11 +337,11 @@ def _accuracy_rows(setup: Setup, plans: dict, sims: Resimulated, measured: dict
                       "error_before": relative_error(before_s, acc.measured_iteration_s),
                       "error_after": acc.error, "action_mape_after": acc.action_mape,
                       "step_periods_s": periods, "spread": _spread(periods)}
-        after.trace.save(out / f"trace_{name}_predicted.json")
-        after.trace.save_chrome(out / f"chrome_{name}_predicted.json")
+        after.trace.save(out / PREDICTED_TRACE_FILE.format(name))
+        after.trace.save_chrome(out / PREDICTED_CHROME_FILE.format(name))
         plot_timelines([after.trace, measured[name]],
                        [f"{name}: predicted (calibrated)", f"{name}: measured (emulated)"],
-                       out / f"timeline_{name}.png")
+                       out / TIMELINE_FILE.format(name))
     return rows
 
 
@@ -497,5 +510,5 @@ def _print_report(report: dict, rows: dict, out: Path) -> None:
          f"dp, tp, micro-batch and kind): measured {report['speedup_vs_tuned_measured']:.2f}x"
          f"{same}; over the uniform plan forced onto every device: measured "
          f"{report['speedup_vs_uniform_measured']:.2f}x")
-    _log(f"wrote {out}/report.json, plans, traces (trace_*.json; chrome_*.json open in "
+    _log(f"wrote {out}/{REPORT_FILE}, plans, traces (trace_*.json; chrome_*.json open in "
          f"Perfetto) and timelines (timeline_*.png) in {report['wall_time_s']:.0f} s")
