@@ -81,7 +81,8 @@ def _models() -> str:
 def _devices() -> str:
     from hyperpipe.cluster.catalog import builtin_device_types
     rows = [[d.name, f"{d.peak_flops / 1e12:g}", _gemm_efficiency(d),
-             f"{d.peak_for('fp32') / 1e12:g}", f"{d.memory_bytes / 2**30:g}", f"{d.mem_bandwidth_bytes_per_s / 1e9:g}",
+             f"{d.peak_for('fp32') / 1e12:g}", f"{d.memory_bytes / 2**30:g}",
+             f"{d.mem_bandwidth_bytes_per_s / 1e9:g}",
              f"{d.link_bandwidth_bytes_per_s / 1e9:g}"]
             for d in builtin_device_types().values()]
     return _table(["device", "peak dense fp16/bf16 (TFLOP/s)",

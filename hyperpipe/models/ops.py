@@ -332,6 +332,23 @@ def block_launches(c: GPTConfig, op: str) -> int:
     return n
 
 
+# The loss over the logits, as Megatron computes it (`VocabParallelCrossEntropy`,
+# megatron/core/tensor_parallel/cross_entropy.py; the same passes in Megatron-LM v1.1.5's
+# mpu/cross_entropy.py, which Megatron-DeepSpeed runs after DeepSpeed's `fp16_to_fp32`
+# layer), one kernel per line, in bytes per logit element of the rank's vocabulary
+# slice: forward: cast to fp32 (read d, write 4), max (read 4), subtract the max in
+# place (read and write), exp in place (read and write), sum (read), divide by the sum
+# in place, which is the softmax saved for the backward (read and write): d + 9 x 4.
+# Backward: the saved softmax becomes the gradient (one subtracted at each target, a
+# gather's worth), multiplied by the loss gradient in place (read and write), cast back
+# to the model dtype (read 4, write d): 3 x 4 + d. (PyTorch's `F.cross_entropy`, which
+# torchtitan calls on `.float()` logits, moves about as much: d + 5 x 4 forward, a max,
+# a sum and an output pass; d + 5 x 4 backward, the zeroed NLL gradient and the
+# log-softmax backward.)
+LOSS_FORWARD_LOGIT_PASSES = 9           # fp32 reads and writes per element, forward
+LOSS_BACKWARD_LOGIT_PASSES = 3          # fp32 reads and writes per element, backward
+
+
 def _head(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool) -> PassWork:
     h, v = c.d_model, c.vocab_size
     tokens = b * s
@@ -339,11 +356,13 @@ def _head(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool) -> Pa
     e_h = tokens * h / (t if sp else 1)
     e_v = tokens * v / t
     if op == "F":
-        # final norm; logits cast to fp32, max/sum-exp pass, softmax kept for backward
-        return PassWork(tuple(gemms), 2 * e_h * d + e_v * (d + 4 * LOGIT_BYTES))
+        # final norm (read x, write y); the loss over the fp32 logits (see above)
+        return PassWork(tuple(gemms), 2 * e_h * d
+                        + e_v * (d + LOSS_FORWARD_LOGIT_PASSES * LOGIT_BYTES))
     if op == "I":
-        # d(logits) = softmax - onehot: read fp32 probs, write the gradient; norm backward
-        return PassWork(tuple(gemms), e_v * (LOGIT_BYTES + d) + 3 * e_h * d)
+        # the loss's backward (see above); the norm's backward (read x and dy, write dx)
+        return PassWork(tuple(gemms), e_v * (LOSS_BACKWARD_LOGIT_PASSES * LOGIT_BYTES + d)
+                        + 3 * e_h * d)
     return PassWork(tuple(gemms), 0.0)
 
 

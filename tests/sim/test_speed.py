@@ -86,6 +86,23 @@ def test_memory_bound_bytes_closed_form_eager_block():
                                          / 2)
 
 
+def test_head_memory_bytes_closed_form_megatron_loss():
+    """The head's memory-bound bytes, counted kernel by kernel from Megatron's
+    `VocabParallelCrossEntropy` over a tp-rank's vocabulary slice (V/t logits per
+    token), d = 2: forward the final norm 2·T·h·d, then cast (d + 4), max (4), subtract
+    in place (8), exp in place (8), sum (4), divide in place (8); backward multiply in
+    place (8), cast back (4 + d), the norm's backward 3·T·h·d; W moves nothing."""
+    model = _gpt()
+    b, s, h, v, t, d = 2, 256, 512, 1024, 2, 2
+    T = b * s
+    head = model.layers[-1]
+    f = layer_work(head, "F", b, s, d, tp=t)
+    assert f.mem_bytes == pytest.approx(2 * T * h * d + T * v / t * (d + 4 + 4 + 8 + 8 + 4 + 8))
+    i = layer_work(head, "I", b, s, d, tp=t)
+    assert i.mem_bytes == pytest.approx(T * v / t * (8 + 4 + d) + 3 * T * h * d)
+    assert layer_work(head, "W", b, s, d, tp=t).mem_bytes == 0
+
+
 def test_pass_flops_match_the_layer_totals():
     """Op by op, F, I and W FLOPs add up to the spec's per-pass totals (eager), and the
     backward is counted per pass, not as twice the forward."""
