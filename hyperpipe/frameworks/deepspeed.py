@@ -48,6 +48,10 @@ MAX_BALANCED_STEPS = 10**7
 
 _KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu",
          "gradient_accumulation_steps", "zero_optimization", "fp16", "bf16", "pipeline")
+# the keys read inside those sections; any other (an offload, a loss scale) is listed
+# as not read
+_SECTION_KEYS = {"zero_optimization": ("stage",), "fp16": ("enabled",),
+                 "bf16": ("enabled",), "pipeline": ("partition",)}
 
 
 def pipe_specs(n_blocks: int, half: bool) -> list[str]:
@@ -192,6 +196,9 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
     a = launch.args
     zero = top.sub("zero_optimization").positive_int("stage", 0, allow_zero=True) \
         if top.has("zero_optimization") else 0
+    if zero > 3:
+        raise BadInput(f"{src}: zero_optimization.stage", "0, 1, 2 or 3 (DeepSpeed's ZeRO "
+                       "stages)", zero)
     half = _enabled(top, "bf16") or _enabled(top, "fp16")
     job = read_args(a, str(args_path), notes, framework="deepspeed",
                     world_size=launch.world_size, pipeline_split=False)
@@ -237,6 +244,9 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
     for key in doc:
         if key not in _KEYS:
             notes.unread.append(key_name(key))
+        elif isinstance(doc[key], dict):
+            notes.unread += [f"{key}.{key_name(sub)}" for sub in doc[key]
+                             if sub not in _SECTION_KEYS[key]]
     notes.unread += a.unread_flags()
     return replace(job, source=src, model=model, stages=stages, chunks=1,
                    schedule=framework_kind("deepspeed", 1),

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from hyperpipe.core.errors import BadInput, HyperPipeError
 from hyperpipe.frameworks.job import stage_units
+from hyperpipe.frameworks.megatron import ROTARY_BASE
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.kinds import DEFAULT_KIND, KINDS, schedule_kind
 from hyperpipe.plan.plan import Plan, pipeline_placement, schedule_for
@@ -99,6 +100,19 @@ def layout_of(plan: Plan) -> Layout:
                   sorted(_device_types(plan)), first.stages[0].cp)
 
 
+def _moe_lost(plan: Plan, spec: ModelSpec) -> list[str]:
+    """The `# cannot express:` line of a mixture-of-experts model (empty for a dense
+    one): no export here writes experts, their router or expert parallelism."""
+    moe = spec.config.moe if spec.config is not None else None
+    if moe is None:
+        return []
+    eps = sorted({s.ep for p in plan.pipelines for s in p.stages})
+    return [f"the mixture of experts ({moe.experts} experts, top {moe.top_k}, every "
+            f"{moe.every} block{'s' if moe.every != 1 else ''}) and expert parallelism "
+            f"(ep {', '.join(map(str, eps))}): the settings below describe the model "
+            "with dense blocks"]
+
+
 def replicas_x_stages(replicas: int, stages: int) -> str:
     """The one way HyperPipe writes a plan's shape: ``2 replicas x 4 stages``."""
     return (f"{replicas} replica{'s' if replicas != 1 else ''} x "
@@ -140,17 +154,22 @@ def export_files(plan: Plan, framework: str, main: str | None = None) -> dict[st
     lay = layout_of(plan)
     files, lost = {"torchtitan": _torchtitan, "megatron": _megatron,
                    "deepspeed": _deepspeed}[framework](plan, lay, spec, stem, main)
+    moe = _moe_lost(plan, spec)
     head = [f"# {framework} settings for plan {plan.source} ({spec.name}, "
             f"{replicas_x_stages(lay.dp, len(lay.stages))}, schedule {lay.schedule}; "
             "our layer ranges are half-open [start, end))"]
     if len(lay.device_types) > 1:
         head.append(f"# note: device types differ ({', '.join(lay.device_types)}): start "
-                    "the ranks so that each gets the plan's device for its stage (rank "
-                    "order = stage order within a replica, replicas one after another)")
-    head += [f"# cannot express: {line}" for line in lay.lost + lost]
+                    "the ranks so that each gets the plan's device for its stage (the "
+                    "launchers number ranks pipeline rank outermost, then replica, then "
+                    "context rank, tensor rank innermost)")
+    head += [f"# cannot express: {line}" for line in moe + lay.lost + lost]
     # what the framework runs may differ from the plan even where nothing is lost: its
     # launcher places ranks in its own order, and its defaults (blocking sends) apply
-    if lay.lost or lost:
+    if moe:
+        head.append("# cost: not simulated: the export describes another model (dense "
+                    "blocks) than the plan's")
+    elif lay.lost or lost:
         head.append(f"# cost: {cost_of_export(plan, framework, files, main).line}")
     else:
         try:
@@ -335,27 +354,42 @@ def megatron_layout(stages: tuple[tuple[int, int], ...], n_blocks: int) -> str:
     return "|".join(stage_units(stages, n_blocks))
 
 
-def megatron_model_args(spec: ModelSpec, tp: int, lost: list[str]) -> list[str]:
-    """Megatron-LM's flags for the model's shape, precision and attention."""
+def megatron_model_args(spec: ModelSpec, tp: int, lost: list[str],
+                        deepspeed: bool = False) -> list[str]:
+    """Megatron-LM's flags for the model's shape, precision and attention; with
+    `deepspeed`, as Megatron-DeepSpeed spells those it names otherwise
+    (microsoft/Megatron-DeepSpeed megatron/arguments.py: --num-key-value-heads,
+    --use-rotary-position-embeddings, --use-flash-attn-v2, --normalization rmsnorm; no
+    --attention-backend, eager attention being its default)."""
     c = spec.config
     args = [f"--num-layers {c.n_layer}", f"--hidden-size {c.d_model}",
             f"--num-attention-heads {c.n_head}", f"--ffn-hidden-size {c.ffn_hidden}",
             f"--seq-length {c.seq_len}", f"--max-position-embeddings {c.seq_len}",
             f"--vocab-size {c.vocab_size}", "--make-vocab-size-divisible-by 1",
-            f"--hidden-dropout {c.dropout:g}", f"--attention-dropout {c.dropout:g}",
-            f"--attention-backend {'flash' if c.attention == 'flash' else 'unfused'}"]
+            f"--hidden-dropout {c.dropout:g}", f"--attention-dropout {c.dropout:g}"]
+    if deepspeed:
+        args += ["--use-flash-attn-v2"] if c.attention == "flash" else []
+    else:
+        args.append(f"--attention-backend {'flash' if c.attention == 'flash' else 'unfused'}")
     if c.vocab_size % tp:
         lost.append(f"vocabulary {c.vocab_size}: Megatron-LM pads it to a multiple of tp "
                     f"({-(-c.vocab_size // tp) * tp})")
     if c.n_kv_head != c.n_head:
-        args += ["--group-query-attention", f"--num-query-groups {c.n_kv_head}"]
+        args += [f"--num-key-value-heads {c.n_kv_head}"] if deepspeed else \
+            ["--group-query-attention", f"--num-query-groups {c.n_kv_head}"]
     if c.head_dim * c.n_head != c.d_model:
         args.append(f"--kv-channels {c.head_dim}")     # Megatron's name for the head size
     if c.mlp == "swiglu":
         args.append("--swiglu")
     if c.norm == "rmsnorm":
-        args.append("--normalization RMSNorm")
-    if c.position == "rope":
+        args.append("--normalization rmsnorm" if deepspeed else "--normalization RMSNorm")
+    if c.position == "rope" and deepspeed:
+        args.append("--use-rotary-position-embeddings")
+        if c.rope_theta != ROTARY_BASE:
+            lost.append(f"rotary base {c.rope_theta:g}: Megatron-DeepSpeed's launch line "
+                        f"sets none ({ROTARY_BASE:g} is its default; it does not change "
+                        "the step's time)")
+    elif c.position == "rope":
         args += ["--position-embedding-type rope", f"--rotary-base {c.rope_theta:g}"]
     if not c.bias:
         args.append("--disable-bias-linear")
@@ -512,7 +546,7 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
         lost.append(f"dtype {spec.dtype}: DeepSpeed trains in fp32, fp16 or bf16")
     if method is None:
         config["pipeline"] = {"partition": parts}
-    model_args = megatron_model_args(spec, lay.tp, lost)
+    model_args = megatron_model_args(spec, lay.tp, lost, deepspeed=True)
     args = [f"deepspeed --num_nodes 1 --num_gpus {world} pretrain_gpt.py",
             f"--tensor-model-parallel-size {lay.tp}",
             f"--pipeline-model-parallel-size {lay.pp}", *model_args,

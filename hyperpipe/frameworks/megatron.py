@@ -120,6 +120,7 @@ def model_document(a: Args, source: str, notes: Notes, tp: int, n: int) -> dict[
     kv = heads
     if a.flag("group-query-attention"):
         kv = a.integer("num-query-groups", 1)
+    kv = a.integer("num-key-value-heads", kv)       # Megatron-DeepSpeed's spelling
     norm = (a.text("normalization", "LayerNorm") or "").lower()
     if norm not in ("layernorm", "rmsnorm"):
         raise BadInput(f"{source}: --normalization", "LayerNorm or RMSNorm", norm)
@@ -202,7 +203,10 @@ def _fused(a: Args) -> bool:
 
 def _attention(a: Args, notes: Notes) -> str:
     backend = a.text("attention-backend")
-    if a.flag("use-flash-attn") or backend in ("flash", "fused", "auto"):
+    # Megatron-DeepSpeed: --use-flash-attn-v1, -v2 or -triton (megatron/arguments.py)
+    deepspeed_flash = [a.flag(f"use-flash-attn-{v}") for v in ("v1", "v2", "triton")]
+    if a.flag("use-flash-attn") or any(deepspeed_flash) or \
+            backend in ("flash", "fused", "auto"):
         return "flash"
     if backend is not None:
         return "eager"

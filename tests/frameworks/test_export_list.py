@@ -110,7 +110,8 @@ def test_list_prints_builtins_with_units_in_headers(what, needle, capsys):
         assert "(" in out.splitlines()[0]
     if what == "devices":
         row = next(x.split() for x in out.splitlines() if x.startswith("A100-80GB"))
-        assert row[1] == "312" and row[3] == "80"    # TFLOP/s and GiB from the catalog
+        # TFLOP/s (fp16/bf16, then fp32) and GiB from the catalog
+        assert row[1] == "312" and row[3] == "19.5" and row[4] == "80"
 
 
 def test_readme_links_stay_in_the_repo_and_the_format_examples_load():
@@ -221,3 +222,43 @@ def test_an_export_says_what_it_costs_even_when_it_drops_nothing():
         {**p, "stages": [{"layers": [0, 8], "devices": [d]}]}
         for p, d in zip(doc["pipelines"], ("a100/0", "a100/1"), strict=True)]})
     assert not any("# cost:" in text for text in export_files(same, "deepspeed").values())
+
+
+def test_a_mixture_of_experts_is_named_lost_and_not_priced_as_the_plan():
+    """No export writes experts, their router or expert parallelism: each says so in a
+    `# cannot express:` line and prices nothing, since the file describes the model with
+    dense blocks (a cost line would compare another model with the plan)."""
+    doc = {"format": "hyperpipe.plan/1", "model": "tiny-moe", "cluster": "demo-hetero",
+           "global_batch": 8, "schedule": {"kind": "1f1b"},
+           "pipelines": [{"micro_batch": 2, "num_microbatches": 2, "stages": [
+               {"layers": [0, 3], "devices": [a], "ep": 2},
+               {"layers": [3, 6], "devices": [v], "ep": 2}]}
+               for a, v in (("a100/0", "v100/0"), ("a100/1", "v100/1"))]}
+    plan = plan_from_dict(doc)
+    moe = plan.load_model().config.moe
+    for fw in ("torchtitan", "megatron", "deepspeed"):
+        text = export(plan, fw)
+        assert (f"# cannot express: the mixture of experts ({moe.experts} experts, top "
+                f"{moe.top_k}") in text and "expert parallelism (ep 2)" in text, fw
+        cost = [x for x in text.splitlines() if x.startswith("# cost:")]
+        assert cost == ["# cost: not simulated: the export describes another model (dense "
+                        "blocks) than the plan's"], fw
+    dense = plan_of(UNIFORM)
+    assert "mixture of experts" not in export(dense, "megatron")
+
+
+def test_the_rank_order_note_is_the_launchers_order():
+    """The note on a plan of mixed devices says how the launchers number ranks, the order
+    `frameworks.job` places a job's devices in: pipeline rank outermost, tensor rank
+    innermost (it said replicas one after another, stage by stage, which puts devices
+    on the wrong ranks)."""
+    doc = {"format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+           "global_batch": 8, "schedule": {"kind": "1f1b"},
+           "pipelines": [{"micro_batch": 2, "num_microbatches": 2, "stages": [
+               {"layers": [0, 4], "devices": [a]}, {"layers": [4, 8], "devices": [v]}]}
+               for a, v in (("a100/0", "v100/0"), ("a100/1", "v100/1"))]}
+    text = export(plan_from_dict(doc), "megatron")
+    note = next(x for x in text.splitlines() if x.startswith("# note: device types"))
+    assert "pipeline rank outermost, then replica, then context rank, tensor rank " \
+        "innermost" in note
+    assert "replicas one after another" not in note

@@ -45,6 +45,7 @@ def _files(tmp_path, framework: str, change: str) -> list[str]:
      "module_fqns_per_model_part"),
     ("deepspeed", "2", "zero_optimization.stage"),
     ("deepspeed", "3", "ZeRO-3"),
+    ("deepspeed", "5", "zero_optimization.stage: expected 0, 1, 2 or 3"),
 ])
 def test_what_cannot_be_modelled_is_refused_in_one_line(framework, change, needle,
                                                         tmp_path, capsys):
@@ -115,3 +116,19 @@ def test_deepspeed_accumulation_steps_must_make_the_batch(steps, tmp_path, capsy
     else:
         assert_one_line(rc, err, 2, "gradient_accumulation_steps")
         assert not (tmp_path / "p.json").exists()
+
+
+def test_deepspeed_keys_inside_the_read_sections_are_named_not_dropped(tmp_path, capsys):
+    """An offload or a loss scale inside `zero_optimization` or `fp16` changes the job
+    but is not modelled: it is listed as not read, as an unknown top-level key is."""
+    args = _files(tmp_path, "deepspeed", "")
+    doc = json.loads((tmp_path / "d.json").read_text())
+    doc["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    doc.setdefault("fp16", {"enabled": False})["loss_scale_window"] = 500
+    (tmp_path / "d.json").write_text(json.dumps(doc))
+    rc, out, err = cli(capsys, args)
+    assert rc == 0, err
+    line = next(x for x in err.splitlines() if "not read" in x)
+    assert "zero_optimization.offload_optimizer" in line
+    assert "fp16.loss_scale_window" in line
+    assert "zero_optimization.stage" not in line and "fp16.enabled" not in line

@@ -195,7 +195,8 @@ def test_readme_plans_round_trip(readme_plans, name, framework, tmp_path):
     """The README's plans: the frameworks hold one layout for every replica, so the
     oracle is that layout (`layout_of`): its layer ranges unless the export says it
     cannot hold several chunks per rank (DeepSpeed), and the stages' devices unless it
-    says it lost the replicas' layouts or the chunks' placement."""
+    says it lost the replicas' layouts or the chunks' placement, or that the launcher
+    numbers ranks in its own order, which it then prices in a `# cost:` line."""
     plan = readme_plans[name]
     got, text = round_trip(plan, framework, tmp_path)
     lay, back = layout_of(plan), layout_of(got)
@@ -206,7 +207,9 @@ def test_readme_plans_round_trip(readme_plans, name, framework, tmp_path):
         assert back.stages == lay.stages
     if not any(f"cannot express: {what}" in text for what in
                ("replica", "interleaved stages", "V placement")):
-        assert shape(got) == shape(plan)
+        placed = shape(got) == shape(plan)
+        assert placed or ("# note: device types differ" in text and "# cost:" in text)
+        assert shape(got, devices=False) == shape(plan, devices=False)
     runs = (framework == "torchtitan" and plan.num_devices() > 1) or \
         framework in KINDS[plan.schedule].runs_in or plan.schedule == "1f1b"
     assert (f"cannot express: schedule {plan.schedule}" in text) == (not runs)
