@@ -262,3 +262,34 @@ def test_the_rank_order_note_is_the_launchers_order():
     assert "pipeline rank outermost, then replica, then context rank, tensor rank " \
         "innermost" in note
     assert "replicas one after another" not in note
+
+
+def test_deepspeed_export_speaks_megatron_deepspeeds_flags_and_reads_back(tmp_path):
+    """A Llama-shaped model (grouped-query attention, RoPE, RMSNorm, flash attention)
+    exported to DeepSpeed: the launch line uses Megatron-DeepSpeed's spellings
+    (megatron/arguments.py there: --num-key-value-heads, --use-rotary-position-embeddings,
+    --normalization rmsnorm, --use-flash-attn-v2), none of Megatron-LM's it lacks, and
+    `import` reads the same model back."""
+    from hyperpipe.frameworks.importer import import_plan
+    model = {"kind": "gpt", "name": "llama-ish", "n_layer": 4, "n_head": 8, "n_kv_head": 2,
+             "d_model": 512, "seq_len": 256, "vocab_size": 1024, "mlp": "swiglu",
+             "norm": "rmsnorm", "position": "rope", "attention": "flash", "bias": False,
+             "tie_embeddings": False, "dtype": "bf16"}
+    plan = plan_from_dict(plan_doc([{"micro_batch": 2, "num_microbatches": 4, "stages": [
+        {"layers": [0, 3], "devices": ["n/0"]}, {"layers": [3, 6], "devices": ["n/1"]}]}],
+        model=model))
+    files = export_files(plan, "deepspeed", "ds.json")
+    launch = " ".join(body(files["ds.args"]))
+    for flag in ("--num-key-value-heads 2", "--use-rotary-position-embeddings",
+                 "--normalization rmsnorm", "--use-flash-attn-v2", "--swiglu"):
+        assert flag in launch, flag
+    for flag in ("--group-query-attention", "--position-embedding-type",
+                 "--attention-backend", "RMSNorm"):
+        assert flag not in launch, flag
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    back, _ = import_plan("deepspeed", tmp_path / "ds.json", plan.load_cluster(),
+                          args=tmp_path / "ds.args")
+    got, want = back.load_model().config, plan.load_model().config
+    for field in ("n_kv_head", "position", "norm", "attention", "mlp", "n_layer"):
+        assert getattr(got, field) == getattr(want, field), field
