@@ -159,6 +159,11 @@ def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstrain
         plan = first.best.plan
     cost = CostModel(spec, base, profile)
     today = Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)
+    step_s = today.metrics.iteration_time_s
+    if any(t < step_s for t in o.intervals_s):
+        raise BadInput("--checkpoint-interval", f"at least one iteration of today's plan "
+                       f"({duration(step_s)}): a checkpoint is written between two",
+                       duration(min(o.intervals_s)))
     nodes = tuple(dict.fromkeys(base.device(d).node for d in plan.devices))
     failing = [base.node(n) for n in nodes if base.node(n).mtbf_s is not None]
     if not failing:

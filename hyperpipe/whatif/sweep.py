@@ -54,10 +54,12 @@ class SweepOptions:
 def parse_vary(text: str) -> tuple[str, list[str]]:
     """'KEY=V1,V2' -> (KEY, [V1, V2]); BadInput naming the option `vary` otherwise."""
     key, sep, values = text.partition("=")
-    items = [v.strip() for v in values.split(",") if v.strip()]
-    if not sep or not key.strip() or not items:
+    items = [v.strip() for v in values.split(",")]
+    if not sep or not key.strip() or not any(items):
         raise BadInput("vary", "KEY=V1,V2,... e.g. 'inter_node.bandwidth=10 Gbit/s,"
                        "100 Gbit/s'", text)
+    if not all(items):
+        raise BadInput(f"vary {key.strip()}", "a value between every two commas", text)
     return key.strip(), items
 
 

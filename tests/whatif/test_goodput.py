@@ -118,6 +118,15 @@ def test_whatif_failures_cli(tmp_path, capsys):
     assert all(not d.startswith("a/") for p in doc["replan"]["plan"]["pipelines"]
                for s in p["stages"] for d in s["devices"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # an interval shorter than one iteration has no checkpoint to write: refused
+    png.unlink()
+    rc = main(["whatif", "--failures", *_files(tmp_path), "--mtbf", "5 days",
+               "--storage-bandwidth", "1 GB/s", "--restart-time", "10 min",
+               "--checkpoint-interval", "1 us", "--plot", str(png)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--checkpoint-interval: expected at least one " \
+        "iteration" in err[0], err
+    assert not png.exists()
     bw, mtbf, restart = ["--storage-bandwidth", "1 GB/s"], ["--mtbf", "1 day"], \
         ["--restart-time", "1 h"]
     for missing, flags in (("mtbf", bw + restart), ("--storage-bandwidth", mtbf + restart),

@@ -42,6 +42,9 @@ def test_parse_vary_and_set_path():
         ("inter_node.bandwidth", ["10 Gbit/s", "100 Gbit/s"])
     with pytest.raises(BadInput, match="^vary: expected KEY=V1"):   # the CLI: --vary
         parse_vary("inter_node.bandwidth")
+    # an empty value between two commas is refused, not dropped
+    with pytest.raises(BadInput, match="^vary inter_node.bandwidth: expected a value "):
+        parse_vary("inter_node.bandwidth=10 Gbit/s,,100 Gbit/s")
     doc = _cluster()
     set_path(doc, "nodes.b.count", "4")
     set_path(doc, "nodes.0.device", "slow")
