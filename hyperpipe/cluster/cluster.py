@@ -11,6 +11,12 @@ Topology model (kept simple on purpose; docs/architecture.md, "Links"):
 * A node may declare its NICs (`nics: {count, bandwidth}`, `Node.nics`; default one NIC
   at the `nic` bandwidth). With several, each is its own hop (``x:nic3-out``) and device
   i of the node uses NIC i·count // devices (rail-optimised, as on DGX nodes).
+* Wide-area paths: every node lies in a region (`region`, by default its own name), and
+  the cluster's `links` may give the path between two regions (or inside one) its own
+  bandwidth and latency (`RegionLink`): a transfer from node x to node y of such a pair
+  then crosses ``x:nic-out``, the path ``x>y:path`` (one per ordered pair of nodes, as a
+  per-destination rate limit or a WAN flow gets it) and ``y:nic-in``, and pays the
+  path's latency instead of the NICs'.
 
 A path's latency is the latency of its link class, paid once; its bandwidth is that of
 its slowest hop. The simulator treats every hop as a shared resource.
@@ -102,6 +108,16 @@ class Nics:
 
 
 @dataclass(frozen=True)
+class RegionLink:
+    """The path between the nodes of two regions (or two nodes of one region): bandwidth
+    per direction between one pair of nodes (bytes/s) and one-way latency (s; None: the
+    larger of the two nodes' NIC latencies)."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Node:
     name: str
     device_type: str
@@ -116,8 +132,11 @@ class Node:
     # False: the node's GPUs cannot reach each other directly; NCCL stages intra-node
     # transfers through host shared memory (`hyperpipe.cluster.catalog.HOST_STAGED_*`).
     peer_to_peer: bool = True
+    region: str = ""                      # empty: the node's own name (`Cluster.links`)
 
     def __post_init__(self) -> None:
+        if not self.region:
+            object.__setattr__(self, "region", self.name)
         if self.nics is None:
             object.__setattr__(self, "nics", Nics(1, self.nic.bandwidth_bytes_per_s))
 
@@ -151,6 +170,9 @@ class Cluster:
     nodes: tuple[Node, ...]
     inter_node: Link
     source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # the paths between regions that the file gives (`region_link`); key: the two region
+    # names, sorted
+    links: dict[tuple[str, str], RegionLink] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         devices = tuple(
@@ -202,8 +224,24 @@ class Cluster:
         na, nb = self.node(a.node), self.node(b.node)
         out_name, out_bw = _rail(na, a.index, "out")
         in_name, in_bw = _rail(nb, b.index, "in")
-        link = Link(min(out_bw, in_bw), max(na.nic.latency_s, nb.nic.latency_s))
-        return Route((Hop(out_name, out_bw), Hop(in_name, in_bw)), link, "inter")
+        latency = max(na.nic.latency_s, nb.nic.latency_s)
+        wide = self.region_link(na.name, nb.name)
+        if wide is None:
+            return Route((Hop(out_name, out_bw), Hop(in_name, in_bw)),
+                         Link(min(out_bw, in_bw), latency), "inter")
+        bw = wide.bandwidth_bytes_per_s
+        return Route((Hop(out_name, out_bw), Hop(f"{na.name}>{nb.name}:path", bw),
+                      Hop(in_name, in_bw)),
+                     Link(min(out_bw, bw, in_bw),
+                          latency if wide.latency_s is None else wide.latency_s), "inter")
+
+    def region_link(self, x: str, y: str) -> RegionLink | None:
+        """The path the file gives between the regions of nodes `x` and `y` (None: the
+        NICs alone set the route)."""
+        if not self.links:
+            return None
+        rx, ry = self.node(x).region, self.node(y).region
+        return self.links.get((rx, ry) if rx <= ry else (ry, rx))
 
     def bus_efficiency(self, src: str, link_class: str) -> float:
         """Achievable collective bus bandwidth over a route's link bandwidth, for a
@@ -271,7 +309,7 @@ _DEVICE_KEYS = ("peak_flops", "efficiency", "memory", "mem_bandwidth", "link_ban
                 "link_latency", "price_per_hour", "base", "source", "runtime_reserve",
                 "nvlink_sharp")
 _NODE_KEYS = ("name", "device", "count", "intra_link", "nic", "nics", "price_per_hour",
-              "peer_to_peer", "repeat", "slowdown", "mtbf")
+              "peer_to_peer", "repeat", "slowdown", "mtbf", "region")
 _LINK_KEYS = ("bandwidth", "latency")
 
 
@@ -425,7 +463,8 @@ def _slowdown(nf: Fields, count: int) -> tuple[float, ...]:
 
 def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     """Check and convert a parsed cluster document (units converted here, once)."""
-    top = Fields(data, where, ("name", "device_types", "nodes", "inter_node", "description"))
+    top = Fields(data, where, ("name", "device_types", "nodes", "inter_node", "links",
+                               "description"))
     catalog = builtin_device_types()
     if top.has("device_types"):
         types = top.sub("device_types")
@@ -453,9 +492,11 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
         nic = _link(nf, "nic", inter)
         nics = Nics(1, nic.bandwidth_bytes_per_s)
         if nf.has("nics"):
-            cf = nf.sub("nics", ("count", "bandwidth"))
+            cf = nf.sub("nics", ("count", "bandwidth", "latency"))
             nics = Nics(cf.positive_int("count", 1, at_most=limits.MAX_NODE_DEVICES),
                         cf.quantity("bandwidth", "bandwidth", nic.bandwidth_bytes_per_s))
+            nic = Link(nic.bandwidth_bytes_per_s,
+                       cf.quantity("latency", "time", nic.latency_s, positive=False))
         price = nf.quantity("price_per_hour", "price", positive=False) \
             if nf.has("price_per_hour") else None
         repeat = nf.positive_int("repeat", 1, at_most=limits.MAX_NODE_REPEAT)
@@ -470,15 +511,40 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
                            "reach each other by PCIe peer-to-peer or NVLink)", p2p)
         mtbf = nf.quantity("mtbf", "time") if nf.has("mtbf") else None
         base_name = printable(nf.string("name", f"n{len(nodes)}"))   # shown everywhere
+        region = printable(nf.string("region")) if nf.has("region") else ""
         for r in range(repeat):
             node_name = base_name if repeat == 1 else f"{base_name}{r}"
             if "/" in node_name or node_name in names:
                 raise BadInput(nf.at("name"), "a unique node name without '/'", node_name)
             names.add(node_name)
             nodes.append(Node(node_name, dev_name, count, intra, nic, price, nics, slowdown,
-                              mtbf, p2p))
+                              mtbf, p2p, region))
     used = {n.device_type for n in nodes}
     return Cluster(name=printable(top.raw("name", name)),
                    device_types={k: v for k, v in catalog.items() if k in used},
-                   nodes=tuple(nodes), inter_node=inter, source=json.loads(json.dumps(data)))
+                   nodes=tuple(nodes), inter_node=inter, source=json.loads(json.dumps(data)),
+                   links=_region_links(top, {n.region for n in nodes}))
+
+
+def _region_links(top: Fields, regions: set[str]) -> dict[tuple[str, str], RegionLink]:
+    """The file's `links`: each `{between: [REGION, REGION], bandwidth, latency}`, a
+    region being a node's `region` or, without one, its name; one entry per pair."""
+    out: dict[tuple[str, str], RegionLink] = {}
+    for i, raw in enumerate(top.items("links", [])):
+        lf = Fields(raw, f"{top.at('links')}[{i}]", ("between", "bandwidth", "latency"))
+        ends = lf.raw("between", None)
+        if not (isinstance(ends, list) and len(ends) == 2
+                and all(isinstance(e, str) for e in ends)):
+            raise BadInput(lf.at("between"), "two region or node names, e.g. [eu, us]", ends)
+        for end in ends:
+            if printable(end) not in regions:
+                raise BadInput(lf.at("between"), "names of regions (a node's `region`, or "
+                               f"its name without one): {', '.join(sorted(regions))}", end)
+        x, y = sorted(map(printable, ends))
+        if (x, y) in out:
+            raise BadInput(lf.at("between"), "each pair of regions once", [x, y])
+        out[(x, y)] = RegionLink(lf.quantity("bandwidth", "bandwidth"),
+                                 lf.quantity("latency", "time", positive=False)
+                                 if lf.has("latency") else None)
+    return out
 

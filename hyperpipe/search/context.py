@@ -378,8 +378,10 @@ class SearchContext:
         na, nb = self.cluster.node(a.node), self.cluster.node(b.node)
         same = a.node == b.node
         # a NIC's bandwidth is its node's `nics` figure; which card a device uses does
-        # not change a transfer's idle-link time (every card of a node is alike)
-        inter = tuple(map(link_sig, (na.nic, na.nics, nb.nic, nb.nics)))
+        # not change a transfer's idle-link time (every card of a node is alike); a
+        # wide-area path between the two nodes' regions is part of the route
+        inter = (*map(link_sig, (na.nic, na.nics, nb.nic, nb.nics)),
+                 link_sig(self.cluster.region_link(a.node, b.node)))
         if self.cost.profile is not None:
             return LinkKey((a.node,) if same else ("inter", *inter), mb)
         return LinkKey((link_sig(na.intra_link),) if same else inter, mb)

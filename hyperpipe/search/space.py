@@ -287,9 +287,11 @@ def device_classes(cluster) -> dict[str, DeviceClass]:
 
 def class_key(cluster, node) -> tuple:
     """What puts a node in its device class: its device type, device count, intra-node
-    link, NICs, per-device slowdowns and price."""
+    link, NICs, per-device slowdowns and price, and its region where the cluster gives
+    paths between regions (`Cluster.links`)."""
     return (node.device_type, node.count, node.intra_link, node.nic, node.nics,
-            node.slowdown, cluster.price_per_hour(f"{node.name}/0"))
+            node.slowdown, cluster.price_per_hour(f"{node.name}/0"),
+            node.region if cluster.links else None)
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,11 @@ def without_node(cluster: Cluster, name: str) -> Cluster:
     if not entries:
         raise InfeasiblePlan(f"cluster {cluster.name} has no node left without {name}")
     doc["nodes"] = entries
+    # paths given to the node's own region (its name, without a `region`) go with it
+    regions = {n.region for n in cluster.nodes if n.name != name}
+    if "links" in doc:
+        doc["links"] = [link for link in doc["links"]
+                        if all(end in regions for end in link.get("between", ()))]
     out = cluster_from_dict(doc, where=f"cluster {cluster.name} without {name}",
                             name=cluster.name)
     # nodes keep their MTBFs (their own or the study's `mtbf_s`)
