@@ -305,6 +305,18 @@ class UnitPool:
     cp: int = 1
 
 
+def first_node_units(cluster, pool: UnitPool) -> int:
+    """How many of `pool`'s first units lie wholly on its first unit's node (0: a unit
+    spans nodes)."""
+    node = cluster.device(pool.units[0][0]).node
+    k = 0
+    for unit in pool.units:
+        if any(cluster.device(d).node != node for d in unit):
+            break
+        k += 1
+    return k
+
+
 def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[str, int]]:
     # no kind, or one that carries actions (synth): every generated kind (then, for synth,
     # a schedule synthesised for the best: search phase 4)
@@ -390,12 +402,19 @@ def type_groups(types: list[str]) -> Iterator[list[tuple[str, ...]]]:
 
 
 def dp_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
-               pp: int | None, dp: int | None, max_dp: int | None = None
+               pp: int | None, dp: int | None, max_dp: int | None = None,
+               node_units: dict[str, int] | None = None
                ) -> Iterator[tuple[int, dict[str, int]]]:
     """(replicas, units of each type per pipeline) for one group of types with `counts`
     units each. Every type in the group gives each pipeline at least one unit; a pipeline
     has at most num_layers / chunks devices. Without a fixed pp each pipeline takes all
     it can (units // replicas); with one, every split of pp units over the types.
+
+    `node_units`: the units one node of each type holds. Without a fixed pp, a group of
+    one type on several nodes also gets the recipes of its first node alone (units of
+    one node // replicas): the rest of the class idle, as a slow link between its nodes
+    can make best (two nodes of 4 A100 over 1 Gbit/s: 0.77 s an iteration on one node
+    against 4.9 s over both, for GPT-3 1.3B). A fixed pp enumerates such recipes anyway.
 
     `max_dp`: the most replicas the batch allows (global batch / micro-batch). Without a
     fixed pp, when no count of replicas up to it can take all the units (more devices
@@ -409,6 +428,12 @@ def dp_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
     throughput beside other groups, the most ZeRO shards). See `replica_counts`."""
     pairs = _all_recipes(counts, num_layers=num_layers, chunks=chunks, pp=pp, dp=dp,
                          max_dp=max_dp)
+    if pp is None and len(counts) == 1 and node_units:
+        pairs = list(dict.fromkeys(
+            [(d, tuple(r.items())) for d, r in pairs] +
+            [(d, tuple(r.items())) for d, r in _one_node_recipes(
+                counts, node_units, num_layers // chunks, dp)]))
+        pairs = [(d, dict(r)) for d, r in pairs]
     if dp is not None or max_dp is None:
         yield from pairs
         return
@@ -454,6 +479,21 @@ def _all_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
     if pp is None and not taken:
         yield from _subset_recipes(counts, num_layers // chunks, min(
             most, dp or most, max_dp or most))
+
+
+def _one_node_recipes(counts: dict[str, int], node_units: dict[str, int], stages: int,
+                      dp: int | None) -> Iterator[tuple[int, dict[str, int]]]:
+    """(replicas, {type: units}) of one type's first node alone, when the type has more
+    units than one node holds: its units // replicas each, at most `stages`."""
+    (t, n), = counts.items()
+    u = node_units.get(t, 0)
+    if not 1 <= u < n:
+        return
+    for d in range(1, u + 1):
+        if dp is not None and d != dp:
+            continue
+        if u // d <= stages:
+            yield d, {t: u // d}
 
 
 def _subset_recipes(counts: dict[str, int], stages: int, replicas: int

@@ -529,13 +529,15 @@ def _keys_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
     if any(t not in pools for t in types):
         return keys
     counts = {t: len(pools[t].units) for t in types}
+    node_units = {t: space.first_node_units(ctx.cluster, pools[t]) for t in types}
     opt = _optimizer_s(ctx, types, pools, tp)
     price_of = {t: ctx.cluster.price_per_hour(pools[t].units[0][0]) for t in types}
     room = {t: ctx.type_of(t).free_bytes for t in types}
     for kind, v, mb in configs:
         big_m = c.global_batch // mb
         for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,
-                                           chunks=v, pp=c.pp, dp=c.dp, max_dp=big_m):
+                                           chunks=v, pp=c.pp, dp=c.dp, max_dp=big_m,
+                                           node_units=node_units):
             phase.seen += 1
             p = sum(recipe.values())
             m = -(-big_m // dp)
