@@ -172,12 +172,9 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
                     raise BadInput(f"{where}.tp", f"tp={seen[0]} as in {seen[1]} (data-"
                                    f"parallel replicas of layer {layer} must shard it alike "
                                    "for a real run)", st.tp)
-            if st.tp == 1:
+            if st.tp == 1 or spec.config is not None:    # GPT models: `Plan.check`
                 continue
-            c = spec.config
-            sizes = [("n_head", c.n_head), ("n_kv_head", c.n_kv_head),
-                     ("ffn_hidden", c.ffn_hidden)] if c is not None else \
-                [("hidden", spec.layers[layer].hidden) for layer in range(*st.layers)]
+            sizes = [("hidden", spec.layers[layer].hidden) for layer in range(*st.layers)]
             if st.sequence_parallel:      # each context rank's tokens, split over tp
                 sizes.append(("seq_len / cp", spec.seq_len // st.cp))
             for name, size in sizes:

@@ -421,9 +421,13 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
         raise BadInput("ep", "a divisor of the model's routed experts" + (
             f" ({moe.experts})" if moe is not None else f" (model {model.name} has no MoE "
             "blocks: 1)"), c.ep)
-    if model.config is not None and c.tp is not None and model.config.n_head % c.tp:
-        raise BadInput("tp", f"a divisor of the model's {model.config.n_head} attention "
-                       "heads", c.tp)
+    if model.config is not None and c.tp is not None:
+        cfg = model.config
+        for name, size in (("attention heads (n_head)", cfg.n_head),
+                           ("query groups (n_kv_head)", cfg.n_kv_head),
+                           ("MLP width (ffn_hidden)", cfg.ffn_hidden)):
+            if size % c.tp:
+                raise BadInput("tp", f"a divisor of the model's {size} {name}", c.tp)
 
 
 def _baselines_phase(ctx: SearchContext, phase: PhaseStats, peers: bool = True

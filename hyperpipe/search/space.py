@@ -345,7 +345,8 @@ def micro_batches(c: SearchConstraints) -> Iterator[int]:
 
 
 def tp_options(cluster, model, c: SearchConstraints) -> Iterator[int]:
-    """Powers of two up to the largest node; only 1 for synthetic models, whose layers
+    """Powers of two up to the largest node that divide the model's heads, query groups
+    and MLP width (`plan.tp_split_sizes`); only 1 for synthetic models, whose layers
     have no tensor-parallel communication to cost (so tp would look free)."""
     if c.tp is not None:
         yield c.tp
@@ -355,8 +356,9 @@ def tp_options(cluster, model, c: SearchConstraints) -> Iterator[int]:
         return
     largest = max(n.count for n in cluster.nodes)
     tp = 1
+    cfg = model.config
     while tp <= largest:
-        if model.config.n_head % tp == 0:
+        if cfg.n_head % tp == 0 and cfg.n_kv_head % tp == 0 and cfg.ffn_hidden % tp == 0:
             yield tp
         tp *= 2
 

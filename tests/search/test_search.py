@@ -11,7 +11,7 @@ from factories import FREE_LINK, chain_plan, cluster_doc, device_type, synthetic
 
 from hyperpipe.cli import main
 from hyperpipe.cluster.cluster import load_cluster
-from hyperpipe.core.errors import InfeasiblePlan
+from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.models import load_model
 from hyperpipe.plan.kinds import generate
 from hyperpipe.plan.plan import load_plan
@@ -183,7 +183,9 @@ def test_baselines_follow_megatron_rank_order():
             first = (s * 2 + r) * 2
             assert st.devices == tuple(names[first:first + 2])
         assert [st.num_layers for st in pipe.stages] == [4, 4, 3, 3]
-    prop = proportional_plan(model, cluster, pp=3, micro_batch=2, global_batch=8, tp=8)
+    # tp 8 (one type per stage) needs heads that split 8 ways
+    wide = load_model({"preset": "gpt2-small", "n_head": 16})
+    prop = proportional_plan(wide, cluster, pp=3, micro_batch=2, global_batch=8, tp=8)
     sizes = [st.num_layers for st in prop.pipelines[0].stages]
     assert sum(sizes) == 14 and sizes[0] > sizes[1] > sizes[2]      # H100 > A100 > L4
     assert layer_counts(10, [1.0, 1.0, 1.0]) == [4, 3, 3]
@@ -674,3 +676,27 @@ def test_a_class_split_by_a_slow_link_may_run_on_one_of_its_nodes():
     assert free.best.metrics.iteration_time_s <= min(fixed) * (1 + 1e-9)
     nodes = {d.split("/")[0] for d in free.best.plan.devices}
     assert len(nodes) == 1, nodes
+
+
+def test_tensor_parallelism_must_split_heads_query_groups_and_mlp():
+    """Megatron splits attention heads, query groups and MLP columns evenly over tp: a
+    plan whose tp does not divide n_kv_head is refused by `Plan.check` (as `run` refused
+    it, after `search` had proposed it and `simulate` priced it), `search --tp` names
+    the field, and the search's own tp degrees skip it (one query group: tp 1 only)."""
+    from hyperpipe.plan.plan import plan_from_dict
+    gqa = {"kind": "gpt", "name": "gqa", "n_layer": 4, "n_head": 8, "n_kv_head": 2,
+           "d_model": 512, "seq_len": 128, "vocab_size": 1024}
+    cluster = load_cluster("h100-a100-l4")
+    doc = {"format": "hyperpipe.plan/1", "model": gqa, "cluster": "h100-a100-l4",
+           "global_batch": 4, "schedule": {"kind": "1f1b"},
+           "pipelines": [{"micro_batch": 1, "num_microbatches": 4, "stages": [
+               {"layers": [0, 6], "devices": [f"h100/{i}" for i in range(4)], "tp": 4}]}]}
+    with pytest.raises(BadInput, match=r"stages\[0\]\.tp: expected a divisor of the "
+                                       r"model's n_kv_head \(2\)"):
+        plan_from_dict(doc).check(load_model(gqa), cluster)
+    with pytest.raises(BadInput, match=r"^tp: .*query groups"):
+        search(load_model(gqa), cluster, SearchConstraints(global_batch=4, tp=4))
+    mqa = load_model({**gqa, "name": "mqa", "n_kv_head": 1})
+    found = search(mqa, cluster, SearchConstraints(global_batch=8), top=3, quiet=True)
+    assert {st.tp for cand in found.ranked for p in cand.plan.pipelines
+            for st in p.stages} == {1}
