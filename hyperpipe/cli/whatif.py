@@ -175,6 +175,14 @@ def _workload(opts: WhatIfOptions, plan=None):
     model = load_model(opts.workload.model, where="--model")
     if plan is not None:
         plan.check(model, cluster)
+        batch = opts.workload.global_batch
+        if batch is not None and batch != plan.global_batch:
+            raise BadInput("--global-batch", f"the --plan's global batch "
+                           f"({plan.global_batch}): the kept plan trains that batch, and "
+                           "its iterations are compared with the re-plans'", batch)
+        if any(v.split("=", 1)[0].strip() == "global_batch" for v in opts.vary):
+            raise BadInput("--vary global_batch", "no --plan beside it (the kept plan "
+                           f"trains its own batch, {plan.global_batch})", has_got=False)
     return model, cluster, load_checked_profile(opts.profile, model, cluster)
 
 

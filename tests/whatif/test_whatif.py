@@ -113,3 +113,26 @@ def test_whatif_cli_plot_json_and_bad_input(tmp_path, capsys):
                "--global-batch", "8", "--vary", "nodes.zzz.count=1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "zzz" in err[0]
+
+
+def test_a_kept_plan_fixes_the_global_batch(tmp_path, capsys):
+    """`--plan` keeps today's plan, which trains its own global batch: another
+    --global-batch (or a --vary over it) would compare iterations of different batches
+    (a plan of 16 against re-plans of 32 read '+12.2%' where per sample the kept plan was
+    2.24x slower): refused in one line naming the option."""
+    from hyperpipe.cli import main
+    plan = tmp_path / "p.json"
+    assert main(["search", "--cluster", "demo-hetero", "--model", "tiny-gpt",
+                 "--global-batch", "16", "--workers", "1", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    base = ["whatif", "--plan", str(plan), "--cluster", "demo-hetero", "--model",
+            "tiny-gpt", "--workers", "1"]
+    for extra, needle in (
+            (["--global-batch", "32", "--vary", "inter_node.bandwidth=1 Gbit/s"],
+             "--global-batch: expected the --plan's global batch (16)"),
+            (["--global-batch", "16", "--vary", "global_batch=16,32"],
+             "--vary global_batch: expected no --plan beside it")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    assert main(base + ["--global-batch", "16", "--vary", "inter_node.bandwidth=1 Gbit/s"]) == 0
