@@ -430,6 +430,9 @@ class _Engine:
             "phases": {
                 "pipeline_s": max(r.compute_end_s for r in ranks),
                 "dp_allreduce_end_s": max((seg.done_s for seg in self.segments), default=0.0),
+                # the first and last stage's all-reduce of a tied embedding's gradient
+                "tied_allreduce_end_s": max((p.tie.done_s for p in self.pipes
+                                             if p.tie is not None), default=0.0),
                 "optimizer_s": max(sum(b - a for _, a, b in r.opt_log) for r in ranks),
                 "iteration_s": iteration},
             "ranks": [{"pipeline": r.pipe.index, "rank": r.d, "device": r.devices[0],

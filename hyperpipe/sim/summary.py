@@ -25,6 +25,9 @@ def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
     ph = m.extra["phases"]
     reduce = f"data-parallel all-reduce ends {format_seconds(ph['dp_allreduce_end_s'])}" \
         if ph["dp_allreduce_end_s"] > 0 else "no data-parallel all-reduce"
+    if ph.get("tied_allreduce_end_s", 0.0) > 0:
+        reduce += (f", tied embedding's all-reduce ends "
+                   f"{format_seconds(ph['tied_allreduce_end_s'])}")
     lines.append(f"phases      pipeline {format_seconds(ph['pipeline_s'])}, {reduce}, "
                  f"optimizer {format_seconds(ph['optimizer_s'])}")
     dev = max(m.peak_memory_bytes, key=m.peak_memory_bytes.get)

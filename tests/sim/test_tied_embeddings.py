@@ -95,6 +95,10 @@ def test_first_and_last_stage_all_reduce_the_embedding_gradient(dp):
     assert est_t.iteration_time_s == pytest.approx(sim_t.metrics.iteration_time_s,
                                                    abs=2 * LAT)
     assert sim_t.metrics.iteration_time_s == pytest.approx(end)
+    # the summary's phases name it: its end, the iteration's here (no optimizer)
+    phases = sim_t.metrics.extra["phases"]
+    assert phases["tied_allreduce_end_s"] == pytest.approx(end)
+    assert sim_u.metrics.extra["phases"]["tied_allreduce_end_s"] == 0.0
 
 
 @pytest.mark.parametrize("stack, tie_bytes", [("megatron-lm", 4), ("megatron-deepspeed", 2)])
