@@ -177,8 +177,12 @@ def _plan_model_cluster(opts: SimulateOptions):
         raise BadInput("simulate", f"--plan P, or --cluster C --model M --pp N "
                        f"--micro-batch B --global-batch G (missing {' '.join(missing)})",
                        has_got=False)
-    from hyperpipe.plan.kinds import DEFAULT_KIND, default_chunks
+    from hyperpipe.plan.kinds import DEFAULT_KIND, KINDS, default_chunks
     from hyperpipe.search.baselines import uniform_plan
+    if s.schedule in KINDS and KINDS[s.schedule].carries_actions:
+        raise BadInput("--schedule", "a fixed kind with plan options: a synthesised "
+                       "schedule's action lists come from a search (hyperpipe search ... "
+                       "--out PLAN, then simulate --plan PLAN)", s.schedule)
     model, cluster = load_model(opts.model, where="--model"), load_cluster(opts.cluster)
     if s.zero == 0 and m.distributed_optimizer:
         raise BadInput("--zero", "1 or more with --distributed-optimizer (it shards the "
