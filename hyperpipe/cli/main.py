@@ -109,7 +109,11 @@ def sigterm_as_exit():
 def _main(argv: list[str] | None) -> int:
     try:
         with guarded_stdout():
-            ns = build_parser().parse_args(argv)
+            parser = build_parser()
+            ns, extra = parser.parse_known_args(argv)
+            if extra:                  # named after the command they were given to
+                raise BadInput(f"hyperpipe {ns.command}", f"only the options `hyperpipe "
+                               f"{ns.command} --help` lists", " ".join(extra))
             code = int(ns.run(ns.options(ns)) or 0)
             sys.stdout.flush()           # a full stdout fails here, not at exit
             return code

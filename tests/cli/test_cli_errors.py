@@ -32,7 +32,8 @@ GOOD_CLUSTER = "nodes:\n  - {name: n0, device: A100-80GB, count: 2}\n"
 CASES = [
     ("plan-missing-file", {}, ["simulate", "--plan", "{dir}/nope.json"], ["nope.json"]),
     ("unknown-option", {}, ["run", "--plan", "{dir}/p.json", "--json"],
-     ["expected only the options", "--help", "got '--json'"]),
+     ["hyperpipe run: expected only the options `hyperpipe run --help` lists",
+      "got '--json'"]),
     ("required-option", {}, ["run"], ["hyperpipe run: expected --plan (required)"]),
     ("plan-bad-json", {"p.json": "{\"format\": "}, ["simulate", "--plan", "{dir}/p.json"],
      ["p.json", "JSON"]),
