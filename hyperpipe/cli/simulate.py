@@ -184,6 +184,11 @@ def _plan_model_cluster(opts: SimulateOptions):
                        "schedule's action lists come from a search (hyperpipe search ... "
                        "--out PLAN, then simulate --plan PLAN)", s.schedule)
     model, cluster = load_model(opts.model, where="--model"), load_cluster(opts.cluster)
+    from hyperpipe.plan.plan import tp_misfit
+    misfit = tp_misfit(model, s.tp or 1, bool(m.sequence_parallel), s.cp or 1)
+    if misfit is not None:
+        raise BadInput("--tp", f"a divisor of the model's {misfit[0]} ({misfit[1]}): "
+                       "tensor parallelism splits it", s.tp)
     if s.zero == 0 and m.distributed_optimizer:
         raise BadInput("--zero", "1 or more with --distributed-optimizer (it shards the "
                        "optimizer state: zero 1)", 0)

@@ -235,6 +235,14 @@ class Cluster:
                      Link(min(out_bw, bw, in_bw),
                           latency if wide.latency_s is None else wide.latency_s), "inter")
 
+    def linked_region(self, node: str) -> str | None:
+        """Node `node`'s region when some path of `links` names it (None otherwise: the
+        NICs alone set its routes, as they do for every node alike)."""
+        if not self.links:
+            return None
+        region = self.node(node).region
+        return region if any(region in pair for pair in self.links) else None
+
     def region_link(self, x: str, y: str) -> RegionLink | None:
         """The path the file gives between the regions of nodes `x` and `y` (None: the
         NICs alone set the route)."""
@@ -524,6 +532,29 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
                    device_types={k: v for k, v in catalog.items() if k in used},
                    nodes=tuple(nodes), inter_node=inter, source=json.loads(json.dumps(data)),
                    links=_region_links(top, {n.region for n in nodes}))
+
+
+def links_among(doc: dict[str, Any]) -> dict[str, Any]:
+    """Cluster document `doc` with only the `links` whose ends are regions of its nodes
+    (a node's `region`, or its `name`): what is left of a file's paths when nodes are
+    taken out of it (a failure, a sweep's count 0 or device subset). Unnamed nodes keep
+    the names the loader gives them (`n` and their position, copies counted)."""
+    if "links" not in doc:
+        return doc
+    regions, made = set(), 0             # made: nodes so far, copies counted (the names)
+    for node in doc.get("nodes", []):
+        if not isinstance(node, dict):
+            continue
+        base = str(node.get("name", f"n{made}"))
+        repeat = node.get("repeat", 1) if isinstance(node.get("repeat", 1), int) else 1
+        made += max(repeat, 1)
+        if node.get("region"):
+            regions.add(str(node["region"]))
+        else:
+            regions.update([base] if repeat <= 1 else [f"{base}{r}" for r in range(repeat)])
+    kept = [link for link in doc["links"] if isinstance(link, dict)
+            and all(str(end) in regions for end in link.get("between", ()) or ())]
+    return {**doc, "links": kept}
 
 
 def _region_links(top: Fields, regions: set[str]) -> dict[tuple[str, str], RegionLink]:

@@ -328,10 +328,10 @@ class Plan:
                     what = f"tp={st.tp} devices" if st.cp == 1 else \
                         f"tp x cp = {st.tp} x {st.cp} = {st.tp * st.cp} devices"
                     raise BadInput(f"{sw}.devices", what, list(st.devices))
-                for name, size in tp_split_sizes(model, st):
-                    if size % st.tp:
-                        raise BadInput(f"{sw}.tp", f"a divisor of the model's {name} "
-                                       f"({size}): tensor parallelism splits it", st.tp)
+                misfit = tp_misfit(model, st.tp, st.sequence_parallel, st.cp)
+                if misfit is not None:
+                    raise BadInput(f"{sw}.tp", f"a divisor of the model's {misfit[0]} "
+                                   f"({misfit[1]}): tensor parallelism splits it", st.tp)
                 if st.cp > 1 and model.seq_len % (2 * st.cp):
                     raise BadInput(f"{sw}.cp", f"a cp that splits the sequence "
                                    f"({model.seq_len}) into 2 x cp equal chunks (causal "
@@ -636,19 +636,30 @@ def _bad(where: str, text: str) -> BadInput:
     return err
 
 
-def tp_split_sizes(model, stage) -> list[tuple[str, int]]:
-    """(name, size) of what a stage's tensor parallelism splits evenly over its tp ranks,
-    as Megatron-LM requires (megatron/core: attention heads and query groups per
-    partition, the MLP's columns, with sequence parallelism the tokens): n_head,
-    n_kv_head and ffn_hidden of a GPT model, the sequence of each context rank with
-    sequence parallelism; empty for tp 1 and for synthetic models."""
+def tp_split_sizes(model, tp: int, sequence_parallel: bool = False, cp: int = 1
+                   ) -> list[tuple[str, int]]:
+    """(name, size) of what tensor parallelism of `tp` splits evenly over its ranks, as
+    Megatron-LM requires (megatron/core: attention heads and query groups per partition,
+    the MLP's and the experts' columns, with sequence parallelism each context rank's
+    tokens): n_head, n_kv_head, ffn_hidden and moe.expert_hidden of a GPT model,
+    seq_len / cp with `sequence_parallel`; empty for tp 1 and for synthetic models."""
     c = getattr(model, "config", None)
-    if stage.tp == 1 or c is None:
+    if tp == 1 or c is None:
         return []
     sizes = [("n_head", c.n_head), ("n_kv_head", c.n_kv_head), ("ffn_hidden", c.ffn_hidden)]
-    if stage.sequence_parallel:
-        sizes.append(("seq_len / cp", c.seq_len // stage.cp))
+    if c.moe is not None:
+        sizes.append(("moe.expert_hidden", c.moe.expert_hidden))
+    if sequence_parallel:
+        sizes.append(("seq_len / cp", c.seq_len // cp))
     return sizes
+
+
+def tp_misfit(model, tp: int, sequence_parallel: bool = False, cp: int = 1
+              ) -> tuple[str, int] | None:
+    """The first of `tp_split_sizes` that `tp` does not divide (None: it splits them all):
+    the one rule `Plan.check`, the search's degrees and the CLI's --tp share."""
+    return next(((name, size) for name, size in
+                 tp_split_sizes(model, tp, sequence_parallel, cp) if size % tp), None)
 
 
 def home_stage(plan: Plan, pipe: PipelinePlan, k: int) -> int:

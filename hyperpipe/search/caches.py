@@ -43,6 +43,8 @@ class TimesKey(NamedTuple):
     sequence_parallel: bool
     cp: int = 1                # context ranks (the group is tp x cp devices)
     span_nodes: int = 1        # nodes the group spans (its ring exchange's links)
+    span_links: tuple = ()     # with span_nodes > 1, per node in ring order its NIC's and
+                               # NICs' `link_sig` and its `Cluster.linked_region`
     ep: int = 1                # expert-parallel degree
     ep_nodes: tuple = ()       # (class, devices per node) of the all-to-all's ranks
 

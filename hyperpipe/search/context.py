@@ -15,6 +15,7 @@ import numpy as np
 
 from hyperpipe.cluster.cluster import link_sig
 from hyperpipe.plan.kinds import schedule_kind
+from hyperpipe.plan.plan import tp_misfit
 from hyperpipe.plan.stack import resolve_runtime
 from hyperpipe.search import partition as P
 from hyperpipe.search import space
@@ -137,7 +138,8 @@ class SearchContext:
                 or any(layer.kind == "moe" for layer in mine.model.layers):
             return False
         new, old = self.cluster, other.cluster
-        if (new.device_types, new.inter_node) != (old.device_types, old.inter_node):
+        if (new.device_types, new.inter_node, new.links) != \
+                (old.device_types, old.inter_node, old.links):
             return False
         if any(not old.has_node(n.name) or replace(old.node(n.name), mtbf_s=None) !=
                replace(n, mtbf_s=None) for n in new.nodes):
@@ -280,12 +282,17 @@ class SearchContext:
         dev = self.cluster.device(group[0])
         node = self.cluster.node(dev.node)
         tp = len(group) // mode.cp
-        span = len({self.cluster.device(d).node for d in group}) if mode.cp > 1 else 1
+        nodes = list(dict.fromkeys(self.cluster.device(d).node for d in group)) \
+            if mode.cp > 1 else [dev.node]
+        # a ring over several nodes: its exchanges cross their NICs and region paths
+        span_links = tuple((link_sig(n.nic), link_sig(n.nics),
+                            self.cluster.linked_region(n.name))
+                           for n in map(self.cluster.node, nodes)) if len(nodes) > 1 else ()
         ep_nodes = self.ep_exchange(group, mode.cp, mode.ep)[0] if mode.ep > 1 else ()
         times = TimesKey(dev.type.name, self.cluster.slowdown(group),
                          link_sig(node.intra_link) if len(group) > 1 else None,
-                         tp, mb, mode.recompute, mode.sequence_parallel, mode.cp, span,
-                         mode.ep, ep_nodes)
+                         tp, mb, mode.recompute, mode.sequence_parallel, mode.cp, len(nodes),
+                         span_links, mode.ep, ep_nodes)
         if not mode.zero:
             return TableKey(times, 1)
         return TableKey(times, shards, mode.zero, mode.reshard if mode.zero == 3 else True)
@@ -362,8 +369,9 @@ class SearchContext:
             helps = cfg is not None and cfg.attention == "eager"
             given = self.runtime.reshard_after_forward
             reshard = (not pipelined) if given is None else given
+            splits = tp_misfit(self.model, tp, True, cp) is None
             ladder = self.mode_ladders[key] = space.memory_modes(self.c, tp, dp, helps, cp,
-                                                                 reshard, ep)
+                                                                 reshard, ep, splits)
         return ladder
 
     def link_key(self, src: str, dst: str, mb: int) -> LinkKey:

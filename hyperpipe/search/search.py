@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import schedule_kind
-from hyperpipe.plan.plan import PipelinePlan, Plan
+from hyperpipe.plan.plan import PipelinePlan, Plan, tp_misfit
 from hyperpipe.search import space
 from hyperpipe.search.backends import backend_or_workers, fan_out
 from hyperpipe.search.baselines import tuned_baselines
@@ -421,13 +421,11 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
         raise BadInput("ep", "a divisor of the model's routed experts" + (
             f" ({moe.experts})" if moe is not None else f" (model {model.name} has no MoE "
             "blocks: 1)"), c.ep)
-    if model.config is not None and c.tp is not None:
-        cfg = model.config
-        for name, size in (("attention heads (n_head)", cfg.n_head),
-                           ("query groups (n_kv_head)", cfg.n_kv_head),
-                           ("MLP width (ffn_hidden)", cfg.ffn_hidden)):
-            if size % c.tp:
-                raise BadInput("tp", f"a divisor of the model's {size} {name}", c.tp)
+    if c.tp is not None:
+        misfit = tp_misfit(model, c.tp, bool(c.sequence_parallel), c.cp or 1)
+        if misfit is not None:
+            raise BadInput("tp", f"a divisor of the model's {misfit[0]} ({misfit[1]}): "
+                           "tensor parallelism splits it", c.tp)
 
 
 def _baselines_phase(ctx: SearchContext, phase: PhaseStats, peers: bool = True

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from hyperpipe.core.errors import BadInput
 from hyperpipe.plan.kinds import GENERATED_KINDS, KINDS, schedule_kind
-from hyperpipe.plan.plan import RECOMPUTE_KINDS, ZERO_STAGES
+from hyperpipe.plan.plan import RECOMPUTE_KINDS, ZERO_STAGES, tp_misfit
 from hyperpipe.plan.stack import DEFAULT_STACK, NO_OVERRIDES, STACKS, RuntimeOverrides
 
 MAX_MICRO_BATCH = 64          # why: beyond this, activations rarely fit and bubbles grow
@@ -154,7 +154,8 @@ def zero_options(c: SearchConstraints, shards: int, reshard: bool) -> tuple[int,
 
 
 def memory_modes(c: SearchConstraints, tp: int, dp: int, selective_helps: bool,
-                 cp: int = 1, reshard: bool = True, ep: int = 1) -> tuple[MemoryMode, ...]:
+                 cp: int = 1, reshard: bool = True, ep: int = 1, sp_splits: bool = True
+                 ) -> tuple[MemoryMode, ...]:
     """The memory modes a template of `tp` x `cp` units and `dp` replicas tries, in the
     order the search tries them: the plain one first, then sequence parallelism (tp > 1)
     with each ZeRO stage of `zero_options` (sequence parallelism and ZeRO-1 cost no time
@@ -162,9 +163,13 @@ def memory_modes(c: SearchConstraints, tp: int, dp: int, selective_helps: bool,
     selective recompute (only where it saves memory: eager attention), then full
     recompute. A template takes the first that fits, so a plan shards and recomputes
     where memory needs it, recomputing only when no ZeRO stage fits without it. A
-    dimension fixed in `c` keeps its one value."""
+    dimension fixed in `c` keeps its one value. `sp_splits`: whether tp divides each
+    context rank's tokens (`plan.tp_misfit`); if not, no sequence parallelism (none at
+    all when `c` fixes it on)."""
+    if c.sequence_parallel and tp > 1 and not sp_splits:
+        return ()
     sp = (c.sequence_parallel,) if c.sequence_parallel is not None else (False, True)
-    sp = tuple(x and tp > 1 for x in sp)
+    sp = tuple(x and tp > 1 and sp_splits for x in sp)
     zeros = zero_options(c, dp * cp, reshard)
     if c.recompute is not None:
         recompute: tuple[str, ...] = (c.recompute,)
@@ -287,11 +292,11 @@ def device_classes(cluster) -> dict[str, DeviceClass]:
 
 def class_key(cluster, node) -> tuple:
     """What puts a node in its device class: its device type, device count, intra-node
-    link, NICs, per-device slowdowns and price, and its region where the cluster gives
-    paths between regions (`Cluster.links`)."""
+    link, NICs, per-device slowdowns and price, and its region where a path of the
+    cluster's `links` names it (`Cluster.linked_region`)."""
     return (node.device_type, node.count, node.intra_link, node.nic, node.nics,
             node.slowdown, cluster.price_per_hour(f"{node.name}/0"),
-            node.region if cluster.links else None)
+            cluster.linked_region(node.name))
 
 
 @dataclass(frozen=True)
@@ -345,9 +350,9 @@ def micro_batches(c: SearchConstraints) -> Iterator[int]:
 
 
 def tp_options(cluster, model, c: SearchConstraints) -> Iterator[int]:
-    """Powers of two up to the largest node that divide the model's heads, query groups
-    and MLP width (`plan.tp_split_sizes`); only 1 for synthetic models, whose layers
-    have no tensor-parallel communication to cost (so tp would look free)."""
+    """Powers of two up to the largest node that split the model as tensor parallelism
+    must (`plan.tp_misfit`); only 1 for synthetic models, whose layers have no
+    tensor-parallel communication to cost (so tp would look free)."""
     if c.tp is not None:
         yield c.tp
         return
@@ -356,9 +361,8 @@ def tp_options(cluster, model, c: SearchConstraints) -> Iterator[int]:
         return
     largest = max(n.count for n in cluster.nodes)
     tp = 1
-    cfg = model.config
     while tp <= largest:
-        if cfg.n_head % tp == 0 and cfg.n_kv_head % tp == 0 and cfg.ffn_hidden % tp == 0:
+        if tp_misfit(model, tp) is None:
             yield tp
         tp *= 2
 
@@ -415,8 +419,7 @@ def dp_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
     `node_units`: the units one node of each type holds. Without a fixed pp, a group of
     one type on several nodes also gets the recipes of its first node alone (units of
     one node // replicas): the rest of the class idle, as a slow link between its nodes
-    can make best (two nodes of 4 A100 over 1 Gbit/s: 0.77 s an iteration on one node
-    against 4.9 s over both, for GPT-3 1.3B). A fixed pp enumerates such recipes anyway.
+    can make best. A fixed pp enumerates such recipes anyway.
 
     `max_dp`: the most replicas the batch allows (global batch / micro-batch). Without a
     fixed pp, when no count of replicas up to it can take all the units (more devices

@@ -532,7 +532,7 @@ class CostModel:
         (`hyperpipe.cluster.cluster`: a port per device inside its node, NICs into a
         non-blocking fabric, device i of a node of n leaving through NIC i·count // n):
         per device its node's kind (device type, devices, intra link, NIC, NICs,
-        peer-to-peer, and its region where the cluster gives paths between regions),
+        peer-to-peer, and its region where a path of the cluster's `links` names it),
         its node numbered in order of first appearance, and its NIC
         numbered in order of first appearance on that node. Tuples of one pattern cross
         hops shared alike, so they cost the same (rings of the same devices' positions
@@ -549,7 +549,7 @@ class CostModel:
                 got = kinds[dev.node] = ((n.device_type, n.count, link_sig(n.intra_link),
                                           link_sig(n.nic), link_sig(n.nics),
                                           n.peer_to_peer,
-                                          n.region if self.cluster.links else None),
+                                          self.cluster.linked_region(n.name)),
                                          n.nics.count, n.count)
             kind, nic_count, per_node = got
             mine = rails.setdefault(dev.node, {})

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref, links_among
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.core.units import format_quantity, format_seconds
 from hyperpipe.models import ModelSpec
@@ -225,10 +225,7 @@ def without_node(cluster: Cluster, name: str) -> Cluster:
         raise InfeasiblePlan(f"cluster {cluster.name} has no node left without {name}")
     doc["nodes"] = entries
     # paths given to the node's own region (its name, without a `region`) go with it
-    regions = {n.region for n in cluster.nodes if n.name != name}
-    if "links" in doc:
-        doc["links"] = [link for link in doc["links"]
-                        if all(end in regions for end in link.get("between", ()))]
+    doc = links_among(doc)
     out = cluster_from_dict(doc, where=f"cluster {cluster.name} without {name}",
                             name=cluster.name)
     # nodes keep their MTBFs (their own or the study's `mtbf_s`)

@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, links_among
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan, printable
 from hyperpipe.core.progress import Progress
@@ -147,8 +147,10 @@ def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int
                 doc["nodes"] = [n for n in doc["nodes"] if n.get("device") in keep]
             else:
                 set_path(doc, key, value)
-        # count 0 means "without this node" (a what-if, not a file error)
+        # count 0 means "without this node" (a what-if, not a file error); the paths
+        # of the regions that leave with it go too
         doc["nodes"] = [n for n in doc.get("nodes", []) if n.get("count") != 0]
+        doc = links_among(doc)
         where = f"vary {', '.join(f'{k}={v}' for k, v in combo)}"
         try:
             variant_cluster = cluster_from_dict(doc, where="cluster", name=cluster.name) \

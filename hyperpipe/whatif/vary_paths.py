@@ -20,13 +20,15 @@ UNIT_EXAMPLES = {
     "peak_flops": "312 TFLOP/s", "mem_bandwidth": "2 TB/s", "link_bandwidth": "600 GB/s",
     "link_latency": "2 us", "mtbf": "120 h",
 }
-TOP_KEYS = ("name", "device_types", "nodes", "inter_node")
+TOP_KEYS = ("name", "device_types", "nodes", "inter_node", "links")
 
 
 def _keys(level: str) -> tuple[str, ...]:
     return {"top": TOP_KEYS, "node": tuple(cluster_format._NODE_KEYS),
             "device": tuple(cluster_format._DEVICE_KEYS),
-            "link": tuple(cluster_format._LINK_KEYS), "nics": ("count", "bandwidth")}[level]
+            "link": tuple(cluster_format._LINK_KEYS),
+            "nics": ("count", "bandwidth", "latency"),
+            "path": ("bandwidth", "latency")}[level]
 
 
 def _nearest(word: str, options: tuple[str, ...] | list[str]) -> str:
@@ -45,6 +47,13 @@ def check_vary(key: str, values: list[str], doc: dict) -> None:
         if level == "leaf":
             raise BadInput(f"vary {key}", f"a path that ends at {typed} (it holds one "
                            "value)", part)
+        if level == "links":                 # a path of `links`, by its position
+            count = len(doc.get("links", []) or [])
+            if not (part.isascii() and part.isdigit() and int(part) < count):
+                raise BadInput(f"vary {key}", f"a position among the {count} paths of "
+                               f"{typed} (0 .. {count - 1})", part)
+            level = "path"
+            continue
         if level in ("nodes", "device_types"):
             items = doc.get("nodes", []) if level == "nodes" else doc.get("device_types", {})
             names = [str(n.get("name")) for n in items if isinstance(n, dict)] \
@@ -63,7 +72,8 @@ def check_vary(key: str, values: list[str], doc: dict) -> None:
             raise BadInput(f"vary {key}", f"a key of {typed}: one of "
                            f"{_nearest(part, options)}", part)
         level = {"nodes": "nodes", "device_types": "device_types", "inter_node": "link",
-                 "intra_link": "link", "nic": "link", "nics": "nics"}.get(part, "leaf")
+                 "intra_link": "link", "nic": "link", "nics": "nics",
+                 "links": "links"}.get(part, "leaf")
     field = parts[-1]
     if field in UNIT_EXAMPLES:
         for v in values:

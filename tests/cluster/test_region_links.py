@@ -151,3 +151,54 @@ def test_the_search_tells_the_regions_apart_and_failures_drop_their_paths():
     assert smaller.links == {} and [n.name for n in smaller.nodes] == ["a0", "a1", "b0", "b1"]
     kept = without_node(load_cluster(regions_doc()), "b0")
     assert kept.path("a0/0", "b1/0").link.latency_s == pytest.approx(WAN_LAT)
+
+
+def test_only_regions_a_path_names_split_classes():
+    """One link between one of sixteen identical nodes and a seventeenth: the fifteen
+    others stay one device class (a node without a `region` is its own region, and keying
+    every such node by it made seventeen classes: the search ran out of memory)."""
+    doc = {"name": "many", "nodes": [
+        {"name": "g", "device": "A100-80GB", "count": 8, "repeat": 16},
+        {"name": "far", "device": "A100-80GB", "count": 8}],
+        "links": [{"between": ["g0", "far"], "bandwidth": "1 Gbit/s", "latency": "30 ms"}]}
+    classes = device_classes(load_cluster(doc))
+    assert sorted(len(cls.nodes) for cls in classes.values()) == [1, 1, 15]
+
+
+def test_sweeps_that_take_nodes_out_take_their_paths_with_them(tmp_path, capsys):
+    """`whatif --vary nodes.b.count=0` and `--pool` leave out node b; the path naming b
+    goes with it (it was refused: 'links[0].between: expected names of regions')."""
+    import json
+
+    from hyperpipe.cli import main
+    doc = {"name": "two", "nodes": [{"name": "a", "device": "A100-80GB", "count": 1},
+                                    {"name": "b", "device": "V100-32GB", "count": 1}],
+           "links": [{"between": ["a", "b"], "bandwidth": "1 Gbit/s", "latency": "20 ms"}]}
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(doc))
+    base = ["whatif", "--cluster", str(path), "--model", "tiny-gpt", "--global-batch", "8",
+            "--workers", "1", "--json"]
+    for extra in (["--vary", "nodes.b.count=0,1"], ["--pool"]):
+        assert main(base + extra) == 0, capsys.readouterr().err
+        rows = json.loads(capsys.readouterr().out)
+        assert rows
+
+
+def test_what_if_sweeps_reach_the_paths_and_nic_latency():
+    """`--vary links.I.bandwidth` / `.latency` and `nodes.N.nics.latency` are paths of
+    the cluster format (they were refused as unknown keys); a position past the paths is
+    refused naming how many there are; the value lands in the document."""
+    from hyperpipe.whatif.sweep import set_path
+    from hyperpipe.whatif.vary_paths import check_vary
+    doc = regions_doc()
+    check_vary("links.0.bandwidth", ["1 Gbit/s", "10 Gbit/s"], doc)
+    check_vary("links.0.latency", ["10 ms"], doc)
+    check_vary("nodes.a.nics.latency", ["1 ms"], doc)
+    with pytest.raises(BadInput, match=r"vary links.1.bandwidth: expected a position among "
+                                       r"the 1 paths"):
+        check_vary("links.1.bandwidth", ["1 Gbit/s"], doc)
+    with pytest.raises(BadInput, match=r"vary links.0.between"):
+        check_vary("links.0.between", ["x"], doc)
+    set_path(doc, "links.0.bandwidth", "10 Gbit/s")
+    assert load_cluster(doc).path("a0/0", "b0/0").link.bandwidth_bytes_per_s == \
+        pytest.approx(1.25e9)

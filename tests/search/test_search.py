@@ -664,8 +664,9 @@ def test_a_class_split_by_a_slow_link_may_run_on_one_of_its_nodes():
     """Two identical nodes of 4 A100s over 1 Gbit/s: every plan over both nodes pays the
     link (a pipeline's activations or the gradient sync), so the best runs on one node
     and leaves the other idle. Oracle: a dimension fixed can only narrow the search, so
-    the unconstrained pick is at least as fast as the best pick of every fixed pp (pp 1
-    on one node found 0.77 s an iteration; unconstrained, whole classes only, 4.9 s)."""
+    the unconstrained pick is at least as fast as the best pick of every fixed pp (here
+    pp 1, on one node; the search that took a class whole or not at all picked a plan
+    over both nodes)."""
     cluster = load_cluster({"name": "two-slow", "nodes": [
         {"name": "a", "device": "A100-80GB", "count": 4, "repeat": 2}],
         "inter_node": {"bandwidth": "1 Gbit/s", "latency": "1 ms"}})
@@ -694,9 +695,25 @@ def test_tensor_parallelism_must_split_heads_query_groups_and_mlp():
     with pytest.raises(BadInput, match=r"stages\[0\]\.tp: expected a divisor of the "
                                        r"model's n_kv_head \(2\)"):
         plan_from_dict(doc).check(load_model(gqa), cluster)
-    with pytest.raises(BadInput, match=r"^tp: .*query groups"):
+    with pytest.raises(BadInput, match=r"^tp: expected a divisor of the model.s n_kv_head"):
         search(load_model(gqa), cluster, SearchConstraints(global_batch=4, tp=4))
     mqa = load_model({**gqa, "name": "mqa", "n_kv_head": 1})
     found = search(mqa, cluster, SearchConstraints(global_batch=8), top=3, quiet=True)
     assert {st.tp for cand in found.ranked for p in cand.plan.pipelines
             for st in p.stages} == {1}
+
+
+def test_sequence_parallelism_only_where_tp_splits_the_tokens():
+    """Sequence parallelism splits each context rank's tokens over tp: at 1,026 tokens
+    tp 4 cannot, so a search with it fixed on keeps to degrees that can (it failed with
+    'plan: ...tp: expected a divisor of seq_len / cp' on a plan the user never wrote),
+    and free, no plan of the search has it where tp does not divide the tokens."""
+    from hyperpipe.plan.plan import tp_misfit
+    model = load_model({"preset": "gpt2-small", "seq_len": 1026})
+    cluster = load_cluster("h100-a100-l4")
+    for sp in (True, None):
+        found = search(model, cluster, SearchConstraints(global_batch=8, sequence_parallel=sp),
+                       top=3, quiet=True)
+        stages = [st for cand in found.ranked for p in cand.plan.pipelines for st in p.stages]
+        assert stages and all(tp_misfit(model, st.tp, st.sequence_parallel, st.cp) is None
+                              for st in stages)
