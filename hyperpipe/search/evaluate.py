@@ -52,25 +52,11 @@ def simulate_all(plans: list[Plan], cost: CostModel, pool=None, bar=None) -> lis
 
 
 def rank_key(c: SearchConstraints, m: Metrics) -> tuple:
-    """(infeasible, objective, iteration time), the figures to `RANK_DIGITS` significant
-    digits: plans whose figures differ only in float noise tie, and a stable sort keeps
-    them in the order they were made, which does not depend on where they were priced
-    (see `IMPROVEMENT_REL`)."""
     value = m.iteration_time_s
     if c.objective == "cost":
         value = m.cost_per_million_tokens if m.cost_per_million_tokens is not None \
             else math.inf
-    return (not m.feasible, _rounded(value), _rounded(m.iteration_time_s))
-
-
-# Significant digits a ranking compares: the analytic tier's memo tables are filled in
-# another order in a worker process than here, and one plan's figure can differ in its
-# last bit between the two.
-RANK_DIGITS = 12
-
-
-def _rounded(x: float) -> float:
-    return float(f"{x:.{RANK_DIGITS - 1}e}") if math.isfinite(x) else x
+    return (not m.feasible, value, m.iteration_time_s)
 
 
 # A local move improves a plan only by more than this fraction of its objective: the

@@ -571,7 +571,7 @@ def _allreduce_done(plan: Plan, cost: CostModel, classes: list[list[int]],
             busy_s.append(k * ring.busy_s)
     # A hop serves the rings of every layer range that cross it one after another at best
     # (equal time-sharing, as the simulator's network): none ends before its busy time.
-    served = _served(starts, crossed, busy_s)
+    served = _served(starts, [cache.hop_rank(h) for h in crossed], busy_s)
     for (parts, finish, lat), end in zip(owners, served, strict=True):
         finish = max(finish, end + lat)
         for part in parts:
@@ -626,7 +626,10 @@ def _served(starts: list[float], hops: list[np.ndarray], busy: list[np.ndarray]
     """Per job (a ring that starts at starts[j] and keeps hops[j] busy for busy[j]
     seconds each): when the last of its hops is done, at the earliest. A hop serving
     jobs one at a time ends no earlier than, over release times t, t + the work released
-    at or after t (the single-machine bound, tight when the hop never idles)."""
+    at or after t (the single-machine bound, tight when the hop never idles). Hops are
+    numbered by `AnalyticCache.hop_rank` (their names' order), so that the running sums
+    below, and the result to its last bit, do not depend on which plans the cache saw
+    first."""
     sizes = np.array([len(h) for h in hops], dtype=np.int64)
     if not sizes.sum():
         return np.zeros(len(starts))

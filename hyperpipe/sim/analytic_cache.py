@@ -73,6 +73,8 @@ class AnalyticCache:
     mixed_rings: dict[tuple[tuple[Devices, ...], float], RingCost] = \
         field(default_factory=dict)
     hop_numbers: dict[str, int] = field(default_factory=dict)   # hop -> its number
+    # hop number -> its rank among the numbered hops' names (`hop_rank`)
+    hop_ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @staticmethod
     def of(cost: CostModel) -> AnalyticCache:
@@ -86,13 +88,27 @@ class AnalyticCache:
         if self.cost is cost:
             return
         for f in fields(self):
-            if f.name != "cost":
+            if f.name not in ("cost", "hop_ranks"):
                 getattr(self, f.name).clear()
+        self.hop_ranks = np.zeros(0, dtype=np.int64)
         self.cost = cost
+
+    def hop_rank(self, numbers: np.ndarray) -> np.ndarray:
+        """Hop numbers (`hop_numbers`, given at first sight) as their hops' ranks in the
+        order of their names: one fixed order of any set of hops, whatever plans were
+        priced first."""
+        if len(self.hop_ranks) != len(self.hop_numbers):
+            names = sorted(self.hop_numbers, key=str)
+            ranks = np.empty(len(names), dtype=np.int64)
+            for rank, name in enumerate(names):
+                ranks[self.hop_numbers[name]] = rank
+            self.hop_ranks = ranks
+        return self.hop_ranks[numbers]
 
     def entries(self) -> int:
         """How many look-ups the tables hold."""
-        return sum(len(getattr(self, f.name)) for f in fields(self) if f.name != "cost")
+        return sum(len(getattr(self, f.name)) for f in fields(self)
+                   if f.name not in ("cost", "hop_ranks"))
 
 
 def cache_for(cost: CostModel, cache: AnalyticCache | None) -> AnalyticCache:

@@ -301,3 +301,25 @@ def test_out_of_memory_is_what_estimate_says(kind, chunks):
             assert out_of_memory(plan, cost) == want, (gb, pp, dp, mb)
             seen.add(want)
     assert seen == {True, False}
+
+
+def test_an_estimate_does_not_depend_on_what_the_cache_priced_before():
+    """The data-parallel rings' hops are numbered as the cache first meets them, and the
+    hops' running sums followed that numbering: one plan read 0.019082680948190066 s
+    fresh and 0.01908268094819007 s after others (and so in a worker against the main
+    process, which then broke ties between equivalent plans differently). Numbered by
+    their names' order, every plan's estimate is the same to the last bit whatever was
+    priced before it."""
+    from hyperpipe.search.search import SearchConstraints, search
+    model = load_model({"preset": "gpt2-small", "attention": "eager"})
+    cluster = load_cluster("h100-a100-l4")
+    found = search(model, cluster, SearchConstraints(global_batch=32, micro_batch=1),
+                   top=8, quiet=True)
+    plans = [cand.plan for cand in found.simulated] + \
+        [c.plan for c in found.baselines.values()]
+    assert len(plans) >= 20
+    fresh = [estimate(p, CostModel(model, cluster)).iteration_time_s for p in plans]
+    for order in (range(len(plans)), reversed(range(len(plans)))):
+        shared = CostModel(model, cluster)
+        got = {i: estimate(plans[i], shared).iteration_time_s for i in order}
+        assert [got[i] for i in range(len(plans))] == fresh
