@@ -346,7 +346,8 @@ def _params_on(device: str, plan: Plan, model: ModelSpec) -> float:
 
 
 def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
-              base: Profile | None = None, base_source: str = "base profile") -> Profile:
+              base: Profile | None = None, base_source: str = "base profile",
+              allow_base_mismatch: bool = False) -> Profile:
     """Fit a Profile to measured traces (each must carry its plan in ``meta["plan"]``).
 
     Every trace must have run the same model (by fingerprint, `_check_one_model`): a
@@ -356,7 +357,9 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
 
     With `base` (a profile from per-layer profiling, `hyperpipe calibrate --measure`,
     refused as `check_profile` refuses a profile for a simulation when it was measured
-    on another model or lacks a device type of the traces; `base_source` names it), its
+    on another model or lacks a device type of the traces, unless `allow_base_mismatch`
+    (another model's layer kinds on purpose: experiments/accuracy_moe.py scales an MoE
+    model's layer profile to dense runs); `base_source` names it), its
     per-layer shape is kept and scaled to the runs (`_fit_to_base`); without it,
     per-layer-kind lines are fitted from the traces alone. Links, all-reduce and
     optimizer come from the traces (or the base where the traces have none)."""
@@ -377,7 +380,8 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         dtypes = {d: cluster.device(d).type.name for d in plan.devices}
         _check_events(trace, plan, where)
         if base is not None:    # a layer profile of this model and these device types
-            check_profile(base, model, cluster, where=base_source, devices=plan.devices)
+            check_profile(base, model, cluster, where=base_source, devices=plan.devices,
+                          allow_mismatch=allow_base_mismatch)
         base_cost = None if base is None else CostModel(model, cluster, base)
         samples += _compute_samples(trace, plan, model, dtypes, base_cost)
         with_cluster.append((trace, cluster))

@@ -105,3 +105,11 @@ def test_a_base_profile_of_another_model_is_refused(traces, tmp_path, capsys):
     assert not out.exists()
     assert cli_main(["calibrate", "--trace", str(a), "--base", str(gpt), "--out",
                      str(out)]) == 0
+    # a library caller may scale another model's layer profile on purpose (an MoE
+    # model's layer kinds for dense runs: experiments/accuracy_moe.py, which the check
+    # had stopped); its fits are the traces' model's
+    base = calibrate([traces["moe"]])
+    with pytest.raises(BadInput, match="tiny-moe"):
+        calibrate([traces["gpt"]], base=base)
+    fitted = calibrate([traces["gpt"]], base=base, allow_base_mismatch=True)
+    assert fitted.provenance["model"] == "tiny-gpt" and fitted.compute
