@@ -180,9 +180,12 @@ def _workload(opts: WhatIfOptions, plan=None):
             raise BadInput("--global-batch", f"the --plan's global batch "
                            f"({plan.global_batch}): the kept plan trains that batch, and "
                            "its iterations are compared with the re-plans'", batch)
-        if any(v.split("=", 1)[0].strip() == "global_batch" for v in opts.vary):
-            raise BadInput("--vary global_batch", "no --plan beside it (the kept plan "
-                           f"trains its own batch, {plan.global_batch})", has_got=False)
+        for v in opts.vary:
+            key = v.split("=", 1)[0].strip()
+            if key == "global_batch" or key == "model" or key.startswith("model."):
+                raise BadInput(f"--vary {key}", "no --plan beside it (the kept plan "
+                               f"trains its own model and batch: {plan.global_batch} "
+                               "samples)", has_got=False)
     return model, cluster, load_checked_profile(opts.profile, model, cluster)
 
 

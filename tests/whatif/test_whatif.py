@@ -131,7 +131,9 @@ def test_a_kept_plan_fixes_the_global_batch(tmp_path, capsys):
             (["--global-batch", "32", "--vary", "inter_node.bandwidth=1 Gbit/s"],
              "--global-batch: expected the --plan's global batch (16)"),
             (["--global-batch", "16", "--vary", "global_batch=16,32"],
-             "--vary global_batch: expected no --plan beside it")):
+             "--vary global_batch: expected no --plan beside it"),
+            (["--global-batch", "16", "--vary", "model.n_layer=4,8"],
+             "--vary model.n_layer: expected no --plan beside it")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
