@@ -112,6 +112,11 @@ def _main(argv: list[str] | None) -> int:
             parser = build_parser()
             ns, extra = parser.parse_known_args(argv)
             if extra:                  # named after the command they were given to
+                words = list(sys.argv[1:] if argv is None else argv)
+                at = words.index(ns.command) if ns.command in words else 0
+                if any(word in words[:at] for word in extra):
+                    raise BadInput("hyperpipe", f"a command's options after its name "
+                                   f"(hyperpipe {ns.command} ...)", " ".join(extra))
                 raise BadInput(f"hyperpipe {ns.command}", f"only the options `hyperpipe "
                                f"{ns.command} --help` lists", " ".join(extra))
             code = int(ns.run(ns.options(ns)) or 0)

@@ -183,6 +183,7 @@ class Cluster:
         object.__setattr__(self, "_by_name", {d.name: d for d in devices})
         object.__setattr__(self, "_node_by_name", {n.name: n for n in self.nodes})
         object.__setattr__(self, "_stragglers", any(n.slowdown for n in self.nodes))
+        object.__setattr__(self, "_linked", {r for pair in self.links for r in pair})
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -241,7 +242,7 @@ class Cluster:
         if not self.links:
             return None
         region = self.node(node).region
-        return region if any(region in pair for pair in self.links) else None
+        return region if region in self._linked else None  # type: ignore[attr-defined]
 
     def region_link(self, x: str, y: str) -> RegionLink | None:
         """The path the file gives between the regions of nodes `x` and `y` (None: the
@@ -532,6 +533,21 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
                    device_types={k: v for k, v in catalog.items() if k in used},
                    nodes=tuple(nodes), inter_node=inter, source=json.loads(json.dumps(data)),
                    links=_region_links(top, {n.region for n in nodes}))
+
+
+def with_node_names(doc: dict[str, Any]) -> dict[str, Any]:
+    """Cluster document `doc` with each node entry's name written out as the loader
+    gives it (`n` and its position, copies counted): taking entries out of the document
+    then leaves the others, and the `links` naming them, as they were."""
+    nodes, made = [], 0
+    for node in doc.get("nodes", []):
+        if isinstance(node, dict):
+            if "name" not in node:
+                node = {**node, "name": f"n{made}"}
+            repeat = node.get("repeat", 1)
+            made += repeat if isinstance(repeat, int) and repeat > 1 else 1
+        nodes.append(node)
+    return {**doc, "nodes": nodes} if "nodes" in doc else doc
 
 
 def links_among(doc: dict[str, Any]) -> dict[str, Any]:

@@ -649,8 +649,8 @@ def tp_split_sizes(model, tp: int, sequence_parallel: bool = False, cp: int = 1
     sizes = [("n_head", c.n_head), ("n_kv_head", c.n_kv_head), ("ffn_hidden", c.ffn_hidden)]
     if c.moe is not None:
         sizes.append(("moe.expert_hidden", c.moe.expert_hidden))
-    if sequence_parallel:
-        sizes.append(("seq_len / cp", c.seq_len // cp))
+    if sequence_parallel and c.seq_len % cp == 0:     # (a cp that does not split the
+        sizes.append(("seq_len / cp", c.seq_len // cp))  # sequence is refused as such)
     return sizes
 
 

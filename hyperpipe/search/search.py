@@ -426,6 +426,14 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
         if misfit is not None:
             raise BadInput("tp", f"a divisor of the model's {misfit[0]} ({misfit[1]}): "
                            "tensor parallelism splits it", c.tp)
+    elif c.sequence_parallel and model.config is not None:
+        tps = [t for t in space.tp_options(cluster, model, c) if t > 1]
+        if not any(tp_misfit(model, t, True, cp) is None
+                   for t in tps for cp in space.cp_options(model, c)):
+            raise BadInput("sequence_parallel", "a tensor-parallel degree above 1 that "
+                           f"splits the model's {model.seq_len} tokens (per context rank) "
+                           f"evenly; the degrees the cluster and model allow: "
+                           f"{', '.join(map(str, tps)) or 'none'}", True)
 
 
 def _baselines_phase(ctx: SearchContext, phase: PhaseStats, peers: bool = True

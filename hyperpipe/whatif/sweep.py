@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, links_among
+from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, links_among, with_node_names
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan, printable
 from hyperpipe.core.progress import Progress
@@ -89,14 +89,16 @@ def set_path(doc: dict, key: str, value: str) -> None:
                 raise BadInput(f"vary {key}", f"a name among {names} or a position",
                                part)
             if last:
+                field = "bandwidth" if parts[0] == "links" else "count"
                 raise BadInput(f"vary {key}", "a field of the item, e.g. "
-                               f"{key}.count", has_got=False)
+                               f"{key}.{field}", has_got=False)
             node = match[0]
         elif isinstance(node, dict):
             if last:
                 held = node.get(part)
                 if isinstance(held, (dict, list)):
-                    inner = "0.count" if isinstance(held, list) else next(iter(held), "FIELD")
+                    inner = (f"0.{'bandwidth' if part == 'links' else 'count'}"
+                             if isinstance(held, list) else next(iter(held), "FIELD"))
                     raise BadInput(f"vary {key}", f"a path to one value ({part} holds a "
                                    f"{type(held).__name__}; e.g. {key}.{inner})",
                                    has_got=False)
@@ -131,7 +133,9 @@ def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int
         raise BadInput("whatif", "at least one variation (`vary` KEY=V1,V2,...) or `pool`",
                        has_got=False)
     for combo in itertools.product(*[[(k, v) for v in values] for k, values in axes]):
-        doc = copy.deepcopy(cluster.source)
+        # names written out first: nodes taken out below leave the others (and the
+        # paths naming them) as they were
+        doc = with_node_names(copy.deepcopy(cluster.source))
         doc.setdefault("name", cluster.name)
         ref, batch = source, global_batch
         overrides: dict[str, Any] = {}

@@ -49,6 +49,9 @@ def check_vary(key: str, values: list[str], doc: dict) -> None:
                            "value)", part)
         if level == "links":                 # a path of `links`, by its position
             count = len(doc.get("links", []) or [])
+            if not count:
+                raise BadInput(f"vary {key}", "a cluster with paths to vary (this one has "
+                               "no `links`)", part)
             if not (part.isascii() and part.isdigit() and int(part) < count):
                 raise BadInput(f"vary {key}", f"a position among the {count} paths of "
                                f"{typed} (0 .. {count - 1})", part)

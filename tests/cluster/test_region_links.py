@@ -202,3 +202,33 @@ def test_what_if_sweeps_reach_the_paths_and_nic_latency():
     set_path(doc, "links.0.bandwidth", "10 Gbit/s")
     assert load_cluster(doc).path("a0/0", "b0/0").link.bandwidth_bytes_per_s == \
         pytest.approx(1.25e9)
+
+
+def test_a_sweep_keeps_each_path_on_its_nodes_when_nodes_have_no_names():
+    """Three unnamed nodes (n0 A100, n1 V100, n2 T4), a fast n0-n1 path and a slow n1-n2
+    one. Taking n0 out (count 0) or sweeping device subsets renamed the others (the V100
+    became n0) and the paths landed on the wrong pairs: V100-T4 read 100 Gbit/s. Names
+    are written out before any node leaves."""
+    from hyperpipe.whatif.sweep import _variants
+    doc = {"name": "three", "nodes": [{"device": "A100-80GB", "count": 1},
+                                      {"device": "V100-32GB", "count": 1},
+                                      {"device": "T4", "count": 1}],
+           "links": [{"between": ["n0", "n1"], "bandwidth": "100 Gbit/s", "latency": "1 us"},
+                     {"between": ["n1", "n2"], "bandwidth": "1 Mbit/s",
+                      "latency": "500 ms"}]}
+    cluster = load_cluster(doc)
+    model = synthetic_model(2, fwd_flops_per_sample=1e9)
+    seen = 0
+    for vary, pool in ((("nodes.0.count=0,1",), False), ((), True)):
+        for _, _, variant, _ in _variants(model, "m", cluster, 8, vary, pool):
+            if variant is None:
+                continue
+            names = {n.device_type: n.name for n in variant.nodes}
+            if {"V100-32GB", "T4"} <= set(names):
+                route = variant.path(f"{names['V100-32GB']}/0", f"{names['T4']}/0")
+                assert route.link.bandwidth_bytes_per_s == pytest.approx(1e6 / 8)
+                assert route.link.latency_s == pytest.approx(0.5)
+                seen += 1
+            if "V100-32GB" not in names:
+                assert variant.links == {}
+    assert seen >= 3
