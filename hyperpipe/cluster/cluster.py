@@ -552,22 +552,18 @@ def with_node_names(doc: dict[str, Any]) -> dict[str, Any]:
 
 def links_among(doc: dict[str, Any]) -> dict[str, Any]:
     """Cluster document `doc` with only the `links` whose ends are regions of its nodes
-    (a node's `region`, or its `name`): what is left of a file's paths when nodes are
-    taken out of it (a failure, a sweep's count 0 or device subset). Unnamed nodes keep
-    the names the loader gives them (`n` and their position, copies counted)."""
+    (a node's `region`, or its name: `with_node_names`): what is left of a file's paths
+    when nodes are taken out of it (a failure, a sweep's count 0 or device subset)."""
     if "links" not in doc:
         return doc
-    regions, made = set(), 0             # made: nodes so far, copies counted (the names)
-    for node in doc.get("nodes", []):
+    regions = set()
+    for node in with_node_names(doc).get("nodes", []):
         if not isinstance(node, dict):
             continue
-        base = str(node.get("name", f"n{made}"))
-        repeat = node.get("repeat", 1) if isinstance(node.get("repeat", 1), int) else 1
-        made += max(repeat, 1)
-        if node.get("region"):
-            regions.add(str(node["region"]))
-        else:
-            regions.update([base] if repeat <= 1 else [f"{base}{r}" for r in range(repeat)])
+        repeat = node.get("repeat", 1)
+        copies = repeat if isinstance(repeat, int) and repeat > 1 else 0
+        regions.update([str(node["region"])] if node.get("region") else
+                       [f"{node['name']}{r}" for r in range(copies)] or [str(node["name"])])
     kept = [link for link in doc["links"] if isinstance(link, dict)
             and all(str(end) in regions for end in link.get("between", ()) or ())]
     return {**doc, "links": kept}

@@ -434,11 +434,10 @@ def dp_recipes(counts: dict[str, int], *, num_layers: int, chunks: int,
     pairs = _all_recipes(counts, num_layers=num_layers, chunks=chunks, pp=pp, dp=dp,
                          max_dp=max_dp)
     if pp is None and len(counts) == 1 and node_units:
-        pairs = list(dict.fromkeys(
-            [(d, tuple(r.items())) for d, r in pairs] +
-            [(d, tuple(r.items())) for d, r in _one_node_recipes(
-                counts, node_units, num_layers // chunks, dp)]))
-        pairs = [(d, dict(r)) for d, r in pairs]
+        pairs = list(pairs)
+        pairs += [pair for pair in _one_node_recipes(counts, node_units,
+                                                     num_layers // chunks, dp)
+                  if pair not in pairs]
     if dp is not None or max_dp is None:
         yield from pairs
         return
