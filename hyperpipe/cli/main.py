@@ -48,12 +48,8 @@ class _Parser(argparse.ArgumentParser):
         flag, sep, rest = message.partition(": expected ")
         if sep and flag.startswith("argument "):        # from a checked type (cli.args)
             raise BadInput(f"{self.prog} {flag[len('argument '):]}", rest, has_got=False)
-        # argparse's own phrasings, turned into what was expected
-        unknown = "unrecognized arguments: "
-        if message.startswith(unknown):
-            command = self.prog if " " in self.prog else f"{self.prog} COMMAND"
-            raise BadInput(self.prog, f"only the options `{command} --help` lists",
-                           message[len(unknown):])
+        # argparse's own phrasings, turned into what was expected (unknown options are
+        # refused by `_main`, which reads the known ones: parse_known_args)
         required = "the following arguments are required: "
         if message.startswith(required):
             raise BadInput(self.prog, f"{message[len(required):]} (required)",
