@@ -54,7 +54,9 @@ def add_parser(sub) -> None:
                    help="with --measure: the executor's --emulation-scale")
     p.add_argument("--no-emulate", action="store_true",
                    help="with --measure: every device type at this machine's native speed")
-    p.add_argument("--micro-batches", default="1,2,4", help="with --measure: sizes to time")
+    p.add_argument("--micro-batches", default="1,2,4",
+                   help="with --measure: sizes to time (one size alone is taken as time "
+                   "in proportion to FLOPs; two or more fit a per-call time too)")
     add_progress(p)
     p.add_argument("--out", type=ca.path, required=True, help="profile JSON to write")
     p.set_defaults(options=CalibrateOptions.from_namespace, run=run)

@@ -26,7 +26,7 @@ from hyperpipe.exec import compute
 from hyperpipe.exec.emulation import compute_clock, compute_s
 from hyperpipe.models import ModelSpec, build_layer, example_batch
 from hyperpipe.plan.profile import Fit, Profile, model_fingerprint
-from hyperpipe.sim.calibrate import fit_line
+from hyperpipe.sim.calibrate import fit_bulk, fit_line
 from hyperpipe.sim.costmodel import op_flops
 
 OPS = ("F", "I", "W", "B")
@@ -194,7 +194,10 @@ def profile_layers(model: ModelSpec, device_types: dict[str, float], *,
                 f"({time.perf_counter() - t0:.0f} s)")
     finally:
         torch.set_num_threads(old_threads)
-    native = {(kind, op): fit_line([f for f, _ in pts], [t for _, t in pts])
+    # over one size (or a narrow span) a line cannot tell a per-call time from a
+    # per-FLOP one: time proportional to FLOPs (`fit_bulk`), not a constant that would
+    # price every micro-batch size as the one measured
+    native = {(kind, op): fit_bulk([f for f, _ in pts], [t for _, t in pts])
               for (kind, op), pts in sorted(measured.items())}
     compute = {Profile.key(dtype, kind, op): _scaled(fit, factor)
                for (kind, op), fit in native.items()

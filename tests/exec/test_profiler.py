@@ -26,6 +26,21 @@ def test_profile_layers_covers_every_kind_and_op_and_scales_exactly():
     assert prof.emulated and prof.provenance["device_types"] == {"slow": 3.0, "fast": 1.0}
 
 
+def test_one_micro_batch_size_extrapolates_in_proportion_to_flops():
+    """One size cannot split a per-call time from a per-FLOP one: the block's time is
+    taken as proportional to its FLOPs, so micro-batch 4 costs four times micro-batch
+    1 (a constant would have priced it as micro-batch 1)."""
+    from hyperpipe.sim.costmodel import op_flops
+    model = load_model("tiny-gpt")
+    prof = profile_layers(model, {"local": 1.0}, micro_batches=(1,), repeats=2, warmup=1,
+                          progress=False)
+    block = next(i for i, layer in enumerate(model.layers) if layer.kind == "block")
+    fit = prof.compute[Profile.key("local", "block", "F")]
+    one, four = (fit(op_flops(model, block, mb, "F")) for mb in (1, 4))
+    assert one > 0 and fit.a_s == 0.0
+    assert four == pytest.approx(4 * one)
+
+
 def test_measured_op_times_are_positive_and_embedding_has_no_input_gradient():
     model = load_model("tiny-gpt")
     block = measure_op_times(model, 1, 2, repeats=2, warmup=1)
