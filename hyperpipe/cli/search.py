@@ -154,14 +154,17 @@ def run(opts: SearchOptions) -> int:
         cost = CostModel(model, cluster, profile)
         if start is not None:
             result = _with_start(result, start, cost, c)
-        if opts.out:
-            result.best.plan.save(opts.out)
         if opts.json:
-            print_json(result.to_dict())
-            return EXIT_OK
-        # the report's simulations (where the gain comes from) over the same workers
-        with backend_or_workers(backend, opts.workers) as pool:
-            text = format_search(result, cost, objective=opts.objective, pool=pool)
+            text = None
+        else:
+            # the report's simulations (where the gain comes from) over the same workers
+            with backend_or_workers(backend, opts.workers) as pool:
+                text = format_search(result, cost, objective=opts.objective, pool=pool)
+    if opts.out:             # after the report, so that a failure leaves nothing written
+        result.best.plan.save(opts.out)
+    if text is None:
+        print_json(result.to_dict())
+        return EXIT_OK
     sys.stdout.write(text)
     if opts.out:
         print(f"best plan written to {opts.out}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from hyperpipe.core.units import format_seconds
 from hyperpipe.plan.plan import Plan
+from hyperpipe.search.evaluate import rank_key
+from hyperpipe.search.space import SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
 
 RUN = 3                   # longer runs of one stage kind print as one item
@@ -56,10 +58,20 @@ def table_unit(times_s: list[float]) -> tuple[str, float]:
 
 
 def _metrics_row(m, unit: tuple[str, float]) -> str:
-    cost = f"  ${m.cost_per_million_tokens:.3f}/Mtok" \
+    cost = f"  ${m.cost_per_million_tokens:.4g}/Mtok" \
         if m.cost_per_million_tokens is not None else ""
     return (f"{m.iteration_time_s / unit[1]:>15.4g}  {m.throughput_samples_per_s:9.2f}  "
             f"{m.bubble_fraction:6.1%}  {m.mfu:5.1%}{cost}")
+
+
+def _cheaper(other, best) -> str:
+    """How much cheaper per token the pick's `best` metrics are than `other`'s (a free
+    pick, on devices priced at 0, has no ratio)."""
+    if best.cost_per_million_tokens > 0:
+        ratio = other.cost_per_million_tokens / best.cost_per_million_tokens
+        return f"best is {ratio:.2f}x cheaper per token"
+    return "best costs nothing per token" if other.cost_per_million_tokens > 0 else \
+        "both cost nothing per token"
 
 
 def _header(unit: tuple[str, float]) -> str:
@@ -74,9 +86,21 @@ def competitor_freedoms() -> dict[str, str]:
     return {**BASE, **PEER}
 
 
-def idle_lines(result, cluster, unit: tuple[str, float]) -> list[str]:
+def using_all(result, cluster, objective: str = "throughput"):
+    """The best feasible simulated plan other than the pick, the search's own or a
+    baseline's, that uses every device of `cluster` (by `objective`); None when none
+    does."""
+    every = {d.name for d in cluster.devices}
+    pool = [c for c in (*result.simulated, *result.baselines.values())
+            if c.metrics.feasible and c is not result.best and every <= set(c.plan.devices)]
+    return min(pool, default=None, key=lambda c: rank_key(
+        SearchConstraints(result.best.plan.global_batch, objective=objective), c.metrics))
+
+
+def idle_lines(result, cluster, unit: tuple[str, float],
+               objective: str = "throughput") -> list[str]:
     """Which devices the pick leaves idle (by node and type), and the best simulated plan
-    of the search's own that uses them too, against the pick."""
+    that uses every device (`using_all`), against the pick."""
     used = set(result.best.plan.devices)
     idle = [d for d in cluster.devices if d.name not in used]
     if not idle:
@@ -91,14 +115,17 @@ def idle_lines(result, cluster, unit: tuple[str, float]) -> list[str]:
         parts.append(f"{len(nodes)} x {name} on {_names(where)}")
     out = ["", f"devices: the pick uses {len(used)} of {len(cluster.devices)}; idle: "
            + "; ".join(parts)]
-    alt = result.using_idle
+    alt = using_all(result, cluster, objective)
     if alt is None:
-        out.append("  using them as well: no simulated plan of the search uses them all")
+        out.append("  using them as well: no simulated plan uses every device")
     else:
         ratio = alt.metrics.iteration_time_s / result.best.metrics.iteration_time_s
-        out.append(f"  using them as well: the best simulated plan that does takes "
-                   f"{alt.metrics.iteration_time_s / unit[1]:.4g} {unit[0]} per iteration, "
-                   f"{ratio:.3f}x the pick's time")
+        line = (f"  using them as well: the best simulated plan on every device takes "
+                f"{alt.metrics.iteration_time_s / unit[1]:.4g} {unit[0]} per iteration, "
+                f"{ratio:.3f}x the pick's time")
+        if objective == "cost" and alt.metrics.cost_per_million_tokens is not None:
+            line += f"; {_cheaper(alt.metrics, result.best.metrics)}"
+        out.append(line)
         out.append(f"     {describe_plan(alt.plan, cluster)}")
     return out
 
@@ -218,15 +245,20 @@ def expert_lines(result, cost: CostModel) -> list[str]:
     return out
 
 
-def seed_lines(result, cluster, unit) -> list[str]:
+def seed_lines(result, cluster, unit, objective: str = "throughput") -> list[str]:
     """When the pick is a seed (a tuned baseline's plan, `SearchResult.seeded_from`):
     which, and the best plan of the search's own."""
     if result.seeded_from is None:
         return []
     out = ["", f"the pick is the tuned {result.seeded_from} baseline's plan (a seed): no "
-           "plan of the search's own was as fast"]
+           f"plan of the search's own was as {'cheap' if objective == 'cost' else 'fast'}"]
     own = result.own_best
     if own is not None:
+        if objective == "cost":
+            out[-1] += f" ({_cheaper(own.metrics, result.best.metrics)})"
+        else:
+            ratio = own.metrics.iteration_time_s / result.best.metrics.iteration_time_s
+            out[-1] += f" (its best takes {ratio:.4f}x the pick's time)"
         out.append(f"  the search's own best: {_metrics_row(own.metrics, unit)}")
         out.append(f"     {describe_plan(own.plan, cluster)}")
     return out
@@ -247,8 +279,8 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput",
     for i, cand in enumerate(result.ranked, 1):
         out.append(f"{i:>3}. {_metrics_row(cand.metrics, unit)}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
-    out += idle_lines(result, cluster, unit)
-    out += seed_lines(result, cluster, unit)
+    out += idle_lines(result, cluster, unit, objective)
+    out += seed_lines(result, cluster, unit, objective)
     out += ["", "baselines and peer planners (each picks its own plan; all judged by the "
             "same simulator):", f"  {'':<13}{_header(unit)}"]
     for name, cand in result.baselines.items():
@@ -256,9 +288,7 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput",
         versus = f"pick is {speedup:.2f}x faster" if speedup >= 1 else \
             f"pick is {1 / speedup:.2f}x SLOWER"
         if objective == "cost" and cand.metrics.cost_per_million_tokens is not None:
-            cheaper = cand.metrics.cost_per_million_tokens / \
-                best.metrics.cost_per_million_tokens
-            versus = f"best is {cheaper:.2f}x cheaper per token ({speedup:.2f}x the speed)"
+            versus = f"{_cheaper(cand.metrics, best.metrics)} ({speedup:.2f}x the speed)"
         oom = f"  OUT OF MEMORY on {len(cand.metrics.oom)} device(s)" \
             if cand.metrics.oom else ""
         if cand.metrics.refused is not None:

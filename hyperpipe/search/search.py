@@ -92,9 +92,6 @@ class SearchResult:
     phases: list[dict]             # per phase: name, seen, pruned, infeasible, seconds
     pareto: list[Candidate] = field(default_factory=list)   # (iteration time, cost) front
     simulated: list[Candidate] = field(default_factory=list)  # every feasible plan, ranked
-    # the best simulated plan of the search's own that also uses the devices the pick
-    # leaves idle (None when it leaves none, or no simulated plan uses them all)
-    using_idle: Candidate | None = None
     # the seed baseline ("uniform" or "proportional") whose plan the pick is, unless the
     # search found that same plan itself; None when the pick is the search's own
     seeded_from: str | None = None
@@ -344,7 +341,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
                         search_time_s=time.perf_counter() - start,
                         phases=[p.as_dict() for p in phases],
                         pareto=pareto_front(ranked + list(baselines.values())),
-                        simulated=feasible, using_idle=_using_idle(cluster, feasible),
+                        simulated=feasible,
                         seeded_from=origin[0],
                         own_best=next((cand for cand, seed in zip(feasible, origin,
                                                                   strict=True)
@@ -364,15 +361,6 @@ def idle_devices(cluster, plan: Plan) -> list[str]:
     """The devices of `cluster` that `plan` leaves idle, in cluster order."""
     used = set(plan.devices)
     return [d.name for d in cluster.devices if d.name not in used]
-
-
-def _using_idle(cluster, ranked: list[Candidate]) -> Candidate | None:
-    """The best of `ranked` (feasible, best first) that uses every device the first one
-    leaves idle; None when it leaves none or no other does."""
-    idle = set(idle_devices(cluster, ranked[0].plan))
-    if not idle:
-        return None
-    return next((cand for cand in ranked[1:] if idle <= set(cand.plan.devices)), None)
 
 
 def search_size(layers: int, devices: int) -> int:

@@ -717,3 +717,19 @@ def test_sequence_parallelism_only_where_tp_splits_the_tokens():
         stages = [st for cand in found.ranked for p in cand.plan.pipelines for st in p.stages]
         assert stages and all(tp_misfit(model, st.tp, st.sequence_parallel, st.cp) is None
                               for st in stages)
+
+
+def test_cost_objective_reports_a_pick_on_free_devices(tmp_path, capsys):
+    """Devices priced at 0 make the pick free: the report says so (it divided by the
+    pick's cost) and the plan is written."""
+    import yaml
+    path = tmp_path / "free.yaml"
+    path.write_text(yaml.safe_dump({"name": "free", "nodes": [
+        {"name": "a", "device": "A100-80GB", "count": 2, "price_per_hour": "0 $/h"},
+        {"name": "v", "device": "V100-32GB", "count": 2, "price_per_hour": "1 $/h"}]}))
+    out = tmp_path / "best.json"
+    rc = main(["search", "--cluster", str(path), "--model", "tiny-gpt", "--global-batch",
+               "32", "--workers", "1", "--objective", "cost", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and out.exists()
+    assert "$0/Mtok" in text and "cost nothing per token" in text

@@ -374,3 +374,32 @@ def test_every_device_holds_a_layer_per_chunk():
     # two L4 units may both hold a cheap layer: the floor counts them in
     assert B._chunks_floor_s(ctx, [l4], {l4: unit}, mb, mode, 1, ctx.layer_caps,
                              {l4: 2}, 2) < 2 * min(fb, fiw)
+
+
+def test_using_all_is_the_best_plan_on_every_device_searched_or_baseline():
+    """The idle line's alternative uses every device (not only those the pick leaves
+    idle), may be a baseline's, and is ranked by the objective."""
+    from types import SimpleNamespace as NS
+
+    from hyperpipe.search.report import idle_lines, using_all
+    cluster = load_cluster(_straggler_cluster())
+    every = [d.name for d in cluster.devices]
+
+    def cand(devices, time_s, cost=None, feasible=True):
+        return NS(plan=NS(devices=devices, global_batch=6),
+                  metrics=NS(feasible=feasible, iteration_time_s=time_s,
+                             cost_per_million_tokens=cost))
+    pick = cand(every[:2], 1.0, 1.0)
+    only_idle = cand(every[2:], 1.5, 0.5)          # uses the idle device alone
+    slow_all = cand(every, 4.0, 2.0)
+    cheap_all = cand(every, 5.0, 1.5)
+    fast_all = cand(every, 3.0, 3.0, feasible=False)
+    res = NS(best=pick, simulated=[pick, only_idle, slow_all, fast_all],
+             baselines={"uniform": cheap_all})
+    assert using_all(res, cluster) is slow_all
+    assert using_all(res, cluster, "cost") is cheap_all
+    res.simulated = [pick, only_idle]
+    res.baselines = {}
+    assert using_all(res, cluster) is None
+    assert idle_lines(res, cluster, ("s", 1.0))[-1].endswith("no simulated plan uses "
+                                                             "every device")
