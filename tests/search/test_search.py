@@ -733,3 +733,23 @@ def test_cost_objective_reports_a_pick_on_free_devices(tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0 and out.exists()
     assert "$0/Mtok" in text and "cost nothing per token" in text
+
+
+@pytest.mark.parametrize("flags,line", [
+    (["--schedule", "zb-v", "--pp", "1"], "leave pp 1 on 4 devices"),
+    (["--schedule", "interleaved-1f1b", "--dp", "4"], "leave pp 1 on 4 devices"),
+    (["--cp", "2", "--tp", "2"], "tp x cp = 4 devices of one type per stage"),
+    (["--model", "tiny-moe", "--ep", "4", "--tp", "2"], "ep x tp x pp = 8 devices")])
+def test_fixed_degrees_with_no_plan_between_them_are_named(flags, line, tmp_path, capsys):
+    """Each option fits the cluster alone, together they leave no plan: the line names
+    them (it had said that nothing fits in memory)."""
+    import yaml
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"name": "c", "nodes": [
+        {"name": "a", "device": "A100-80GB", "count": 2},
+        {"name": "v", "device": "V100-32GB", "count": 2}]}))
+    model = [] if "--model" in flags else ["--model", "tiny-gpt"]
+    rc = main(["search", "--cluster", str(path), *model, "--global-batch", "32",
+               "--workers", "1", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and line in err[0]
