@@ -411,15 +411,14 @@ class _Engine:
         timelines: dict[str, list[tuple[float, float]]] = {}
         uses: list[RankUse] = []
         for pipe in self.pipes:
-            p = len(pipe.ranks)
             for r in pipe.ranks:
                 devices = tuple(dev for q in pipe.members
                                 for dev in plan.pipelines[q].stages[r.d].devices)
                 for dev in devices:
                     timelines[dev] = r.timeline
                 uses.append(RankUse(devices, cluster.device(r.devices[0]).type,
-                                    tuple(range(r.d, len(plan.pipelines[pipe.index].stages), p)),
-                                    peak_of(r.timeline), r.busy_s))
+                                    tuple(sorted(set(r.stages))), peak_of(r.timeline),
+                                    r.busy_s))
         ranks = [r for pipe in self.pipes for r in pipe.ranks]
         top = max(ranks, key=lambda r: r.busy_s)
         extra = {

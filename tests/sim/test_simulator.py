@@ -268,6 +268,18 @@ def test_oom_is_reported_with_device_stage_and_excess():
     assert m.iteration_time_s > 0
 
 
+def test_oom_detail_names_the_stages_of_v_placement():
+    """zb-v puts stages d and 2p - 1 - d on rank d (`rank_stages`), not d and p + d."""
+    from hyperpipe.plan.schedule import rank_stages
+    model = synthetic(8, params=10_000_000)
+    small = load_cluster(cluster_dict([("n0", "unit", 4)], memory="300 MB"))
+    plan = uniform_plan(model, small, pp=4, micro_batch=1, global_batch=8, schedule="zb-v")
+    m = simulate(plan, CostModel(model, small)).metrics
+    over = {d["device"]: d["stages"] for d in m.extra["oom_detail"]}
+    assert over and all(over[f"n0/{d}"] == sorted(rank_stages(d, 4, 2, "v"))
+                        for d in range(4) if f"n0/{d}" in over)
+
+
 def test_deadlocked_user_schedule_names_stuck_actions():
     model, cluster = free_setup(2)
     plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=2)
