@@ -45,6 +45,12 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1f1b", p, p, m, tuple(rows))
 
 
+def interleaved_built(p: int, m: int) -> int:
+    """Micro-batches `interleaved_1f1b` builds for m: m rounded up to a multiple of p
+    (phantoms dropped after)."""
+    return -(-m // p) * p
+
+
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     """Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021) with v chunks per rank.
 
@@ -60,7 +66,7 @@ def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     round deadlocks, e.g. p=4, m=5, v=3.) With p | m the makespan is 3 m v t + 3 (p - 1) t,
     t being one chunk's forward time and B = 2t.
     """
-    padded = -(-m // p) * p
+    padded = interleaved_built(p, m)
     rounds = [range(start, start + p) for start in range(0, padded, p)]
     order = [(c, mb) for rnd in rounds for c in range(v) for mb in rnd]
     back = [(c, mb) for rnd in rounds for c in reversed(range(v)) for mb in rnd]

@@ -20,6 +20,16 @@ def _drop_phantoms(rows: list[list[Action]], m: int) -> tuple[tuple[Action, ...]
     return tuple(tuple(a for a in row if a.microbatch < m) for row in rows)
 
 
+def zb_v_built(p: int, m: int) -> int:
+    """Micro-batches `zb_v` builds for m (phantoms beyond m dropped after)."""
+    return max(m, 2 * p - 1)
+
+
+def dualpipe_v_built(p: int, m: int) -> int:
+    """Micro-batches `dualpipe_v` builds for m (phantoms beyond m dropped after)."""
+    return max(m, 2 * p)
+
+
 def zb_v(p: int, m: int) -> Schedule:
     """ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory", sec. 6).
 
@@ -36,7 +46,7 @@ def zb_v(p: int, m: int) -> Schedule:
     With F = I = W = t and m >= 2p - 1 there is no bubble between the warm-up and the
     drain: the makespan is that of torch's ScheduleZBVZeroBubble (tested).
     """
-    n = max(m, 2 * p - 1)
+    n = zb_v_built(p, m)
     last = 2 * p - 1
     rows = []
     for d in range(p):
@@ -100,7 +110,7 @@ def dualpipe_v(p: int, m: int) -> Schedule:
 
     W's run oldest first from one queue shared by both chunks.
     """
-    n = max(m, 2 * p)
+    n = dualpipe_v_built(p, m)
     rows = []
     for d in range(p):
         c0, c1 = d, 2 * p - 1 - d

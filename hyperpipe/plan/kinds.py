@@ -23,7 +23,7 @@ from types import MappingProxyType
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan import generators_loop as loop
-from hyperpipe.plan.generators_v import dualpipe_v, zb_v
+from hyperpipe.plan.generators_v import dualpipe_v, dualpipe_v_built, zb_v, zb_v_built
 from hyperpipe.plan.schedule import PLACEMENTS, Schedule
 
 PeakInFlight = Callable[[int, int, int, int], int]     # (p, m, v, rank) -> stashes held
@@ -47,6 +47,8 @@ class ScheduleKind:
     # expert all-to-all runs under the other's compute (DualPipe, DeepSeek-V3 technical
     # report, arXiv 2412.19437, sec. 3.2.1)
     overlaps_alltoall: bool = False
+    # (p, m) -> micro-batches its generator builds before dropping phantoms; None: m
+    built_microbatches: Callable[[int, int], int] | None = None
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -80,15 +82,16 @@ KINDS: Mapping[str, ScheduleKind] = MappingProxyType({k.name: k for k in (
     ScheduleKind("interleaved-1f1b", "1f1b over v chunks per device (Megatron interleaved; "
                  "--chunks v)", loop.interleaved_1f1b, takes_chunks=True,
                  peak_in_flight=loop.interleaved_1f1b_peak,
-                 torch_schedule="Interleaved1F1B", runs_in=frozenset({"megatron"})),
+                 torch_schedule="Interleaved1F1B", runs_in=frozenset({"megatron"}),
+                 built_microbatches=loop.interleaved_built),
     ScheduleKind("zb-h1", "zero-bubble H1: backward split into I (input grad) and W (weight "
                  "grad)", loop.zb_h1, splits_backward=True, peak_in_flight=loop.zb_h1_peak),
     ScheduleKind("zb-v", "zero-bubble V: 2 chunks per device placed in a V", zb_v,
                  default_chunks=2, placement="v", splits_backward=True,
-                 torch_schedule="ZBVZeroBubble"),
+                 torch_schedule="ZBVZeroBubble", built_microbatches=zb_v_built),
     ScheduleKind("dualpipe-v", "DualPipe's V-shaped variant: 2 chunks per device",
                  dualpipe_v, default_chunks=2, placement="v", splits_backward=True,
-                 overlaps_alltoall=True),
+                 overlaps_alltoall=True, built_microbatches=dualpipe_v_built),
     ScheduleKind(SYNTH, "synthesised for one plan by the simulator (plan schedule.actions)",
                  None, takes_chunks=True),
 )})
@@ -129,13 +132,17 @@ def generate(kind: str, num_devices: int, num_microbatches: int,
 def over_action_limit(kind: str, num_devices: int, num_microbatches: int,
                       chunks: int) -> str | None:
     """Why a schedule of this shape is not built (over `limits.MAX_SCHEDULE_ACTIONS`,
-    counting F, I and W per stage and micro-batch), or None when it is within it."""
-    actions = 3 * num_devices * chunks * num_microbatches
+    counting F, I and W per stage and micro-batch its generator builds, phantoms
+    included: `ScheduleKind.built_microbatches`), or None when it is within it."""
+    built = KINDS[kind].built_microbatches if kind in KINDS else None
+    n = built(num_devices, num_microbatches) if built is not None else num_microbatches
+    actions = 3 * num_devices * chunks * n
     if actions <= limits.MAX_SCHEDULE_ACTIONS:
         return None
+    padded = f" (built as {n})" if n != num_microbatches else ""
     return (f"a {kind} schedule of {num_devices} devices x {chunks} chunks x "
-            f"{num_microbatches} micro-batches (up to {actions} actions) is over the limit "
-            f"of {limits.MAX_SCHEDULE_ACTIONS} actions (hyperpipe.core.limits)")
+            f"{num_microbatches} micro-batches{padded} (up to {actions} actions) is over "
+            f"the limit of {limits.MAX_SCHEDULE_ACTIONS} actions (hyperpipe.core.limits)")
 
 
 @lru_cache(maxsize=256)
