@@ -30,6 +30,7 @@ from hyperpipe.cluster.cluster import Link
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import Fields, load_document, write_atomic
+from hyperpipe.plan.trace import COMPUTE_OPS
 
 PROFILE_FORMAT = "hyperpipe.profile/1"
 
@@ -109,10 +110,17 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
         raise BadInput(top.at("format"), repr(PROFILE_FORMAT), top.raw("format", None))
     compute = {str(k): _fit(v, f"{where}: compute.{k}")
                for k, v in Fields(top.raw("compute", {}), top.at("compute")).data.items()}
+    ops = ", ".join(COMPUTE_OPS)
     for k in compute:
-        if k.count("|") != 2:
-            raise BadInput(f"{where}: compute.{k}", "a key DEVICE_TYPE|LAYER_KIND|OP", k)
+        if k.count("|") != 2 or k.rsplit("|", 1)[1] not in COMPUTE_OPS:
+            raise BadInput(f"{where}: compute.{k}", f"a key DEVICE_TYPE|LAYER_KIND|OP, OP one "
+                           f"of {ops}", k)
     links = {}
+    for section in ("links", "allreduce"):
+        for k in Fields(top.raw(section, {}), top.at(section)).data:
+            if not _is_link_class(str(k)):
+                raise BadInput(f"{where}: {section}.{k}", "a link class key: inter, local, "
+                               "intra:NODE or * (every class)", k)
     for k, v in Fields(top.raw("links", {}), top.at("links")).data.items():
         lf = Fields(v, f"{where}: links.{k}", ("bandwidth_bytes_per_s", "latency_s"))
         links[str(k)] = Link(lf.quantity("bandwidth_bytes_per_s", "bandwidth"),
@@ -124,12 +132,18 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
     of = Fields(top.raw("overhead", {}), top.at("overhead"))
     overhead = {str(k): of.number(str(k), at_most=MAX_FIT_S) for k in of.data}
     for k in overhead:
-        if k.count("|") != 1:
-            raise BadInput(f"{where}: overhead.{k}", "a key DEVICE_TYPE|OP", k)
+        if k.count("|") != 1 or k.rsplit("|", 1)[1] not in COMPUTE_OPS:
+            raise BadInput(f"{where}: overhead.{k}", f"a key DEVICE_TYPE|OP, OP one of {ops}",
+                           k)
     prov = top.raw("provenance", {})
     if not isinstance(prov, dict):
         raise BadInput(top.at("provenance"), "a mapping", prov)
     return Profile(compute, links, opt, ar, overhead, prov)
+
+
+def _is_link_class(key: str) -> bool:
+    """Whether `key` names a link class (`ClusterLink.link_class`) or all of them."""
+    return key in ("*", "inter", "local") or (key.startswith("intra:") and len(key) > 6)
 
 
 def model_fingerprint(spec: Any) -> str:
@@ -144,7 +158,9 @@ def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
     no model (`provenance` non-empty without `model_fingerprint` or `model`), or one
     without `compute` entries for a device type in use (`devices`, by default every
     device of `cluster`: its costs would silently mix with analytic ones; an empty
-    `compute` covers none), unless `allow_mismatch`. Profiles older than the fingerprint
+    `compute` covers none), or one with entries nothing reads (a layer kind the model
+    lacks; optimizer or overhead entries for a device type its compute entries lack: a
+    misspelt key), unless `allow_mismatch`. Profiles older than the fingerprint
     are checked by model name; a profile without provenance (written by hand) is not
     checked against the model."""
     if allow_mismatch:
@@ -165,6 +181,12 @@ def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
         raise BadInput(where, f"a profile measured on model {spec.name} "
                        f"({model_fingerprint(spec)}); it was measured on {other}: {hint}",
                        has_got=False)
+    kinds = {layer.kind for layer in spec.layers}
+    stray = sorted({k.split("|")[1] for k in profile.compute} - kinds)
+    if stray:
+        raise BadInput(f"{where}: compute", f"entries for layer kinds of model {spec.name} "
+                       f"({', '.join(sorted(kinds))}); it has entries for "
+                       f"{', '.join(stray)}: {hint}", has_got=False)
     covered = {k.split("|")[0] for k in profile.compute}
     used = cluster.devices if devices is None else [cluster.device(d) for d in devices]
     missing = sorted({d.type.name for d in used} - covered)
@@ -173,6 +195,12 @@ def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
                        f"cluster {cluster.name}; it has none for {', '.join(missing)} (it "
                        f"covers {', '.join(sorted(covered)) or 'none'}): {hint}",
                        has_got=False)
+    for section, types in (("optimizer", set(profile.optimizer)),
+                           ("overhead", {k.split("|")[0] for k in profile.overhead})):
+        if covered and (extra := sorted(types - covered)):
+            raise BadInput(f"{where}: {section}", "entries for the device types of its "
+                           f"compute entries ({', '.join(sorted(covered))}); it has "
+                           f"entries for {', '.join(extra)}: {hint}", has_got=False)
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -156,3 +156,21 @@ def test_a_same_named_model_of_other_shapes_is_named_as_such():
     with pytest.raises(BadInput, match=r"measured on another tiny-gpt \(other shapes, "):
         check_profile(Profile(provenance=prov), load_model("tiny-gpt"),
                       load_cluster("demo-hetero"), where="p.json")
+
+
+@pytest.mark.parametrize("section,good,bad,words", [
+    ("compute", "A100-80GB|block|F", "A100-80GB|block|Q", ("compute.A100-80GB|block|Q",
+                                                          "OP one of F, B, I, W")),
+    ("overhead", "A100-80GB|F", "A100-80GB|X", ("overhead.A100-80GB|X", "OP one of")),
+    ("allreduce", "*", "bogus", ("allreduce.bogus", "a link class key")),
+    ("compute", "A100-80GB|block|F", "A100-80GB|blok|F", ("compute", "layer kinds of model "
+                                                          "tiny-gpt", "blok")),
+    ("optimizer", "A100-80GB", "A100-80G", ("optimizer", "it has entries for A100-80G"))])
+def test_a_misspelt_key_is_refused_not_ignored(section, good, bad, words, tmp_path, capsys):
+    """An entry nothing reads (a misspelt op, link class, layer kind or device type) had
+    left the plan priced without it, silently."""
+    doc = _profile_doc()
+    doc[section][bad] = doc[section][good]
+    rc, err = _simulate(tmp_path, capsys, doc)
+    assert rc == 2
+    _one_line(err, "prof.json", *words)
