@@ -1,19 +1,25 @@
 """Calibration: fit the cost model to measured traces (times in seconds, sizes in bytes).
 
 * Compute: per (device type, op), a stage's action takes the sum over its layers of
-  ``a_kind + b_kind · FLOPs``, fitted by least squares over every measured action (one
-  shared fit when the traces cannot tell layer kinds apart). With a base profile from
-  per-layer profiling, instead ``c + k · base time`` per device type.
+  ``a_kind + b_kind · FLOPs`` (a tensor or context rank's share of them), fitted by
+  least squares over every measured action (one shared fit when the traces cannot tell
+  layer kinds apart), each action's time taken less what the simulator prices apart
+  (the stage's tensor-parallel collectives and context parallelism's exposed ring
+  exchange, over the fitted links) and over its `Cluster.slowdown`; backwards of stages
+  with recompute are not fitted. With a base profile from per-layer profiling, instead
+  ``c + k · base time`` per device type.
 * Links: an alpha-beta fit (latency + bytes / bandwidth) of the executor's probe
   messages (``send`` events of step -1), per link class and over all (``"*"``); the
   latency then from training-step messages whose receiver was already waiting.
 * All-reduce and optimizer: ``a + b · x``, x the ring's bytes per device
   (2(n-1)/n · bytes; the shortest event of each group and step) or the parameters a
   device holds; where x varied too little to split a from b, the base profile's line
-  scaled, or time proportional to x (`fit_bulk`).
+  scaled, or time proportional to x (`fit_bulk`); the optimizer's parameters are those
+  the simulator's step counts (ZeRO's shard, the rank's share of the experts).
 
 Time between a rank's actions that no event accounts for joins the per-action overhead.
-The first step of a run (warm-up) is left out of every fit.
+The first step of a run (warm-up; `meta.first_step` of a resumed one) is left out of
+every fit.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ import numpy as np
 from hyperpipe.cluster.cluster import Cluster, Link
 from hyperpipe.core.errors import BadInput
 from hyperpipe.models import ModelSpec
-from hyperpipe.plan.plan import Plan, plan_from_dict
+from hyperpipe.plan.plan import Plan, StagePlan, plan_from_dict
 from hyperpipe.plan.profile import Fit, Profile, check_profile, model_fingerprint
 from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 from hyperpipe.sim.costmodel import CostModel, op_flops
+from hyperpipe.sim.experts import expert_state
+from hyperpipe.sim.sharding import dp_shards, ring_attention_extra_s
 
 
 class _Line(NamedTuple):
@@ -148,26 +156,50 @@ def _check_events(trace: Trace, plan: Plan, where: str) -> None:
                            "on the event's device", e.stage)
 
 
+def fitted_from(trace: Trace) -> int:
+    """The first step a fit reads: the one after the run's first (warm-up) step,
+    `meta.first_step` of a resumed run, else 0."""
+    first = trace.meta.get("first_step", 0)
+    return (first if isinstance(first, int) and not isinstance(first, bool) else 0) + 1
+
+
 def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
-                     device_types: dict[str, str], base: CostModel | None) -> list[_Sample]:
-    stage_of: dict[tuple[str, int], tuple[tuple[int, int], int]] = {}
+                     device_types: dict[str, str], base: CostModel | None,
+                     price: CostModel) -> list[_Sample]:
+    """One sample per measured compute action after the warm-up, in the terms the
+    simulator prices it (`program.op_shape`): per-device FLOPs (a tensor or context
+    rank's share, as `CostModel.layer_time_s` evaluates a fit), the time less what the
+    simulator adds besides compute (the stage's tensor-parallel collectives, context
+    parallelism's exposed ring exchange, priced by `price`: the fitted links) and over
+    the group's `Cluster.slowdown`. Backwards of a stage with recompute are left out:
+    they hold a recomputed forward that a fit per op cannot tell apart."""
+    stage_of: dict[tuple[str, int], tuple[StagePlan, int]] = {}
     for pipe in plan.pipelines:
         for k, stage in enumerate(pipe.stages):
             for d in stage.devices:
-                stage_of[(d, k)] = (stage.layers, pipe.micro_batch)
+                stage_of[(d, k)] = (stage, pipe.micro_batch)
     out = []
+    first = fitted_from(trace)
     for e in trace.events:
-        if e.op not in COMPUTE_OPS or e.step < 1:
+        if e.op not in COMPUTE_OPS or e.step < first:
             continue
-        layers, mb = stage_of[(e.device, e.stage)]
+        stage, mb = stage_of[(e.device, e.stage)]
+        if e.op in ("B", "I") and stage.recompute != "none":
+            continue
+        share = stage.tp * stage.cp
         kinds: dict[str, tuple[int, float]] = {}
-        for i in range(*layers):
+        for i in range(*stage.layers):
             n, f = kinds.get(model.layers[i].kind, (0, 0.0))
-            kinds[model.layers[i].kind] = (n + 1, f + op_flops(model, i, mb, e.op))
+            kinds[model.layers[i].kind] = (n + 1, f + op_flops(model, i, mb, e.op) / share)
         dtype = device_types[e.device]
-        base_s = 0.0 if base is None else \
-            sum(base.layer_time_s(i, dtype, mb, e.op) for i in range(*layers))
-        out.append(_Sample(dtype, e.op, kinds, e.duration_s, base_s))
+        base_s = 0.0 if base is None else sum(
+            base.layer_time_s(i, dtype, mb, e.op, stage.tp, stage.sequence_parallel, stage.cp)
+            for i in range(*stage.layers))
+        other_s = price.stage_tp_comm_s(stage.layers, stage.devices, mb, e.op, "none",
+                                        stage.cp)[0] + ring_attention_extra_s(price, stage,
+                                                                              mb, e.op)
+        time_s = max(e.duration_s - other_s, 0.0) / price.cluster.slowdown(stage.devices)
+        out.append(_Sample(dtype, e.op, kinds, time_s, base_s))
     return out
 
 
@@ -260,7 +292,7 @@ def _action_gaps(traces) -> dict[str, float]:
     for trace, _, _, dtypes in traces:
         rows: dict[tuple[str, int], list] = defaultdict(list)
         for e in trace.events:
-            if e.step >= 1 and e.op != "send":
+            if e.step >= fitted_from(trace) and e.op != "send":
                 rows[(e.device, e.step)].append(e)
         for (device, _), events in rows.items():
             events.sort(key=lambda e: e.start_s)
@@ -306,11 +338,16 @@ MIN_IN_RUN_SAMPLES = 5
 
 
 def _fit_optimizer(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
+    """time = a + b x per device type, x the parameters a device's optimizer updates as
+    the simulator counts them (`_params_on`), the time over the device's slowdown."""
     pts: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for trace, plan, model, dtypes in traces:
+        first = fitted_from(trace)
+        cost = CostModel(model, plan.load_cluster())
         for e in trace.events:
-            if e.op == "optimizer" and e.step >= 1:
-                pts[dtypes[e.device]].append((_params_on(e.device, plan, model), e.duration_s))
+            if e.op == "optimizer" and e.step >= first:
+                pts[dtypes[e.device]].append((_params_on(e.device, plan, cost), e.duration_s
+                                              / cost.cluster.slowdown((e.device,))))
     return {k: fit_bulk([x for x, _ in v], [t for _, t in v], prior.get(k))
             for k, v in sorted(pts.items())}
 
@@ -322,7 +359,7 @@ def _fit_allreduce(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
     shortest: dict[tuple, _Point] = {}
     for n_trace, (trace, *_) in enumerate(traces):
         for e in trace.events:
-            if e.op != "allreduce" or e.step < 1:
+            if e.op != "allreduce" or e.step < fitted_from(trace):
                 continue
             group = frozenset([e.device, *filter(None, e.peer.split(","))])
             n = len(group)
@@ -336,13 +373,19 @@ def _fit_allreduce(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
     return {"*": fit_bulk([x for x, _ in pts], [t for _, t in pts], prior.get("*"))}
 
 
-def _params_on(device: str, plan: Plan, model: ModelSpec) -> float:
-    params = 0
+def _params_on(device: str, plan: Plan, cost: CostModel) -> float:
+    """Parameters `device`'s optimizer updates: those of each of its stages that the
+    simulator's optimizer step counts (`CostModel.rank_params`: its tensor rank's share,
+    sharded over the data-parallel ranks with ZeRO, its share of the routed experts)."""
+    params = 0.0
     for pipe in plan.pipelines:
         for stage in pipe.stages:
             if device in stage.devices:
-                params += sum(model.layers[i].params for i in range(*stage.layers)) // stage.tp
-    return float(params)
+                share, shards = expert_state(cost, plan, stage)
+                params += cost.rank_params(stage.layers, stage.tp,
+                                           dp_shards(plan, stage, cost.cluster),
+                                           expert_share=share, expert_shards=shards)
+    return params
 
 
 def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
@@ -382,10 +425,15 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         if base is not None:    # a layer profile of this model and these device types
             check_profile(base, model, cluster, where=base_source, devices=plan.devices,
                           allow_mismatch=allow_base_mismatch)
-        base_cost = None if base is None else CostModel(model, cluster, base)
-        samples += _compute_samples(trace, plan, model, dtypes, base_cost)
         with_cluster.append((trace, cluster))
         misc.append((trace, plan, model, dtypes))
+    links = {**(base.links if base else {}), **_fit_links(with_cluster)}
+    allreduce = {**(base.allreduce if base else {}),
+                 **_fit_allreduce(misc, base.allreduce if base else {})}
+    for (trace, plan, model, dtypes), (_, cluster) in zip(misc, with_cluster, strict=True):
+        base_cost = None if base is None else CostModel(model, cluster, base)
+        price = CostModel(model, cluster, Profile(links=links, allreduce=allreduce))
+        samples += _compute_samples(trace, plan, model, dtypes, base_cost, price)
     if not samples:
         raise BadInput("trace", "compute events after the warm-up step (run `steps` 2 or "
                        "more)", has_got=False)
@@ -401,11 +449,10 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
             overhead[key] = overhead.get(key, 0.0) + gap
     return Profile(
         compute=compute,
-        links={**(base.links if base else {}), **_fit_links(with_cluster)},
+        links=links,
         optimizer={**(base.optimizer if base else {}),
                    **_fit_optimizer(misc, base.optimizer if base else {})},
-        allreduce={**(base.allreduce if base else {}),
-                   **_fit_allreduce(misc, base.allreduce if base else {})},
+        allreduce=allreduce,
         overhead=overhead,
         provenance={
             **_measured_on([m for _, _, m, _ in misc]),

@@ -179,3 +179,95 @@ def test_probes_without_a_per_byte_cost_give_a_finite_bandwidth(tmp_path):
     assert link.bandwidth_bytes_per_s == pytest.approx(4e6 / 1e-3)   # largest probe
     profile.save(tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json").links["*"] == link
+
+
+def _parallel_trace(plan: Plan, first_step: int = 0) -> Trace:
+    """A run of `plan` as the executor times it: a compute action holds its tensor
+    rank's compute (TRUTH at FLOPs / tp) and the stage's tensor-parallel all-reduces,
+    priced over the probed links (`LINK_BW`, `LINK_LATENCY_S`); the optimizer updates
+    the parameters the device holds, ZeRO's shard of them. The run's first step (its
+    warm-up) takes twice as long."""
+    from hyperpipe.cluster.cluster import Link
+    from hyperpipe.sim.calibrate import _params_on
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    link = Link(LINK_BW, LINK_LATENCY_S)
+    price = CostModel(model, cluster, Profile(links={"inter": link, "*": link}))
+    pipe = plan.pipelines[0]
+    events = [TraceEvent(pipe.stages[0].devices[0], "send", 0, 0, 0.0,
+                         LINK_LATENCY_S + size / LINK_BW, size, pipe.stages[1].devices[0], -1)
+              for size in (1e3, 1e5, 1e6, 4e6)]
+    for step in range(first_step, first_step + 3):
+        warm = 2.0 if step == first_step else 1.0
+        for line in plan.pipelines:
+            for k, stage in enumerate(line.stages):
+                for dev in stage.devices:
+                    dtype = cluster.device(dev).type.name
+                    for mb in range(line.num_microbatches):
+                        for op in ("F", "I", "W"):
+                            t = sum(TRUTH[(dtype, model.layers[i].kind)][0]
+                                    + TRUTH[(dtype, model.layers[i].kind)][1]
+                                    * op_flops(model, i, line.micro_batch, op) / stage.tp
+                                    for i in range(*stage.layers))
+                            t += price.stage_tp_comm_s(stage.layers, stage.devices,
+                                                       line.micro_batch, op)[0]
+                            events.append(TraceEvent(dev, op, k, mb, 0.0, warm * t,
+                                                     step=step))
+                    events.append(TraceEvent(dev, "optimizer", k, 0, 0.0, warm * (
+                        OPT_A + OPT_B * _params_on(dev, plan, price)), step=step))
+    return Trace(tuple(events), {"source": "measured", "emulated": True,
+                                 "plan": plan.to_dict(), "first_step": first_step})
+
+
+def _parallel_plan(cut: int, micro_batch: int, tp: int, zero: int = 0) -> Plan:
+    from hyperpipe.plan.plan import plan_from_dict
+    dp = 2 // tp
+    return plan_from_dict({
+        "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+        "global_batch": 8 * micro_batch, "zero": zero, "schedule": {"kind": "1f1b"},
+        "pipelines": [{"micro_batch": micro_batch, "num_microbatches": 8 // dp, "stages": [
+            {"layers": [0, cut], "devices": [f"a100/{r * tp + t}" for t in range(tp)],
+             "tp": tp},
+            {"layers": [cut, 8], "devices": [f"v100/{r * tp + t}" for t in range(tp)],
+             "tp": tp}]} for r in range(dp)]}, where="test")
+
+
+def test_a_tensor_parallel_run_is_reproduced_by_its_own_profile():
+    """The profile of tp-2 runs prices each of their actions at what it took: the fit is
+    read at a tensor rank's FLOPs, as the simulator reads it, and the all-reduces the
+    actions held are not counted twice (they had been: the a100's F read 1.6x)."""
+    plans = [_parallel_plan(cut, mb, 2) for cut, mb in ((2, 1), (4, 2), (5, 4), (3, 8))]
+    profile = calibrate([_parallel_trace(p) for p in plans])
+    model = load_model("tiny-gpt")
+    cost = CostModel(model, load_cluster("demo-hetero"), profile)
+    price = CostModel(model, load_cluster("demo-hetero"), Profile(links=profile.links))
+    for plan in plans:
+        for stage in plan.pipelines[0].stages:
+            dtype = cost.cluster.device(stage.devices[0]).type.name
+            for op in ("F", "I", "W"):
+                took = sum(TRUTH[(dtype, model.layers[i].kind)][0]
+                           + TRUTH[(dtype, model.layers[i].kind)][1]
+                           * op_flops(model, i, plan.pipelines[0].micro_batch, op) / 2
+                           for i in range(*stage.layers)) + price.stage_tp_comm_s(
+                    stage.layers, stage.devices, plan.pipelines[0].micro_batch, op)[0]
+                assert cost.stage_time_s(stage.layers, stage.devices,
+                                         plan.pipelines[0].micro_batch, op) == \
+                    pytest.approx(took, rel=0.02)
+
+
+def test_the_optimizer_fit_counts_zero_shards_and_skips_a_resumed_warm_up():
+    """With ZeRO 1 over 2 replicas a device updates half its stage's parameters: the fit
+    recovers the truth (it had read 2x fast), and a resumed run's first step (its
+    warm-up, twice as slow here) is left out."""
+    from hyperpipe.sim.sharding import dp_shards
+    plans = [_parallel_plan(cut, 2, 1, zero=1) for cut in (2, 4, 6)]
+    profile = calibrate([_parallel_trace(p, first_step=5) for p in plans])
+    opt = profile.optimizer["A100-80GB"]
+    assert (opt.a_s, opt.b_s_per_unit) == pytest.approx((OPT_A, OPT_B), rel=0.02)
+    cost = CostModel(load_model("tiny-gpt"), load_cluster("demo-hetero"), profile)
+    stage = plans[1].pipelines[0].stages[0]
+    params = sum(cost.model.layers[i].params for i in range(*stage.layers))
+    assert cost.optimizer_time_s(stage.layers, "A100-80GB", 1, dp_shards(plans[1], stage)) \
+        == pytest.approx(OPT_A + OPT_B * params / 2, rel=0.02)
+    a, b = TRUTH[("A100-80GB", "block")]
+    assert cost.layer_time_s(1, "A100-80GB", 2, "F") == \
+        pytest.approx(a + b * op_flops(cost.model, 1, 2, "F"), rel=0.02)
