@@ -240,6 +240,14 @@ class CostModel:
                 if i is not None and w is not None:
                     return i(self.op_flops(layer, micro_batch, "I") / (tp * cp)) + \
                         w(self.op_flops(layer, micro_batch, "W") / (tp * cp))
+            b = self.profile.compute.get(Profile.key(device_type, kind, "B"))
+            if op in ("I", "W") and b is not None:
+                # a profile of runs whose backward was whole (1F1B): its time split
+                # between I and W in proportion to their FLOPs
+                whole = self.op_flops(layer, micro_batch, "B")
+                if whole <= 0.0:                # no FLOPs to split by: I holds it all
+                    return b(0.0) if op == "I" else 0.0
+                return b(whole / (tp * cp)) * self.op_flops(layer, micro_batch, op) / whole
         dev = self.cluster.device_types[device_type]
         cast = self._cast_s(layer, dev, op, tp)
         if dev.gemm is not None:

@@ -271,3 +271,19 @@ def test_the_optimizer_fit_counts_zero_shards_and_skips_a_resumed_warm_up():
     a, b = TRUTH[("A100-80GB", "block")]
     assert cost.layer_time_s(1, "A100-80GB", 2, "F") == \
         pytest.approx(a + b * op_flops(cost.model, 1, 2, "F"), rel=0.02)
+
+
+def test_a_whole_backward_fit_prices_a_split_backward_by_flops():
+    """A profile of 1F1B runs has B fits only: a zero-bubble plan's I and W take B's
+    time in proportion to their FLOPs (they had fallen back to the analytic model, at
+    the catalog GPU's speed beside CPU-measured F and B)."""
+    model = load_model("tiny-gpt")
+    fit = Fit(1e-4, 3e-11, 4, 0.0)
+    profile = Profile(compute={Profile.key("A100-80GB", kind, op): fit
+                               for kind in ("embedding", "block", "head") for op in "FB"})
+    cost = CostModel(model, load_cluster("demo-hetero"), profile)
+    for mb in (1, 4):
+        whole = cost.layer_time_s(1, "A100-80GB", mb, "B")
+        i, w = (cost.layer_time_s(1, "A100-80GB", mb, op) for op in "IW")
+        assert i + w == pytest.approx(whole)
+        assert i / w == pytest.approx(op_flops(model, 1, mb, "I") / op_flops(model, 1, mb, "W"))
