@@ -24,16 +24,18 @@ class CalibrateOptions:
     cluster: str | None
     emulation_scale: float
     no_emulate: bool
-    micro_batches: str            # with measure: "1,2,4" as typed
+    micro_batches: str | None     # with measure: "1,2,4" as typed (None: not given)
     progress: bool
     out: str
+    allow_mismatch: bool = False  # with base: use it for another model or device types
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> CalibrateOptions:
         return cls(traces=tuple(ns.trace), base=ns.base, measure=ns.measure, model=ns.model,
                    cluster=ns.cluster, emulation_scale=ns.emulation_scale,
                    no_emulate=ns.no_emulate, micro_batches=ns.micro_batches,
-                   progress=ns.progress, out=ns.out)
+                   progress=ns.progress, out=ns.out,
+                   allow_mismatch=ns.allow_profile_mismatch)
 
 
 def add_parser(sub) -> None:
@@ -44,6 +46,9 @@ def add_parser(sub) -> None:
     p.add_argument("--base", type=ca.path,
                    help="with --trace: a profile from --measure to scale to the "
                    "traces (keeps its per-layer shape)")
+    p.add_argument("--allow-profile-mismatch", action="store_true",
+                   help="with --base: use it even when it was measured on another model "
+                   "or lacks a device type of the traces")
     p.add_argument("--measure", action="store_true",
                    help="profile F/I/W/B of each layer kind of --model on this machine")
     p.add_argument("--model", type=ca.path, help="model to profile with --measure")
@@ -54,9 +59,10 @@ def add_parser(sub) -> None:
                    help="with --measure: the executor's --emulation-scale")
     p.add_argument("--no-emulate", action="store_true",
                    help="with --measure: every device type at this machine's native speed")
-    p.add_argument("--micro-batches", default="1,2,4",
-                   help="with --measure: sizes to time (one size alone is taken as time "
-                   "in proportion to FLOPs; two or more fit a per-call time too)")
+    p.add_argument("--micro-batches",
+                   help="with --measure: sizes to time, default 1,2,4 (one size alone is "
+                   "taken as time in proportion to FLOPs; two or more fit a per-call time "
+                   "too)")
     add_progress(p)
     p.add_argument("--out", type=ca.path, required=True, help="profile JSON to write")
     p.set_defaults(options=CalibrateOptions.from_namespace, run=run)
@@ -65,6 +71,17 @@ def add_parser(sub) -> None:
 def run(opts: CalibrateOptions) -> int:
     if opts.measure == bool(opts.traces):
         raise BadInput("calibrate", "either --trace FILE... or --measure --model M", has_got=False)
+    # options of the other mode would be ignored: refused instead
+    given = {"--base": opts.base, "--allow-profile-mismatch": opts.allow_mismatch} \
+        if opts.measure else \
+        {"--model": opts.model, "--cluster": opts.cluster,
+         "--micro-batches": opts.micro_batches, "--no-emulate": opts.no_emulate,
+         "--emulation-scale": opts.emulation_scale != 1.0}
+    for flag, value in given.items():
+        if value:
+            raise BadInput(flag, "only with --trace" if opts.measure else
+                           "only with --measure (a trace carries its plan's model and "
+                           "cluster)", value)
     from hyperpipe.core.files import check_outputs
     check_outputs([*(("--trace", t) for t in opts.traces), ("--base", opts.base),
                    ("--model", opts.model), ("--cluster", opts.cluster)],
@@ -88,14 +105,15 @@ def _fit(opts: CalibrateOptions):
     traces = [load_trace(t) for t in opts.traces]
     with as_flags():
         return calibrate(traces, sources=list(opts.traces), base=base,
-                         base_source=f"--base {opts.base}")
+                         base_source=f"--base {opts.base}",
+                         allow_base_mismatch=opts.allow_mismatch)
 
 
 def _measure(opts: CalibrateOptions):
     """The profile of the model's layer kinds measured on this machine."""
     if not opts.model:
         raise BadInput("--model", "a model to profile with --measure", has_got=False)
-    sizes = int_list(opts.micro_batches, "--micro-batches")
+    sizes = int_list(opts.micro_batches or "1,2,4", "--micro-batches")
     from hyperpipe.cli.run_console import host_available_bytes
     from hyperpipe.exec.profiler import measure_profile
     return measure_profile(opts.model, opts.cluster, micro_batches=sizes,

@@ -162,9 +162,15 @@ def trace_from_dict(data: Any, *, where: str) -> Trace:
                                  float(end), float(nbytes), str(peer), int(step)))
         if events[-1].end_s < events[-1].start_s:
             raise BadInput(f"{where}: events[{i}]", "end_s >= start_s", row)
+        if events[-1].bytes < 0:
+            raise BadInput(f"{where}: events[{i}][6]", "bytes >= 0", nbytes)
     meta = top.raw("meta", {})
     if not isinstance(meta, dict):
         raise BadInput(top.at("meta"), "a mapping", meta)
+    first = meta.get("first_step", 0)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise BadInput(top.at("meta") + ".first_step", "the run's first step, an integer "
+                       ">= 0", first)
     return Trace(tuple(events), meta)
 
 

@@ -159,8 +159,7 @@ def _check_events(trace: Trace, plan: Plan, where: str) -> None:
 def fitted_from(trace: Trace) -> int:
     """The first step a fit reads: the one after the run's first (warm-up) step,
     `meta.first_step` of a resumed run, else 0."""
-    first = trace.meta.get("first_step", 0)
-    return (first if isinstance(first, int) and not isinstance(first, bool) else 0) + 1
+    return trace.meta.get("first_step", 0) + 1        # checked by `trace_from_dict`
 
 
 def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
@@ -327,6 +326,8 @@ def _fit_links(traces: list[tuple[Trace, Cluster]]) -> dict[str, Link]:
             # the probe's sizes did not show a per-byte cost above its noise: bound the
             # bandwidth from below by the largest message, taking all its time as transfer
             big_bytes, big_s = max(pts)
+            if big_bytes <= 0:          # empty probes say nothing of a bandwidth
+                continue
             bw, latency = big_bytes / max(big_s, 1e-9), fit.a_s
         if len(delays.get(cls, [])) >= MIN_IN_RUN_SAMPLES:
             latency = float(np.mean([d - b / bw for b, d in delays[cls]]))

@@ -1,0 +1,47 @@
+"""`hyperpipe calibrate`: options of the other mode are refused, not ignored, and the
+flag a refusal names exists."""
+
+from __future__ import annotations
+
+import pytest
+
+from hyperpipe.cli import main
+from hyperpipe.plan.profile import Fit, Profile
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--trace", "t.json", "--model", "tiny-moe"], "--model: expected only with --measure"),
+    (["--trace", "t.json", "--cluster", "demo-hetero"], "--cluster"),
+    (["--trace", "t.json", "--micro-batches", "1,2"], "--micro-batches"),
+    (["--measure", "--model", "tiny-gpt", "--base", "b.json"],
+     "--base: expected only with --trace")])
+def test_an_option_of_the_other_mode_is_refused(flags, named, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.json").write_text("{}")
+    (tmp_path / "b.json").write_text("{}")
+    rc = main(["calibrate", *flags, "--out", "p.json"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and named in err[0]
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_base_for_other_device_types_is_used_when_asked(tmp_path, capsys):
+    """The refusal of a --base lacking the traces' device types names
+    --allow-profile-mismatch, which calibrate now takes."""
+    from factories import chain_plan
+
+    from hyperpipe.plan.trace import Trace, TraceEvent
+    plan = chain_plan("tiny-gpt", "demo-hetero", [0, 4, 8], ["a100/0", "v100/0"], 2, 2)
+    events = [TraceEvent(dev, op, k, mb, 0.0, 1e-3 * (1 + k), step=step)
+              for step in range(3) for k, dev in enumerate(("a100/0", "v100/0"))
+              for mb in range(2) for op in "FB"]
+    Trace(tuple(events), {"source": "measured", "plan": plan.to_dict()}).save(
+        tmp_path / "t.json")
+    fit = Fit(1e-4, 1e-12, 2, 0.0)
+    Profile(compute={Profile.key("local", k, op): fit for k in ("embedding", "block", "head")
+                     for op in "FB"}).save(tmp_path / "base.json")
+    args = ["calibrate", "--trace", str(tmp_path / "t.json"), "--base",
+            str(tmp_path / "base.json"), "--out", str(tmp_path / "p.json")]
+    assert main(args) == 2
+    assert "--allow-profile-mismatch" in capsys.readouterr().err
+    assert main([*args, "--allow-profile-mismatch"]) == 0
