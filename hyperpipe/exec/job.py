@@ -168,8 +168,16 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
     first_step, rng = 0, None
     if prep.resume_from is not None:
         state = checkpoint.load_rank(options.checkpoint_dir, prep.resume_from, rank)
-        runtime.load_state_dict(state)
-        rng, first_step = state["rng"], int(state["step"])
+        try:
+            runtime.load_state_dict(state)
+            rng, first_step = state["rng"], int(state["step"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            # it loads, but holds other stages or shapes (another rank's file, another plan)
+            raise BadInput(str(checkpoint.rank_file(options.checkpoint_dir,
+                                                    prep.resume_from, rank)),
+                           f"the state of rank {rank}'s stages "
+                           f"{sorted(runtime.stages)}", f"{type(exc).__name__}: "
+                           f"{(str(exc).splitlines() or [''])[0][:80]}") from None
     if emulated:
         # the reference passes draw dropout masks too: on a stream of their own, so that
         # the run's masks do not depend on whether it emulates

@@ -109,6 +109,10 @@ def test_empty_and_corrupt_rank_files_name_the_file(plan_path, tmp_path, capsys,
     rc, _, err = cli(capsys, resume)
     # issue 33, case 18: a corrupt file is bad input (2), whichever process reads it
     assert_one_line(rc, err, 2, "rank 1 on n/1", "rank-00001.pt")
+    # a file that loads but holds another rank's stages (it had exited 1: KeyError)
+    rank1.write_bytes((ck / "step-00000001" / "rank-00000.pt").read_bytes())
+    rc, _, err = cli(capsys, resume)
+    assert_one_line(rc, err, 2, "rank-00001.pt", "the state of rank 1's stages [1]")
 
 
 def _pids_alive(pids) -> list[int]:
