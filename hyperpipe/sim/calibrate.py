@@ -302,16 +302,26 @@ def _action_gaps(traces) -> dict[str, float]:
     return {k: idle_s[k] / n for k, n in actions.items() if n}
 
 
-def _fit_links(traces: list[tuple[Trace, Cluster]]) -> dict[str, Link]:
+def _fit_links(traces: list[tuple[Trace, Cluster]], sources: list[str]) -> dict[str, Link]:
     """Bandwidth from the probe's alpha-beta fit; latency from the probe, or, where the
     training steps have enough blocked receives, their mean delay less the bandwidth
-    term (under load a message costs more than an idle ping-pong shows)."""
+    term (under load a message costs more than an idle ping-pong shows). A link class
+    is one fit: traces (`sources` names them) whose clusters give it other nominal
+    links are refused (calibrate each cluster apart)."""
     probes: dict[str, list[tuple[float, float]]] = defaultdict(list)
     delays: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for trace, cluster in traces:
+    nominal: dict[str, tuple[Link, str]] = {}
+    for (trace, cluster), where in zip(traces, sources, strict=True):
         for e in trace.events:
             if e.op == "send" and e.step < 0 and e.peer:
-                cls = cluster.path(e.device, e.peer).link_class
+                route = cluster.path(e.device, e.peer)
+                cls = route.link_class
+                seen, first = nominal.setdefault(cls, (route.link, where))
+                if seen != route.link and first != where:
+                    raise BadInput(f"{first}, {where}", f"traces whose clusters give link "
+                                   f"class {cls} one nominal link (calibrate each cluster "
+                                   f"apart); they give {_link_text(seen)} and "
+                                   f"{_link_text(route.link)}", has_got=False)
                 for c in (cls, "*"):
                     probes[c].append((e.bytes, e.duration_s))
         for src, dst, nbytes, delay in _in_run_delays(trace):
@@ -336,6 +346,10 @@ def _fit_links(traces: list[tuple[Trace, Cluster]]) -> dict[str, Link]:
 
 
 MIN_IN_RUN_SAMPLES = 5
+
+
+def _link_text(link: Link) -> str:
+    return f"{link.bandwidth_bytes_per_s * 8 / 1e9:.4g} Gbit/s, {link.latency_s * 1e6:.4g} us"
 
 
 def _fit_optimizer(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
@@ -397,7 +411,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
     Every trace must have run the same model (by fingerprint, `_check_one_model`): a
     profile prices the model it was measured on and records it in its provenance
     (``model``, ``model_fingerprint``). Traces may come from different clusters (the
-    fits are keyed by device type and link class).
+    fits are keyed by device type and link class) whose links of one class are alike.
 
     With `base` (a profile from per-layer profiling, `hyperpipe calibrate --measure`,
     refused as `check_profile` refuses a profile for a simulation when it was measured
@@ -428,7 +442,8 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
                           allow_mismatch=allow_base_mismatch)
         with_cluster.append((trace, cluster))
         misc.append((trace, plan, model, dtypes))
-    links = {**(base.links if base else {}), **_fit_links(with_cluster)}
+    links = {**(base.links if base else {}),
+             **_fit_links(with_cluster, sources or [f"trace {n}" for n in range(len(traces))])}
     allreduce = {**(base.allreduce if base else {}),
                  **_fit_allreduce(misc, base.allreduce if base else {})}
     for (trace, plan, model, dtypes), (_, cluster) in zip(misc, with_cluster, strict=True):

@@ -287,3 +287,21 @@ def test_a_whole_backward_fit_prices_a_split_backward_by_flops():
         i, w = (cost.layer_time_s(1, "A100-80GB", mb, op) for op in "IW")
         assert i + w == pytest.approx(whole)
         assert i / w == pytest.approx(op_flops(model, 1, mb, "I") / op_flops(model, 1, mb, "W"))
+
+
+def test_traces_of_clusters_with_other_links_of_one_class_are_refused():
+    """A 10 Gbit/s and a 100 Mbit/s run had been fitted as one 'inter' link of 0.2
+    Gbit/s, good for neither."""
+    from hyperpipe.core.errors import BadInput
+    rng = random.Random(0)
+    plan = _plan([4], ["a100/0", "v100/0"], 2, 4)
+    slow = {"name": "slow", "inter_node": {"bandwidth": "100 Mbit/s", "latency": "10 us"},
+            "nodes": [{"name": "a100", "device": "A100-80GB", "count": 2},
+                      {"name": "v100", "device": "V100-32GB", "count": 2}]}
+    from hyperpipe.plan.plan import plan_from_dict
+    other = plan_from_dict({**plan.to_dict(), "cluster": slow}, where="slow")
+    traces = [_synthetic_trace(plan, rng, 0.0), _synthetic_trace(other, rng, 0.0)]
+    with pytest.raises(BadInput, match=r"^fast, slow: expected traces whose clusters give "
+                       r"link class inter one nominal link"):
+        calibrate(traces, sources=["fast", "slow"])
+    assert calibrate(traces[:1] * 2, sources=["fast", "again"]).link("inter") is not None
