@@ -25,6 +25,7 @@ from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import Fields, load_document, write_atomic
 from hyperpipe.plan.kinds import (
+    DEFAULT_KIND,
     KINDS,
     SYNTH,
     default_chunks,
@@ -440,13 +441,13 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
         if not isinstance(value, (str, dict)) or not value:
             raise BadInput(top.at(key), "a built-in name, a file path or an inline mapping",
                            value)
-    sched = top.raw("schedule")
+    sched = top.raw("schedule", {})          # absent: Megatron-LM's default kind
     actions = None
     if isinstance(sched, str):
         kind, chunks = sched, default_chunks(sched)
     else:
         sf = Fields(sched, top.at("schedule"), ("kind", "chunks", "actions"))
-        kind = sf.string("kind")
+        kind = sf.string("kind", DEFAULT_KIND)
         chunks = sf.positive_int("chunks", default_chunks(kind), at_most=limits.MAX_CHUNKS)
         if sf.has("actions"):
             actions = parse_actions(sf.raw("actions"), sf.at("actions"))

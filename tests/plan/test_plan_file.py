@@ -57,3 +57,12 @@ def test_plan_rejects(doc, field):
     assert field in str(err.value)
     assert str(err.value).startswith("p.json")
 
+
+
+@pytest.mark.parametrize("schedule", [None, {}, {"chunks": 1}])
+def test_the_schedule_kind_defaults_to_1f1b(schedule):
+    """formats.md gives `schedule.kind` the default 1f1b; it had been required."""
+    doc = {k: v for k, v in PLAN.items() if k != "schedule"}
+    if schedule is not None:
+        doc["schedule"] = schedule
+    assert plan_from_dict(doc, where="p.json") == plan_from_dict(PLAN, where="p.json")
