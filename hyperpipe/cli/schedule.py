@@ -54,6 +54,12 @@ def run(opts: ScheduleOptions) -> int:
         if not opts.plan:
             raise BadInput("--kind synth", "--plan P (synth builds a schedule for a plan)",
                            has_got=False)
+        for flag, value in (("--devices", opts.devices), ("--microbatches",
+                                                            opts.microbatches),
+                            ("--chunks", opts.chunks)):
+            if value is not None:        # the plan's own shape decides
+                raise BadInput(flag, "none with --plan (the plan's stages and micro-batches "
+                               "give the schedule's shape)", value)
         from hyperpipe.cli.schedule_plan import schedule_from_plan
         return schedule_from_plan(opts.kind, opts.plan, opts.format, opts.out)
     missing = [f for f in ("devices", "microbatches") if getattr(opts, f) is None]

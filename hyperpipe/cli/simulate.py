@@ -183,6 +183,12 @@ def _plan_model_cluster(opts: SimulateOptions):
         raise BadInput("--schedule", "a fixed kind with plan options: a synthesised "
                        "schedule's action lists come from a search (hyperpipe search ... "
                        "--out PLAN, then simulate --plan PLAN)", s.schedule)
+    kind = KINDS.get(s.schedule or DEFAULT_KIND)
+    if kind is not None and s.chunks is not None and not kind.allows_chunks(s.chunks):
+        free = ", ".join(k.name for k in KINDS.values()
+                         if k.takes_chunks and not k.carries_actions)
+        raise BadInput("--chunks", f"{kind.default_chunks} with schedule {kind.name!r} "
+                       f"(any count: {free})", s.chunks)
     model, cluster = load_model(opts.model, where="--model"), load_cluster(opts.cluster)
     from hyperpipe.plan.plan import tp_misfit
     misfit = tp_misfit(model, s.tp or 1, bool(m.sequence_parallel), s.cp or 1)

@@ -150,6 +150,14 @@ CASES = [
      ["--vary links.0.bandwidth: expected a cluster with paths to vary"]),
     ("calibrate-bad-trace", {"t.json": "{\"format\": \"hyperpipe.trace/1\", \"events\": [[1]]}"},
      ["calibrate", "--trace", "{dir}/t.json", "--out", "{dir}/out.json"], ["t.json", "events"]),
+    # plan options name the flag, not "plan: schedule.chunks"
+    ("simulate-chunks", {}, ["simulate", "--cluster", "demo-hetero", "--model", "tiny-gpt",
+                             "--pp", "2", "--micro-batch", "2", "--global-batch", "8",
+                             "--schedule", "zb-h1", "--chunks", "2"],
+     ["--chunks: expected 1 with schedule 'zb-h1' (any count: interleaved-1f1b)"]),
+    ("schedule-plan-and-shape", {}, ["schedule", "--kind", "synth", "--plan", "{dir}/p.json",
+                                     "--devices", "7"],
+     ["--devices", "--plan"]),
     ("calibrate-no-plan", {"t.json": "{\"format\": \"hyperpipe.trace/1\", \"events\": []}"},
      ["calibrate", "--trace", "{dir}/t.json", "--out", "{dir}/out.json"], ["t.json", "plan"]),
 ]
