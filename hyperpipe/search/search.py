@@ -638,6 +638,8 @@ def _simulate_phase(ctx: SearchContext, phase: PhaseStats, cands: list[Candidate
     ranked, budget = polish(ctx, phase, ranked, budget, pool)
     ranked, baselines = synthesise_top(ctx, phase, ranked, pool=pool, baselines=baselines,
                                        budget=budget)
+    if ctx.c.schedule is not None and schedule_kind(ctx.c.schedule).carries_actions:
+        ranked = [cand for cand in ranked if ctx.c.admits(cand.plan)]     # synth asked
     # the seeds: the tuned baselines of the search's own space (`SYNTHESISED_BASELINES`,
     # synthesised as the search's best are) that keep what the user fixed join the
     # ranking under their names; one equal to a plan of the search's own is dropped

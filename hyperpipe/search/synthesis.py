@@ -6,8 +6,10 @@ For each of the top `SYNTH_TOP` plans of the simulated short list (their stages,
 devices and micro-batches kept), `hyperpipe.synth.synthesise.synthesise` builds per-device
 action orders and prices them and every fixed kind with the simulator. A synthesised
 plan (its `schedule.actions` recorded, so that `run` and `simulate` replay exactly what
-was searched) joins the ranking when it beats the plan it came from. Skipped when the
-user fixed a schedule kind other than synth.
+was searched) joins the ranking when it beats the plan it came from; when the user asked
+for synth, every synthesis joins as synth (a fixed kind that won written out as its
+action lists), and the search ranks those alone. Skipped when the user fixed a schedule
+kind other than synth.
 """
 
 from __future__ import annotations
@@ -96,17 +98,25 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
             budget -= count_actions(c.plan)
             more.append(c.plan)
     run(more + [c.plan for _, c in named if bound_value(ctx, c) < theirs])
+    from hyperpipe.synth.synthesise import written_out
     added = []
+    asked = ctx.c.schedule is not None          # synth asked for: every result, as synth
     for cand in cands:
         result = got.get(_shape(cand.plan))
-        if result is not None and schedule_kind(result.plan.schedule).carries_actions \
-                and rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics):
+        if result is None:
+            continue
+        if schedule_kind(result.plan.schedule).carries_actions and (
+                asked or rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics)):
             added.append(Candidate(result.plan, result.metrics))
+        elif asked:                              # a fixed kind won: its order written out
+            added.append(Candidate(written_out(result.plan), result.metrics))
     for k, cand in named:
         result = got.get(_shape(cand.plan))
-        if result is not None and rank_key(ctx.c, result.metrics) < \
-                rank_key(ctx.c, cand.metrics):
-            baselines[k] = Candidate(result.plan, result.metrics)
+        if result is not None and (asked or rank_key(ctx.c, result.metrics) <
+                                   rank_key(ctx.c, cand.metrics)):
+            plan = result.plan if not asked or schedule_kind(
+                result.plan.schedule).carries_actions else written_out(result.plan)
+            baselines[k] = Candidate(plan, result.metrics)
     ranked = sorted(dedupe(ranked + added), key=lambda cand: rank_key(ctx.c, cand.metrics))
     return ranked, baselines
 

@@ -753,3 +753,23 @@ def test_fixed_degrees_with_no_plan_between_them_are_named(flags, line, tmp_path
                "--workers", "1", *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and line in err[0]
+
+
+def test_schedule_synth_is_honoured_and_no_slower_than_the_free_pick():
+    """--schedule synth had returned zb-h1 plans, slower than the free pick; now every
+    ranked plan is synth (a fixed kind that won written out as its orders)."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
+    from hyperpipe.search.search import SearchConstraints, search
+    cluster = load_cluster({"name": "c1", "nodes": [
+        {"name": "a", "device": "A100-80GB", "count": 2,
+         "intra_link": {"bandwidth": "600 GB/s", "latency": "2 us"}},
+        {"name": "v", "device": "V100-32GB", "count": 2}],
+        "inter_node": {"bandwidth": "100 Gbit/s", "latency": "5 us"}})
+    model = load_model("tiny-gpt")
+    free = search(model, cluster, SearchConstraints(global_batch=32), peers=False)
+    synth = search(model, cluster, SearchConstraints(global_batch=32, schedule="synth"),
+                   peers=False)
+    assert {c.plan.schedule for c in synth.ranked} == {"synth"}
+    assert synth.best.metrics.iteration_time_s <= \
+        free.best.metrics.iteration_time_s * (1 + 1e-9)
