@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from hyperpipe.cluster.cluster import cluster_ref, link_sig
@@ -165,15 +166,17 @@ def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
     (dp = devices // (pp x tp), all devices used unless pp or dp is fixed), every
     schedule kind and chunk count, every micro-batch size, and for an MoE model every
     expert-parallel degree of `space.ep_options` (Megatron-Core's `--expert-model-
-    parallel-size`). Fixed dimensions as given. Yields (the subset, the keyword arguments
-    of `uniform_plan`/`proportional_plan`)."""
+    parallel-size`). Fixed dimensions as given; with a fixed cp, `tp` is the width of a
+    stage's group, tp x cp (`constrained` splits it). Yields (the subset, the keyword
+    arguments of `uniform_plan`/`proportional_plan`)."""
     c, cluster, model = ctx.c, ctx.cluster, ctx.model
+    cp = c.cp or 1
     class_of = {nd: cls.name for cls in ctx.classes.values() for nd in cls.nodes}
     for subset in type_subsets(cluster):
         nodes = [nd for nd in cluster.nodes if class_of[nd.name] in subset]
         devices = tuple(d.name for d in cluster.devices if class_of[d.node] in subset)
         n = len(devices)
-        for tp in space.tp_options(cluster, model, c):
+        for tp in (t * cp for t in space.tp_options(cluster, model, c)):
             if any(nd.count % tp for nd in nodes):
                 continue                  # a tp group would straddle two nodes
             for pp in ([c.pp] if c.pp else range(1, n // tp + 1)):
@@ -337,6 +340,27 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
     return out
 
 
+def constrained(ctx: SearchContext, plan: Plan) -> Plan:
+    """A baseline's `plan` with what the user fixed beyond its grid (`ctx.c`): the stack
+    and runtime, context parallelism (each group of tp x cp devices split into cp context
+    ranks, tensor rank innermost), recompute, sequence parallelism and the optimizer's
+    sharding; checked where any of those changed it (BadInput/InfeasiblePlan when the
+    layout cannot take them)."""
+    c = ctx.c
+    plan = plan.on_stack(c.stack, **c.runtime.given())
+    cp = c.cp or 1
+    if cp == 1 and c.recompute is None and c.sequence_parallel is None \
+            and c.distributed_optimizer is None and c.zero is None:
+        return plan
+    if cp > 1:
+        plan = plan.with_pipelines([replace(p, stages=tuple(
+            replace(st, tp=st.tp // cp, cp=cp) for st in p.stages)) for p in plan.pipelines])
+    plan = plan.with_memory(recompute=c.recompute, sequence_parallel=c.sequence_parallel,
+                            distributed_optimizer=c.distributed_optimizer, zero=c.zero)
+    plan.check(ctx.model, ctx.cluster)
+    return plan
+
+
 def _short_list(ctx: SearchContext, phase: PhaseStats, make, built: list[tuple]
                 ) -> list[Plan]:
     """`tuned_baselines`' walk for one baseline (`make`) over `built`: (bound, serial,
@@ -347,8 +371,7 @@ def _short_list(ctx: SearchContext, phase: PhaseStats, make, built: list[tuple]
 
     def add(serial: int, dims: dict, deferred: bool = False) -> None:
         try:
-            plan = make(ctx.model, ctx.cluster, **dims, refs=ctx.refs).on_stack(
-                c.stack, **c.runtime.given())
+            plan = constrained(ctx, make(ctx.model, ctx.cluster, **dims, refs=ctx.refs))
             if not deferred and out_of_memory(plan, ctx.cost):
                 too_big.append((serial, dims))
                 return
@@ -360,8 +383,10 @@ def _short_list(ctx: SearchContext, phase: PhaseStats, make, built: list[tuple]
         del short[BASELINE_SHORT_LIST:]
 
     for bound, serial, dims, stashes in built:
+        # the sketch prices a tp x cp group as tensor parallel: a bound only with cp 1
         if len(short) >= BASELINE_SHORT_LIST and not short[-1][0][0] \
-                and c.objective == "throughput" and bound > short[-1][0][1]:
+                and c.objective == "throughput" and (c.cp or 1) == 1 \
+                and bound > short[-1][0][1]:
             phase.pruned += 1
         elif not stashes:                    # out of memory, read off the sketch
             too_big.append((serial, dims))

@@ -41,7 +41,7 @@ from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, tp_misfit
 from hyperpipe.search import space
 from hyperpipe.search.backends import backend_or_workers, fan_out
-from hyperpipe.search.baselines import tuned_baselines
+from hyperpipe.search.baselines import constrained, tuned_baselines
 from hyperpipe.search.caches import BookKey
 from hyperpipe.search.evaluate import (
     Candidate,
@@ -480,8 +480,14 @@ def _baseline_work(ctx: SearchContext, names: tuple[str, ...]
     else:
         phase.seen += 1
         pick = PEERS[names[0]](ctx)
-        phase.infeasible += pick is None
-        found = {} if pick is None else {names[0]: [pick.plan]}
+        plan = None
+        if pick is not None:
+            try:    # what the user fixed that the peer's search does not choose
+                plan = constrained(ctx, pick.plan)
+            except (BadInput, InfeasiblePlan):
+                plan = None
+        phase.infeasible += plan is None
+        found = {} if plan is None else {names[0]: [plan]}
     return found, phase.counts()
 
 

@@ -773,3 +773,26 @@ def test_schedule_synth_is_honoured_and_no_slower_than_the_free_pick():
     assert {c.plan.schedule for c in synth.ranked} == {"synth"}
     assert synth.best.metrics.iteration_time_s <= \
         free.best.metrics.iteration_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("fixed,check", [
+    ({"recompute": "full"}, lambda plan: {st.recompute for p in plan.pipelines
+                                          for st in p.stages} == {"full"}),
+    ({"zero": 2}, lambda plan: plan.zero == 2),
+    ({"cp": 2}, lambda plan: {st.cp for p in plan.pipelines for st in p.stages} == {2})])
+def test_baselines_and_peers_keep_what_the_user_fixed(fixed, check):
+    """The tuned baselines and the peers' picks had ignored --recompute, --zero and
+    --cp, so the report set the pick against plans outside the constraints ("pick is
+    1.32x SLOWER"); each competitor that cannot take them is left out."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
+    from hyperpipe.search.search import SearchConstraints, search
+    cluster = load_cluster({"name": "c1", "nodes": [
+        {"name": "a", "device": "A100-80GB", "count": 2},
+        {"name": "v", "device": "V100-32GB", "count": 2}]})
+    res = search(load_model("tiny-gpt"), cluster,
+                 SearchConstraints(global_batch=32, **fixed))
+    assert res.baselines and all(check(c.plan) for c in res.baselines.values())
+    assert check(res.best.plan)
+    assert all(res.best.metrics.iteration_time_s <= c.metrics.iteration_time_s * (1 + 1e-9)
+               for name, c in res.baselines.items() if name in ("uniform", "proportional"))
