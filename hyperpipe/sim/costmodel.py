@@ -26,6 +26,7 @@ from hyperpipe.cluster.cluster import (
     link_sig,
     ring_channels,
 )
+from hyperpipe.core.errors import BadInput
 from hyperpipe.models import ModelSpec
 from hyperpipe.models.ops import LOGIT_BYTES, block_launches, layer_work, pass_launches
 from hyperpipe.models.spec import DTYPE_BYTES
@@ -192,6 +193,16 @@ class CostModel:
     cluster: Cluster
     profile: Profile | None = None
     _tables: _Tables = field(default_factory=_Tables, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """BadInput naming the cluster when a device type has no peak for the model's
+        dtype (a file's `peak_flops` table without it or its fallback)."""
+        for dev in self.cluster.device_types.values():
+            try:
+                dev.peak_for(self.model.dtype)
+            except BadInput as exc:
+                raise BadInput(f"cluster {self.cluster.name}: device_types.{dev.name}."
+                               "peak_flops", exc.expected, exc.got) from None
 
     def memo(self, name: str, make: Callable[[], _T]) -> _T:
         """The cache named `name` that lives as long as this cost model (made by `make()`

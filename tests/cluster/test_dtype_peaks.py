@@ -125,9 +125,11 @@ def test_file_table_without_the_models_dtype_is_a_clear_error():
     cluster = _cluster({"peak_flops": {"fp32": "1 TFLOP/s"}, "memory": "8 GB"})
     model = load_model({"kind": "synthetic", "layers": 1, "dtype": "bf16",
                         "fwd_flops_per_sample": 1e9})
-    with pytest.raises(BadInput, match=r"device type x: peak_flops: expected an entry for "
-                                       r"the model's dtype bf16 or its fallback"):
-        CostModel(model, cluster).layer_time_s(0, "x", 1, "F")
+    # named with the cluster (it had named the device type alone, no file)
+    with pytest.raises(BadInput, match=rf"^cluster {cluster.name}: device_types\.x\."
+                                       r"peak_flops: expected an entry for the model's dtype "
+                                       r"bf16 or its fallback"):
+        CostModel(model, cluster)
 
 
 @pytest.mark.parametrize("table, field", [
