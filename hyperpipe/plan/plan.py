@@ -352,8 +352,9 @@ class Plan:
                                            f"(also used by {owner[d]})", d)
                         owner[d] = sw
                 if len({cluster.device(d).type.name for d in st.devices}) > 1:
-                    raise BadInput(f"{sw}.devices", "one device type inside a tensor-parallel "
-                                   "group", list(st.devices))
+                    raise BadInput(f"{sw}.devices", "one device type across the stage's "
+                                   "devices (its tensor" + (" and context" if st.cp > 1 else "")
+                                   + "-parallel ranks)", list(st.devices))
             if pos != model.num_layers:
                 raise BadInput(f"{pw}.stages", f"layers covering 0..{model.num_layers} of model "
                                f"{model.name!r}", f"coverage ending at {pos}")

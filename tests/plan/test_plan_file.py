@@ -66,3 +66,15 @@ def test_the_schedule_kind_defaults_to_1f1b(schedule):
     if schedule is not None:
         doc["schedule"] = schedule
     assert plan_from_dict(doc, where="p.json") == plan_from_dict(PLAN, where="p.json")
+
+
+def test_a_stage_of_two_types_is_named_as_a_stage_not_a_tensor_group():
+    """tp 2 x cp 2 over two A100s and two V100s: each tensor group is of one type; the
+    rule is one type per stage, and the message says so."""
+    doc = edited(PLAN, **{"pipelines/0/stages": [
+        {"layers": [0, 8], "devices": ["a100/0", "a100/1", "v100/0", "v100/1"], "tp": 2,
+         "cp": 2}]})
+    plan = plan_from_dict(doc, where="p.json")
+    with pytest.raises(BadInput, match="one device type across the stage's devices "
+                                       r"\(its tensor and context-parallel ranks\)"):
+        plan.check(plan.load_model(), plan.load_cluster(), where="p.json")
