@@ -6,8 +6,9 @@
   layer kinds apart), each action's time taken less what the simulator prices apart
   (the stage's tensor-parallel collectives and context parallelism's exposed ring
   exchange, over the fitted links) and over its `Cluster.slowdown`; backwards of stages
-  with recompute are not fitted. With a base profile from per-layer profiling, instead
-  ``c + k · base time`` per device type.
+  with recompute also less the forward they redo, as the fits of the other actions
+  price it (then everything is fitted again). With a base profile from per-layer
+  profiling, instead ``c + k · base time`` per device type.
 * Links: an alpha-beta fit (latency + bytes / bandwidth) of the executor's probe
   messages (``send`` events of step -1), per link class and over all (``"*"``); the
   latency then from training-step messages whose receiver was already waiting.
@@ -164,14 +165,17 @@ def fitted_from(trace: Trace) -> int:
 
 def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
                      device_types: dict[str, str], base: CostModel | None,
-                     price: CostModel) -> list[_Sample]:
+                     price: CostModel, recomputed: CostModel | None = None
+                     ) -> list[_Sample]:
     """One sample per measured compute action after the warm-up, in the terms the
     simulator prices it (`program.op_shape`): per-device FLOPs (a tensor or context
     rank's share, as `CostModel.layer_time_s` evaluates a fit), the time less what the
     simulator adds besides compute (the stage's tensor-parallel collectives, context
     parallelism's exposed ring exchange, priced by `price`: the fitted links) and over
-    the group's `Cluster.slowdown`. Backwards of a stage with recompute are left out:
-    they hold a recomputed forward that a fit per op cannot tell apart."""
+    the group's `Cluster.slowdown`. The backwards (B, I) of a stage with recompute also
+    hold the forward they redo: without `recomputed` they are left out; with it (a cost
+    model holding the fits of the other actions) they alone are returned, less that
+    forward as it prices it (`CostModel.recompute_s`)."""
     stage_of: dict[tuple[str, int], tuple[StagePlan, int]] = {}
     for pipe in plan.pipelines:
         for k, stage in enumerate(pipe.stages):
@@ -183,7 +187,8 @@ def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
         if e.op not in COMPUTE_OPS or e.step < first:
             continue
         stage, mb = stage_of[(e.device, e.stage)]
-        if e.op in ("B", "I") and stage.recompute != "none":
+        redo = e.op in ("B", "I") and stage.recompute != "none"
+        if redo != (recomputed is not None):
             continue
         share = stage.tp * stage.cp
         kinds: dict[str, tuple[int, float]] = {}
@@ -197,9 +202,20 @@ def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
         other_s = price.stage_tp_comm_s(stage.layers, stage.devices, mb, e.op, "none",
                                         stage.cp)[0] + ring_attention_extra_s(price, stage,
                                                                               mb, e.op)
+        if redo:
+            other_s += recomputed.recompute_s(stage.layers, stage.devices, mb,
+                                              stage.recompute, stage.sequence_parallel,
+                                              stage.cp)
         time_s = max(e.duration_s - other_s, 0.0) / price.cluster.slowdown(stage.devices)
         out.append(_Sample(dtype, e.op, kinds, time_s, base_s))
     return out
+
+
+def _fit_samples(samples: list[_Sample], base: Profile | None
+                 ) -> tuple[dict[str, Fit], dict[str, float]]:
+    """(compute fits, per-action overheads): per-kind lines (`_fit_compute`), or the
+    base profile scaled (`_fit_to_base`)."""
+    return (_fit_compute(samples), {}) if base is None else _fit_to_base(samples, base)
 
 
 def _fit_compute(samples: list[_Sample]) -> dict[str, Fit]:
@@ -446,17 +462,23 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
              **_fit_links(with_cluster, sources or [f"trace {n}" for n in range(len(traces))])}
     allreduce = {**(base.allreduce if base else {}),
                  **_fit_allreduce(misc, base.allreduce if base else {})}
-    for (trace, plan, model, dtypes), (_, cluster) in zip(misc, with_cluster, strict=True):
-        base_cost = None if base is None else CostModel(model, cluster, base)
-        price = CostModel(model, cluster, Profile(links=links, allreduce=allreduce))
-        samples += _compute_samples(trace, plan, model, dtypes, base_cost, price)
+    runs = [(trace, plan, model, dtypes, None if base is None else
+             CostModel(model, cluster, base),
+             CostModel(model, cluster, Profile(links=links, allreduce=allreduce)))
+            for (trace, plan, model, dtypes), (_, cluster) in zip(misc, with_cluster,
+                                                                  strict=True)]
+    samples = [s for run in runs for s in _compute_samples(*run)]
     if not samples:
         raise BadInput("trace", "compute events after the warm-up step (run `steps` 2 or "
                        "more)", has_got=False)
-    if base is None:
-        compute, overhead = _fit_compute(samples), {}
-    else:
-        compute, overhead = _fit_to_base(samples, base)
+    compute, overhead = _fit_samples(samples, base)
+    # backwards that redo their forward: less it, as the fits so far price it; then all
+    redone = [s for *run, price in runs for s in _compute_samples(
+        *run, price, CostModel(price.model, price.cluster, Profile(
+            compute=compute, links=links, allreduce=allreduce)))]
+    if redone:
+        samples += redone
+        compute, overhead = _fit_samples(samples, base)
     # what a rank spends between actions is part of each action's cost, as it occupies
     # the rank's stream (the simulator's model of one compute stream per rank)
     for dtype, gap in _action_gaps(misc).items():

@@ -305,3 +305,42 @@ def test_traces_of_clusters_with_other_links_of_one_class_are_refused():
                        r"link class inter one nominal link"):
         calibrate(traces, sources=["fast", "slow"])
     assert calibrate(traces[:1] * 2, sources=["fast", "again"]).link("inter") is not None
+
+
+def test_backwards_that_recompute_are_fitted_less_the_forward_they_redo():
+    """With full recompute a backward holds the forward again: its samples had been
+    dropped, leaving no B fit at all (B then priced by the catalog). They are now
+    fitted less the forward as the F fits price it, and the profile reproduces them."""
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+
+    def took(dtype: str, layers, mb: int, op: str) -> float:
+        return sum(TRUTH[(dtype, model.layers[i].kind)][0]
+                   + TRUTH[(dtype, model.layers[i].kind)][1] * op_flops(model, i, mb, op)
+                   for i in range(*layers))
+    plans = [_parallel_plan(cut, mb, 1).with_memory(recompute="full")
+             for cut, mb in ((2, 1), (4, 2), (5, 4), (3, 8))]
+    traces = []
+    for plan in plans:
+        events = []
+        for step in range(3):
+            for line in plan.pipelines:
+                for k, stage in enumerate(line.stages):
+                    dev = stage.devices[0]
+                    dtype = cluster.device(dev).type.name
+                    f = took(dtype, stage.layers, line.micro_batch, "F")
+                    b = took(dtype, stage.layers, line.micro_batch, "B") + f
+                    events += [TraceEvent(dev, op, k, j, 0.0, t, step=step)
+                               for j in range(line.num_microbatches)
+                               for op, t in (("F", f), ("B", b))]
+        traces.append(Trace(tuple(events), {"source": "measured", "plan": plan.to_dict()}))
+    profile = calibrate(traces)
+    assert Profile.key("A100-80GB", "block", "B") in profile.compute
+    cost = CostModel(model, cluster, profile)
+    for mb in (1, 4):
+        for dtype in ("A100-80GB", "V100-32GB"):
+            assert cost.layer_time_s(1, dtype, mb, "B") == \
+                pytest.approx(took(dtype, (1, 2), mb, "B"), rel=0.02)
+    stage = plans[1].pipelines[0].stages[0]
+    assert cost.stage_time_s(stage.layers, stage.devices, 2, "B", "full") == \
+        pytest.approx(took("A100-80GB", stage.layers, 2, "B")
+                      + took("A100-80GB", stage.layers, 2, "F"), rel=0.02)
