@@ -43,6 +43,8 @@ from hyperpipe.plan.profile import Fit, Profile, check_profile, model_fingerprin
 from hyperpipe.plan.trace import COMPUTE_OPS, Trace
 from hyperpipe.sim.costmodel import CostModel, op_flops
 from hyperpipe.sim.experts import expert_state
+from hyperpipe.sim.options import execution_of
+from hyperpipe.sim.program import action_extra_s
 from hyperpipe.sim.sharding import dp_shards, ring_attention_extra_s
 
 
@@ -171,22 +173,33 @@ def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
     simulator prices it (`program.op_shape`): per-device FLOPs (a tensor or context
     rank's share, as `CostModel.layer_time_s` evaluates a fit), the time less what the
     simulator adds besides compute (the stage's tensor-parallel collectives, context
-    parallelism's exposed ring exchange, priced by `price`: the fitted links) and over
-    the group's `Cluster.slowdown`. The backwards (B, I) of a stage with recompute also
-    hold the forward they redo: without `recomputed` they are left out; with it (a cost
-    model holding the fits of the other actions) they alone are returned, less that
-    forward as it prices it (`CostModel.recompute_s`)."""
-    stage_of: dict[tuple[str, int], tuple[StagePlan, int]] = {}
-    for pipe in plan.pipelines:
+    parallelism's exposed ring exchange, ZeRO-2/3's, expert parallelism's and the fp32
+    accumulation's extra time: `program.action_extra_s`; priced by `price`, the fitted
+    links, and with its compute where they need one) and over the group's
+    `Cluster.slowdown`; a ZeRO-3 stage's first forward of a step, which gathers its
+    weights when it does not reshard, is left out. The backwards (B, I) of a stage with
+    recompute also hold the forward they redo: without `recomputed` they are left out;
+    with it (a cost model holding the fits of the other actions) they alone are
+    returned, less that forward as it prices it (`CostModel.recompute_s`)."""
+    stage_of: dict[tuple[str, int], tuple[StagePlan, int, int]] = {}
+    for q, pipe in enumerate(plan.pipelines):
         for k, stage in enumerate(pipe.stages):
             for d in stage.devices:
-                stage_of[(d, k)] = (stage, pipe.micro_batch)
+                stage_of[(d, k)] = (stage, pipe.micro_batch, q)
     out = []
     first = fitted_from(trace)
-    for e in trace.events:
+    ex = execution_of(plan, price)
+    # ZeRO-3 without resharding gathers a stage's weights in its first forward of a step
+    # (`program._first_forward_gathers`): those forwards are not fitted
+    gathered: set[tuple[str, int, int]] = set()
+    skip_first = plan.zero == 3 and not ex.reshard_after_forward
+    for e in sorted(trace.events, key=lambda e: e.start_s):
         if e.op not in COMPUTE_OPS or e.step < first:
             continue
-        stage, mb = stage_of[(e.device, e.stage)]
+        stage, mb, q = stage_of[(e.device, e.stage)]
+        if skip_first and e.op == "F" and (e.device, e.stage, e.step) not in gathered:
+            gathered.add((e.device, e.stage, e.step))
+            continue
         redo = e.op in ("B", "I") and stage.recompute != "none"
         if redo != (recomputed is not None):
             continue
@@ -200,8 +213,8 @@ def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
             base.layer_time_s(i, dtype, mb, e.op, stage.tp, stage.sequence_parallel, stage.cp)
             for i in range(*stage.layers))
         other_s = price.stage_tp_comm_s(stage.layers, stage.devices, mb, e.op, "none",
-                                        stage.cp)[0] + ring_attention_extra_s(price, stage,
-                                                                              mb, e.op)
+                                        stage.cp)[0] + ring_attention_extra_s(
+            price, stage, mb, e.op) + action_extra_s(price, plan, ex, q, e.stage, e.op)
         if redo:
             other_s += recomputed.recompute_s(stage.layers, stage.devices, mb,
                                               stage.recompute, stage.sequence_parallel,

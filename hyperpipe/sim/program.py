@@ -184,11 +184,7 @@ def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe
             sh = shapes.get((s, op))
             if sh is None:
                 sh = op_shape(cost, stages, s, op, mb, m, stash[s], fwd, bwd)
-                extra = fsdp_extra_s(cost, plan, pipe.index, s, op,
-                                     reshard=ex.reshard_after_forward,
-                                     grad_bytes_per_param=ex.grad_bytes_per_param) + \
-                    expert_extra_s(cost, plan, pipe.index, s, op) + \
-                    accumulate_extra_s(cost, plan, ex, pipe.index, s, op)
+                extra = action_extra_s(cost, plan, ex, pipe.index, s, op)
                 sh = shapes[(s, op)] = sh._replace(compute_s=sh.compute_s + extra,
                                                    a2a=alltoall_spec(cost, plan, pipe.index,
                                                                      s, op, pipe.members))
@@ -207,6 +203,17 @@ def prepare_pipe(plan: Plan, cost: CostModel, ex: Execution, pipe: Pipe) -> Pipe
     _prepare_boxes(pipe, n_st, m, fwd, bwd)
     pipe.tie = prepare_tie(plan, cost, ex, pipe)
     return pipe
+
+
+def action_extra_s(cost: CostModel, plan: Plan, ex: Execution, q: int, k: int, op: str
+                   ) -> float:
+    """Seconds an `op` of stage k of pipeline q takes beyond `op_shape`'s: ZeRO-2/3's
+    exposed gathers and reduce-scatters (`fsdp_extra_s`), expert parallelism's wait for
+    its group's slowest rank (`expert_extra_s`) and the engine's fp32 gradient
+    accumulation (`accumulate_extra_s`); not ZeRO-3's once-a-step first gather."""
+    return fsdp_extra_s(cost, plan, q, k, op, reshard=ex.reshard_after_forward,
+                        grad_bytes_per_param=ex.grad_bytes_per_param) + \
+        expert_extra_s(cost, plan, q, k, op) + accumulate_extra_s(cost, plan, ex, q, k, op)
 
 
 def _first_forward_gathers(plan: Plan, cost: CostModel, ex: Execution, q: int,

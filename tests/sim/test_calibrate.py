@@ -181,7 +181,7 @@ def test_probes_without_a_per_byte_cost_give_a_finite_bandwidth(tmp_path):
     assert load_profile(tmp_path / "p.json").links["*"] == link
 
 
-def _parallel_trace(plan: Plan, first_step: int = 0) -> Trace:
+def _parallel_trace(plan: Plan, first_step: int = 0, extras: bool = False) -> Trace:
     """A run of `plan` as the executor times it: a compute action holds its tensor
     rank's compute (TRUTH at FLOPs / tp) and the stage's tensor-parallel all-reduces,
     priced over the probed links (`LINK_BW`, `LINK_LATENCY_S`); the optimizer updates
@@ -189,6 +189,8 @@ def _parallel_trace(plan: Plan, first_step: int = 0) -> Trace:
     warm-up) takes twice as long."""
     from hyperpipe.cluster.cluster import Link
     from hyperpipe.sim.calibrate import _params_on
+    from hyperpipe.sim.options import execution_of
+    from hyperpipe.sim.program import action_extra_s
     model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
     link = Link(LINK_BW, LINK_LATENCY_S)
     price = CostModel(model, cluster, Profile(links={"inter": link, "*": link}))
@@ -198,7 +200,7 @@ def _parallel_trace(plan: Plan, first_step: int = 0) -> Trace:
               for size in (1e3, 1e5, 1e6, 4e6)]
     for step in range(first_step, first_step + 3):
         warm = 2.0 if step == first_step else 1.0
-        for line in plan.pipelines:
+        for q, line in enumerate(plan.pipelines):
             for k, stage in enumerate(line.stages):
                 for dev in stage.devices:
                     dtype = cluster.device(dev).type.name
@@ -210,6 +212,9 @@ def _parallel_trace(plan: Plan, first_step: int = 0) -> Trace:
                                     for i in range(*stage.layers))
                             t += price.stage_tp_comm_s(stage.layers, stage.devices,
                                                        line.micro_batch, op)[0]
+                            if extras:          # ZeRO-2/3's time inside the action
+                                t += action_extra_s(price, plan, execution_of(plan, price),
+                                                    q, k, op)
                             events.append(TraceEvent(dev, op, k, mb, 0.0, warm * t,
                                                      step=step))
                     events.append(TraceEvent(dev, "optimizer", k, 0, 0.0, warm * (
@@ -344,3 +349,23 @@ def test_backwards_that_recompute_are_fitted_less_the_forward_they_redo():
     assert cost.stage_time_s(stage.layers, stage.devices, 2, "B", "full") == \
         pytest.approx(took("A100-80GB", stage.layers, 2, "B")
                       + took("A100-80GB", stage.layers, 2, "F"), rel=0.02)
+
+
+def test_zero_2_time_inside_actions_is_not_fitted_as_compute():
+    """ZeRO-2's exposed reduce-scatters sit inside the measured actions; the simulator
+    adds them apart (`program.action_extra_s`), so the fit must leave them out."""
+    from hyperpipe.sim.options import execution_of
+    from hyperpipe.sim.program import action_extra_s
+    plans = [_parallel_plan(cut, mb, 1, zero=2) for cut, mb in ((2, 1), (4, 2), (5, 4),
+                                                                 (3, 8))]
+    profile = calibrate([_parallel_trace(p, extras=True) for p in plans])
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    price = CostModel(model, cluster, Profile(links=profile.links))
+    assert any(action_extra_s(price, p, execution_of(p, price), 0, k, op) > 0
+               for p in plans for k in (0, 1) for op in "FIW")     # the case is real
+    cost = CostModel(model, cluster, profile)
+    for dtype in ("A100-80GB", "V100-32GB"):
+        for mb, op in ((1, "F"), (4, "W"), (8, "I")):
+            a, b = TRUTH[(dtype, "block")]
+            assert cost.layer_time_s(1, dtype, mb, op) == \
+                pytest.approx(a + b * op_flops(model, 1, mb, op), rel=0.02)
