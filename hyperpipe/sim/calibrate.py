@@ -25,6 +25,7 @@ every fit.
 
 from __future__ import annotations
 
+import itertools
 import platform
 import socket
 import time
@@ -335,24 +336,31 @@ def _fit_links(traces: list[tuple[Trace, Cluster]], sources: list[str]) -> dict[
     """Bandwidth from the probe's alpha-beta fit; latency from the probe, or, where the
     training steps have enough blocked receives, their mean delay less the bandwidth
     term (under load a message costs more than an idle ping-pong shows). A link class
-    is one fit: traces (`sources` names them) whose clusters give it other nominal
-    links are refused (calibrate each cluster apart)."""
+    is one fit: traces (`sources` names them) of different clusters whose probes give a
+    class other nominal links are refused (calibrate each cluster apart); one cluster's
+    traces are fitted together, as before, whatever its links."""
     probes: dict[str, list[tuple[float, float]]] = defaultdict(list)
     delays: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    nominal: dict[str, tuple[Link, str]] = {}
+    # per cluster (the first trace of it names it): link class -> nominal links probed
+    nominal: list[tuple[Cluster, str, dict[str, set[Link]]]] = []
     for (trace, cluster), where in zip(traces, sources, strict=True):
+        seen = next((links for c, _, links in nominal if c == cluster), None)
+        if seen is None:
+            nominal.append((cluster, where, seen := defaultdict(set)))
         for e in trace.events:
             if e.op == "send" and e.step < 0 and e.peer:
                 route = cluster.path(e.device, e.peer)
-                cls = route.link_class
-                seen, first = nominal.setdefault(cls, (route.link, where))
-                if seen != route.link and first != where:
-                    raise BadInput(f"{first}, {where}", f"traces whose clusters give link "
-                                   f"class {cls} one nominal link (calibrate each cluster "
-                                   f"apart); they give {_link_text(seen)} and "
-                                   f"{_link_text(route.link)}", has_got=False)
-                for c in (cls, "*"):
+                seen[route.link_class].add(route.link)
+                for c in (route.link_class, "*"):
                     probes[c].append((e.bytes, e.duration_s))
+    for (_, a, one), (_, b, other) in itertools.combinations(nominal, 2):
+        for cls in one.keys() & other.keys():
+            if one[cls] != other[cls]:
+                raise BadInput(f"{a}, {b}", f"traces whose clusters give link class {cls} "
+                               f"the same nominal links (calibrate each cluster apart); "
+                               f"they give {_links_text(one[cls])} and "
+                               f"{_links_text(other[cls])}", has_got=False)
+    for trace, cluster in traces:
         for src, dst, nbytes, delay in _in_run_delays(trace):
             for c in (cluster.path(src, dst).link_class, "*"):
                 delays[c].append((nbytes, delay))
@@ -377,8 +385,9 @@ def _fit_links(traces: list[tuple[Trace, Cluster]], sources: list[str]) -> dict[
 MIN_IN_RUN_SAMPLES = 5
 
 
-def _link_text(link: Link) -> str:
-    return f"{link.bandwidth_bytes_per_s * 8 / 1e9:.4g} Gbit/s, {link.latency_s * 1e6:.4g} us"
+def _links_text(links: set[Link]) -> str:
+    return " / ".join(sorted(f"{link.bandwidth_bytes_per_s * 8 / 1e9:.4g} Gbit/s, "
+                             f"{link.latency_s * 1e6:.4g} us" for link in links))
 
 
 def _fit_optimizer(traces, prior: dict[str, Fit]) -> dict[str, Fit]:

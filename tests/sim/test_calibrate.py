@@ -34,7 +34,7 @@ def _plan(cuts: list[int], devices: list[str], micro_batch: int, m: int) -> Plan
 
 def _synthetic_trace(plan: Plan, rng: random.Random, noise: float) -> Trace:
     model = load_model("tiny-gpt")
-    cluster = load_cluster("demo-hetero")
+    cluster = plan.load_cluster()
     events = []
     pipe = plan.pipelines[0]
     # link probes before step 0
@@ -307,9 +307,25 @@ def test_traces_of_clusters_with_other_links_of_one_class_are_refused():
     other = plan_from_dict({**plan.to_dict(), "cluster": slow}, where="slow")
     traces = [_synthetic_trace(plan, rng, 0.0), _synthetic_trace(other, rng, 0.0)]
     with pytest.raises(BadInput, match=r"^fast, slow: expected traces whose clusters give "
-                       r"link class inter one nominal link"):
+                       r"link class inter the same nominal links"):
         calibrate(traces, sources=["fast", "slow"])
     assert calibrate(traces[:1] * 2, sources=["fast", "again"]).link("inter") is not None
+    # one cluster whose inter links differ by node pair: its traces are fitted together
+    mixed = {"name": "mixed", "nodes": [
+        {"name": "n0", "device": "A100-80GB", "count": 1, "nics": {"bandwidth": "200 Gbit/s"}},
+        {"name": "n1", "device": "A100-80GB", "count": 1, "nics": {"bandwidth": "200 Gbit/s"}},
+        {"name": "n2", "device": "V100-32GB", "count": 1}],
+        "inter_node": {"bandwidth": "100 Gbit/s", "latency": "5 us"}}
+    one = plan_from_dict({**_plan([4], ["a100/0", "v100/0"], 2, 4).to_dict(),
+                          "cluster": mixed}, where="mixed")
+    pairs = [("n0/0", "n1/0"), ("n1/0", "n2/0")]
+    runs = []
+    for a, b in pairs:
+        doc = one.to_dict()
+        doc["pipelines"][0]["stages"][0]["devices"] = [a]
+        doc["pipelines"][0]["stages"][1]["devices"] = [b]
+        runs.append(_synthetic_trace(plan_from_dict(doc, where="mixed"), rng, 0.0))
+    assert calibrate(runs, sources=["a", "b"]).link("inter") is not None
 
 
 def test_backwards_that_recompute_are_fitted_less_the_forward_they_redo():
