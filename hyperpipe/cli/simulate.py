@@ -190,7 +190,9 @@ def _plan_model_cluster(opts: SimulateOptions):
         raise BadInput("--chunks", f"{kind.default_chunks} with schedule {kind.name!r} "
                        f"(any count: {free})", s.chunks)
     model, cluster = load_model(opts.model, where="--model"), load_cluster(opts.cluster)
-    from hyperpipe.plan.plan import tp_misfit
+    from hyperpipe.plan.plan import CP_RULE, cp_misfit, tp_misfit
+    if cp_misfit(model, s.cp or 1):
+        raise BadInput("--cp", CP_RULE.format(seq_len=model.seq_len), s.cp)
     misfit = tp_misfit(model, s.tp or 1, bool(m.sequence_parallel), s.cp or 1)
     if misfit is not None:
         raise BadInput("--tp", f"a divisor of the model's {misfit[0]} ({misfit[1]}): "
@@ -201,18 +203,11 @@ def _plan_model_cluster(opts: SimulateOptions):
     tp, cp = s.tp or 1, s.cp or 1
     with as_flags():
         # tp x cp devices per stage, tensor rank innermost, then context rank
-        # (`StagePlan.cp`): a uniform plan of tp x cp wide groups, split below
-        plan = uniform_plan(model, cluster, pp=s.pp, dp=s.dp or 1, tp=tp * cp,
+        # (`StagePlan.cp`)
+        plan = uniform_plan(model, cluster, pp=s.pp, dp=s.dp or 1, tp=tp, cp=cp,
                             micro_batch=s.micro_batch, global_batch=s.global_batch,
                             schedule=s.schedule or DEFAULT_KIND,
                             chunks=s.chunks or default_chunks(s.schedule or DEFAULT_KIND))
-    if cp > 1:
-        from dataclasses import replace
-        plan = plan.with_pipelines([
-            replace(p, stages=tuple(replace(st, tp=tp, cp=cp) for st in p.stages))
-            for p in plan.pipelines])
-        with as_flags():
-            plan.check(model, cluster, where="--cp")
     if s.ep is not None and s.ep > 1:
         from dataclasses import replace
         plan = plan.with_pipelines([

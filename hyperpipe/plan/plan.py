@@ -333,10 +333,8 @@ class Plan:
                 if misfit is not None:
                     raise BadInput(f"{sw}.tp", f"a divisor of the model's {misfit[0]} "
                                    f"({misfit[1]}): tensor parallelism splits it", st.tp)
-                if st.cp > 1 and model.seq_len % (2 * st.cp):
-                    raise BadInput(f"{sw}.cp", f"a cp that splits the sequence "
-                                   f"({model.seq_len}) into 2 x cp equal chunks (causal "
-                                   "load balancing: two chunks per context rank)", st.cp)
+                if cp_misfit(model, st.cp):
+                    raise BadInput(f"{sw}.cp", CP_RULE.format(seq_len=model.seq_len), st.cp)
                 for d in st.devices:
                     if not cluster.has_device(d):
                         raise BadInput(f"{sw}.devices", f"devices of cluster {cluster.name!r} "
@@ -654,6 +652,16 @@ def tp_split_sizes(model, tp: int, sequence_parallel: bool = False, cp: int = 1
     if sequence_parallel and c.seq_len % cp == 0:     # (a cp that does not split the
         sizes.append(("seq_len / cp", c.seq_len // cp))  # sequence is refused as such)
     return sizes
+
+
+CP_RULE = ("a degree that splits the sequence ({seq_len}) into 2 x cp equal chunks (causal "
+           "load balancing: two chunks per context rank)")
+
+
+def cp_misfit(model, cp: int) -> bool:
+    """Whether context parallelism of `cp` cannot split `model`'s sequence (`CP_RULE`):
+    the one rule `Plan.check`, the search and the CLI's --cp share."""
+    return cp > 1 and model.seq_len % (2 * cp) != 0
 
 
 def tp_misfit(model, tp: int, sequence_parallel: bool = False, cp: int = 1

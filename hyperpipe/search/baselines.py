@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from hyperpipe.cluster.cluster import cluster_ref, link_sig
@@ -93,7 +92,8 @@ def _device_grid(cluster, pp: int, dp: int, tp: int, devices: list[str] | None
 
 
 def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: int,
-           num_microbatches: int, schedule: str, chunks: int, refs, ep: int = 1) -> Plan:
+           num_microbatches: int, schedule: str, chunks: int, refs, ep: int = 1,
+           cp: int = 1) -> Plan:
     pipelines = []
     for row in grid:
         pp = len(row)
@@ -102,7 +102,8 @@ def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: 
         counts = layer_counts(model.num_layers, [weights_of(g) for g in homes])
         stages, start = [], 0
         for group, n in zip(homes, counts, strict=True):
-            stages.append(StagePlan((start, start + n), group, len(group), ep=ep))
+            stages.append(StagePlan((start, start + n), group, len(group) // cp, cp=cp,
+                                    ep=ep))
             start += n
         pipelines.append(PipelinePlan(micro_batch, num_microbatches, tuple(stages)))
     model_doc, cluster_doc = refs if refs is not None else (model_ref(model),
@@ -117,35 +118,38 @@ def _build(model, cluster, grid, weights_of, *, global_batch: int, micro_batch: 
 def uniform_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_batch: int,
                  global_batch: int, schedule: str = DEFAULT_KIND, chunks: int | None = None,
                  devices: list[str] | None = None, refs: tuple | None = None,
-                 ep: int = 1) -> Plan:
+                 ep: int = 1, cp: int = 1) -> Plan:
     """Megatron/DeepSpeed default: equal layers per stage, devices in cluster order.
     `refs` = (model_ref, cluster_ref) when the caller has them already; chunks None: the
     kind's default (2 for the V kinds, else 1); `ep`: every stage's expert-parallel
     degree (Megatron's rank order puts a stage's replicas side by side, so an
-    expert-parallel group is ep consecutive replicas)."""
+    expert-parallel group is ep consecutive replicas); `cp`: every stage's context
+    ranks, each a tensor group of tp (a stage holds tp x cp devices, tensor rank
+    innermost)."""
     chunks = schedule_kind(schedule).default_chunks if chunks is None else chunks
-    m = _check_dims(pp, dp, tp, micro_batch, global_batch, chunks)
-    grid = _device_grid(cluster, pp, dp, tp, devices)
+    m = _check_dims(pp, dp, tp * cp, micro_batch, global_batch, chunks)
+    grid = _device_grid(cluster, pp, dp, tp * cp, devices)
     return _build(model, cluster, grid, lambda g: 1.0, global_batch=global_batch,
                   micro_batch=micro_batch, num_microbatches=m, schedule=schedule,
-                  chunks=chunks, refs=refs, ep=ep)
+                  chunks=chunks, refs=refs, ep=ep, cp=cp)
 
 
 def proportional_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_batch: int,
                       global_batch: int, schedule: str = DEFAULT_KIND, chunks: int | None = None,
                       devices: list[str] | None = None, refs: tuple | None = None,
-                      ep: int = 1) -> Plan:
-    """Layers per stage proportional to the stage's peak FLOP/s (tp x device peak)."""
+                      ep: int = 1, cp: int = 1) -> Plan:
+    """Layers per stage proportional to the stage's peak FLOP/s (tp x cp x device peak);
+    the rest as `uniform_plan`."""
     chunks = schedule_kind(schedule).default_chunks if chunks is None else chunks
-    m = _check_dims(pp, dp, tp, micro_batch, global_batch, chunks)
-    grid = _device_grid(cluster, pp, dp, tp, devices)
+    m = _check_dims(pp, dp, tp * cp, micro_batch, global_batch, chunks)
+    grid = _device_grid(cluster, pp, dp, tp * cp, devices)
 
     def peak_flops(group: tuple[str, ...]) -> float:
         return sum(cluster.device(d).type.peak_flops for d in group)
 
     return _build(model, cluster, grid, peak_flops, global_batch=global_batch,
                   micro_batch=micro_batch, num_microbatches=m, schedule=schedule,
-                  chunks=chunks, refs=refs, ep=ep)
+                  chunks=chunks, refs=refs, ep=ep, cp=cp)
 
 
 # ---------------------------------------------------------------------------- tuning
@@ -166,9 +170,8 @@ def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
     (dp = devices // (pp x tp), all devices used unless pp or dp is fixed), every
     schedule kind and chunk count, every micro-batch size, and for an MoE model every
     expert-parallel degree of `space.ep_options` (Megatron-Core's `--expert-model-
-    parallel-size`). Fixed dimensions as given; with a fixed cp, `tp` is the width of a
-    stage's group, tp x cp (`constrained` splits it). Yields (the subset, the keyword
-    arguments of `uniform_plan`/`proportional_plan`)."""
+    parallel-size`). Fixed dimensions as given (a fixed cp: groups of tp x cp devices).
+    Yields (the subset, the keyword arguments of `uniform_plan`/`proportional_plan`)."""
     c, cluster, model = ctx.c, ctx.cluster, ctx.model
     cp = c.cp or 1
     class_of = {nd: cls.name for cls in ctx.classes.values() for nd in cls.nodes}
@@ -176,13 +179,14 @@ def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
         nodes = [nd for nd in cluster.nodes if class_of[nd.name] in subset]
         devices = tuple(d.name for d in cluster.devices if class_of[d.node] in subset)
         n = len(devices)
-        for tp in (t * cp for t in space.tp_options(cluster, model, c)):
-            if any(nd.count % tp for nd in nodes):
-                continue                  # a tp group would straddle two nodes
-            for pp in ([c.pp] if c.pp else range(1, n // tp + 1)):
-                dp = c.dp or n // (tp * pp)
-                if dp < 1 or pp * dp * tp > n or (c.dp is None and c.pp is None
-                                                  and n % (tp * pp)):
+        for tp in space.tp_options(cluster, model, c):
+            width = tp * cp
+            if any(nd.count % width for nd in nodes):
+                continue                  # a stage's group would straddle two nodes
+            for pp in ([c.pp] if c.pp else range(1, n // width + 1)):
+                dp = c.dp or n // (width * pp)
+                if dp < 1 or pp * dp * width > n or (c.dp is None and c.pp is None
+                                                     and n % (width * pp)):
                     continue
                 for kind, chunks in space.schedule_options(c, model.num_layers):
                     if pp * chunks > model.num_layers or (chunks > 1 and pp < 2):
@@ -193,7 +197,8 @@ def baseline_grid(ctx: SearchContext) -> Iterator[tuple[tuple[str, ...], dict]]:
                         for ep in space.ep_options(model, c, dp):
                             yield subset, dict(pp=pp, dp=dp, tp=tp, micro_batch=mb,
                                                global_batch=c.global_batch, schedule=kind,
-                                               chunks=chunks, devices=list(devices), ep=ep)
+                                               chunks=chunks, devices=list(devices), ep=ep,
+                                               cp=cp)
 
 
 def _replicas(ctx: SearchContext, subset: tuple[str, ...], devices: tuple[str, ...],
@@ -328,11 +333,13 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
         built = []
         for subset, dims in baseline_grid(ctx):
             phase.seen += 1
-            got = sketch(ctx, name, subset, dims)
+            # the sketch takes a stage's tp x cp devices as one tensor group of that width
+            wide = {**dims, "tp": dims["tp"] * dims["cp"]}
+            got = sketch(ctx, name, subset, wide)
             if got is None or not got.fits:
                 phase.infeasible += 1    # no such plan, or weights alone overflow a device
                 continue
-            built.append((got.bound_s, len(built), dims, stashes_fit(ctx, got, dims)))
+            built.append((got.bound_s, len(built), dims, stashes_fit(ctx, got, wide)))
         built.sort(key=lambda x: x[:2])
         short = _short_list(ctx, phase, BASELINES[name], built)
         if short:
@@ -342,19 +349,16 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
 
 def constrained(ctx: SearchContext, plan: Plan) -> Plan:
     """A baseline's `plan` with what the user fixed beyond its grid (`ctx.c`): the stack
-    and runtime, context parallelism (each group of tp x cp devices split into cp context
-    ranks, tensor rank innermost), recompute, sequence parallelism and the optimizer's
-    sharding; checked where any of those changed it (BadInput/InfeasiblePlan when the
-    layout cannot take them)."""
+    and runtime, recompute, sequence parallelism and the optimizer's sharding; checked
+    where any of those changed it. BadInput/InfeasiblePlan when the layout cannot take
+    them, or lacks a fixed context parallelism (a peer's pick, which never has it)."""
     c = ctx.c
     plan = plan.on_stack(c.stack, **c.runtime.given())
-    cp = c.cp or 1
-    if cp == 1 and c.recompute is None and c.sequence_parallel is None \
-            and c.distributed_optimizer is None and c.zero is None:
+    if c.recompute is None and c.sequence_parallel is None \
+            and c.distributed_optimizer is None and c.zero is None and not c.cp:
         return plan
-    if cp > 1:
-        plan = plan.with_pipelines([replace(p, stages=tuple(
-            replace(st, tp=st.tp // cp, cp=cp) for st in p.stages)) for p in plan.pipelines])
+    if c.cp is not None and any(st.cp != c.cp for p in plan.pipelines for st in p.stages):
+        raise InfeasiblePlan(f"a plan without context parallelism {c.cp}")
     plan = plan.with_memory(recompute=c.recompute, sequence_parallel=c.sequence_parallel,
                             distributed_optimizer=c.distributed_optimizer, zero=c.zero)
     plan.check(ctx.model, ctx.cluster)

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.plan.kinds import schedule_kind
-from hyperpipe.plan.plan import PipelinePlan, Plan, tp_misfit
+from hyperpipe.plan.plan import CP_RULE, PipelinePlan, Plan, cp_misfit, tp_misfit
 from hyperpipe.search import space
 from hyperpipe.search.backends import backend_or_workers, fan_out
 from hyperpipe.search.baselines import constrained, tuned_baselines
@@ -389,11 +389,9 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
     if need > len(cluster.devices):
         raise BadInput("pp x dp x tp x cp", f"at most the cluster's "
                        f"{len(cluster.devices)} devices", need)
-    if c.cp is not None and c.cp > 1 and (model.config is None
-                                          or model.seq_len % (2 * c.cp)):
-        raise BadInput("cp", "a degree that splits the model's sequence "
-                       f"({model.seq_len}) into 2 x cp equal chunks (causal load "
-                       "balancing), on a model with attention", c.cp)
+    if c.cp is not None and c.cp > 1 and (model.config is None or cp_misfit(model, c.cp)):
+        raise BadInput("cp", CP_RULE.format(seq_len=model.seq_len) + ", on a model with "
+                       "attention", c.cp)
     stages = (c.pp or 1) * (c.chunks or 1)
     if stages > model.num_layers:
         raise BadInput("pp x chunks", f"at most the model's {model.num_layers} layers "

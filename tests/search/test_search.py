@@ -796,3 +796,20 @@ def test_baselines_and_peers_keep_what_the_user_fixed(fixed, check):
     assert check(res.best.plan)
     assert all(res.best.metrics.iteration_time_s <= c.metrics.iteration_time_s * (1 + 1e-9)
                for name, c in res.baselines.items() if name in ("uniform", "proportional"))
+
+
+def test_baselines_build_tp_by_cp_groups_with_the_tensor_degree_of_tp():
+    """--tp 2 --cp 2 on a model of 6 heads: the baselines' groups of 4 had been checked
+    as tp 4 (6 % 4) and all dropped; peers, which have no context parallelism, had been
+    cut into tp 1 x cp 2 plans outside the constraints. Now the baselines hold tp 2 x
+    cp 2 stages, and the peers sit out."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
+    from hyperpipe.search.search import SearchConstraints, search
+    model = load_model({"preset": "tiny-gpt", "n_head": 6, "n_kv_head": 6, "d_model": 192})
+    cluster = load_cluster({"name": "a4", "nodes": [
+        {"name": "a", "device": "A100-80GB", "count": 4}]})
+    res = search(model, cluster, SearchConstraints(global_batch=8, tp=2, cp=2))
+    assert set(res.baselines) == {"uniform", "proportional"}
+    assert all((st.tp, st.cp) == (2, 2) for c in res.baselines.values()
+               for p in c.plan.pipelines for st in p.stages)
