@@ -60,9 +60,9 @@ def add_parser(sub) -> None:
     p.add_argument("--no-emulate", action="store_true",
                    help="with --measure: every device type at this machine's native speed")
     p.add_argument("--micro-batches",
-                   help="with --measure: sizes to time, default 1,2,4 (one size alone is "
-                   "taken as time in proportion to FLOPs; two or more fit a per-call time "
-                   "too)")
+                   help="with --measure: sizes to time, default 1,2,4 (sizes spanning 2x "
+                   "or more fit a per-call time too; one size, or a narrower span, is "
+                   "taken as time in proportion to FLOPs)")
     add_progress(p)
     p.add_argument("--out", type=ca.path, required=True, help="profile JSON to write")
     p.set_defaults(options=CalibrateOptions.from_namespace, run=run)

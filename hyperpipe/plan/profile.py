@@ -3,7 +3,7 @@
 A profile is plain data with a JSON round trip. Compute entries are keyed by
 ``"DEVICE_TYPE|LAYER_KIND|OP"`` and give time = a_s + b_s_per_unit · FLOPs of that op
 for one micro-batch; link entries are keyed by link class (``"inter"``,
-``"intra:NODE"``, ``"local"`` or ``"*"`` for every class) and give an alpha-beta link;
+``"intra:NODE"`` or ``"*"`` for every class) and give an alpha-beta link;
 optimizer entries are keyed by device type, with x = parameters held. Overhead entries,
 keyed ``"DEVICE_TYPE|OP"``, are seconds each compute action costs on top of its layers
 (dispatch, Python, the executor's bookkeeping), fitted from pipeline runs.
@@ -53,7 +53,7 @@ class Profile:
     compute: dict[str, Fit] = field(default_factory=dict)
     links: dict[str, Link] = field(default_factory=dict)
     optimizer: dict[str, Fit] = field(default_factory=dict)
-    allreduce: dict[str, Fit] = field(default_factory=dict)   # key "*" or link class; x=bytes
+    allreduce: dict[str, Fit] = field(default_factory=dict)   # key "*"; x = bytes
     overhead: dict[str, float] = field(default_factory=dict)  # "DEVICE_TYPE|OP" -> s/action
     provenance: dict[str, Any] = field(default_factory=dict)
 
@@ -116,11 +116,14 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
             raise BadInput(f"{where}: compute.{k}", f"a key DEVICE_TYPE|LAYER_KIND|OP, OP one "
                            f"of {ops}", k)
     links = {}
-    for section in ("links", "allreduce"):
-        for k in Fields(top.raw(section, {}), top.at(section)).data:
-            if not _is_link_class(str(k)):
-                raise BadInput(f"{where}: {section}.{k}", "a link class key: inter, local, "
-                               "intra:NODE or * (every class)", k)
+    for k in Fields(top.raw("links", {}), top.at("links")).data:
+        if not _is_link_class(str(k)):
+            raise BadInput(f"{where}: links.{k}", "a link class key: inter, intra:NODE or "
+                           "* (every class)", k)
+    for k in Fields(top.raw("allreduce", {}), top.at("allreduce")).data:
+        if k != "*":
+            raise BadInput(f"{where}: allreduce.{k}", "the key * (one fit of the "
+                           "data-parallel all-reduce, read for every class)", k)
     for k, v in Fields(top.raw("links", {}), top.at("links")).data.items():
         lf = Fields(v, f"{where}: links.{k}", ("bandwidth_bytes_per_s", "latency_s"))
         links[str(k)] = Link(lf.quantity("bandwidth_bytes_per_s", "bandwidth"),
@@ -142,8 +145,9 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
 
 
 def _is_link_class(key: str) -> bool:
-    """Whether `key` names a link class (`ClusterLink.link_class`) or all of them."""
-    return key in ("*", "inter", "local") or (key.startswith("intra:") and len(key) > 6)
+    """Whether `key` names a link class a route between two devices prices by
+    (`Route.link_class`: a device to itself crosses none) or all of them."""
+    return key in ("*", "inter") or (key.startswith("intra:") and len(key) > 6)
 
 
 def model_fingerprint(spec: Any) -> str:
@@ -159,10 +163,10 @@ def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
     without `compute` entries for a device type in use (`devices`, by default every
     device of `cluster`: its costs would silently mix with analytic ones; an empty
     `compute` covers none), or one with entries nothing reads (a layer kind the model
-    lacks; optimizer or overhead entries for a device type its compute entries lack: a
-    misspelt key), unless `allow_mismatch`. Profiles older than the fingerprint
-    are checked by model name; a profile without provenance (written by hand) is not
-    checked against the model."""
+    lacks, `block` read for `moe` too; optimizer or overhead entries for a device type
+    its compute entries lack: a misspelt key), unless `allow_mismatch`. Profiles older
+    than the fingerprint are checked by model name; a profile without provenance
+    (written by hand) is not checked against the model's fingerprint or name."""
     if allow_mismatch:
         return
     hint = "pass `allow_profile_mismatch` to use it anyway"
@@ -182,6 +186,8 @@ def check_profile(profile: Profile, spec: Any, cluster: Any, *, where: str,
                        f"({model_fingerprint(spec)}); it was measured on {other}: {hint}",
                        has_got=False)
     kinds = {layer.kind for layer in spec.layers}
+    if "moe" in kinds:        # an MoE layer without moe fits is priced by block's
+        kinds.add("block")
     stray = sorted({k.split("|")[1] for k in profile.compute} - kinds)
     if stray:
         raise BadInput(f"{where}: compute", f"entries for layer kinds of model {spec.name} "

@@ -252,7 +252,8 @@ class CostModel:
                     return i(self.op_flops(layer, micro_batch, "I") / (tp * cp)) + \
                         w(self.op_flops(layer, micro_batch, "W") / (tp * cp))
             b = self.profile.compute.get(Profile.key(device_type, kind, "B"))
-            if op in ("I", "W") and b is not None:
+            if op in ("I", "W") and b is not None and not any(
+                    Profile.key(device_type, kind, o) in self.profile.compute for o in "IW"):
                 # a profile of runs whose backward was whole (1F1B): its time split
                 # between I and W in proportion to their FLOPs
                 whole = self.op_flops(layer, micro_batch, "B")

@@ -162,15 +162,31 @@ def test_a_same_named_model_of_other_shapes_is_named_as_such():
     ("compute", "A100-80GB|block|F", "A100-80GB|block|Q", ("compute.A100-80GB|block|Q",
                                                           "OP one of F, B, I, W")),
     ("overhead", "A100-80GB|F", "A100-80GB|X", ("overhead.A100-80GB|X", "OP one of")),
-    ("allreduce", "*", "bogus", ("allreduce.bogus", "a link class key")),
+    ("allreduce", "*", "inter", ("allreduce.inter", "the key *")),
+    ("links", None, "local", ("links.local", "a link class key")),
     ("compute", "A100-80GB|block|F", "A100-80GB|blok|F", ("compute", "layer kinds of model "
                                                           "tiny-gpt", "blok")),
     ("optimizer", "A100-80GB", "A100-80G", ("optimizer", "it has entries for A100-80G"))])
 def test_a_misspelt_key_is_refused_not_ignored(section, good, bad, words, tmp_path, capsys):
-    """An entry nothing reads (a misspelt op, link class, layer kind or device type) had
-    left the plan priced without it, silently."""
+    """An entry nothing reads (a misspelt op, link class, layer kind or device type; an
+    all-reduce fit of one class, a link of a device to itself) had left the plan priced
+    without it, silently."""
     doc = _profile_doc()
-    doc[section][bad] = doc[section][good]
+    doc.setdefault(section, {})[bad] = doc[section][good] if good else \
+        {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-5}
     rc, err = _simulate(tmp_path, capsys, doc)
     assert rc == 2
     _one_line(err, "prof.json", *words)
+
+
+def test_block_entries_are_read_for_a_model_of_moe_blocks_only(tmp_path, capsys):
+    """An MoE layer without moe fits is priced by block's (`_moe_at_dense_rate_s`), so a
+    dense profile is no stray for a model whose blocks are all MoE."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.plan.profile import check_profile
+    model = load_model({"preset": "tiny-moe", "moe": {"experts": 4, "top_k": 2,
+                                                      "expert_hidden": 256, "every": 1}})
+    assert "block" not in {layer.kind for layer in model.layers}
+    prof = Profile(compute={Profile.key(t, k, "F"): Fit(1e-4, 1e-12)
+                            for t in TYPES for k in ("embedding", "block", "head")})
+    check_profile(prof, model, load_cluster("demo-hetero"), where="p.json")

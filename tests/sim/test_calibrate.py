@@ -292,6 +292,13 @@ def test_a_whole_backward_fit_prices_a_split_backward_by_flops():
         i, w = (cost.layer_time_s(1, "A100-80GB", mb, op) for op in "IW")
         assert i + w == pytest.approx(whole)
         assert i / w == pytest.approx(op_flops(model, 1, mb, "I") / op_flops(model, 1, mb, "W"))
+    # with an I fit of its own, B is not split: I is its fit, W the catalog's
+    own_i = Fit(5e-4, 0.0, 4, 0.0)
+    cost = CostModel(model, load_cluster("demo-hetero"), Profile(compute={
+        **profile.compute, Profile.key("A100-80GB", "block", "I"): own_i}))
+    assert cost.layer_time_s(1, "A100-80GB", 2, "I") == pytest.approx(5e-4)
+    assert cost.layer_time_s(1, "A100-80GB", 2, "W") == pytest.approx(
+        CostModel(model, load_cluster("demo-hetero")).layer_time_s(1, "A100-80GB", 2, "W"))
 
 
 def test_traces_of_clusters_with_other_links_of_one_class_are_refused():
