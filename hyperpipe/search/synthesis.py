@@ -8,8 +8,9 @@ action orders and prices them and every fixed kind with the simulator. A synthes
 plan (its `schedule.actions` recorded, so that `run` and `simulate` replay exactly what
 was searched) joins the ranking when it beats the plan it came from; when the user asked
 for synth, every synthesis joins as synth (a fixed kind that won written out as its
-action lists), and the search ranks those alone. Skipped when the user fixed a schedule
-kind other than synth.
+action lists and simulated again), and the search ranks those alone: the syntheses of at
+most `SYNTH_TOP` plans of the short list and of the seeds, so fewer than `top` may be
+ranked. Skipped when the user fixed a schedule kind other than synth.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.schedule import stage_rank
 from hyperpipe.search.caches import StageShape
-from hyperpipe.search.evaluate import Candidate, count_actions, dedupe, rank_key
+from hyperpipe.search.evaluate import Candidate, count_actions, dedupe, rank_key, simulate_all
 from hyperpipe.search.templates import PhaseStats, SearchContext, worker_context
 from hyperpipe.sim.metrics import Metrics
 from hyperpipe.sim.sharding import dp_shards
@@ -98,27 +99,41 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
             budget -= count_actions(c.plan)
             more.append(c.plan)
     run(more + [c.plan for _, c in named if bound_value(ctx, c) < theirs])
-    from hyperpipe.synth.synthesise import written_out
-    added = []
     asked = ctx.c.schedule is not None          # synth asked for: every result, as synth
+    added: list[Candidate] = []
     for cand in cands:
         result = got.get(_shape(cand.plan))
-        if result is None:
-            continue
-        if schedule_kind(result.plan.schedule).carries_actions and (
-                asked or rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics)):
+        if result is not None and (asked or (
+                schedule_kind(result.plan.schedule).carries_actions
+                and rank_key(ctx.c, result.metrics) < rank_key(ctx.c, cand.metrics))):
             added.append(Candidate(result.plan, result.metrics))
-        elif asked:                              # a fixed kind won: its order written out
-            added.append(Candidate(written_out(result.plan), result.metrics))
     for k, cand in named:
         result = got.get(_shape(cand.plan))
         if result is not None and (asked or rank_key(ctx.c, result.metrics) <
                                    rank_key(ctx.c, cand.metrics)):
-            plan = result.plan if not asked or schedule_kind(
-                result.plan.schedule).carries_actions else written_out(result.plan)
-            baselines[k] = Candidate(plan, result.metrics)
+            baselines[k] = Candidate(result.plan, result.metrics)
+    if asked:                  # a fixed kind that won: its order written out as synth
+        added = _as_synth(ctx, added, pool)
+        names = [k for k, _ in named if k in baselines]
+        baselines.update(zip(names, _as_synth(ctx, [baselines[k] for k in names], pool),
+                             strict=True))
     ranked = sorted(dedupe(ranked + added), key=lambda cand: rank_key(ctx.c, cand.metrics))
     return ranked, baselines
+
+
+def _as_synth(ctx: SearchContext, cands: list[Candidate], pool=None) -> list[Candidate]:
+    """`cands` with each plan of a fixed kind written out as kind synth
+    (`synth.synthesise.written_out`), simulated again (the same order may price apart
+    from its kind: dualpipe-v's all-to-all overlap is the kind's), over the `pool`."""
+    from hyperpipe.synth.synthesise import written_out
+    fixed = [i for i, c in enumerate(cands) if not schedule_kind(c.plan.schedule)
+             .carries_actions]
+    plans = [written_out(cands[i].plan) for i in fixed]
+    out = list(cands)
+    for i, plan, metrics in zip(fixed, plans, simulate_all(plans, ctx.cost, pool),
+                                strict=True):
+        out[i] = Candidate(plan, metrics)
+    return out
 
 
 def _shape(plan: Plan) -> str:

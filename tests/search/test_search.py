@@ -813,3 +813,29 @@ def test_baselines_build_tp_by_cp_groups_with_the_tensor_degree_of_tp():
     assert set(res.baselines) == {"uniform", "proportional"}
     assert all((st.tp, st.cp) == (2, 2) for c in res.baselines.values()
                for p in c.plan.pipelines for st in p.stages)
+
+
+def test_a_fixed_kind_written_out_as_synth_carries_its_own_simulation():
+    """dualpipe-v's all-to-all overlap belongs to its kind: its order replayed as synth
+    prices apart (review of 3ec0eeb), so the written-out plan is simulated again."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.models import load_model
+    from hyperpipe.search.baselines import uniform_plan
+    from hyperpipe.search.context import SearchContext
+    from hyperpipe.search.evaluate import Candidate
+    from hyperpipe.search.search import SearchConstraints
+    from hyperpipe.search.synthesis import _as_synth
+    from hyperpipe.sim.costmodel import CostModel
+    from hyperpipe.sim.simulator import simulate
+    model = load_model({"preset": "tiny-moe", "moe": {"experts": 4, "top_k": 2,
+                                                      "expert_hidden": 256, "every": 1}})
+    cluster = load_cluster("demo-hetero")
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=2, dp=2, ep=2, micro_batch=1, global_batch=8,
+                        schedule="dualpipe-v")
+    kind = Candidate(plan, simulate(plan, cost).metrics)
+    (synth,) = _as_synth(SearchContext(cost, SearchConstraints(global_batch=8,
+                                                               schedule="synth")), [kind])
+    assert synth.plan.schedule == "synth"
+    assert synth.metrics.iteration_time_s == simulate(synth.plan, cost).metrics.iteration_time_s
+    assert synth.metrics.iteration_time_s > kind.metrics.iteration_time_s     # it differs
