@@ -5,7 +5,6 @@ from __future__ import annotations
 from hyperpipe.core.units import format_seconds
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.evaluate import rank_key
-from hyperpipe.search.space import SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
 
 RUN = 3                   # longer runs of one stage kind print as one item
@@ -86,15 +85,16 @@ def competitor_freedoms() -> dict[str, str]:
     return {**BASE, **PEER}
 
 
-def using_all(result, cluster, objective: str = "throughput"):
+def using_all(result, cluster):
     """The best feasible simulated plan other than the pick, the search's own or a
-    baseline's, that uses every device of `cluster` (by `objective`); None when none
-    does."""
+    baseline's, that keeps what the search was asked for (`result.constraints`) and uses
+    every device of `cluster`, by the search's objective; None when none does."""
+    c = result.constraints
     every = {d.name for d in cluster.devices}
-    pool = [c for c in (*result.simulated, *result.baselines.values())
-            if c.metrics.feasible and c is not result.best and every <= set(c.plan.devices)]
-    return min(pool, default=None, key=lambda c: rank_key(
-        SearchConstraints(result.best.plan.global_batch, objective=objective), c.metrics))
+    pool = [cand for cand in (*result.simulated, *result.baselines.values())
+            if cand.metrics.feasible and cand is not result.best and c.admits(cand.plan)
+            and every <= set(cand.plan.devices)]
+    return min(pool, default=None, key=lambda cand: rank_key(c, cand.metrics))
 
 
 def idle_lines(result, cluster, unit: tuple[str, float],
@@ -115,7 +115,7 @@ def idle_lines(result, cluster, unit: tuple[str, float],
         parts.append(f"{len(nodes)} x {name} on {_names(where)}")
     out = ["", f"devices: the pick uses {len(used)} of {len(cluster.devices)}; idle: "
            + "; ".join(parts)]
-    alt = using_all(result, cluster, objective)
+    alt = using_all(result, cluster)
     if alt is None:
         out.append("  using them as well: no simulated plan uses every device")
     else:

@@ -97,6 +97,8 @@ class SearchResult:
     seeded_from: str | None = None
     # the best feasible plan of the search's own (what it picks without the seeds)
     own_best: Candidate | None = None
+    # what the search was asked for (the report holds every plan it names to them)
+    constraints: SearchConstraints | None = field(default=None, compare=False)
     # the search's context (its caches) when searched with `keep_context`, for a search
     # of this cluster less some nodes to start from (`search(carry=...)`); else None
     context: SearchContext | None = field(default=None, compare=False, repr=False)
@@ -341,7 +343,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
                         search_time_s=time.perf_counter() - start,
                         phases=[p.as_dict() for p in phases],
                         pareto=pareto_front(ranked + list(baselines.values())),
-                        simulated=feasible,
+                        simulated=feasible, constraints=c,
                         seeded_from=origin[0],
                         own_best=next((cand for cand, seed in zip(feasible, origin,
                                                                   strict=True)

@@ -378,7 +378,8 @@ def test_every_device_holds_a_layer_per_chunk():
 
 def test_using_all_is_the_best_plan_on_every_device_searched_or_baseline():
     """The idle line's alternative uses every device (not only those the pick leaves
-    idle), may be a baseline's, and is ranked by the objective."""
+    idle), may be a baseline's, keeps the search's constraints and is ranked by its
+    objective."""
     from types import SimpleNamespace as NS
 
     from hyperpipe.search.report import idle_lines, using_all
@@ -395,9 +396,13 @@ def test_using_all_is_the_best_plan_on_every_device_searched_or_baseline():
     cheap_all = cand(every, 5.0, 1.5)
     fast_all = cand(every, 3.0, 3.0, feasible=False)
     res = NS(best=pick, simulated=[pick, only_idle, slow_all, fast_all],
-             baselines={"uniform": cheap_all})
+             baselines={"uniform": cheap_all}, constraints=NS(
+                 admits=lambda plan: True, objective="throughput", global_batch=6))
     assert using_all(res, cluster) is slow_all
-    assert using_all(res, cluster, "cost") is cheap_all
+    res.constraints.admits = lambda plan: plan is not slow_all.plan    # outside them
+    assert using_all(res, cluster) is cheap_all
+    res.constraints = NS(admits=lambda plan: True, objective="cost", global_batch=6)
+    assert using_all(res, cluster) is cheap_all
     res.simulated = [pick, only_idle]
     res.baselines = {}
     assert using_all(res, cluster) is None
