@@ -315,10 +315,12 @@ def _fit_to_base(samples: list[_Sample], base: Profile) -> tuple[dict[str, Fit],
 def _action_gaps(traces) -> dict[str, float]:
     """Device type -> mean seconds a rank spends between one action and the next that no
     event accounts for (posting sends and receives, Python between actions): the sum of
-    the gaps between consecutive non-send events of a step, over its compute actions."""
+    the gaps between consecutive non-send events of a step, over its compute actions,
+    each rank's over its group's slowdown (the simulator stretches overheads by it)."""
     idle_s: dict[str, float] = defaultdict(float)
     actions: dict[str, int] = defaultdict(int)
-    for trace, _, _, dtypes in traces:
+    for trace, plan, _, dtypes in traces:
+        cluster = plan.load_cluster()
         rows: dict[tuple[str, int], list] = defaultdict(list)
         for e in trace.events:
             if e.step >= fitted_from(trace) and e.op != "send":
@@ -327,7 +329,7 @@ def _action_gaps(traces) -> dict[str, float]:
             events.sort(key=lambda e: e.start_s)
             idle = sum(max(0.0, b.start_s - a.end_s) for a, b in zip(events, events[1:],
                                                                        strict=False))
-            idle_s[dtypes[device]] += idle
+            idle_s[dtypes[device]] += idle / _group_slowdown(device, plan, cluster)
             actions[dtypes[device]] += sum(1 for e in events if e.op in COMPUTE_OPS)
     return {k: idle_s[k] / n for k, n in actions.items() if n}
 
@@ -392,7 +394,8 @@ def _links_text(links: set[Link]) -> str:
 
 def _fit_optimizer(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
     """time = a + b x per device type, x the parameters a device's optimizer updates as
-    the simulator counts them (`_params_on`), the time over the device's slowdown."""
+    the simulator counts them (`_params_on`), the time over its group's slowdown (as the
+    simulator stretches a stage's step by it)."""
     pts: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for trace, plan, model, dtypes in traces:
         first = fitted_from(trace)
@@ -400,7 +403,8 @@ def _fit_optimizer(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
         for e in trace.events:
             if e.op == "optimizer" and e.step >= first:
                 pts[dtypes[e.device]].append((_params_on(e.device, plan, cost), e.duration_s
-                                              / cost.cluster.slowdown((e.device,))))
+                                              / _group_slowdown(e.device, plan,
+                                                                cost.cluster)))
     return {k: fit_bulk([x for x, _ in v], [t for _, t in v], prior.get(k))
             for k, v in sorted(pts.items())}
 
@@ -424,6 +428,14 @@ def _fit_allreduce(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
         return {}
     pts = list(shortest.values())
     return {"*": fit_bulk([x for x, _ in pts], [t for _, t in pts], prior.get("*"))}
+
+
+def _group_slowdown(device: str, plan: Plan, cluster: Cluster) -> float:
+    """`Cluster.slowdown` of the group (tensor and context ranks) of `device`'s first
+    stage: what the simulator stretches the device's actions and steps by."""
+    stage = next(st for pipe in plan.pipelines for st in pipe.stages
+                 if device in st.devices)
+    return cluster.slowdown(stage.devices)
 
 
 def _params_on(device: str, plan: Plan, cost: CostModel) -> float:
