@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.core.errors import BadInput
-from hyperpipe.exec import checkpoint, links, preflight
+from hyperpipe.exec import checkpoint, links, preflight, tensor_parallel
 from hyperpipe.exec.comm import probe_links
 from hyperpipe.exec.data import rank_seed
 from hyperpipe.exec.emulation import device_factors
@@ -168,16 +168,10 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
     first_step, rng = 0, None
     if prep.resume_from is not None:
         state = checkpoint.load_rank(options.checkpoint_dir, prep.resume_from, rank)
-        try:
-            runtime.load_state_dict(state)
-            rng, first_step = state["rng"], int(state["step"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            # it loads, but holds other stages or shapes (another rank's file, another plan)
-            raise BadInput(str(checkpoint.rank_file(options.checkpoint_dir,
-                                                    prep.resume_from, rank)),
-                           f"the state of rank {rank}'s stages "
-                           f"{sorted(runtime.stages)}", f"{type(exc).__name__}: "
-                           f"{(str(exc).splitlines() or [''])[0][:80]}") from None
+        _check_rank_state(state, runtime, str(checkpoint.rank_file(
+            options.checkpoint_dir, prep.resume_from, rank)), rank)
+        runtime.load_state_dict(state)
+        rng, first_step = state["rng"], int(state["step"])
     if emulated:
         # the reference passes draw dropout masks too: on a stream of their own, so that
         # the run's masks do not depend on whether it emulates
@@ -334,6 +328,27 @@ def _assemble(prep: Prepared, options: RunOptions, gathered: list, emulated: boo
         losses=[losses[s] for s in sorted(losses)],
         emulated=emulated, first_step=first_step,
         state=[g["state"] for g in gathered] if options.capture_state else None)
+
+
+def _check_rank_state(state, runtime, where: str, rank: int) -> None:
+    """BadInput (naming the file `where`) when a rank file that loads is not this rank's
+    state: other stages or tensor shapes (another rank's file, another plan), or no step
+    or RNG state."""
+    want = {str(s): st.module.state_dict() for s, st in runtime.stages.items()}
+    expected = f"the state of rank {rank}'s stages {sorted(runtime.stages)}"
+    stages = state.get("stages") if isinstance(state, dict) else None
+    if not isinstance(stages, dict) or set(stages) != set(want) or \
+            not {"optimizer", "rng", "step"} <= set(state):
+        got = sorted(stages) if isinstance(stages, dict) else type(state).__name__
+        raise BadInput(where, expected, f"stages {got}")
+    for s, tensors in want.items():
+        saved = stages[s]
+        for name, value in tensors.items():
+            local = tensor_parallel.local(value)
+            other = saved.get(name) if isinstance(saved, dict) else None
+            if not isinstance(other, torch.Tensor) or other.shape != local.shape:
+                raise BadInput(where, expected, f"stage {s}'s {name} of shape "
+                               f"{None if other is None else tuple(other.shape)}")
 
 
 def portable_plan(prep: Prepared) -> dict:
