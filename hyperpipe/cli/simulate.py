@@ -185,10 +185,7 @@ def _plan_model_cluster(opts: SimulateOptions):
                        "--out PLAN, then simulate --plan PLAN)", s.schedule)
     kind = KINDS.get(s.schedule or DEFAULT_KIND)
     if kind is not None and s.chunks is not None and not kind.allows_chunks(s.chunks):
-        free = ", ".join(k.name for k in KINDS.values()
-                         if k.takes_chunks and not k.carries_actions)
-        raise BadInput("--chunks", f"{kind.default_chunks} with schedule {kind.name!r} "
-                       f"(any count: {free})", s.chunks)
+        raise BadInput("--chunks", kind.chunks_rule(), s.chunks)
     model, cluster = load_model(opts.model, where="--model"), load_cluster(opts.cluster)
     from hyperpipe.plan.plan import CP_RULE, cp_misfit, tp_misfit
     if cp_misfit(model, s.cp or 1):

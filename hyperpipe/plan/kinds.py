@@ -68,6 +68,12 @@ class ScheduleKind:
         """Whether this kind can place `chunks` stages per device."""
         return self.takes_chunks or chunks == self.default_chunks
 
+    def chunks_rule(self) -> str:
+        """What a chunk count must be for this kind, as a refusal's expectation."""
+        others = " and ".join(k.name for k in KINDS.values() if k.takes_chunks)
+        return (f"{self.default_chunks} for schedule {self.name!r} (only {others} take "
+                "other chunk counts)")
+
 
 SYNTH = "synth"          # the kind whose plans carry their own actions (`schedule.actions`)
 DEFAULT_KIND = "1f1b"    # what a plan runs when nobody chose: Megatron-LM's default

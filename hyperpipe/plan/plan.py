@@ -298,10 +298,7 @@ class Plan:
         if kind is None:
             raise BadInput(f"{where}: schedule.kind", f"one of {sorted(KINDS)}", self.schedule)
         if not kind.allows_chunks(self.chunks):
-            others = " and ".join(k.name for k in KINDS.values() if k.takes_chunks)
-            raise BadInput(f"{where}: schedule.chunks",
-                           f"{kind.default_chunks} for schedule {self.schedule!r} "
-                           f"(only {others} take other chunk counts)", self.chunks)
+            raise BadInput(f"{where}: schedule.chunks", kind.chunks_rule(), self.chunks)
         total = sum(p.samples for p in self.pipelines)
         if total != self.global_batch:
             raise BadInput(f"{where}: global_batch", "the sum over pipelines of micro_batch x "

@@ -93,8 +93,7 @@ class SearchConstraints:
                 raise BadInput("schedule", f"one of {', '.join(KINDS)}", self.schedule)
             kind = KINDS[self.schedule]
             if self.chunks is not None and not kind.allows_chunks(self.chunks):
-                raise BadInput("chunks", f"{kind.default_chunks} with schedule "
-                               f"{self.schedule!r}", self.chunks)
+                raise BadInput("chunks", kind.chunks_rule(), self.chunks)
         if self.dp is not None and self.dp > self.global_batch // (self.micro_batch or 1):
             raise BadInput("dp", f"at most global batch / micro-batch = "
                            f"{self.global_batch // (self.micro_batch or 1)} pipelines", self.dp)
