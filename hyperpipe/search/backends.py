@@ -79,6 +79,27 @@ class LocalBackend:
         return start_map(self._pool, fn, items)
 
 
+REACH_TIMEOUT_S = 5.0      # a Ray head that does not answer a TCP connect in this long
+
+
+def _check_reachable(address: str) -> None:
+    """BadInput unless something listens at `address` ("HOST:PORT"; "auto" and URLs such
+    as "ray://HOST:PORT" are left to Ray): `ray.init` retries an address where nothing
+    listens for ever, deaf to Ctrl-C."""
+    import socket
+    text = address.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), REACH_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise BadInput("ray_address", f"a running Ray cluster's head (HOST:PORT), reachable "
+                       f"within {REACH_TIMEOUT_S:g} s ({exc.strerror or exc})",
+                       address) from None
+
+
 class RayBackend:
     """Tasks as Ray remote functions: on a local Ray started here (`num_cpus`, None:
     every core) or on the cluster at `address`. A Ray already initialised in this
@@ -96,6 +117,7 @@ class RayBackend:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if self.address is not None:
+                _check_reachable(self.address)
                 kwargs["address"] = self.address
             elif self.num_cpus is not None:
                 kwargs["num_cpus"] = self.num_cpus

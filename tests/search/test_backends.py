@@ -122,3 +122,19 @@ def _spec():
 def _cluster():
     from hyperpipe.cluster.cluster import load_cluster
     return load_cluster(CLUSTER)
+
+
+def test_a_ray_address_where_nothing_listens_is_refused_at_once(capsys):
+    """ray.init retried 127.0.0.1:1 for ever, deaf to Ctrl-C and SIGTERM."""
+    import socket
+    pytest.importorskip("ray")                 # the [ray] extra; CI installs it
+
+    from hyperpipe.cli import main
+    with socket.socket() as sock:                 # a free port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rc = main(["whatif", "--cluster", "demo-hetero", "--model", "tiny-gpt",
+               "--global-batch", "16", "--vary", "inter_node.bandwidth=1 Gbit/s",
+               "--backend", "ray", "--ray-address", f"127.0.0.1:{port}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--ray-address" in err[0]
