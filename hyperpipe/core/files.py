@@ -505,8 +505,14 @@ def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110) -> None:
     name or a --vary value is not matplotlib mathtext (which fails on most of them)."""
     plain_text_figures()
     from matplotlib.text import Text
+    from matplotlib.ticker import FuncFormatter, NullFormatter
     for text in fig.findobj(Text):
         text.set_parse_math(False)
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":    # its default ticks are mathtext: 1, 10, 100
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                axis.set_minor_formatter(NullFormatter())
     with atomic_output(path) as f:     # its refusals (special files...) come first
         fig.savefig(f, dpi=dpi, format=figure_format(path))
 

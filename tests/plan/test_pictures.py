@@ -107,3 +107,21 @@ def test_simulate_says_how_to_zoom_a_crowded_timeline(tmp_path, capsys):
                          str(tmp_path / "t.png"), *extra]) == 0
         out = capsys.readouterr().out
         assert ("32 micro-batches drawn: zoom in with --microbatches" in out) == hint
+
+
+def test_log_axes_are_labelled_in_plain_numbers(tmp_path):
+    """Texts are drawn as written (no mathtext), so a log axis's default labels had read
+    '$\\mathdefault{10^{0}}$' on every --failures plot."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hyperpipe.core.files import save_figure
+    fig, ax = plt.subplots()
+    ax.plot([0.5, 3, 40], [1, 2, 3])
+    ax.set_xscale("log")
+    save_figure(fig, tmp_path / "f.png")
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    plt.close(fig)
+    assert labels and not any("$" in label for label in labels)
+    assert "1" in labels and "10" in labels
