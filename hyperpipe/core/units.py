@@ -128,9 +128,17 @@ def format_quantity(value: float, unit: str, *, binary: bool = False) -> str:
     return f"{v:.3g} {prefixes[i]}{unit}"
 
 
+def three_digits(value: float) -> str:
+    """`value` to three significant digits without an exponent below a million:
+    ``three_digits(999.7)`` -> ``'1000'`` (``'%.3g'`` gives ``'1e+03'``)."""
+    return f"{float(f'{value:.3g}'):g}"
+
+
 def format_seconds(value_s: float) -> str:
-    """``format_seconds(0.0042)`` -> ``'4.2 ms'``."""
+    """``format_seconds(0.0042)`` -> ``'4.2 ms'``; the unit is chosen after rounding to
+    three digits (0.9997 s is '1 s', not '1e+03 ms')."""
+    rounded = float(f"{value_s:.3g}")
     for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
-        if abs(value_s) >= factor or unit == "ns":
-            return f"{value_s / factor:.3g} {unit}"
+        if abs(rounded) >= factor or unit == "ns":
+            return f"{three_digits(value_s / factor)} {unit}"
     return f"{value_s} s"

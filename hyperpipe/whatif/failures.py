@@ -25,7 +25,7 @@ from typing import Any
 
 from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref, links_among
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
-from hyperpipe.core.units import format_quantity, format_seconds
+from hyperpipe.core.units import format_quantity, format_seconds, three_digits
 from hyperpipe.models import ModelSpec
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
@@ -307,7 +307,7 @@ def duration(value_s: float) -> str:
     """A duration for people: '4.2 ms', '12.5 s', '56.3 min', '2.1 h', '5 days'."""
     for unit, factor in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
         if value_s >= 2 * factor:
-            return f"{value_s / factor:.3g} {unit}"
+            return f"{three_digits(value_s / factor)} {unit}"
     return format_seconds(value_s)
 
 

@@ -46,3 +46,18 @@ def test_parse_quantity_prefixes(number, prefix):
     text = f"{number!r} {prefix[0]}B"
     assert parse_quantity(text, "bytes", where="x") == pytest.approx(number * prefix[1])
 
+
+
+@pytest.mark.parametrize("value_s,text", [(0.9997, "1 s"), (0.0042, "4.2 ms"),
+                                          (0.00099996, "1 ms"), (12.5, "12.5 s"),
+                                          (999.7, "1000 s")])
+def test_seconds_are_rounded_before_their_unit_is_chosen(value_s, text):
+    """0.9997 s had printed as '1e+03 ms' (the unit chosen before rounding)."""
+    from hyperpipe.core.units import format_seconds
+    assert format_seconds(value_s) == text
+
+
+def test_long_durations_print_without_an_exponent():
+    from hyperpipe.whatif.failures import duration
+    assert duration(1000 * 86400.0) == "1000 days"      # had been '1e+03 days'
+    assert duration(0.9997) == "1 s"
