@@ -110,3 +110,4 @@ def test_list_schedules_shows_two_chunks_for_the_v_schedules(capsys):
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line.strip()}
     assert rows["zb-v"] == rows["dualpipe-v"] == "2"
     assert rows["1f1b"] == "1"
+    assert rows["synth"] == "v"           # listed too ("v >= 1"): search picks it
