@@ -117,6 +117,7 @@ def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int
     for key, values in axes:
         if key not in ("model", "global_batch") and not key.startswith("model."):
             check_vary(key, values, cluster.source)
+    _check_distinct([key for key, _ in axes], cluster.source)
     if pool:
         types = list(dict.fromkeys(n.device_type for n in cluster.nodes))
         size = 2 ** len(types) - 1             # counted before a subset is built
@@ -165,9 +166,25 @@ def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int
         if ref is source and not overrides:
             spec = model
         else:
-            spec = load_model(ref, where="model" if ref is source else where,
-                              overrides=overrides or None)
+            spec = load_model(ref, where="model" if ref is source and not overrides
+                              else where, overrides=overrides or None)
         yield combo, spec, variant_cluster, batch
+
+
+def _check_distinct(keys: list[str], doc: dict[str, Any]) -> None:
+    """BadInput when two --vary keys set one field (the later would win while the label
+    showed both): the same key, or one node named by name and by position."""
+    names = [n.get("name") for n in with_node_names(doc).get("nodes", [])
+             if isinstance(n, dict)]
+    seen: dict[tuple[str, ...], str] = {}
+    for key in keys:
+        parts = key.split(".")
+        if len(parts) > 1 and parts[0] == "nodes" and parts[1] in names:
+            parts[1] = str(names.index(parts[1]))
+        if tuple(parts) in seen:
+            raise BadInput("vary", f"each field varied once (--vary {seen[tuple(parts)]} "
+                           "sets it already; list its values in one --vary)", key)
+        seen[tuple(parts)] = key
 
 
 def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile: Any = None,

@@ -138,3 +138,18 @@ def test_a_kept_plan_fixes_the_global_batch(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
     assert main(base + ["--global-batch", "16", "--vary", "inter_node.bandwidth=1 Gbit/s"]) == 0
+
+
+@pytest.mark.parametrize("vary,line", [
+    (["inter_node.bandwidth=1 Gbit/s", "inter_node.bandwidth=100 Gbit/s"],
+     "--vary inter_node.bandwidth sets it already"),
+    (["nodes.v100.count=0,2", "nodes.1.count=2,0"], "--vary nodes.v100.count sets it"),
+    (["model.seq_len=0"], "--vary model.seq_len=0: seq_len: expected a positive")])
+def test_a_field_varied_twice_or_a_bad_model_field_is_named(vary, line, capsys):
+    """The later of two --vary of one field won while the label showed both; a bad
+    model.FIELD blamed --model."""
+    rc = main(["whatif", "--cluster", "demo-hetero", "--model", "tiny-gpt",
+               "--global-batch", "16", "--workers", "1",
+               *[a for v in vary for a in ("--vary", v)]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and line in err[0], err
