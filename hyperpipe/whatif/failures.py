@@ -171,7 +171,7 @@ def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstrain
     mtbf = combined_mtbf_s([n.mtbf_s for n in failing])
     _check_trains(write_s, o.restart_s, mtbf)
     ckpt = Checkpointing(write_s, o.restart_s)
-    rows = _interval_rows(ckpt, mtbf, o.intervals_s)
+    rows = _interval_rows(ckpt, mtbf, o.intervals_s, step_s)
     failed = min(failing, key=lambda n: n.mtbf_s).name       # ties: the first in the plan
     replan, error, text, origin = _replan(spec, base, failed, c, profile, workers, backend,
                                           plan, first)
@@ -194,12 +194,20 @@ def _check_trains(write_s: float, restart_s: float, mtbf_s: float) -> None:
                        f"({duration(write_s)}); else the job never trains", has_got=False)
 
 
-def _interval_rows(ckpt: Checkpointing, mtbf_s: float, given: tuple[float, ...]
-                   ) -> tuple[IntervalRow, ...]:
-    best = best_interval_s(ckpt, mtbf_s)
-    named = [("optimum", best), ("Daly", daly_interval_s(ckpt.write_s, mtbf_s)),
-             ("Young", young_interval_s(ckpt.write_s, mtbf_s))]
-    named += [(f"{f:g}x optimum", f * best) for f in TABLE_FACTORS]
+def _interval_rows(ckpt: Checkpointing, mtbf_s: float, given: tuple[float, ...],
+                   step_s: float) -> tuple[IntervalRow, ...]:
+    """The goodput table: the optimum, Daly's and Young's intervals and multiples of the
+    optimum, each a whole number of iterations of `step_s` (at least one: a checkpoint
+    is written between two), and the intervals the user gave (checked to be so)."""
+    def whole(t: float) -> float:
+        return max(1, round(t / step_s)) * step_s
+
+    free = best_interval_s(ckpt, mtbf_s)
+    below = max(1, math.floor(free / step_s)) * step_s
+    best = max((below, below + step_s), key=lambda t: expected_goodput(t, ckpt, mtbf_s))
+    named = [("optimum", best), ("Daly", whole(daly_interval_s(ckpt.write_s, mtbf_s))),
+             ("Young", whole(young_interval_s(ckpt.write_s, mtbf_s)))]
+    named += [(f"{f:g}x optimum", whole(f * best)) for f in TABLE_FACTORS]
     named += [("given", t) for t in given]
     named.sort(key=lambda item: item[1])
     mc = monte_carlo_goodput([t for _, t in named], ckpt, mtbf_s, failures=MC_FAILURES)
@@ -329,7 +337,7 @@ def format_failures(study: FailureStudy) -> str:
                    f"{r.label}")
     best = study.row("optimum")
     out += ["", f"optimum: checkpoint every {duration(best.interval_s)} "
-            f"({best.interval_s / m.iteration_time_s:.0f} iterations), goodput "
+            f"({best.interval_s / m.iteration_time_s:.0f} iteration(s)), goodput "
             f"{best.goodput:.1%}; Daly's first-order sqrt(2 delta M) - delta = "
             f"{duration(study.row('Daly').interval_s)} (Daly 2006), Young's "
             f"sqrt(2 delta M) = {duration(study.row('Young').interval_s)} (Young 1974)",

@@ -249,3 +249,22 @@ def test_checkpoint_counts_a_tied_embedding_once(tmp_path, capsys):
     c = spec.config
     once = sum(layer.params for layer in spec.layers) - c.vocab_size * c.d_model
     assert json.loads(capsys.readouterr().out)["checkpoint_bytes"] == 14 * once
+
+
+def test_table_intervals_are_whole_iterations_and_the_optimum_the_best_of_them():
+    """With failures every second the continuous optimum (44 ms) was shorter than one
+    94.6 ms iteration, a checkpoint interval the study refuses when typed; every row is
+    now a whole number of iterations, at least one, and the optimum the better of the
+    two multiples around the continuous one (checked against every multiple)."""
+    from hyperpipe.whatif.failures import _interval_rows
+    from hyperpipe.whatif.goodput import Checkpointing, expected_goodput
+    ckpt, step_s = Checkpointing(1e-3, 1e-3), 0.0946
+    for mtbf_s in (1.0, 60.0, 3600.0):
+        rows = _interval_rows(ckpt, mtbf_s, (), step_s)
+        assert all(r.interval_s >= step_s and abs(r.interval_s / step_s
+                                                  - round(r.interval_s / step_s)) < 1e-9
+                   for r in rows)
+        best = next(r for r in rows if r.label == "optimum")
+        brute = max((k * step_s for k in range(1, 2000)),
+                    key=lambda t: expected_goodput(t, ckpt, mtbf_s))
+        assert best.interval_s == pytest.approx(brute)
