@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
+from hyperpipe.core.units import format_quantity
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import CP_RULE, PipelinePlan, Plan, cp_misfit, tp_misfit
 from hyperpipe.search import space
@@ -277,15 +278,20 @@ def _shortfall(ctx: SearchContext) -> str:
         ctx.cost.state_bytes_per_param
     largest_dev = max(d.type.memory_bytes for d in cluster.devices)
     if need > have:
-        return (f"model {model.name} needs {need / 1e9:.1f} GB for weights, gradients and "
-                f"optimizer state; cluster {cluster.name} has {have / 1e9:.1f} GB in all")
+        return (f"model {model.name} needs {_size(need)} for weights, gradients and "
+                f"optimizer state; cluster {cluster.name} has {_size(have)} in all")
     if biggest > largest_dev * max(ctx.c.tp or 1, 1):
-        return (f"the largest layer of {model.name} needs {biggest / 1e9:.1f} GB of state; "
-                f"the largest device has {largest_dev / 1e9:.1f} GB")
+        return (f"the largest layer of {model.name} needs {_size(biggest)} of state; "
+                f"the largest device has {_size(largest_dev)}")
     return (f"no plan within the constraints fits in memory: model {model.name} needs "
-            f"{need / 1e9:.1f} GB of state plus activations (micro-batch "
+            f"{_size(need)} of state plus activations (micro-batch "
             f"{ctx.c.micro_batch or 'any'}), cluster {cluster.name} has "
-            f"{have / 1e9:.1f} GB")
+            f"{_size(have)}")
+
+
+def _size(nbytes: float) -> str:
+    """Bytes for `_shortfall`'s line, in the unit that shows them (16 MB, not 0.0 GB)."""
+    return format_quantity(nbytes, "B")
 
 
 def search(model, cluster, constraints: SearchConstraints, *, profile=None, top: int = 5,

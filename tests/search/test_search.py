@@ -839,3 +839,17 @@ def test_a_fixed_kind_written_out_as_synth_carries_its_own_simulation():
     assert synth.plan.schedule == "synth"
     assert synth.metrics.iteration_time_s == simulate(synth.plan, cost).metrics.iteration_time_s
     assert synth.metrics.iteration_time_s > kind.metrics.iteration_time_s     # it differs
+
+
+def test_a_shortfall_of_megabytes_is_said_in_megabytes():
+    """A tiny model on 1 MB devices read 'needs 0.0 GB ... has 0.0 GB in all'."""
+    from hyperpipe.cluster.cluster import load_cluster
+    from hyperpipe.core.errors import InfeasiblePlan
+    from hyperpipe.models import load_model
+    from hyperpipe.search.search import SearchConstraints, search
+    cluster = load_cluster({"name": "small", "device_types": {
+        "A100-80GB": {"base": "A100-80GB", "memory": "1 MB"}},
+        "nodes": [{"name": "a", "device": "A100-80GB", "count": 4}]})
+    with pytest.raises(InfeasiblePlan, match=r"needs 20\.2 MB for weights, gradients and "
+                                             r"optimizer state; cluster small has 4 MB"):
+        search(load_model("tiny-gpt"), cluster, SearchConstraints(global_batch=16))
