@@ -122,10 +122,10 @@ def format_quantity(value: float, unit: str, *, binary: bool = False) -> str:
     prefixes = ["", "Ki", "Mi", "Gi", "Ti", "Pi"] if binary else ["", "k", "M", "G", "T", "P"]
     i = 0
     v = float(value)
-    while abs(v) >= base and i < len(prefixes) - 1:
+    while abs(float(f"{v:.3g}")) >= base and i < len(prefixes) - 1:   # rounded first
         v /= base
         i += 1
-    return f"{v:.3g} {prefixes[i]}{unit}"
+    return f"{three_digits(v)} {prefixes[i]}{unit}"
 
 
 def three_digits(value: float) -> str:

@@ -277,21 +277,18 @@ def _shortfall(ctx: SearchContext) -> str:
     biggest = max(model.layers[i].params for i in range(model.num_layers)) * \
         ctx.cost.state_bytes_per_param
     largest_dev = max(d.type.memory_bytes for d in cluster.devices)
+    need_b, have_b, biggest_b, largest_b = (format_quantity(x, "B") for x in
+                                            (need, have, biggest, largest_dev))
     if need > have:
-        return (f"model {model.name} needs {_size(need)} for weights, gradients and "
-                f"optimizer state; cluster {cluster.name} has {_size(have)} in all")
+        return (f"model {model.name} needs {need_b} for weights, gradients and "
+                f"optimizer state; cluster {cluster.name} has {have_b} in all")
     if biggest > largest_dev * max(ctx.c.tp or 1, 1):
-        return (f"the largest layer of {model.name} needs {_size(biggest)} of state; "
-                f"the largest device has {_size(largest_dev)}")
+        return (f"the largest layer of {model.name} needs {biggest_b} of state; "
+                f"the largest device has {largest_b}")
     return (f"no plan within the constraints fits in memory: model {model.name} needs "
-            f"{_size(need)} of state plus activations (micro-batch "
+            f"{need_b} of state plus activations (micro-batch "
             f"{ctx.c.micro_batch or 'any'}), cluster {cluster.name} has "
-            f"{_size(have)}")
-
-
-def _size(nbytes: float) -> str:
-    """Bytes for `_shortfall`'s line, in the unit that shows them (16 MB, not 0.0 GB)."""
-    return format_quantity(nbytes, "B")
+            f"{have_b}")
 
 
 def search(model, cluster, constraints: SearchConstraints, *, profile=None, top: int = 5,

@@ -61,3 +61,10 @@ def test_long_durations_print_without_an_exponent():
     from hyperpipe.whatif.failures import duration
     assert duration(1000 * 86400.0) == "1000 days"      # had been '1e+03 days'
     assert duration(0.9997) == "1 s"
+
+
+def test_quantities_are_rounded_before_their_prefix_is_chosen():
+    from hyperpipe.core.units import format_quantity
+    assert format_quantity(999.7e6, "B") == "1 GB"          # had been '1e+03 MB'
+    assert format_quantity(3.2e11, "B") == "320 GB"
+    assert format_quantity(16e6, "B") == "16 MB"
