@@ -395,24 +395,30 @@ def test_zero_2_time_inside_actions_is_not_fitted_as_compute():
 
 
 def test_a_straggler_group_is_fitted_at_its_own_speed():
-    """The simulator stretches a stage's optimizer step and per-action overhead by its
-    group's slowdown; a run's straggler is fitted over it, so the fit is the type's."""
+    """The simulator stretches a stage's optimizer step by its group's slowdown (its
+    slowest member's). A healthy context rank beside a straggler node steps as slowly
+    as the group; it had been fitted over its own slowdown (1), reading 3x slow."""
+    from dataclasses import replace
+
     from hyperpipe.plan.plan import plan_from_dict
     from hyperpipe.sim.calibrate import _params_on
-    slow = {"name": "slow", "nodes": [
-        {"name": "a100", "device": "A100-80GB", "count": 2},
-        {"name": "v100", "device": "V100-32GB", "count": 2, "slowdown": 3.0}]}
-    events = []
+    mixed = {"name": "mixed", "nodes": [
+        {"name": "a", "device": "A100-80GB", "count": 1},
+        {"name": "b", "device": "A100-80GB", "count": 1, "slowdown": 3.0},
+        {"name": "v", "device": "V100-32GB", "count": 2}]}
+    traces = []
     for cut in (2, 4, 6):
-        plan = plan_from_dict({**_plan([cut], ["a100/0", "v100/0"], 2, 4).to_dict(),
-                               "cluster": slow}, where="slow")
-        trace = _synthetic_trace(plan, random.Random(0), 0.0)
+        doc = _plan([cut], ["a100/0", "v100/0"], 2, 4).to_dict()
+        doc["cluster"] = mixed
+        doc["pipelines"][0]["stages"][0].update(devices=["a/0", "b/0"], cp=2)
+        doc["pipelines"][0]["stages"][1]["devices"] = ["v/0"]
+        plan = plan_from_dict(doc, where="mixed")
         cost = CostModel(plan.load_model(), plan.load_cluster())
-        from dataclasses import replace
-        events.append(Trace(tuple(
+        trace = _synthetic_trace(plan, random.Random(0), 0.0)
+        traces.append(Trace(tuple(
             replace(e, end_s=e.start_s + 3.0 * (OPT_A + OPT_B * _params_on(e.device, plan,
                                                                             cost)))
-            if e.op == "optimizer" and e.device == "v100/0" else e
+            if e.op == "optimizer" and e.device == "a/0" else e
             for e in trace.events), trace.meta))
-    opt = calibrate(events).optimizer["V100-32GB"]
+    opt = calibrate(traces).optimizer["A100-80GB"]
     assert (opt.a_s, opt.b_s_per_unit) == pytest.approx((OPT_A, OPT_B), rel=0.02)
