@@ -166,10 +166,8 @@ def fitted_from(trace: Trace) -> int:
     return trace.meta.get("first_step", 0) + 1        # checked by `trace_from_dict`
 
 
-def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
-                     device_types: dict[str, str], base: CostModel | None,
-                     price: CostModel, recomputed: CostModel | None = None
-                     ) -> list[_Sample]:
+def _compute_samples(run: _Run, base: CostModel | None, price: CostModel,
+                     recomputed: CostModel | None = None) -> list[_Sample]:
     """One sample per measured compute action after the warm-up, in the terms the
     simulator prices it (`program.op_shape`): per-device FLOPs (a tensor or context
     rank's share, as `CostModel.layer_time_s` evaluates a fit), the time less what the
@@ -182,6 +180,7 @@ def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
     recompute also hold the forward they redo: without `recomputed` they are left out;
     with it (a cost model holding the fits of the other actions) they alone are
     returned, less that forward as it prices it (`CostModel.recompute_s`)."""
+    trace, plan, model = run.trace, run.plan, run.model
     stage_of: dict[tuple[str, int], tuple[StagePlan, int, int]] = {}
     for q, pipe in enumerate(plan.pipelines):
         for k, stage in enumerate(pipe.stages):
@@ -194,7 +193,7 @@ def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
     # (`program._first_forward_gathers`): those forwards are not fitted
     gathered: set[tuple[str, int, int]] = set()
     skip_first = plan.zero == 3 and not ex.reshard_after_forward
-    for e in sorted(trace.events, key=lambda e: e.start_s):
+    for e in sorted(trace.events, key=lambda e: e.start_s) if skip_first else trace.events:
         if e.op not in COMPUTE_OPS or e.step < first:
             continue
         stage, mb, q = stage_of[(e.device, e.stage)]
@@ -209,7 +208,7 @@ def _compute_samples(trace: Trace, plan: Plan, model: ModelSpec,
         for i in range(*stage.layers):
             n, f = kinds.get(model.layers[i].kind, (0, 0.0))
             kinds[model.layers[i].kind] = (n + 1, f + op_flops(model, i, mb, e.op) / share)
-        dtype = device_types[e.device]
+        dtype = run.dtypes[e.device]
         base_s = 0.0 if base is None else sum(
             base.layer_time_s(i, dtype, mb, e.op, stage.tp, stage.sequence_parallel, stage.cp)
             for i in range(*stage.layers))
@@ -312,15 +311,15 @@ def _fit_to_base(samples: list[_Sample], base: Profile) -> tuple[dict[str, Fit],
     return compute, overhead
 
 
-def _action_gaps(traces) -> dict[str, float]:
+def _action_gaps(runs: list[_Run]) -> dict[str, float]:
     """Device type -> mean seconds a rank spends between one action and the next that no
     event accounts for (posting sends and receives, Python between actions): the sum of
     the gaps between consecutive non-send events of a step, over its compute actions,
     each rank's over its group's slowdown (the simulator stretches overheads by it)."""
     idle_s: dict[str, float] = defaultdict(float)
     actions: dict[str, int] = defaultdict(int)
-    for trace, plan, _, dtypes in traces:
-        cluster = plan.load_cluster()
+    for run in runs:
+        trace, dtypes = run.trace, run.dtypes
         rows: dict[tuple[str, int], list] = defaultdict(list)
         for e in trace.events:
             if e.step >= fitted_from(trace) and e.op != "send":
@@ -329,23 +328,23 @@ def _action_gaps(traces) -> dict[str, float]:
             events.sort(key=lambda e: e.start_s)
             idle = sum(max(0.0, b.start_s - a.end_s) for a, b in zip(events, events[1:],
                                                                        strict=False))
-            idle_s[dtypes[device]] += idle / _group_slowdown(device, plan, cluster)
+            idle_s[dtypes[device]] += idle / _group_slowdown(device, run.plan, run.cluster)
             actions[dtypes[device]] += sum(1 for e in events if e.op in COMPUTE_OPS)
     return {k: idle_s[k] / n for k, n in actions.items() if n}
 
 
-def _fit_links(traces: list[tuple[Trace, Cluster]], sources: list[str]) -> dict[str, Link]:
+def _fit_links(runs: list[_Run]) -> dict[str, Link]:
     """Bandwidth from the probe's alpha-beta fit; latency from the probe, or, where the
     training steps have enough blocked receives, their mean delay less the bandwidth
     term (under load a message costs more than an idle ping-pong shows). A link class
-    is one fit: traces (`sources` names them) of different clusters whose probes give a
+    is one fit: traces (their `where` names them) of different clusters whose probes give a
     class other nominal links are refused (calibrate each cluster apart); one cluster's
     traces are fitted together, as before, whatever its links."""
     probes: dict[str, list[tuple[float, float]]] = defaultdict(list)
     delays: dict[str, list[tuple[float, float]]] = defaultdict(list)
     # per cluster (the first trace of it names it): link class -> nominal links probed
     nominal: list[tuple[Cluster, str, dict[str, set[Link]]]] = []
-    for (trace, cluster), where in zip(traces, sources, strict=True):
+    for where, trace, _, _, cluster, _ in runs:
         seen = next((links for c, _, links in nominal if c == cluster), None)
         if seen is None:
             nominal.append((cluster, where, seen := defaultdict(set)))
@@ -362,7 +361,7 @@ def _fit_links(traces: list[tuple[Trace, Cluster]], sources: list[str]) -> dict[
                                f"the same nominal links (calibrate each cluster apart); "
                                f"they give {_links_text(one[cls])} and "
                                f"{_links_text(other[cls])}", has_got=False)
-    for trace, cluster in traces:
+    for _, trace, _, _, cluster, _ in runs:
         for src, dst, nbytes, delay in _in_run_delays(trace):
             for c in (cluster.path(src, dst).link_class, "*"):
                 delays[c].append((nbytes, delay))
@@ -392,29 +391,29 @@ def _links_text(links: set[Link]) -> str:
                              f"{link.latency_s * 1e6:.4g} us" for link in links))
 
 
-def _fit_optimizer(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
+def _fit_optimizer(runs: list[_Run], prior: dict[str, Fit]) -> dict[str, Fit]:
     """time = a + b x per device type, x the parameters a device's optimizer updates as
     the simulator counts them (`_params_on`), the time over its group's slowdown (as the
     simulator stretches a stage's step by it)."""
     pts: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for trace, plan, model, dtypes in traces:
-        first = fitted_from(trace)
-        cost = CostModel(model, plan.load_cluster())
-        for e in trace.events:
+    for run in runs:
+        first = fitted_from(run.trace)
+        cost = CostModel(run.model, run.cluster)
+        for e in run.trace.events:
             if e.op == "optimizer" and e.step >= first:
-                pts[dtypes[e.device]].append((_params_on(e.device, plan, cost), e.duration_s
-                                              / _group_slowdown(e.device, plan,
-                                                                cost.cluster)))
+                pts[run.dtypes[e.device]].append((
+                    _params_on(e.device, run.plan, cost),
+                    e.duration_s / _group_slowdown(e.device, run.plan, run.cluster)))
     return {k: fit_bulk([x for x, _ in v], [t for _, t in v], prior.get(k))
             for k, v in sorted(pts.items())}
 
 
-def _fit_allreduce(traces, prior: dict[str, Fit]) -> dict[str, Fit]:
+def _fit_allreduce(runs: list[_Run], prior: dict[str, Fit]) -> dict[str, Fit]:
     """A rank's all-reduce event also holds its wait for the group's last member; the
     last to arrive waits least, so each (step, group) contributes its shortest event.
     x is the ring's bytes per device, 2(n-1)/n · bytes."""
     shortest: dict[tuple, _Point] = {}
-    for n_trace, (trace, *_) in enumerate(traces):
+    for n_trace, trace in enumerate(run.trace for run in runs):
         for e in trace.events:
             if e.op != "allreduce" or e.step < fitted_from(trace):
                 continue
@@ -473,10 +472,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
     optimizer come from the traces (or the base where the traces have none)."""
     if not traces:
         raise BadInput("trace", "at least one measured trace", has_got=False)
-    samples: list[_Sample] = []
-    with_cluster: list[tuple[Trace, Cluster]] = []
-    misc = []
-    first: _Measured | None = None
+    runs: list[_Run] = []
     for n, trace in enumerate(traces):
         where = (sources or [f"trace {n}"] * len(traces))[n]
         if "plan" not in trace.meta:
@@ -484,38 +480,38 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
                            has_got=False)
         plan = plan_from_dict(trace.meta["plan"], where=f"{where}: meta.plan")
         model, cluster = plan.load_model(), plan.load_cluster()
-        first = _check_one_model(first, _Measured(where, model))
-        dtypes = {d: cluster.device(d).type.name for d in plan.devices}
+        run = _Run(where, trace, plan, model, cluster,
+                   {d: cluster.device(d).type.name for d in plan.devices})
+        _check_one_model(runs[0] if runs else run, run)
         _check_events(trace, plan, where)
         if base is not None:    # a layer profile of this model and these device types
             check_profile(base, model, cluster, where=base_source, devices=plan.devices,
                           allow_mismatch=allow_base_mismatch)
-        with_cluster.append((trace, cluster))
-        misc.append((trace, plan, model, dtypes))
-    links = {**(base.links if base else {}),
-             **_fit_links(with_cluster, sources or [f"trace {n}" for n in range(len(traces))])}
+        runs.append(run)
+    links = {**(base.links if base else {}), **_fit_links(runs)}
     allreduce = {**(base.allreduce if base else {}),
-                 **_fit_allreduce(misc, base.allreduce if base else {})}
-    runs = [(trace, plan, model, dtypes, None if base is None else
-             CostModel(model, cluster, base),
-             CostModel(model, cluster, Profile(links=links, allreduce=allreduce)))
-            for (trace, plan, model, dtypes), (_, cluster) in zip(misc, with_cluster,
-                                                                  strict=True)]
-    samples = [s for run in runs for s in _compute_samples(*run)]
+                 **_fit_allreduce(runs, base.allreduce if base else {})}
+    # per run: the base profile's cost model, and the fitted links' (what compute is not)
+    costs = [(None if base is None else CostModel(run.model, run.cluster, base),
+              CostModel(run.model, run.cluster, Profile(links=links, allreduce=allreduce)))
+             for run in runs]
+    samples = [s for run, (b, price) in zip(runs, costs, strict=True)
+               for s in _compute_samples(run, b, price)]
     if not samples:
         raise BadInput("trace", "compute events after the warm-up step (run `steps` 2 or "
                        "more)", has_got=False)
     compute, overhead = _fit_samples(samples, base)
     # backwards that redo their forward: less it, as the fits so far price it; then all
-    redone = [s for *run, price in runs for s in _compute_samples(
-        *run, price, CostModel(price.model, price.cluster, Profile(
-            compute=compute, links=links, allreduce=allreduce)))]
+    redone = [s for run, (b, price) in zip(runs, costs, strict=True)
+              for s in _compute_samples(run, b, price, CostModel(
+                  run.model, run.cluster, Profile(compute=compute, links=links,
+                                                  allreduce=allreduce)))]
     if redone:
         samples += redone
         compute, overhead = _fit_samples(samples, base)
     # what a rank spends between actions is part of each action's cost, as it occupies
     # the rank's stream (the simulator's model of one compute stream per rank)
-    for dtype, gap in _action_gaps(misc).items():
+    for dtype, gap in _action_gaps(runs).items():
         for op in COMPUTE_OPS:
             key = f"{dtype}|{op}"
             overhead[key] = overhead.get(key, 0.0) + gap
@@ -523,11 +519,11 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         compute=compute,
         links=links,
         optimizer={**(base.optimizer if base else {}),
-                   **_fit_optimizer(misc, base.optimizer if base else {})},
+                   **_fit_optimizer(runs, base.optimizer if base else {})},
         allreduce=allreduce,
         overhead=overhead,
         provenance={
-            **_measured_on([m for _, _, m, _ in misc]),
+            **_measured_on([run.model for run in runs]),
             "traces": list(sources or []),
             "base": None if base is None else base.provenance,
             "host": socket.gethostname(),
@@ -539,18 +535,21 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         })
 
 
-class _Measured(NamedTuple):
-    """A trace's source (file name) and the model its plan ran."""
+class _Run(NamedTuple):
+    """A measured trace with what its plan names, loaded once: its source (file name),
+    plan, model, cluster and each device's type."""
 
     where: str
+    trace: Trace
+    plan: Plan
     model: ModelSpec
+    cluster: Cluster
+    dtypes: dict[str, str]
 
 
-def _check_one_model(first: _Measured | None, this: _Measured) -> _Measured:
-    """`first` (or `this` when it is the first trace); BadInput naming both traces when
-    `this` ran another model than `first` (by `model_fingerprint`: shapes, not names)."""
-    if first is None:
-        return this
+def _check_one_model(first: _Run, this: _Run) -> None:
+    """BadInput naming both traces when `this` ran another model than `first` (by
+    `model_fingerprint`: shapes, not names)."""
     fp_first, fp_this = model_fingerprint(first.model), model_fingerprint(this.model)
     if fp_first != fp_this:
         raise BadInput(f"{first.where}, {this.where}: meta.plan.model",
@@ -558,7 +557,6 @@ def _check_one_model(first: _Measured | None, this: _Measured) -> _Measured:
                        f"on); {first.where} ran {first.model.name} ({fp_first}), "
                        f"{this.where} ran {this.model.name} ({fp_this}): calibrate each "
                        "model separately", has_got=False)
-    return first
 
 
 def _measured_on(models: list) -> dict:
