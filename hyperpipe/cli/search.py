@@ -159,7 +159,7 @@ def run(opts: SearchOptions) -> int:
         else:
             # the report's simulations (where the gain comes from) over the same workers
             with backend_or_workers(backend, opts.workers) as pool:
-                text = format_search(result, cost, objective=opts.objective, pool=pool)
+                text = format_search(result, cost, pool=pool)
     if opts.out:             # after the report, so that a failure leaves nothing written
         result.best.plan.save(opts.out)
     if text is None:

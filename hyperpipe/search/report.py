@@ -97,8 +97,7 @@ def using_all(result, cluster):
     return min(pool, default=None, key=lambda cand: rank_key(c, cand.metrics))
 
 
-def idle_lines(result, cluster, unit: tuple[str, float],
-               objective: str = "throughput") -> list[str]:
+def idle_lines(result, cluster, unit: tuple[str, float]) -> list[str]:
     """Which devices the pick leaves idle (by node and type), and the best simulated plan
     that uses every device (`using_all`), against the pick."""
     used = set(result.best.plan.devices)
@@ -123,7 +122,8 @@ def idle_lines(result, cluster, unit: tuple[str, float],
         line = (f"  using them as well: the best simulated plan on every device takes "
                 f"{alt.metrics.iteration_time_s / unit[1]:.4g} {unit[0]} per iteration, "
                 f"{ratio:.3f}x the pick's time")
-        if objective == "cost" and alt.metrics.cost_per_million_tokens is not None:
+        if result.constraints.objective == "cost" and \
+                alt.metrics.cost_per_million_tokens is not None:
             line += f"; {_cheaper(alt.metrics, result.best.metrics)}"
         out.append(line)
         out.append(f"     {describe_plan(alt.plan, cluster)}")
@@ -245,11 +245,12 @@ def expert_lines(result, cost: CostModel) -> list[str]:
     return out
 
 
-def seed_lines(result, cluster, unit, objective: str = "throughput") -> list[str]:
+def seed_lines(result, cluster, unit) -> list[str]:
     """When the pick is a seed (a tuned baseline's plan, `SearchResult.seeded_from`):
     which, and the best plan of the search's own."""
     if result.seeded_from is None:
         return []
+    objective = result.constraints.objective
     out = ["", f"the pick is the tuned {result.seeded_from} baseline's plan (a seed): no "
            f"plan of the search's own was as {'cheap' if objective == 'cost' else 'fast'}"]
     own = result.own_best
@@ -264,12 +265,12 @@ def seed_lines(result, cluster, unit, objective: str = "throughput") -> list[str
     return out
 
 
-def format_search(result, cost: CostModel, *, objective: str = "throughput",
-                  pool=None) -> str:
-    """The search report; what it simulates (`gain_lines`) runs over the worker `pool`
-    (a backend or a process pool) when there is one."""
+def format_search(result, cost: CostModel, *, pool=None) -> str:
+    """The search report, by the objective it was searched for; what it simulates
+    (`gain_lines`) runs over the worker `pool` (a backend or a process pool) when there
+    is one."""
     cluster, model = cost.cluster, cost.model
-    best = result.best
+    best, objective = result.best, result.constraints.objective
     out = [f"search: model {model.name} on cluster {cluster.name} "
            f"({len(cluster.devices)} devices), global batch {best.plan.global_batch}, "
            f"objective {objective}; layer ranges half-open [start, end)"]
@@ -279,8 +280,8 @@ def format_search(result, cost: CostModel, *, objective: str = "throughput",
     for i, cand in enumerate(result.ranked, 1):
         out.append(f"{i:>3}. {_metrics_row(cand.metrics, unit)}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
-    out += idle_lines(result, cluster, unit, objective)
-    out += seed_lines(result, cluster, unit, objective)
+    out += idle_lines(result, cluster, unit)
+    out += seed_lines(result, cluster, unit)
     out += ["", "baselines and peer planners (each picks its own plan; all judged by the "
             "same simulator):", f"  {'':<13}{_header(unit)}"]
     for name, cand in result.baselines.items():

@@ -31,6 +31,7 @@ import heapq
 import itertools
 import math
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -412,7 +413,7 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
         raise BadInput("ep", "a divisor of the model's routed experts" + (
             f" ({moe.experts})" if moe is not None else f" (model {model.name} has no MoE "
             "blocks: 1)"), c.ep)
-    _check_room(cluster, c)
+    _check_room(model, cluster, c)
     if c.tp is not None:
         misfit = tp_misfit(model, c.tp, bool(c.sequence_parallel), c.cp or 1)
         if misfit is not None:
@@ -428,29 +429,26 @@ def _check_constraints(model, cluster, c: SearchConstraints) -> None:
                            f"{', '.join(map(str, tps)) or 'none'}", True)
 
 
-def _check_room(cluster, c: SearchConstraints) -> None:
+def _check_room(model, cluster, c: SearchConstraints) -> None:
     """Fixed degrees that leave the search no plan although each fits the cluster alone
     (InfeasiblePlan, naming them): a chunked schedule with room for one pipeline device,
     a stage's tp x cp devices (of one type) more than any type has, expert ranks beyond
     the data-parallel x context ranks there is room for."""
     n = len(cluster.devices)
     tp, cp = c.tp or 1, c.cp or 1
-    kind = schedule_kind(c.schedule) if c.schedule is not None else None
-    if kind is not None and not kind.carries_actions:
-        chunks = c.chunks or (2 if kind.takes_chunks else kind.default_chunks)
+    if c.schedule is not None and not schedule_kind(c.schedule).carries_actions:
+        # the fewest chunks the search tries for the fixed kind (`space.schedule_options`)
+        chunks = min((v for _, v in space.schedule_options(c, model.num_layers)), default=1)
         room = c.pp or n // ((c.dp or 1) * tp * cp)
         if chunks > 1 and room < 2:
             raise InfeasiblePlan(f"schedule {c.schedule} ({chunks} chunks per device) runs "
                                  f"over pp >= 2 in the search; the fixed degrees leave pp "
                                  f"{room} on {n} devices")
-    per_type: dict[str, int] = {}
-    for d in cluster.devices:
-        per_type[d.type.name] = per_type.get(d.type.name, 0) + 1
-    most = max(per_type, key=per_type.get)
-    if tp * cp > per_type[most]:
+    most, count = Counter(d.type.name for d in cluster.devices).most_common(1)[0]
+    if tp * cp > count:
         raise InfeasiblePlan(f"tp x cp = {tp * cp} devices of one type per stage (the "
                              "search gives a stage's tensor and context ranks one type); "
-                             f"the most of one type here: {per_type[most]} {most}")
+                             f"the most of one type here: {count} {most}")
     if c.ep is not None and c.ep * tp * (c.pp or 1) > n:
         raise InfeasiblePlan(f"ep x tp x pp = {c.ep * tp * (c.pp or 1)} devices (expert "
                              "ranks are carved out of a stage's data-parallel x context "
