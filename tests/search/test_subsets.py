@@ -376,6 +376,30 @@ def test_every_device_holds_a_layer_per_chunk():
                              {l4: 2}, 2) < 2 * min(fb, fiw)
 
 
+def test_alike_layers_stay_in_the_reduced_set_under_sharded_state():
+    """`bounds.layer_caps(reduced=True)` leaves out the layers cheaper than the median
+    (a GPT's embedding and head), not transformer blocks whose bytes differ from the
+    median's in the last digits only (ZeRO's sharded state, read off prefix sums): with
+    blocks left out, `_chunks_floor_s` fell back to the cheap layers and bounded a
+    V100's two chunks by the embedding's time. Oracle: the model's non-block layers, and
+    v x a block's least time on the V100 (its layer table, unsharded)."""
+    model, cluster = load_model("gpt3-175b"), load_cluster("scale-1024")
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=1536))
+    v100 = next(t for t in ctx.classes if ctx.type_of(t).name == "V100-32GB")
+    unit = ctx.fastest_unit(ctx.pools(2, 1)[v100])
+    mode = space.MemoryMode("full", True, 1)
+    cheap = sum(1 for spec in model.layers if spec.kind != "block")
+    mb = 2
+    block = next(i for i, spec in enumerate(model.layers) if spec.kind == "block")
+    least = float(ctx.table(unit, mb, mode).least_layer_s()[block])
+    for shards in (1, 10, 64):
+        caps = B.layer_caps(ctx, unit, mb, mode, shards, ctx.layer_caps, reduced=True)
+        assert caps.left_out == cheap
+        floor = B._chunks_floor_s(ctx, [v100], {v100: unit}, mb, mode, shards,
+                                  ctx.layer_caps, {v100: 12}, 2)
+        assert floor == pytest.approx(2 * least, rel=1e-6)
+
+
 def test_using_all_is_the_best_plan_on_every_device_searched_or_baseline():
     """The idle line's alternative uses every device (not only those the pick leaves
     idle), may be a baseline's, keeps the search's constraints and is ranked by its
