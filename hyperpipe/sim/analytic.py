@@ -3,8 +3,10 @@
 `estimate(plan, cost)` returns the same `Metrics` as `simulate`, from the cost model's
 per-stage times and no events. With t_r rank r's work per micro-batch, c the busiest
 hop's share of the pipeline's transfers per micro-batch and T = max(max_r t_r, c):
-gpipe and 1f1b take m T + (sum_r t_r - max_r t_r) + the link times; interleaved-1f1b
-divides the fill by v; zb-h1 fills with the non-bottleneck ranks' F + I - W; zb-v,
+gpipe and 1f1b take m T + (sum_r t_r - max_r t_r) + the link times, and 1f1b at least
+its forwards' rounds: a rank holding h micro-batches starts each h-th forward a round
+trip (its stage to the last and back, with the sends) after the one before;
+interleaved-1f1b divides the fill by v; zb-h1 fills with the non-bottleneck ranks' F + I - W; zb-v,
 dualpipe-v and synth replay the orders for min(m, 2p) micro-batches (exact on free
 links), then T per further micro-batch. When the plan's stack sends blocking, each send
 is part of its sender's action (its link time added to that F or backward, none left
@@ -17,7 +19,8 @@ micro-batch's stash.
 
 Left out (the simulator has them): link sharing between replicas' point-to-point
 traffic and with the all-reduces, and for the closed-form kinds the exact interleaving
-of unequal stages. Equal to the simulation on free links with equal stages.
+of unequal stages and of a round trip's sends with the other micro-batches' work. Equal
+to the simulation with equal stages on free links whose sends wait for no round trip.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hyperpipe.plan.kinds import generate, schedule_kind
+from hyperpipe.plan.kinds import ScheduleKind, generate, schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, pipeline_placement, schedule_for
 from hyperpipe.plan.schedule import Schedule, rank_peaks, rank_stages
 from hyperpipe.plan.stack import DDP_BUCKET_BYTES
@@ -241,7 +244,7 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     if blocking:
         times, crossed, whole_b = _blocking(cost, pipe, times, crossed, add)
     work = [sum(times.f[s] + times.b[s] for s in homes[r]) for r in range(p)]
-    span = _span_s(cost, pipe, times, sched, v, crossed, work, whole_b, add)
+    span = _span_s(cost, pipe, kind, times, sched, v, crossed, work, whole_b, add)
     if plan.zero == 3 and not ex.reshard_after_forward:
         span += _gather_delay_s(cost, plan, members[0], homes, times.f, crossed, ex)
     # The last backward wave leaves stage s after the stages below it have run
@@ -407,8 +410,8 @@ def _blocking(cost: CostModel, pipe: PipelinePlan, times: OpTimes,
     return new, [LinkCost(0.0, 0.0, c.busy) for c in crossed], whole_b
 
 
-def _span_s(cost: CostModel, pipe: PipelinePlan, times: OpTimes, sched: Schedule | None,
-            v: int, crossed: list[LinkCost], work: list[float],
+def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
+            sched: Schedule | None, v: int, crossed: list[LinkCost], work: list[float],
             whole_b: list[float] | None = None, add=_no_add) -> float:
     """The pipeline's compute makespan: the replayed orders, then the period per further
     micro-batch; or the closed form (see the module doc). `whole_b`: each stage's B time
@@ -434,7 +437,35 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, times: OpTimes, sched: Schedule
                    if r != top) + link_sum / v
     else:
         fill = (sum(work) - work[top] + link_sum) / v
+        if v == 1:
+            return max(m * period + fill, _held_rounds_s(schedule_kind(kind), m, times,
+                                                         links, period))
     return m * period + fill
+
+
+def _held_rounds_s(kind: ScheduleKind, m: int, times: OpTimes,
+                   links: list[tuple[float, float]], period: float) -> float:
+    """The span where ranks may hold fewer micro-batches than there are (1F1B; one stage
+    per rank): rank r, holding h, starts its forward of micro-batch j + h only after its
+    backward of j, a round trip R_r later (its forward, every later stage's forward and
+    backward, the sends between, its backward), so its forwards come in rounds of h, one
+    round trip apart, the last round's each at least `period` after the one before. Per
+    rank: the first forward's arrival, floor((m - 1) / h) + 1 round trips, the last
+    round's further micro-batches at the period, and the last backward's way down to
+    stage 0; the latest rank counts (0.0 where no rank holds fewer than m)."""
+    p = len(times.f)
+    down = [(times.f[k] + links[k][0], times.b[k] + links[k][1]) for k in range(p - 1)]
+    arrive = [0.0, *accumulate(f for f, _ in down)]
+    back = [0.0, *accumulate(b for _, b in down)]
+    worst, trip = 0.0, 0.0
+    for r in range(p - 1, -1, -1):
+        trip += times.f[r] + times.b[r] + (sum(links[r]) if r < p - 1 else 0.0)
+        held = kind.peak_in_flight(p, m, 1, r)
+        if m > held:
+            rounds = (m - 1) // held
+            worst = max(worst, arrive[r] + (rounds + 1) * trip +
+                        (m - 1 - rounds * held) * period + back[r])
+    return worst
 
 
 def _stage_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> float:
