@@ -85,7 +85,8 @@ def param_bytes(dtype: str, optimizer_state: str = "mixed") -> StateBytes:
     """`StateBytes` of `dtype` under `optimizer_state`: "mixed" (the tables above: fp32
     master weights and Adam moments); "bf16-moments", the moments at 2 bytes each
     (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.3: 4 bytes less per parameter, master
-    weights and gradients in fp32); "model-dtype", no master copy: weight, gradient and
+    weights and gradients in fp32; fp32 training keeps fp32 moments, as "mixed");
+    "model-dtype", no master copy: weight, gradient and
     moments in the model dtype, stepped in place (torch.optim.Adam on a model cast to
     bf16, as NVIDIA NeMo Automodel's MoE models are by `initialize_weights`;
     fp32 training is the same as "mixed"); "autocast", torch's automatic mixed precision:
@@ -100,7 +101,7 @@ def param_bytes(dtype: str, optimizer_state: str = "mixed") -> StateBytes:
     zero3, grad, step = ZERO3_STATE_BYTES_PER_PARAM[dtype], GRAD_BYTES_PER_PARAM[dtype], \
         float(ADAM_STEP_BYTES_PER_PARAM)
     cast = dtype != "fp32"
-    if optimizer_state == "bf16-moments":
+    if optimizer_state == "bf16-moments" and cast:
         return StateBytes(kept, shardable - 4.0, zero3 - 4.0, grad, weight, step - 8.0,
                           cast)
     if optimizer_state == "autocast" and cast:

@@ -44,14 +44,20 @@ def test_state_bytes_match_a_hand_count(state):
     assert cost.state_bytes_per_param == kept + shardable
 
 
-def test_fp32_training_has_no_master_copy_to_drop():
+@pytest.mark.parametrize("state", sorted(set(HAND) - {"mixed"}))
+def test_fp32_training_is_the_same_under_every_optimizer_state(state):
+    """docs/formats.md: fp32 training keeps fp32 weight, gradient and moments whatever
+    `optimizer_state` says (16 bytes a parameter; no master copy to drop, no moments
+    kept narrower than the weights). bf16-moments had charged 12."""
     mixed = CostModel(load_model({**GPT, "dtype": "fp32"}), CLUSTER)
-    plain = CostModel(load_model({**GPT, "dtype": "fp32", "optimizer_state": "model-dtype"}),
+    other = CostModel(load_model({**GPT, "dtype": "fp32", "optimizer_state": state}),
                       CLUSTER)
     whole = (0, mixed.model.num_layers)
+    assert mixed.state_bytes(whole, 1, 4, 0) == pytest.approx(
+        16 * mixed.stage_params(whole))
     for zero in (0, 1, 2, 3):
-        assert plain.state_bytes(whole, 1, 4, zero) == mixed.state_bytes(whole, 1, 4, zero)
-    assert plain.optimizer_time_s(whole, "unit") == mixed.optimizer_time_s(whole, "unit")
+        assert other.state_bytes(whole, 1, 4, zero) == mixed.state_bytes(whole, 1, 4, zero)
+    assert other.optimizer_time_s(whole, "unit") == mixed.optimizer_time_s(whole, "unit")
 
 
 def test_adam_step_moves_what_it_keeps():
