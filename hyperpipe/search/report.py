@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from hyperpipe.core.units import format_seconds
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.evaluate import rank_key
@@ -170,13 +172,27 @@ def _cap(cluster, device: str) -> float:
 
 
 def best_other(result):
-    """(name, candidate) of the fastest feasible baseline or peer plan, or None."""
-    feasible = [(c.metrics.iteration_time_s, k, c) for k, c in result.baselines.items()
-                if c.metrics.feasible]
+    """(name, candidate) of the best feasible baseline or peer plan by the search's
+    objective (the fastest, or the cheapest per token; ties to the faster, then the
+    name), or None."""
+    feasible = [(_objective(result, c.metrics), c.metrics.iteration_time_s, k, c)
+                for k, c in result.baselines.items() if c.metrics.feasible]
     if not feasible:
         return None
-    _, name, cand = min(feasible, key=lambda x: x[:2])
+    *_, name, cand = min(feasible, key=lambda x: x[:3])
     return name, cand
+
+
+def _objective(result, metrics) -> float:
+    """The search's objective value of `metrics` (seconds, or USD per million tokens)."""
+    if not _by_cost(result):
+        return metrics.iteration_time_s
+    got = metrics.cost_per_million_tokens
+    return math.inf if got is None else got
+
+
+def _by_cost(result) -> bool:
+    return result.constraints is not None and result.constraints.objective == "cost"
 
 
 def gain_lines(result, cost: CostModel, pool=None) -> list[str]:
@@ -190,8 +206,13 @@ def gain_lines(result, cost: CostModel, pool=None) -> list[str]:
     name, other = found
     best = result.best
     total = other.metrics.iteration_time_s / best.metrics.iteration_time_s
-    out = ["", f"speed-up over the best other plan ({name}): {total:.2f}x; where it comes "
-           "from (the pick with one factor switched to the other's choice, simulated):"]
+    head = f"speed-up over the best other plan ({name}): {total:.2f}x"
+    if _by_cost(result):
+        cheaper = _objective(result, other.metrics) / _objective(result, best.metrics)
+        head = (f"cost per million tokens against the cheapest other plan ({name}): "
+                f"{cheaper:.2f}x cheaper, {total:.2f}x the speed")
+    out = ["", f"{head}; where it comes from (the pick with one factor switched to the "
+           "other's choice, simulated):"]
     for g in attribute(best, other, name, cost, pool):
         out.append(f"  {g.factor:<16} same in both" if g.same
                    else _gain_line(g.factor, 16, g.time_s, g.ratio, g.note))

@@ -400,6 +400,27 @@ def test_alike_layers_stay_in_the_reduced_set_under_sharded_state():
         assert floor == pytest.approx(2 * least, rel=1e-6)
 
 
+def test_best_other_follows_the_objective():
+    """The report's comparison names the best other plan by the search's objective: the
+    fastest under throughput, the cheapest per token under cost (a review found a cost
+    search's report comparing its pick with a plan 4.8x dearer, because it was faster)."""
+    from types import SimpleNamespace as NS
+
+    from hyperpipe.search.report import best_other
+
+    def cand(time_s, cost, feasible=True):
+        return NS(metrics=NS(feasible=feasible, iteration_time_s=time_s,
+                             cost_per_million_tokens=cost))
+    fast, cheap, broken = cand(1.0, 9.0), cand(3.0, 2.0), cand(0.5, 1.0, feasible=False)
+    res = NS(baselines={"amp": fast, "uniform": cheap, "metis": broken},
+             constraints=NS(objective="throughput"))
+    assert best_other(res) == ("amp", fast)
+    res.constraints = NS(objective="cost")
+    assert best_other(res) == ("uniform", cheap)
+    res.constraints = None                   # a result without them: by time
+    assert best_other(res) == ("amp", fast)
+
+
 def test_using_all_is_the_best_plan_on_every_device_searched_or_baseline():
     """The idle line's alternative uses every device (not only those the pick leaves
     idle), may be a baseline's, keeps the search's constraints and is ranked by its
