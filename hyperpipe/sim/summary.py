@@ -15,7 +15,7 @@ def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
         f"model {cost.model.name} on cluster {cluster.name}: {len(plan.devices)} devices, "
         f"{_shape(plan)}",
         f"iteration   {format_seconds(m.iteration_time_s)}   "
-        f"{m.throughput_samples_per_s:.4g} samples/s   {m.tokens_per_s:.4g} tokens/s",
+        f"{_rate(m.throughput_samples_per_s)} samples/s   {_rate(m.tokens_per_s)} tokens/s",
         f"bubble      {m.bubble_fraction:.1%} of device time idle   MFU {m.mfu:.1%}",
     ]
     top = m.extra["bottleneck"]
@@ -32,8 +32,8 @@ def describe(result: SimResult, plan: Plan, cost: CostModel) -> str:
                  f"optimizer {format_seconds(ph['optimizer_s'])}")
     dev = max(m.peak_memory_bytes, key=m.peak_memory_bytes.get)
     cap = cluster.device(dev).type.memory_bytes
-    lines.append(f"memory      peak {format_quantity(m.peak_memory_bytes[dev], 'B')} on {dev} "
-                 f"(of {format_quantity(cap, 'B')})")
+    peak_b, cap_b = _apart(m.peak_memory_bytes[dev], cap)
+    lines.append(f"memory      peak {peak_b} on {dev} (of {cap_b})")
     if m.oom:
         worst = max(m.extra["oom_detail"], key=lambda d: d["bytes_over"])
         lines.append(f"OUT OF MEMORY on {len(m.oom)} device(s): worst {worst['device']} "
@@ -63,3 +63,17 @@ def _shape(plan: Plan) -> str:
     parts = ", ".join(f"{n} x {stages} stage device(s){chunks} (micro-batch {mb} x {m})"
                       for (stages, mb, m), n in groups.items())
     return f"{len(plan.pipelines)} pipeline(s): {parts}, {tail}"
+
+
+def _rate(per_s: float) -> str:
+    """A rate without an exponent: whole numbers with separators from 1,000 up."""
+    return f"{per_s:,.0f}" if per_s >= 1000 else f"{per_s:.4g}"
+
+
+def _apart(a_bytes: float, b_bytes: float) -> tuple[str, str]:
+    """Two byte counts in short form, or in bytes where the short forms of two different
+    counts read alike (a peak just over its device's memory)."""
+    a, b = format_quantity(a_bytes, "B"), format_quantity(b_bytes, "B")
+    if a == b and a_bytes != b_bytes:
+        return f"{a_bytes:,.0f} B", f"{b_bytes:,.0f} B"
+    return a, b
