@@ -39,6 +39,10 @@ def forward(layers: Sequence[torch.nn.Module], x: torch.Tensor, targets: torch.T
         out = layer(out, targets) if getattr(layer, "takes_targets", False) else layer(out)
     if targets is not None and loss_scale != 1.0:
         out = out * loss_scale
+    if out._base is not None:
+        # a view (sequence parallelism's all-gather ends a stage so): torch's I detaches
+        # the output in place, which a view refuses
+        out = out.clone()
     return [x, out, None, embedded]
 
 

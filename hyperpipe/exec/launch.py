@@ -336,8 +336,14 @@ def _lost_peer(exc: BaseException) -> bool:
 
 
 def _cause(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    """One line: the exception's type and the first line of its message, with the
+    next line where the first only announces it (ends with a colon)."""
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not text:
+        return type(exc).__name__
+    first = text[0] if not (text[0].endswith(":") and len(text) > 1) else \
+        f"{text[0]} {text[1]}"
+    return f"{type(exc).__name__}: {first}"
 
 
 def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = WATCHDOG_S,

@@ -48,6 +48,11 @@ def check(plan, steps: int = 1, **options):
               stage((4, 8), (2, 3), recompute="selective")], 3),
     # tp=1 feeds tp=2 with sequence parallelism (both ranks receive), under the I/W split
     ("zb-h1", [stage((0, 3), (0,)), stage((3, 8), (1, 2), sequence_parallel=True)], 1),
+    # sequence parallelism on a stage that sends on, under the I/W split: its output is
+    # the all-gather's view, which torch's I cannot detach in place (every rank failed)
+    ("zb-h1", [stage((0, 4), (0, 1), sequence_parallel=True), stage((4, 8), (2,))], 1),
+    ("zb-v", [stage((0, 2), (0, 1), sequence_parallel=True), stage((2, 4), (2,)),
+              stage((4, 6), (2,)), stage((6, 8), (0, 1), sequence_parallel=True)], 1),
 ])
 def test_tensor_and_sequence_parallel_train_like_single_process(kind, stages, steps):
     check(plan_of([{"micro_batch": 2, "num_microbatches": 4, "stages": stages}], kind), steps)

@@ -188,3 +188,14 @@ def test_sigterm_in_the_first_seconds_always_ends_well():
             if problem not in (None, "early"):
                 problems[kind, delay] = problem
     assert not problems
+
+
+def test_a_cause_keeps_the_line_a_message_announces():
+    """The one line naming a failed rank's cause: torch's 'Failed to run stage backward
+    input:' says what failed on its next line, which the launcher dropped."""
+    from hyperpipe.exec.launch import _cause
+    assert _cause(RuntimeError("Failed to run stage backward input:\n"
+                               "Can't detach views in-place.\nmore")) == \
+        "RuntimeError: Failed to run stage backward input: Can't detach views in-place."
+    assert _cause(ValueError("bad size\ndetail")) == "ValueError: bad size"
+    assert _cause(KeyError()) == "KeyError"
