@@ -11,7 +11,10 @@ socket (`Links`, one connection per thread):
 * the sender of a message posts its flow when it sends (``post``: key, source and
   destination rank, bytes, the send time), and sends the payload over gloo as usual;
 * the receiver, once the payload is in, asks when the flow arrives (``arrival_s``) and
-  holds it until then (`hold`).
+  holds it until then (`hold`);
+* a sender that blocks on its sends (a plan's ``runtime.p2p: blocking``) posts the flow
+  as awaited (``post(..., awaited=True)``) and asks the same (``sent_s``): the emulator
+  keeps the arrival for it until it asks.
 
 The emulator runs the fabric in real time: a flow's bytes move at the max-min fair
 share of the hops it crosses, with every other flow that crosses them, so contention
@@ -111,17 +114,20 @@ class Links:
             return self._next
 
     def post(self, key: Hashable, src: int, dst: int, nbytes: float, *,
-             queue: Hashable | None = None, at_s: float | None = None) -> None:
+             queue: Hashable | None = None, at_s: float | None = None,
+             awaited: bool = False) -> None:
         """Flow `key` of `nbytes` from rank `src` to rank `dst` leaves now (or at `at_s`,
-        perf_counter seconds), after the earlier flows of `queue` if one is named."""
+        perf_counter seconds), after the earlier flows of `queue` if one is named;
+        `awaited`: its sender will ask when it arrives too (`sent_s`)."""
         self._send(("post", key, src, dst, float(nbytes), queue,
-                    time.perf_counter() if at_s is None else at_s))
+                    time.perf_counter() if at_s is None else at_s, awaited))
 
-    def arrival_s(self, key: Hashable) -> float:
+    def arrival_s(self, key: Hashable, *, request: str = "wait") -> float:
         """When flow `key` arrives (perf_counter seconds): blocks until its bytes have
-        crossed the emulated links."""
+        crossed the emulated links. `request` "sent": the sender's question about a flow
+        it posted as awaited."""
         conn = self._conn()
-        self._send(("wait", key))
+        self._send((request, key))
         try:
             if not conn.poll(self.timeout_s):
                 raise LinkEmulatorFailure(f"rank {self.rank}: the link emulator said nothing "
@@ -135,6 +141,11 @@ class Links:
     def deliver(self, key: Hashable) -> float:
         """Hold until flow `key` has arrived; return perf_counter seconds then."""
         return hold(self.arrival_s(key))
+
+    def sent_s(self, key: Hashable) -> float:
+        """Hold the sender of flow `key` (posted `awaited`) until it has arrived; return
+        perf_counter seconds then."""
+        return hold(self.arrival_s(key, request="sent"))
 
     def stats(self) -> Stats:
         """The emulator's counts so far."""
@@ -284,6 +295,9 @@ class _Server:
         self.conns: list[Connection] = []
         self.arrived: dict[Hashable, float] = {}
         self.waiting: dict[Hashable, Connection] = {}
+        # flows whose sender awaits them too: its connection once it asked, else the
+        # arrival kept for it (None: not arrived, not asked)
+        self.senders: dict[Hashable, Connection | float | None] = {}
         self.flows = self.late = 0
         self.max_late_s = 0.0
 
@@ -312,7 +326,7 @@ class _Server:
             self._serve([c for c in ready if c != self._wake_r])
 
     def _serve(self, ready: list[Connection]) -> None:
-        posts, waits = [], []
+        posts, waits, sent = [], [], []
         for conn in ready:
             try:
                 while conn.poll():
@@ -321,12 +335,17 @@ class _Server:
                         posts.append(msg)
                     elif msg[0] == "wait":
                         waits.append((msg[1], conn))
+                    elif msg[0] == "sent":
+                        sent.append((msg[1], conn))
                     elif msg[0] == "stats":
                         conn.send(("stats", Stats(self.flows, self.late, self.max_late_s)))
             except (EOFError, OSError):
                 self.conns.remove(conn)
         now = time.perf_counter()
-        for _, key, src, dst, nbytes, queue, at_s in sorted(posts, key=lambda m: m[6]):
+        for _, key, src, dst, nbytes, queue, at_s, awaited in sorted(posts,
+                                                                     key=lambda m: m[6]):
+            if awaited:
+                self.senders[key] = None
             at_s = min(at_s, now)
             if at_s < self.fabric.now_s:
                 self.late += 1
@@ -337,6 +356,13 @@ class _Server:
             self.flows += 1
         self.fabric.advance(now)
         for d in self.fabric.take_deliveries():
+            if d.key in self.senders:
+                asked = self.senders[d.key]
+                if asked is None:
+                    self.senders[d.key] = d.arrival_s
+                else:
+                    del self.senders[d.key]
+                    self._answer(asked, d.key, d.arrival_s)
             conn = self.waiting.pop(d.key, None)
             if conn is None:
                 self.arrived[d.key] = d.arrival_s
@@ -347,6 +373,13 @@ class _Server:
                 self._answer(conn, key, self.arrived.pop(key))
             else:
                 self.waiting[key] = conn
+        for key, conn in sent:
+            got = self.senders.get(key)
+            if isinstance(got, float):
+                del self.senders[key]
+                self._answer(conn, key, got)
+            else:
+                self.senders[key] = conn
 
     def _answer(self, conn: Connection, key: Hashable, arrival_s: float) -> None:
         try:

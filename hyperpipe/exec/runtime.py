@@ -123,6 +123,11 @@ class RankRuntime:
         self.seed, self.device, self.timeout_s = seed, device, timeout_s
         self.clock, self.factor = clock, emulation_factor
         self.links = links
+        # the plan's stack: a blocking sender waits for its message's delivery; without
+        # overlap, gradients are reduced after the rank's last action
+        stack = plan.runtime_settings()
+        self.blocking_p2p = stack.p2p == "blocking"
+        overlap_dp_allreduce = overlap_dp_allreduce and stack.overlap_grad_reduce
         self.tp_ring = ring_order(where.tp_ranks, nodes) if links else where.tp_ranks
         self.reference: dict = {}       # (stage, op) or "optimizer" -> seconds (emulation)
         self.devices = plan.devices
@@ -496,14 +501,20 @@ class RankRuntime:
             nbytes = float(tensor.numel() * tensor.element_size())
             ev = self._event("send", src_stage, mb, self.clock(), 0.0, nbytes,
                              self.devices[dst])
-            wire = tensor
+            wire, flow = tensor, None
             if self.links:      # a flow of the link emulator, one after another per peer
                 number = self.links.number()
                 me = self.where.rank
-                self.links.post(("p2p", me, number), me, dst, nbytes, queue=("p2p", me, dst))
+                flow = ("p2p", me, number)
+                self.links.post(flow, me, dst, nbytes, queue=("p2p", me, dst),
+                                awaited=self.blocking_p2p)
                 wire = comm.stamped(tensor, number)
             self.sends.send(wire, dst, comm.message_tag(kind, stage, mb, self.num_mb),
                             self.channels.group(self.where.rank, dst), ev)
+            if self.blocking_p2p:       # held until delivered (the flow has arrived)
+                if flow is not None:
+                    self.links.sent_s(flow)
+                self.sends.reap(self.events, block=True)
 
     # ------------------------------------------------------------------ helpers
     def _sync(self) -> None:
