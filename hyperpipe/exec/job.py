@@ -169,7 +169,7 @@ def _run_rank(prep: Prepared, options: RunOptions, rank: int, device: torch.devi
     if prep.resume_from is not None:
         state = checkpoint.load_rank(options.checkpoint_dir, prep.resume_from, rank)
         _check_rank_state(state, runtime, str(checkpoint.rank_file(
-            options.checkpoint_dir, prep.resume_from, rank)), rank)
+            options.checkpoint_dir, prep.resume_from, rank)), rank, prep.resume_from)
         runtime.load_state_dict(state)
         rng, first_step = state["rng"], int(state["step"])
     if emulated:
@@ -330,10 +330,11 @@ def _assemble(prep: Prepared, options: RunOptions, gathered: list, emulated: boo
         state=[g["state"] for g in gathered] if options.capture_state else None)
 
 
-def _check_rank_state(state, runtime, where: str, rank: int) -> None:
+def _check_rank_state(state, runtime, where: str, rank: int, step: int) -> None:
     """BadInput (naming the file `where`) when a rank file that loads is not this rank's
-    state: other stages or tensor shapes (another rank's file, another plan), or no step
-    or RNG state."""
+    state after `step` steps (the checkpoint's): other stages or tensor shapes (another
+    rank's file, another plan), no step or RNG state, or another step (a file of
+    another checkpoint of the run)."""
     want = {str(s): st.module.state_dict() for s, st in runtime.stages.items()}
     expected = f"the state of rank {rank}'s stages {sorted(runtime.stages)}"
     stages = state.get("stages") if isinstance(state, dict) else None
@@ -341,6 +342,9 @@ def _check_rank_state(state, runtime, where: str, rank: int) -> None:
             not {"optimizer", "rng", "step"} <= set(state):
         got = sorted(stages) if isinstance(stages, dict) else type(state).__name__
         raise BadInput(where, expected, f"stages {got}")
+    if state["step"] != step:
+        raise BadInput(where, f"the state after step {step} (the checkpoint's)",
+                       f"the state after step {state['step']}")
     for s, tensors in want.items():
         saved = stages[s]
         for name, value in tensors.items():

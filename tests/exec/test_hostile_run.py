@@ -113,6 +113,20 @@ def test_empty_and_corrupt_rank_files_name_the_file(plan_path, tmp_path, capsys,
     rank1.write_bytes((ck / "step-00000001" / "rank-00000.pt").read_bytes())
     rc, _, err = cli(capsys, resume)
     assert_one_line(rc, err, 2, "rank-00001.pt", "the state of rank 1's stages [1]")
+    # this rank's file of another checkpoint of the run (it hung until the timeout,
+    # then blamed a peer)
+    ck2 = tmp_path / "ck2"
+    for steps in ("1", "2"):
+        rc, _, err = cli(capsys, ["run", "--plan", plan_path, "--no-emulate", "--steps",
+                                  steps, "--checkpoint", ck2] + (["--resume"] if steps == "2"
+                                                                 else []))
+        assert rc == 0, err
+    (ck2 / "step-00000002" / "rank-00001.pt").write_bytes(
+        (ck2 / "step-00000001" / "rank-00001.pt").read_bytes())
+    rc, _, err = cli(capsys, ["run", "--plan", plan_path, "--no-emulate", "--steps", "3",
+                              "--checkpoint", ck2, "--resume"])
+    assert_one_line(rc, err, 2, "rank-00001.pt", "the state after step 2",
+                    "the state after step 1")
 
 
 def _pids_alive(pids) -> list[int]:
