@@ -8,10 +8,12 @@ resuming ignores. A manifest carries a fingerprint of the plan, the model and th
 resuming from a checkpoint of another run is refused (BadInput, exit 2), never silently
 mixed in. Files are read back with torch's weights-only loader.
 
-A directory belongs to one run: ``DIR/run.json`` records its fingerprint, seed and rank
-count. A fresh run into a directory that holds another run's record or checkpoints is
-refused (BadInput) unless asked to overwrite it, so that stale checkpoints can never
-outlive the new ones (pruning keeps the highest steps) and be resumed by mistake.
+A directory belongs to one run: ``DIR/run.json`` records its fingerprint, seed, rank
+count and learning rate (resuming at another one is refused: the optimizer state
+restores the saved one). A fresh run into a directory that holds another run's record or
+checkpoints is refused (BadInput) unless asked to overwrite it, so that stale checkpoints
+can never outlive the new ones (pruning keeps the highest steps) and be resumed by
+mistake.
 ``DIR/.lock`` (an exclusive `flock`, released by the kernel when its holder dies, even
 by SIGKILL) keeps two runs out of one directory.
 """
@@ -116,11 +118,13 @@ def steps_done(n: int) -> str:
 
 
 def check_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int, *,
-                    steps: int, resume: bool, overwrite: bool) -> int | None:
+                    steps: int, resume: bool, overwrite: bool,
+                    lr: float | None = None) -> int | None:
     """Check that a run may use checkpoint directory `root`; return the step to resume
     from (None: start at step 0). Raises BadInput, before anything is written, when
     `root` holds another run (unless `overwrite`), when `resume` finds a checkpoint of
-    another run or one already at or past `steps`."""
+    another run or one already at or past `steps`, or a run recorded with a learning
+    rate other than `lr` (the optimizer state would restore its own; None: unchecked)."""
     base = Path(root)
     if base.exists() and not base.is_dir():
         raise BadInput("--checkpoint", "a directory", str(base))
@@ -132,6 +136,9 @@ def check_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int
                            f"this plan, model and seed ({fp[:12]}); it belongs to run "
                            f"{str(record.get('fingerprint'))[:12]} (seed "
                            f"{record.get('seed')})", has_got=False)
+        if record is not None and lr is not None and record.get("lr", lr) != lr:
+            raise BadInput("--lr", f"the learning rate of the run in {base} "
+                           f"({record['lr']:g}) to resume it", lr)
         step = resume_step(base, fp, world_size)
         if step is not None and step >= steps:
             raise BadInput("--steps", f"more than {step}: the checkpoint in {base} already "
@@ -154,8 +161,9 @@ def check_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int
 
 
 def claim_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int, *,
-                    resume: bool, overwrite: bool) -> IO:
-    """Lock `root` for this run and record the run in it (after check_directory). With
+                    resume: bool, overwrite: bool, lr: float | None = None) -> IO:
+    """Lock `root` for this run and record the run in it (after check_directory), with
+    its learning rate `lr` when given. With
     `overwrite` (and no resume) the old checkpoints are removed first. Returns the open
     lock file: keep it open for the whole run (closing it, or exiting, unlocks)."""
     base = Path(root)
@@ -179,6 +187,8 @@ def claim_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int
         for d in base.glob("step-*"):       # incomplete ones too
             shutil.rmtree(d, ignore_errors=True)
     doc = {"format": RUN_FORMAT, "fingerprint": fp, "seed": seed, "world_size": world_size}
+    if lr is not None:
+        doc["lr"] = lr
     write_atomic(base / RUN_RECORD, json.dumps(doc, indent=1) + "\n")
     return lock
 

@@ -84,7 +84,7 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
     if options.checkpoint_dir is not None:
         resume_from = checkpoint.check_directory(
             options.checkpoint_dir, fp, options.seed, world, steps=options.steps,
-            resume=options.resume, overwrite=options.overwrite)
+            resume=options.resume, overwrite=options.overwrite, lr=options.lr)
         if resume_from is not None:
             preflight.check_rank_files(options.checkpoint_dir, resume_from, world)
     return Prepared(plan, spec, cluster, fp, resume_from)

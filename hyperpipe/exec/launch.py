@@ -147,7 +147,7 @@ def _claim(prep: Prepared, options: RunOptions):
         return None
     return checkpoint.claim_directory(options.checkpoint_dir, prep.fingerprint, options.seed,
                                       len(prep.plan.devices), resume=options.resume,
-                                      overwrite=options.overwrite)
+                                      overwrite=options.overwrite, lr=options.lr)
 
 
 def torchrun_env() -> tuple[int, int, int, int] | None:

@@ -63,6 +63,21 @@ def test_resume_past_the_requested_steps_is_refused(tmp_path):
                                 overwrite=False) == 4
 
 
+def test_resume_at_another_learning_rate_is_refused(tmp_path):
+    """The optimizer state restores the learning rate it was saved with, so a resumed run
+    given another --lr trained at the old one, silently; the run record keeps the rate
+    and resuming at another is refused before anything runs."""
+    ckpt.claim_directory(tmp_path, "f" * 64, 0, 2, resume=False, overwrite=False,
+                         lr=0.001).close()
+    ckpt.write_manifest(tmp_path, 4, "f" * 64, ["a", "b"])
+    with pytest.raises(BadInput, match=r"--lr: expected the learning rate of the run in "
+                                       r".* \(0\.001\) to resume it, got 0\.05"):
+        ckpt.check_directory(tmp_path, "f" * 64, 0, 2, steps=6, resume=True,
+                             overwrite=False, lr=0.05)
+    assert ckpt.check_directory(tmp_path, "f" * 64, 0, 2, steps=6, resume=True,
+                                overwrite=False, lr=0.001) == 4
+
+
 def test_gpt3_6_7b_plan_is_refused_before_launch_with_the_figures(tmp_path, capsys):
     plan = {**TINY, "model": "gpt3-6.7b", "pipelines": [{**TINY["pipelines"][0], "stages": [
         {"layers": [0, 17], "devices": ["a100/0"]}, {"layers": [17, 35], "devices": ["v100/0"]}
