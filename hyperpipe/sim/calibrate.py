@@ -483,6 +483,7 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
         run = _Run(where, trace, plan, model, cluster,
                    {d: cluster.device(d).type.name for d in plan.devices})
         _check_one_model(runs[0] if runs else run, run)
+        _check_one_clock(runs[0] if runs else run, run)
         _check_events(trace, plan, where)
         if base is not None:    # a layer profile of this model and these device types
             check_profile(base, model, cluster, where=base_source, devices=plan.devices,
@@ -557,6 +558,26 @@ def _check_one_model(first: _Run, this: _Run) -> None:
                        f"on); {first.where} ran {first.model.name} ({fp_first}), "
                        f"{this.where} ran {this.model.name} ({fp_this}): calibrate each "
                        "model separately", has_got=False)
+
+
+def _clock(trace: Trace) -> str:
+    """What a trace's times measure: the machine's own speed, or devices emulated at one
+    scale (`meta.emulation_scale`, compute stretched by it)."""
+    if not trace.emulated:
+        return "run natively (not emulated)"
+    return f"emulated at scale {float(trace.meta.get('emulation_scale', 1.0)):g}"
+
+
+def _check_one_clock(first: _Run, this: _Run) -> None:
+    """BadInput naming both traces when they were timed apart: one native and one
+    emulated, or emulated at two scales (their compute times differ by the scale, and a
+    fit through both describes neither)."""
+    a, b = _clock(first.trace), _clock(this.trace)
+    if a != b:
+        raise BadInput(f"{first.where}, {this.where}: meta.emulated",
+                       f"traces timed alike (one profile per time base); {first.where} "
+                       f"was {a}, {this.where} {b}: calibrate each separately",
+                       has_got=False)
 
 
 def _measured_on(models: list) -> dict:

@@ -113,3 +113,22 @@ def test_a_base_profile_of_another_model_is_refused(traces, tmp_path, capsys):
         calibrate([traces["gpt"]], base=base)
     fitted = calibrate([traces["gpt"]], base=base, allow_base_mismatch=True)
     assert fitted.provenance["model"] == "tiny-gpt" and fitted.compute
+
+
+@pytest.mark.parametrize("meta_a,meta_b,words", [
+    ({"emulated": False}, {"emulated": True, "emulation_scale": 3.0},
+     ["run natively", "emulated at scale 3"]),
+    ({"emulated": True, "emulation_scale": 1.0}, {"emulated": True, "emulation_scale": 3.0},
+     ["emulated at scale 1", "emulated at scale 3"]),
+])
+def test_calibrate_refuses_traces_timed_apart(traces, meta_a, meta_b, words):
+    """One profile per time base: a native trace beside an emulated one, or emulated runs
+    at two scales, were fitted together (the worst residual rose to 52% in a review's
+    case) and the profile said only 'emulated'."""
+    a = Trace(traces["gpt"].events, {**traces["gpt"].meta, **meta_a})
+    b = Trace(traces["gpt"].events, {**traces["gpt"].meta, **meta_b})
+    with pytest.raises(BadInput) as err:
+        calibrate([a, b], sources=["A", "B"])
+    for word in ["A, B: meta.emulated", *words]:
+        assert word in str(err.value), (word, str(err.value))
+    assert calibrate([a, a], sources=["A", "A2"]).compute      # alike: fitted together
