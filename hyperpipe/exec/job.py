@@ -70,10 +70,13 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
     check_runnable(plan, spec)
     check_expert_parallel(plan, spec)
     if spec.config is None:
+        # the model's file, or the plan's where the plan holds it
+        where = f"{plan.source}: model" if isinstance(plan.model, dict) else str(plan.model)
         for i, layer in enumerate(spec.layers):
             if layer.hidden is None:
-                raise BadInput(f"model {spec.name}: layers[{i}].hidden", "a width (needed to "
-                               "run a synthetic model for real)", has_got=False)
+                raise BadInput(f"{where}: layers[{i}].hidden", "a width (needed to run a "
+                               f"synthetic model for real; model {spec.name})",
+                               has_got=False)
     world = len(plan.devices)
     preflight.check_open_files(world)
     if options.inject_fault is not None and options.inject_fault[0] >= world:

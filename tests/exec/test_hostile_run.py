@@ -178,3 +178,18 @@ def test_a_module_in_the_working_directory_does_not_run_in_the_ranks(plan_path, 
                           cwd=work, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not marker.exists()
+
+
+def test_a_synthetic_model_without_widths_names_the_plan_file(tmp_path, capsys):
+    """`run` needs a synthetic model's widths; the plan that holds the model is the file
+    to fix (the line named only the model)."""
+    plan = tmp_path / "syn.json"
+    plan.write_text(json.dumps({
+        "format": "hyperpipe.plan/1", "global_batch": 4, "schedule": {"kind": "1f1b"},
+        "model": {"kind": "synthetic", "layers": 2, "fwd_flops_per_sample": 1e9,
+                  "activation_bytes_per_sample": 1000, "params_per_layer": 1000},
+        "cluster": {"nodes": [{"name": "n", "device": "A100-80GB", "count": 2}]},
+        "pipelines": [{"micro_batch": 1, "num_microbatches": 4, "stages": [
+            {"layers": [0, 1], "devices": ["n/0"]}, {"layers": [1, 2], "devices": ["n/1"]}]}]}))
+    rc, _, err = cli(capsys, ["run", "--plan", plan, "--no-emulate"])
+    assert_one_line(rc, err, 2, f"{plan}: model: layers[0].hidden", "a width")
