@@ -327,6 +327,8 @@ def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[st
     chosen = None if c.schedule is None else schedule_kind(c.schedule)
     names = GENERATED_KINDS if chosen is None or chosen.carries_actions else (chosen.name,)
     for kind in map(schedule_kind, names):
+        if c.zero == 3 and kind.splits_backward and kind is not chosen:
+            continue    # ZeRO-3 asked: the kinds `run` runs with it (no I/W split)
         if not kind.takes_chunks:
             v = kind.default_chunks
             if c.chunks in (None, v) and (v == 1 or 2 * v <= num_layers):

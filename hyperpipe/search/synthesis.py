@@ -10,7 +10,9 @@ was searched) joins the ranking when it beats the plan it came from; when the us
 for synth, every synthesis joins as synth (a fixed kind that won written out as its
 action lists and simulated again), and the search ranks those alone: the syntheses of at
 most `SYNTH_TOP` plans of the short list and of the seeds, so fewer than `top` may be
-ranked. Skipped when the user fixed a schedule kind other than synth.
+ranked. Skipped when the user fixed a schedule kind other than synth, or ZeRO-3 without
+a kind (synthesised orders split the backward, which `run` does not do under ZeRO-3:
+`space.schedule_options` keeps to the kinds it runs).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
     baselines = dict(baselines or {})
     if ctx.c.schedule is not None and not schedule_kind(ctx.c.schedule).carries_actions:
         return ranked, baselines
+    if ctx.c.zero == 3 and ctx.c.schedule is None:
+        return ranked, baselines    # its orders split the backward: not with ZeRO-3
     got: dict[str, object] = {}
     # the fixed kinds already simulated for each shape: synthesis does not redo them
     known: dict[str, dict[str, Metrics]] = {}

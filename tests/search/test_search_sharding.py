@@ -232,3 +232,22 @@ def test_zero_templates_count_their_per_micro_batch_collectives(zero, reshard):
         plan = _build_plan(ctx, (tpl,))
         analytic = estimate(plan, ctx.cost).iteration_time_s
         assert tpl.time_s(m) == pytest.approx(analytic, rel=0.20), (tpl.kind, tpl.dp)
+
+
+def test_a_zero3_search_picks_plans_run_runs():
+    """`run` does ZeRO-3 without the I/W split (FSDP2 reduce-scatters after a unit's
+    whole backward), so a search with --zero 3 keeps to those kinds, no synthesised
+    orders: its pick and every plan it ranks pass `run`'s checks (it had picked zb-h1,
+    which `run` refused). Asked for by name, a split kind is still searched."""
+    from hyperpipe.exec import RunOptions
+    from hyperpipe.exec.job import prepare
+    from hyperpipe.plan.kinds import schedule_kind
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    result = search(model, cluster, SearchConstraints(global_batch=16, pp=2, dp=2, zero=3),
+                    top=5, peers=False)
+    for cand in [*result.ranked, *result.baselines.values()]:
+        assert not schedule_kind(cand.plan.schedule).splits_backward, cand.plan.schedule
+    prepare(result.best.plan, RunOptions())        # raises BadInput where run refuses
+    asked = search(model, cluster, SearchConstraints(global_batch=16, pp=2, dp=2, zero=3,
+                                                     schedule="zb-h1"), peers=False)
+    assert asked.best.plan.schedule == "zb-h1"
