@@ -208,9 +208,10 @@ def gain_lines(result, cost: CostModel, pool=None) -> list[str]:
     total = other.metrics.iteration_time_s / best.metrics.iteration_time_s
     head = f"speed-up over the best other plan ({name}): {total:.2f}x"
     if _by_cost(result):
-        cheaper = _objective(result, other.metrics) / _objective(result, best.metrics)
+        mine, theirs = (_objective(result, c.metrics) for c in (best, other))
+        cheaper = f"{theirs / mine:.2f}x cheaper" if mine > 0 else "free"
         head = (f"cost per million tokens against the cheapest other plan ({name}): "
-                f"{cheaper:.2f}x cheaper, {total:.2f}x the speed")
+                f"{cheaper}, {total:.2f}x the speed")
     out = ["", f"{head}; where it comes from (the pick with one factor switched to the "
            "other's choice, simulated):"]
     for g in attribute(best, other, name, cost, pool):
