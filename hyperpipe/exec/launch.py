@@ -222,15 +222,17 @@ def launch_local(target: Callable[..., Any], args: tuple, devices: list[str], *,
                              args=(target, args, r, world, str(run_dir), os.getpid()))
                  for r in range(world)]
         started_at = time.time()
+        collector = Collector(run_dir / EVENTS, world, monitor)
         try:
             with stopping.held(), _safe_path():   # a stop waits until every rank has a
                 for p in procs:                   # pid to stop
                     p.start()
-            collector = Collector(run_dir / EVENTS, world, monitor)
             _watch(procs, devices, run_dir, watchdog_s, started_at, collector.poll)
-            collector.poll()
         finally:
             _stop(procs)
+            # what the ranks reported before they ended, a stop's or a failure's too
+            # (the step lines of the last steps were lost on Ctrl-C)
+            collector.poll()
         results = []
         for r in range(world):
             path = run_dir / f"result-{r}.pkl"
