@@ -221,8 +221,11 @@ class DataParallel:
             self._start_ready(self._bucket_of[id(p)])
 
     def produced(self, params: list[nn.Parameter]) -> None:
-        """The last backward action for `params` has ended: their gradients are final."""
-        if not self.overlap:
+        """The last backward action for `params` has ended: their gradients are final.
+        Without overlap they wait for the flush, except under ZeRO-2, whose
+        reduce-scatter of every micro-batch's gradients is what frees them (the
+        simulator prices it so whatever the overlap)."""
+        if not self.overlap and not self.per_microbatch:
             return
         self._ready.update(id(p) for p in params)
         for p in params:
