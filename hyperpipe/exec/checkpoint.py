@@ -136,10 +136,12 @@ def check_directory(root: str | os.PathLike, fp: str, seed: int, world_size: int
                            f"this plan, model and seed ({fp[:12]}); it belongs to run "
                            f"{str(record.get('fingerprint'))[:12]} (seed "
                            f"{record.get('seed')})", has_got=False)
-        if record is not None and lr is not None and record.get("lr", lr) != lr:
-            raise BadInput("--lr", f"the learning rate of the run in {base} "
-                           f"({record['lr']:g}) to resume it", lr)
         step = resume_step(base, fp, world_size)
+        saved = record.get("lr") if record is not None else None
+        if step is not None and lr is not None and isinstance(saved, (int, float)) \
+                and not isinstance(saved, bool) and saved != lr:
+            raise BadInput("--lr", f"the learning rate of the run in {base} ({saved:g}) "
+                           "to resume it", lr)
         if step is not None and step >= steps:
             raise BadInput("--steps", f"more than {step}: the checkpoint in {base} already "
                            f"holds {steps_done(step)}, so --steps {steps} leaves nothing to "

@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -70,8 +71,12 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
     check_runnable(plan, spec)
     check_expert_parallel(plan, spec)
     if spec.config is None:
-        # the model's file, or the plan's where the plan holds it
-        where = f"{plan.source}: model" if isinstance(plan.model, dict) else str(plan.model)
+        # the plan where it holds the model, else the model's file (found beside the
+        # plan, as plans name files) or name
+        where = f"{plan.source}: model"
+        if not isinstance(plan.model, dict):
+            beside = None if plan.base_dir is None else Path(plan.base_dir) / plan.model
+            where = str(beside if beside is not None and beside.is_file() else plan.model)
         for i, layer in enumerate(spec.layers):
             if layer.hidden is None:
                 raise BadInput(f"{where}: layers[{i}].hidden", "a width (needed to run a "

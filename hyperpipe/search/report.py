@@ -209,7 +209,12 @@ def gain_lines(result, cost: CostModel, pool=None) -> list[str]:
     head = f"speed-up over the best other plan ({name}): {total:.2f}x"
     if _by_cost(result):
         mine, theirs = (_objective(result, c.metrics) for c in (best, other))
-        cheaper = f"{theirs / mine:.2f}x cheaper" if mine > 0 else "free"
+        if mine <= 0:
+            cheaper = "free" if theirs > 0 else "both free"
+        elif mine <= theirs:
+            cheaper = f"{theirs / mine:.2f}x cheaper"
+        else:       # the seeds keep the pick at least as cheap; a pick given otherwise
+            cheaper = f"{mine / theirs:.2f}x dearer"
         head = (f"cost per million tokens against the cheapest other plan ({name}): "
                 f"{cheaper}, {total:.2f}x the speed")
     out = ["", f"{head}; where it comes from (the pick with one factor switched to the "

@@ -76,6 +76,20 @@ def test_resume_at_another_learning_rate_is_refused(tmp_path):
                              overwrite=False, lr=0.05)
     assert ckpt.check_directory(tmp_path, "f" * 64, 0, 2, steps=6, resume=True,
                                 overwrite=False, lr=0.001) == 4
+    # a record whose rate is not a number is not compared (it had raised TypeError)
+    import json
+    record = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps({**record, "lr": None}))
+    assert ckpt.check_directory(tmp_path, "f" * 64, 0, 2, steps=6, resume=True,
+                                overwrite=False, lr=0.05) == 4
+
+
+def test_resume_of_a_directory_without_a_checkpoint_takes_any_learning_rate(tmp_path):
+    """Nothing to restore, so nothing to contradict: --resume --lr starts at step 0."""
+    ckpt.claim_directory(tmp_path, "f" * 64, 0, 2, resume=False, overwrite=False,
+                         lr=0.001).close()
+    assert ckpt.check_directory(tmp_path, "f" * 64, 0, 2, steps=6, resume=True,
+                                overwrite=False, lr=0.05) is None
 
 
 def test_gpt3_6_7b_plan_is_refused_before_launch_with_the_figures(tmp_path, capsys):

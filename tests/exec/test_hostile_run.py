@@ -193,3 +193,10 @@ def test_a_synthetic_model_without_widths_names_the_plan_file(tmp_path, capsys):
             {"layers": [0, 1], "devices": ["n/0"]}, {"layers": [1, 2], "devices": ["n/1"]}]}]}))
     rc, _, err = cli(capsys, ["run", "--plan", plan, "--no-emulate"])
     assert_one_line(rc, err, 2, f"{plan}: model: layers[0].hidden", "a width")
+    # in a file of its own, named as the plan names it (relative to the plan): the
+    # line names that file where it is, from any working directory
+    doc = json.loads(plan.read_text())
+    (tmp_path / "m.json").write_text(json.dumps(doc["model"]))
+    plan.write_text(json.dumps({**doc, "model": "m.json"}))
+    rc, _, err = cli(capsys, ["run", "--plan", plan, "--no-emulate"])
+    assert_one_line(rc, err, 2, f"{tmp_path / 'm.json'}: layers[0].hidden")
