@@ -281,6 +281,41 @@ def test_1f1b_forwards_wait_a_round_trip_for_room():
         pytest.approx(0.138, abs=1e-12)
 
 
+def test_1f1b_round_trips_never_price_above_the_simulation(monkeypatch):
+    """Where the round-trip rounds set the 1F1B estimate (above the old closed form),
+    the estimate stays at or under the simulation (free links but for the plan's own
+    sends, so the simulator adds only waiting): 40 seeded plans of 3 to 6 unequal
+    stages, m from 2 to p + 1, slow and fast links, with and without blocking sends."""
+    import random
+
+    from factories import bounds_of, chain_plan
+
+    import hyperpipe.sim.analytic as A
+    rng = random.Random(7)
+    active = 0
+    for _ in range(40):
+        p = rng.choice([3, 4, 5, 6])
+        counts = [rng.choice([1, 2, 5]) for _ in range(p)]
+        m, act = rng.randint(2, p + 1), rng.choice([1e6, 1e7, 3e7])
+        model = synthetic_model(sum(counts), fwd_flops_per_sample=1e9, params_per_layer=0,
+                                activation_bytes_per_sample=act, stash_bytes_per_sample=1e6)
+        cluster = load_cluster(cluster_dict(p, 1, latency=rng.choice([0.0, 2e-3])))
+        cost = CostModel(model, cluster)
+        plan = chain_plan(model, cluster, bounds_of(counts), [f"n{i}/0" for i in range(p)],
+                          1, m)
+        if rng.random() < 0.5:
+            plan = plan.on_stack(p2p="blocking")
+        new = estimate(plan, cost, include_optimizer=False).iteration_time_s
+        with monkeypatch.context() as patch:      # the closed form without the rounds
+            patch.setattr(A, "_held_rounds_s", lambda *args: 0.0)
+            old = estimate(plan, cost, include_optimizer=False).iteration_time_s
+        if new > old * (1 + 1e-9):
+            active += 1
+            sim = simulate(plan, cost, SimOptions(include_optimizer=False)).metrics
+            assert new <= sim.iteration_time_s * (1 + 1e-9), (counts, m, act)
+    assert active >= 5          # the cases exercise the term
+
+
 @pytest.mark.parametrize("kind", ["1f1b", "zb-h1", "interleaved-1f1b"])
 def test_a_nic_carries_a_devices_sends_both_ways(kind):
     """Four devices in a chain, one per node (one NIC each way), 10 ms per transfer: a
