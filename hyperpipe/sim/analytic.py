@@ -6,16 +6,16 @@ hop's share of the pipeline's transfers per micro-batch and T = max(max_r t_r, c
 gpipe and 1f1b take m T + (sum_r t_r - max_r t_r) + the link times, and 1f1b at least
 its forwards' rounds: a rank holding h micro-batches starts each h-th forward a round
 trip (its stage to the last and back, with the sends) after the one before;
-interleaved-1f1b divides the fill by v; zb-h1 fills with the non-bottleneck ranks' F + I - W; zb-v,
-dualpipe-v and synth replay the orders for min(m, 2p) micro-batches (exact on free
-links), then T per further micro-batch. When the plan's stack sends blocking, each send
-is part of its sender's action (its link time added to that F or backward, none left
-on the link). Each stage's data-parallel all-reduce (ring flows in buckets, overlapped
-with its last backward or after the flush, as the stack says) and optimizer step
-follow; a hop serves the rings that cross it one after another at best; with tied
-embeddings the first and last stage then all-reduce the embedding's gradient before
-their optimizer steps. Peak memory: static state plus the in-flight count times one
-micro-batch's stash.
+interleaved-1f1b divides the fill by v; zb-h1 fills with the non-bottleneck ranks'
+F + I - W; zb-v, dualpipe-v and synth replay the orders for min(m, 2p) micro-batches
+(exact on free links), then T per further micro-batch. When the plan's stack sends
+blocking, each send is part of its sender's action (its link time added to that F or
+backward, none left on the link). Each stage's data-parallel all-reduce (ring flows in
+buckets, overlapped with its last backward or after the flush, as the stack says) and
+optimizer step follow; a hop serves the rings that cross it one after another at best;
+with tied embeddings the first and last stage then all-reduce the embedding's gradient
+before their optimizer steps. Peak memory: static state plus the in-flight count times
+one micro-batch's stash.
 
 Left out (the simulator has them): link sharing between replicas' point-to-point
 traffic and with the all-reduces, and for the closed-form kinds the exact interleaving
