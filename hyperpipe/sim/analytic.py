@@ -4,18 +4,19 @@
 per-stage times and no events. With t_r rank r's work per micro-batch, c the busiest
 hop's share of the pipeline's transfers per micro-batch and T = max(max_r t_r, c):
 gpipe and 1f1b take m T + (sum_r t_r - max_r t_r) + the link times, and 1f1b at least
-its forwards' rounds: a rank holding h micro-batches starts each h-th forward a round
-trip (its stage to the last and back, with the sends) after the one before;
-interleaved-1f1b divides the fill by v; zb-h1 fills with the non-bottleneck ranks'
-F + I - W; zb-v, dualpipe-v and synth replay the orders for min(m, 2p) micro-batches
-(exact on free links), then T per further micro-batch. When the plan's stack sends
-blocking, each send is part of its sender's action (its link time added to that F or
-backward, none left on the link). Each stage's data-parallel all-reduce (ring flows in
-buckets, overlapped with its last backward or after the flush, as the stack says) and
-optimizer step follow; a hop serves the rings that cross it one after another at best;
-with tied embeddings the first and last stage then all-reduce the embedding's gradient
-before their optimizer steps. Peak memory: static state plus the in-flight count times
-one micro-batch's stash.
+its forwards' rounds (a rank holding h micro-batches starts each h-th forward a round
+trip, its stage to the last and back with the sends, after the one before), gpipe at
+least its two phases (all forwards, then all backwards, each at the pace of its
+slowest op or of its own way's busiest hop); interleaved-1f1b divides the fill by v;
+zb-h1 fills with the non-bottleneck ranks' F + I - W; zb-v, dualpipe-v and synth
+replay the orders for min(m, 2p) micro-batches (exact on free links), then T per
+further micro-batch. When the plan's stack sends blocking, each send is part of its
+sender's action (its link time added to that F or backward, none left on the link).
+Each stage's data-parallel all-reduce (ring flows in buckets, overlapped with its last
+backward or after the flush, as the stack says) and optimizer step follow; a hop serves
+the rings that cross it one after another at best; with tied embeddings the first and
+last stage then all-reduce the embedding's gradient before their optimizer steps. Peak
+memory: static state plus the in-flight count times one micro-batch's stash.
 
 Left out (the simulator has them): link sharing between replicas' point-to-point
 traffic and with the all-reduces, and for the closed-form kinds the exact interleaving
@@ -32,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hyperpipe.plan.kinds import ScheduleKind, generate, schedule_kind
+from hyperpipe.plan.kinds import generate, schedule_kind
 from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, pipeline_placement, schedule_for
 from hyperpipe.plan.schedule import Schedule, rank_peaks, rank_stages
 from hyperpipe.plan.stack import DDP_BUCKET_BYTES
@@ -407,7 +408,7 @@ def _blocking(cost: CostModel, pipe: PipelinePlan, times: OpTimes,
     whole_b = plus([_stage_s(cost, s, pipe.micro_batch, "B") + add(k, "B")
                     for k, s in enumerate(pipe.stages)], bwd) \
         if times.split else b
-    return new, [LinkCost(0.0, 0.0, c.busy) for c in crossed], whole_b
+    return new, [LinkCost(0.0, 0.0, c.fwd_busy, c.bwd_busy) for c in crossed], whole_b
 
 
 def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
@@ -438,21 +439,42 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
     else:
         fill = (sum(work) - work[top] + link_sum) / v
         if v == 1:
-            return max(m * period + fill, _held_rounds_s(schedule_kind(kind), m, times,
-                                                         links, period))
+            kind_of = schedule_kind(kind)
+            held = [kind_of.peak_in_flight(len(work), m, 1, r) for r in range(len(work))]
+            other = _held_rounds_s(held, m, times, links, period) \
+                if any(m > h for h in held) else _phases_s(m, times, links, crossed)
+            return max(m * period + fill, other)
     return m * period + fill
 
 
-def _held_rounds_s(kind: ScheduleKind, m: int, times: OpTimes,
+def _phases_s(m: int, times: OpTimes, links: list[tuple[float, float]],
+              crossed: list[LinkCost]) -> float:
+    """The span where every rank holds every micro-batch (GPipe; one stage per rank): all
+    forwards, then all backwards, each phase one micro-batch's way through the pipeline
+    and then, per further micro-batch, its period: the slowest stage's op or the
+    busiest hop's share of that phase's sends (one way only: the activations go before
+    any gradient comes back)."""
+    def period(ops: list[float], busy) -> float:
+        per_hop: dict[str, float] = defaultdict(float)
+        for hop, busy_s in busy:
+            per_hop[hop] += busy_s
+        return max([*ops, *per_hop.values()])
+    forward = period(times.f, chain.from_iterable(c.fwd_busy for c in crossed))
+    backward = period(times.b, chain.from_iterable(c.bwd_busy for c in crossed))
+    trip = sum(times.f) + sum(times.b) + sum(f + b for f, b in links)
+    return (m - 1) * (forward + backward) + trip
+
+
+def _held_rounds_s(held: list[int], m: int, times: OpTimes,
                    links: list[tuple[float, float]], period: float) -> float:
     """The span where ranks may hold fewer micro-batches than there are (1F1B; one stage
-    per rank): rank r, holding h, starts its forward of micro-batch j + h only after its
-    backward of j, a round trip R_r later (its forward, every later stage's forward and
-    backward, the sends between, its backward), so its forwards come in rounds of h, one
-    round trip apart, the last round's each at least `period` after the one before. Per
-    rank: the first forward's arrival, floor((m - 1) / h) + 1 round trips, the last
-    round's further micro-batches at the period, and the last backward's way down to
-    stage 0; the latest rank counts (0.0 where no rank holds fewer than m)."""
+    per rank): rank r, holding held[r] = h, starts its forward of micro-batch j + h only
+    after its backward of j, a round trip R_r later (its forward, every later stage's
+    forward and backward, the sends between, its backward), so its forwards come in
+    rounds of h, one round trip apart, the last round's each at least `period` after the
+    one before. Per rank: the first forward's arrival, floor((m - 1) / h) + 1 round
+    trips, the last round's further micro-batches at the period, and the last backward's
+    way down to stage 0; the latest rank counts (0.0 where no rank holds fewer than m)."""
     p = len(times.f)
     down = [(times.f[k] + links[k][0], times.b[k] + links[k][1]) for k in range(p - 1)]
     arrive = [0.0, *accumulate(f for f, _ in down)]
@@ -460,11 +482,10 @@ def _held_rounds_s(kind: ScheduleKind, m: int, times: OpTimes,
     worst, trip = 0.0, 0.0
     for r in range(p - 1, -1, -1):
         trip += times.f[r] + times.b[r] + (sum(links[r]) if r < p - 1 else 0.0)
-        held = kind.peak_in_flight(p, m, 1, r)
-        if m > held:
-            rounds = (m - 1) // held
+        if m > held[r]:
+            rounds = (m - 1) // held[r]
             worst = max(worst, arrive[r] + (rounds + 1) * trip +
-                        (m - 1 - rounds * held) * period + back[r])
+                        (m - 1 - rounds * held[r]) * period + back[r])
     return worst
 
 
@@ -516,7 +537,7 @@ def _link(cost: CostModel, x: StagePlan, y: StagePlan, nbytes: float, cache: Ana
         bwd = p2p_spec(cost, p2p_edges(y.devices, x.devices), nbytes)
         got = cache.links[key] = LinkCost(
             fwd.time_s if fwd else 0.0, bwd.time_s if bwd else 0.0,
-            (fwd.busy_s() if fwd else ()) + (bwd.busy_s() if bwd else ()))
+            fwd.busy_s() if fwd else (), bwd.busy_s() if bwd else ())
     return got
 
 

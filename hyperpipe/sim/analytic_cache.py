@@ -36,7 +36,13 @@ class LinkCost(NamedTuple):
 
     fwd_s: float                   # idle-link time of the activations
     bwd_s: float                   # idle-link time of the gradients
-    busy: tuple[tuple[str, float], ...]   # (hop, seconds busy) of every hop they cross
+    fwd_busy: tuple[tuple[str, float], ...]   # (hop, seconds busy) the activations cross
+    bwd_busy: tuple[tuple[str, float], ...]   # ... and the gradients
+
+    @property
+    def busy(self) -> tuple[tuple[str, float], ...]:
+        """(hop, seconds busy) of every hop they cross, both ways."""
+        return self.fwd_busy + self.bwd_busy
 
 
 class RingCost(NamedTuple):
