@@ -17,13 +17,13 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.core.errors import BadInput
+from hyperpipe.core.files import path_exists, resolve_ref
 from hyperpipe.exec import checkpoint, links, preflight, tensor_parallel
 from hyperpipe.exec.comm import probe_links
 from hyperpipe.exec.data import rank_seed
@@ -71,12 +71,12 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
     check_runnable(plan, spec)
     check_expert_parallel(plan, spec)
     if spec.config is None:
-        # the plan where it holds the model, else the model's file (found beside the
-        # plan, as plans name files) or name
+        # the plan where it holds the model, else the model's file (beside the plan, as
+        # plans name files) or name
         where = f"{plan.source}: model"
         if not isinstance(plan.model, dict):
-            beside = None if plan.base_dir is None else Path(plan.base_dir) / plan.model
-            where = str(beside if beside is not None and beside.is_file() else plan.model)
+            ref = resolve_ref(plan.model, plan.base_dir)
+            where = str(ref if path_exists(ref, regular=True) else plan.model)
         for i, layer in enumerate(spec.layers):
             if layer.hidden is None:
                 raise BadInput(f"{where}: layers[{i}].hidden", "a width (needed to run a "

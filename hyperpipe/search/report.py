@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from hyperpipe.core.units import format_seconds
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.evaluate import rank_key
@@ -66,11 +64,14 @@ def _metrics_row(m, unit: tuple[str, float]) -> str:
 
 
 def _cheaper(other, best) -> str:
-    """How much cheaper per token the pick's `best` metrics are than `other`'s (a free
-    pick, on devices priced at 0, has no ratio)."""
-    if best.cost_per_million_tokens > 0:
-        ratio = other.cost_per_million_tokens / best.cost_per_million_tokens
-        return f"best is {ratio:.2f}x cheaper per token"
+    """How much cheaper per token the pick's `best` metrics are than `other`'s, or
+    dearer where they are not (a free pick, on devices priced at 0, has no ratio)."""
+    mine, theirs = best.cost_per_million_tokens, other.cost_per_million_tokens
+    if mine > theirs:
+        return f"best is {mine / theirs:.2f}x dearer per token" if theirs > 0 else \
+            "best costs more per token than a free plan"
+    if mine > 0:
+        return f"best is {theirs / mine:.2f}x cheaper per token"
     return "best costs nothing per token" if other.cost_per_million_tokens > 0 else \
         "both cost nothing per token"
 
@@ -175,24 +176,14 @@ def best_other(result):
     """(name, candidate) of the best feasible baseline or peer plan by the search's
     objective (the fastest, or the cheapest per token; ties to the faster, then the
     name), or None."""
-    feasible = [(_objective(result, c.metrics), c.metrics.iteration_time_s, k, c)
-                for k, c in result.baselines.items() if c.metrics.feasible]
+    c = result.constraints
+    feasible = [((rank_key(c, cand.metrics) if c is not None else
+                  (False, cand.metrics.iteration_time_s)), k, cand)
+                for k, cand in result.baselines.items() if cand.metrics.feasible]
     if not feasible:
         return None
-    *_, name, cand = min(feasible, key=lambda x: x[:3])
+    _, name, cand = min(feasible, key=lambda x: x[:2])
     return name, cand
-
-
-def _objective(result, metrics) -> float:
-    """The search's objective value of `metrics` (seconds, or USD per million tokens)."""
-    if not _by_cost(result):
-        return metrics.iteration_time_s
-    got = metrics.cost_per_million_tokens
-    return math.inf if got is None else got
-
-
-def _by_cost(result) -> bool:
-    return result.constraints is not None and result.constraints.objective == "cost"
 
 
 def gain_lines(result, cost: CostModel, pool=None) -> list[str]:
@@ -207,16 +198,9 @@ def gain_lines(result, cost: CostModel, pool=None) -> list[str]:
     best = result.best
     total = other.metrics.iteration_time_s / best.metrics.iteration_time_s
     head = f"speed-up over the best other plan ({name}): {total:.2f}x"
-    if _by_cost(result):
-        mine, theirs = (_objective(result, c.metrics) for c in (best, other))
-        if mine <= 0:
-            cheaper = "free" if theirs > 0 else "both free"
-        elif mine <= theirs:
-            cheaper = f"{theirs / mine:.2f}x cheaper"
-        else:       # the seeds keep the pick at least as cheap; a pick given otherwise
-            cheaper = f"{mine / theirs:.2f}x dearer"
-        head = (f"cost per million tokens against the cheapest other plan ({name}): "
-                f"{cheaper}, {total:.2f}x the speed")
+    if result.constraints is not None and result.constraints.objective == "cost":
+        head = (f"against the cheapest other plan ({name}): "
+                f"{_cheaper(other.metrics, best.metrics)}, {total:.2f}x the speed")
     out = ["", f"{head}; where it comes from (the pick with one factor switched to the "
            "other's choice, simulated):"]
     for g in attribute(best, other, name, cost, pool):

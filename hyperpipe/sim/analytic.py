@@ -420,10 +420,7 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
     m = pipe.num_microbatches
     links = [(c.fwd_s, c.bwd_s) for c in crossed]
     top = max(range(len(work)), key=work.__getitem__)
-    per_hop: dict[str, float] = defaultdict(float)   # a NIC's way: its transfers
-    for hop, busy_s in chain.from_iterable(c.busy for c in crossed):
-        per_hop[hop] += busy_s
-    period = max([work[top], *per_hop.values()])
+    period = max(work[top], _busiest_hop_s(chain.from_iterable(c.busy for c in crossed)))
     if sched is not None:
         # the order itself, replayed on free links; the rest at the period
         b_s = whole_b if whole_b is not None else times.b if not times.split else \
@@ -454,15 +451,21 @@ def _phases_s(m: int, times: OpTimes, links: list[tuple[float, float]],
     and then, per further micro-batch, its period: the slowest stage's op or the
     busiest hop's share of that phase's sends (one way only: the activations go before
     any gradient comes back)."""
-    def period(ops: list[float], busy) -> float:
-        per_hop: dict[str, float] = defaultdict(float)
-        for hop, busy_s in busy:
-            per_hop[hop] += busy_s
-        return max([*ops, *per_hop.values()])
-    forward = period(times.f, chain.from_iterable(c.fwd_busy for c in crossed))
-    backward = period(times.b, chain.from_iterable(c.bwd_busy for c in crossed))
+    forward = max(*times.f, _busiest_hop_s(chain.from_iterable(c.fwd_busy
+                                                                for c in crossed)))
+    backward = max(*times.b, _busiest_hop_s(chain.from_iterable(c.bwd_busy
+                                                                 for c in crossed)))
     trip = sum(times.f) + sum(times.b) + sum(f + b for f, b in links)
     return (m - 1) * (forward + backward) + trip
+
+
+def _busiest_hop_s(busy) -> float:
+    """The most seconds any hop (a NIC's way) is busy with the (hop, seconds) transfers
+    of `busy` per micro-batch; 0.0 without any."""
+    per_hop: dict[str, float] = defaultdict(float)
+    for hop, busy_s in busy:
+        per_hop[hop] += busy_s
+    return max(per_hop.values(), default=0.0)
 
 
 def _held_rounds_s(held: list[int], m: int, times: OpTimes,
