@@ -41,6 +41,9 @@ class ScheduleKind:
     placement: str = "loop"          # "loop" or "v"; synth reads it off the plan's devices
     splits_backward: bool = False    # runs I and W apart (synth: read off its actions)
     peak_in_flight: PeakInFlight | None = None    # closed form; None: read off the IR
+    # closed form of the forwards a rank runs before the backward (B, or I when split)
+    # of its oldest micro-batch, the one whose gradient it sends on; None: peak_in_flight
+    forwards_ahead: PeakInFlight | None = None
     torch_schedule: str | None = None     # torch.distributed.pipelining get_schedule_class
     runs_in: frozenset[str] = frozenset()  # frameworks whose own schedule is this kind
     # pairs one micro-batch's forward with another's backward on a rank, so that one's
@@ -63,6 +66,14 @@ class ScheduleKind:
     def closed_form(self) -> bool:
         """Whether the analytic tier prices it by closed forms rather than off the IR."""
         return self.peak_in_flight is not None
+
+    def ahead(self, p: int, m: int, v: int, rank: int) -> int:
+        """How many forwards `rank` runs before the backward of its oldest micro-batch
+        (`forwards_ahead`, else `peak_in_flight`; closed-form kinds only)."""
+        closed = self.forwards_ahead or self.peak_in_flight
+        if closed is None:
+            raise ValueError(f"schedule kind {self.name!r} has no closed form")
+        return closed(p, m, v, rank)
 
     def allows_chunks(self, chunks: int) -> bool:
         """Whether this kind can place `chunks` stages per device."""
@@ -91,7 +102,8 @@ KINDS: Mapping[str, ScheduleKind] = MappingProxyType({k.name: k for k in (
                  torch_schedule="Interleaved1F1B", runs_in=frozenset({"megatron"}),
                  built_microbatches=loop.interleaved_built),
     ScheduleKind("zb-h1", "zero-bubble H1: backward split into I (input grad) and W (weight "
-                 "grad)", loop.zb_h1, splits_backward=True, peak_in_flight=loop.zb_h1_peak),
+                 "grad)", loop.zb_h1, splits_backward=True, peak_in_flight=loop.zb_h1_peak,
+                 forwards_ahead=loop.one_f_one_b_peak),
     ScheduleKind("zb-v", "zero-bubble V: 2 chunks per device placed in a V", zb_v,
                  default_chunks=2, placement="v", splits_backward=True,
                  torch_schedule="ZBVZeroBubble", built_microbatches=zb_v_built),

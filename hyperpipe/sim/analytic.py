@@ -3,15 +3,18 @@
 `estimate(plan, cost)` returns the same `Metrics` as `simulate`, from the cost model's
 per-stage times and no events. With t_r rank r's work per micro-batch, c the busiest
 hop's share of the pipeline's transfers per micro-batch and T = max(max_r t_r, c):
-gpipe and 1f1b take m T + (sum_r t_r - max_r t_r) + the link times, and 1f1b at least
-its forwards' rounds (a rank holding h micro-batches starts each h-th forward a round
-trip, its stage to the last and back with the sends, after the one before), gpipe at
-least its two phases (all forwards, then all backwards, each at the pace of its
-slowest op or of its own way's busiest hop); interleaved-1f1b divides the fill by v;
-zb-h1 fills with the non-bottleneck ranks' F + I - W; zb-v, dualpipe-v and synth
-replay the orders for min(m, 2p) micro-batches (exact on free links), then T per
-further micro-batch. When the plan's stack sends blocking, each send is part of its
-sender's action (its link time added to that F or backward, none left on the link).
+gpipe, 1f1b and zb-h1 take the most of m max_r t_r + a fill (the other ranks' t_r and
+the link times; zb-h1 fills with the non-bottleneck ranks' F + I - W), the busiest
+hop's span (its m transfers one after another, with the least work before the first
+and after the last), and for 1f1b and zb-h1 their forwards' rounds (a rank running h
+forwards ahead starts each h-th one a round trip, its stage to the last and back with
+the sends, after the one before; zb-h1's way back is its I's), for gpipe its two
+phases (all forwards, then all backwards, each at the pace of its slowest op or of its
+own way's busiest hop); interleaved-1f1b takes m T + the fill divided by v; zb-v,
+dualpipe-v and synth replay the orders for min(m, 2p) micro-batches (exact on free
+links), then T per further micro-batch. When the plan's stack sends blocking, each
+send is part of its sender's action (its link time added to that F or backward, none
+left on the link).
 Each stage's data-parallel all-reduce (ring flows in buckets, overlapped with its last
 backward or after the flush, as the stack says) and optimizer step follow; a hop serves
 the rings that cross it one after another at best; with tied embeddings the first and
@@ -241,11 +244,13 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     sizes = _sizes(cost, plan, members[0], ex, cache)
     crossed = [_link(cost, x, y, sizes[k].send_bytes, cache)
                for k, (x, y) in enumerate(pairwise(st))]
+    # each hop's least span, on the sends' own times (blocking only waits longer)
+    hops_s = _hops_s(m, times, crossed) if sched is None and v == 1 else 0.0
     whole_b = None          # a split kind's replayed B's, when the sends are folded in
     if blocking:
         times, crossed, whole_b = _blocking(cost, pipe, times, crossed, add)
     work = [sum(times.f[s] + times.b[s] for s in homes[r]) for r in range(p)]
-    span = _span_s(cost, pipe, kind, times, sched, v, crossed, work, whole_b, add)
+    span = _span_s(cost, pipe, kind, times, sched, v, crossed, work, whole_b, add, hops_s)
     if plan.zero == 3 and not ex.reshard_after_forward:
         span += _gather_delay_s(cost, plan, members[0], homes, times.f, crossed, ex)
     # The last backward wave leaves stage s after the stages below it have run
@@ -413,10 +418,12 @@ def _blocking(cost: CostModel, pipe: PipelinePlan, times: OpTimes,
 
 def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
             sched: Schedule | None, v: int, crossed: list[LinkCost], work: list[float],
-            whole_b: list[float] | None = None, add=_no_add) -> float:
+            whole_b: list[float] | None = None, add=_no_add, hops_s: float = 0.0
+            ) -> float:
     """The pipeline's compute makespan: the replayed orders, then the period per further
     micro-batch; or the closed form (see the module doc). `whole_b`: each stage's B time
-    for the replay (None: `times.b`, or B priced afresh for a split kind)."""
+    for the replay (None: `times.b`, or B priced afresh for a split kind). `hops_s`: the
+    least span its busiest hop allows (`_hops_s`; one chunk per rank)."""
     m = pipe.num_microbatches
     links = [(c.fwd_s, c.bwd_s) for c in crossed]
     top = max(range(len(work)), key=work.__getitem__)
@@ -435,13 +442,57 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
                    if r != top) + link_sum / v
     else:
         fill = (sum(work) - work[top] + link_sum) / v
-        if v == 1:
-            kind_of = schedule_kind(kind)
-            held = [kind_of.peak_in_flight(len(work), m, 1, r) for r in range(len(work))]
-            other = _held_rounds_s(held, m, times, links, period) \
-                if any(m > h for h in held) else _phases_s(m, times, links, crossed)
-            return max(m * period + fill, other)
-    return m * period + fill
+    if v > 1:
+        return m * period + fill
+    # one chunk per rank: the busiest rank's work with the others' fill, the busiest
+    # hop's span, and the forwards' rounds (GPipe: its two phases)
+    kind_of = schedule_kind(kind)
+    ahead = [kind_of.ahead(len(work), m, 1, r) for r in range(len(work))]
+    if any(m > h for h in ahead):
+        on = times._replace(b=times.i) if times.split else times     # the gradient's way
+        other = _held_rounds_s(ahead, m, on, links, period)
+    else:
+        other = _phases_s(m, times, links, crossed)
+    return max(m * work[top] + fill, hops_s, other)
+
+
+def _hops_s(m: int, times: OpTimes, crossed: list[LinkCost]) -> float:
+    """A lower bound on a one-chunk pipeline's span (seconds) from its hops: a hop serves
+    its m micro-batches' transfers one after another, the first no earlier than the
+    first micro-batch's way to it (every forward before it, and for a gradient every
+    backward after it, on idle links), and the last followed at least by the way on
+    (the later forwards, then every backward down to stage 0; for a split kind the
+    input gradients, then stage 0's last W). Per hop: that start, m x its busy seconds
+    per micro-batch, and that remainder, each the least over the transfers it serves;
+    the latest hop counts (0.0 without any)."""
+    p = len(times.f)
+    back = times.i if times.split else times.b
+    last = times.w[0] if times.split else 0.0
+    fwd = [c.fwd_s for c in crossed]
+    bwd = [c.bwd_s for c in crossed]
+    f_done = list(accumulate(times.f[k] + (fwd[k - 1] if k else 0.0) for k in range(p)))
+    # the first micro-batch's backward ends at stage k, down from the last stage
+    b_done = [0.0] * p
+    at = f_done[-1]
+    for k in range(p - 1, -1, -1):
+        at += back[k] + (bwd[k] if k < p - 1 else 0.0)
+        b_done[k] = at - (bwd[k] if k < p - 1 else 0.0)
+    down = sum(back) + sum(bwd) + last            # every backward to stage 0, and after
+    start: dict[str, float] = {}
+    busy: dict[str, float] = defaultdict(float)
+    tail: dict[str, float] = {}
+
+    def serve(hops, first_s: float, rest_s: float) -> None:
+        for hop, busy_s in hops:
+            busy[hop] += busy_s
+            start[hop] = min(start.get(hop, first_s), first_s)
+            tail[hop] = min(tail.get(hop, rest_s), rest_s)
+    for k, c in enumerate(crossed):
+        serve(c.fwd_busy, f_done[k],
+              sum(times.f[k + 1:]) + sum(fwd[k + 1:]) + down)
+        serve(c.bwd_busy, b_done[k + 1],
+              sum(back[:k + 1]) + sum(bwd[:k]) + last)
+    return max((start[h] + m * busy[h] + tail[h] for h in busy), default=0.0)
 
 
 def _phases_s(m: int, times: OpTimes, links: list[tuple[float, float]],

@@ -302,41 +302,88 @@ def test_gpipe_sends_each_way_in_its_own_phase():
         .iteration_time_s == pytest.approx(0.172, abs=1e-12)
 
 
+@pytest.mark.parametrize("kind, hand_s", [("1f1b", 0.096), ("zb-h1", 0.095)])
+def test_a_link_bound_pipeline_takes_its_busiest_hops_span(kind, hand_s):
+    """Two devices on two nodes, 1 ms per forward, I and W (B 2 ms), 30 ms per send,
+    two micro-batches: the links, not the stages, set the pace. By hand (1F1B): the
+    activations leave at 1 and 31 ms (one at a time each way) and arrive at 31 and 61;
+    stage 1's backwards end at 34 and 64, the gradients arrive at 64 and 94, and stage
+    0's last backward ends at 96 ms. ZB-H1 the same with I then W on stage 0: 95 ms
+    (stage 1's gradients leave after its I, at 33 and 63). Each is the gradients' way
+    busy 2 x 30 ms from its first use to the last, plus the work before and after it.
+    The closed form had taken m x the hop's 30 ms plus every send in the fill: 123 and
+    121 ms."""
+    model = load_model({"kind": "synthetic", "layers": 2, "fwd_flops_per_sample": 1e9,
+                        "params_per_layer": 0, "activation_bytes_per_sample": 3e7,
+                        "stash_bytes_per_sample": 1e6})
+    cluster = load_cluster(cluster_dict(2, 1, bandwidth=1e9, latency=0.0))
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=2, schedule=kind)
+    assert estimate(plan, cost, include_optimizer=False).iteration_time_s == \
+        pytest.approx(hand_s, abs=1e-12)
+    assert simulate(plan, cost, SimOptions(include_optimizer=False)).metrics \
+        .iteration_time_s == pytest.approx(hand_s, abs=1e-12)
+
+
+def test_zb_h1_forwards_wait_a_round_trip_for_room():
+    """ZB-H1 on the two devices of the 1F1B round-trip case (F 2 ms, I and W 2 ms each,
+    10 ms per send, m = 8): rank 0 holds two micro-batches between F and I, so its
+    forward of j + 2 waits for its I of j, a round trip of 2 + 10 + 2 + 2 + 10 + 2 = 28
+    ms later: four rounds, then the last micro-batch one period (a send's 10 ms, above
+    the rank's 6 ms of work) after the one before, 122 ms. The closed form's fill alone
+    said 102 ms; the simulator, which also sees the W's in the way, 130 ms."""
+    model = load_model({"kind": "synthetic", "layers": 4, "fwd_flops_per_sample": 1e9,
+                        "params_per_layer": 0, "activation_bytes_per_sample": 1e7,
+                        "stash_bytes_per_sample": 1e6})
+    cluster = load_cluster(cluster_dict(2, 1, bandwidth=1e9, latency=0.0))
+    cost = CostModel(model, cluster)
+    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=8,
+                        schedule="zb-h1")
+    est = estimate(plan, cost, include_optimizer=False).iteration_time_s
+    sim = simulate(plan, cost, SimOptions(include_optimizer=False)).metrics.iteration_time_s
+    # rank 0: arrival 0, (3 + 1) trips of 28 ms, micro-batch 7 a period after 6, and
+    # no way further down from stage 0
+    assert est == pytest.approx(4 * 0.028 + 0.010, abs=1e-12)
+    assert est <= sim == pytest.approx(0.130, abs=1e-12)
+
+
 def test_1f1b_round_trips_never_price_above_the_simulation(monkeypatch):
-    """Where the round-trip rounds set the 1F1B estimate, or GPipe's phases its own
-    (above the old closed form), the estimate stays at or under the simulation (free
-    links but for the plan's own sends, so the simulator adds only waiting): 80 seeded
-    plans of 3 to 6 unequal stages, m from 2 to p + 1, slow and fast links, with and
-    without blocking sends, one in four GPipe."""
+    """Where the round-trip rounds (1F1B, and ZB-H1 on its input gradients), GPipe's
+    phases or the busiest hop's span set the estimate (above the closed form without
+    them), the estimate stays at or under the simulation (free links but for the plan's
+    own sends, so the simulator adds only waiting): 120 seeded plans of 2 to 6 unequal
+    stages, m from 2 to 3p, slow and fast links, with and without blocking sends, a
+    third each 1F1B, ZB-H1 and GPipe."""
     import random
 
     from factories import bounds_of, chain_plan
 
     import hyperpipe.sim.analytic as A
     rng = random.Random(7)
-    active = {"1f1b": 0, "gpipe": 0}
-    for _ in range(80):
-        p = rng.choice([3, 4, 5, 6])
+    active = {"1f1b": 0, "zb-h1": 0, "gpipe": 0}
+    for _ in range(120):
+        p = rng.choice([2, 3, 4, 5, 6])
         counts = [rng.choice([1, 2, 5]) for _ in range(p)]
-        m, act = rng.randint(2, p + 1), rng.choice([1e6, 1e7, 3e7])
+        m, act = rng.randint(2, 3 * p), rng.choice([1e6, 1e7, 3e7])
         model = synthetic_model(sum(counts), fwd_flops_per_sample=1e9, params_per_layer=0,
                                 activation_bytes_per_sample=act, stash_bytes_per_sample=1e6)
         cluster = load_cluster(cluster_dict(p, 1, latency=rng.choice([0.0, 2e-3])))
         cost = CostModel(model, cluster)
         plan = chain_plan(model, cluster, bounds_of(counts), [f"n{i}/0" for i in range(p)],
-                          1, m, schedule=rng.choice(["1f1b", "1f1b", "1f1b", "gpipe"]))
+                          1, m, schedule=rng.choice(["1f1b", "zb-h1", "gpipe"]))
         if rng.random() < 0.5:
             plan = plan.on_stack(p2p="blocking")
         new = estimate(plan, cost, include_optimizer=False).iteration_time_s
-        with monkeypatch.context() as patch:      # the closed form without the rounds
+        with monkeypatch.context() as patch:      # the closed form without those terms
             patch.setattr(A, "_held_rounds_s", lambda *args: 0.0)
             patch.setattr(A, "_phases_s", lambda *args: 0.0)
+            patch.setattr(A, "_hops_s", lambda *args: 0.0)
             old = estimate(plan, cost, include_optimizer=False).iteration_time_s
         if new > old * (1 + 1e-9):
             active[plan.schedule] += 1
             sim = simulate(plan, cost, SimOptions(include_optimizer=False)).metrics
             assert new <= sim.iteration_time_s * (1 + 1e-9), (plan.schedule, counts, m)
-    assert active["1f1b"] >= 5 and active["gpipe"] >= 1      # the cases exercise both
+    assert min(active.values()) >= 5          # the cases exercise every kind
 
 
 @pytest.mark.parametrize("kind", ["1f1b", "zb-h1", "interleaved-1f1b"])
