@@ -53,7 +53,8 @@ class Profile:
     compute: dict[str, Fit] = field(default_factory=dict)
     links: dict[str, Link] = field(default_factory=dict)
     optimizer: dict[str, Fit] = field(default_factory=dict)
-    allreduce: dict[str, Fit] = field(default_factory=dict)   # key "*"; x = bytes
+    # group class ("inter": across nodes, "intra:NODE": inside one) or "*"; x = bytes
+    allreduce: dict[str, Fit] = field(default_factory=dict)
     overhead: dict[str, float] = field(default_factory=dict)  # "DEVICE_TYPE|OP" -> s/action
     provenance: dict[str, Any] = field(default_factory=dict)
 
@@ -70,6 +71,11 @@ class Profile:
 
     def link(self, link_class: str) -> Link | None:
         return self.links.get(link_class) or self.links.get("*")
+
+    def allreduce_fit(self, group_class: str) -> Fit | None:
+        """The measured all-reduce of groups of `group_class` ("inter": spanning nodes,
+        "intra:NODE": inside node NODE), or of every group ("*"); None: not measured."""
+        return self.allreduce.get(group_class) or self.allreduce.get("*")
 
     def to_dict(self) -> dict[str, Any]:
         fit = lambda f: {"a_s": f.a_s, "b_s_per_unit": f.b_s_per_unit,  # noqa: E731
@@ -121,9 +127,10 @@ def profile_from_dict(data: Any, *, where: str) -> Profile:
             raise BadInput(f"{where}: links.{k}", "a link class key: inter, intra:NODE or "
                            "* (every class)", k)
     for k in Fields(top.raw("allreduce", {}), top.at("allreduce")).data:
-        if k != "*":
-            raise BadInput(f"{where}: allreduce.{k}", "the key * (one fit of the "
-                           "data-parallel all-reduce, read for every class)", k)
+        if not _is_link_class(str(k)):
+            raise BadInput(f"{where}: allreduce.{k}", "a group class key: inter (groups "
+                           "across nodes), intra:NODE (groups inside node NODE) or * "
+                           "(every group)", k)
     for k, v in Fields(top.raw("links", {}), top.at("links")).data.items():
         lf = Fields(v, f"{where}: links.{k}", ("bandwidth_bytes_per_s", "latency_s"))
         links[str(k)] = Link(lf.quantity("bandwidth_bytes_per_s", "bandwidth"),

@@ -12,7 +12,8 @@
 * Links: an alpha-beta fit (latency + bytes / bandwidth) of the executor's probe
   messages (``send`` events of step -1), per link class and over all (``"*"``); the
   latency then from training-step messages whose receiver was already waiting.
-* All-reduce and optimizer: ``a + b · x``, x the ring's bytes per device
+* All-reduce (one per group class: across nodes, or inside one node) and optimizer:
+  ``a + b · x``, x the ring's bytes per device
   (2(n-1)/n · bytes; the shortest event of each group and step) or the parameters a
   device holds; where x varied too little to split a from b, the base profile's line
   scaled, or time proportional to x (`fit_bulk`); the optimizer's parameters are those
@@ -409,24 +410,31 @@ def _fit_optimizer(runs: list[_Run], prior: dict[str, Fit]) -> dict[str, Fit]:
 
 
 def _fit_allreduce(runs: list[_Run], prior: dict[str, Fit]) -> dict[str, Fit]:
-    """A rank's all-reduce event also holds its wait for the group's last member; the
-    last to arrive waits least, so each (step, group) contributes its shortest event.
-    x is the ring's bytes per device, 2(n-1)/n · bytes."""
+    """One fit per group class the traces' all-reduces ran on ("inter": a group across
+    nodes, "intra:NODE": inside node NODE; `Profile.allreduce_fit`), so that groups of
+    another class (a tensor-parallel group inside a node, where the measured ones were
+    data-parallel across nodes) stay priced by their links. A rank's all-reduce event
+    also holds its wait for the group's last member; the last to arrive waits least, so
+    each (step, group) contributes its shortest event. x is the ring's bytes per device,
+    2(n-1)/n · bytes."""
     shortest: dict[tuple, _Point] = {}
-    for n_trace, trace in enumerate(run.trace for run in runs):
-        for e in trace.events:
-            if e.op != "allreduce" or e.step < fitted_from(trace):
+    for n_trace, run in enumerate(runs):
+        for e in run.trace.events:
+            if e.op != "allreduce" or e.step < fitted_from(run.trace):
                 continue
             group = frozenset([e.device, *filter(None, e.peer.split(","))])
+            nodes = {run.cluster.device(d).node for d in group}
+            cls = f"intra:{next(iter(nodes))}" if len(nodes) == 1 else "inter"
             n = len(group)
-            key = (n_trace, e.step, group, e.bytes)
+            key = (cls, n_trace, e.step, group, e.bytes)
             x = 2 * (n - 1) / n * e.bytes
             if key not in shortest or e.duration_s < shortest[key].t_s:
                 shortest[key] = _Point(x, e.duration_s)
-    if not shortest:
-        return {}
-    pts = list(shortest.values())
-    return {"*": fit_bulk([x for x, _ in pts], [t for _, t in pts], prior.get("*"))}
+    by_class: dict[str, list[_Point]] = defaultdict(list)
+    for (cls, *_), point in shortest.items():
+        by_class[cls].append(point)
+    return {cls: fit_bulk([x for x, _ in pts], [t for _, t in pts], prior.get(cls))
+            for cls, pts in sorted(by_class.items())}
 
 
 def _group_slowdown(device: str, plan: Plan, cluster: Cluster) -> float:

@@ -30,7 +30,7 @@ from hyperpipe.core.errors import BadInput
 from hyperpipe.models import ModelSpec
 from hyperpipe.models.ops import LOGIT_BYTES, block_launches, layer_work, pass_launches
 from hyperpipe.models.spec import DTYPE_BYTES
-from hyperpipe.plan.profile import Profile
+from hyperpipe.plan.profile import Fit, Profile
 from hyperpipe.plan.stack import DEFAULT_STACK, Runtime, resolve_runtime
 from hyperpipe.sim.compute import pass_time_s
 
@@ -437,8 +437,9 @@ class CostModel:
         blocks = sum(1 for i in range(*layers) if self.model.layers[i].kind in BLOCK_KINDS)
         count = 2 * blocks * (2 if op in ("B", "I") and recompute == "full" else 1)
         # latency of one collective: its time for a vanishing message
-        lat = 0.0 if self.profile is not None and "*" in self.profile.allreduce else \
-            self.allreduce_time_s(devices[:len(devices) // cp], 1e-30)
+        group = devices[:len(devices) // cp]
+        lat = 0.0 if self.allreduce_fit(group) is not None else \
+            self.allreduce_time_s(group, 1e-30)
         return t, min(t, count * lat)
 
     def tp_comm_s(self, layers: tuple[int, int], devices: tuple[str, ...], micro_batch: int,
@@ -526,14 +527,15 @@ class CostModel:
         Achievable bus bandwidth = link bandwidth x the device type's
         `collective_efficiency` (NVLink/PCIe) or `nic_efficiency` (network), from
         published nccl-tests runs (`hyperpipe.cluster.catalog`); inside a node without
-        peer-to-peer, the host-staged rate (`Cluster.bus_efficiency`). A profile's measured
-        all-reduce fit replaces all of this.
+        peer-to-peer, the host-staged rate (`Cluster.bus_efficiency`). A profile's
+        all-reduce fit for the group's class replaces all of this (`allreduce_fit`).
         """
         n = len(devices)
         if n <= 1 or nbytes <= 0:
             return 0.0
-        if self.profile is not None and "*" in self.profile.allreduce:
-            return self.profile.allreduce["*"](2 * (n - 1) / n * nbytes)
+        fit = self.allreduce_fit(devices)
+        if fit is not None:
+            return fit(2 * (n - 1) / n * nbytes)
         table = self._tables.allreduce_s
         key = tuple(devices)
         if key not in table:
@@ -547,6 +549,16 @@ class CostModel:
                 table[key] = lines[pattern]
         fixed_s, s_per_byte = table[key]
         return fixed_s + s_per_byte * nbytes
+
+    def allreduce_fit(self, devices: tuple[str, ...] | list[str]) -> Fit | None:
+        """The profile's measured all-reduce for a group of `devices` (`Profile.
+        allreduce_fit` of its class: "intra:NODE" when they share node NODE, else
+        "inter"); None without one: the group is priced from its links."""
+        if self.profile is None or not self.profile.allreduce:
+            return None
+        nodes = {self.cluster.device(d).node for d in devices}
+        return self.profile.allreduce_fit(f"intra:{next(iter(nodes))}" if len(nodes) == 1
+                                          else "inter")
 
     def ring_pattern(self, devices: tuple[str, ...]) -> tuple:
         """What an all-reduce's line depends on under the cluster's topology model

@@ -319,7 +319,7 @@ def _ring_hops(cost, rings: list[list[str]], keep) -> tuple[dict[str, int], floa
     edge's, 0 under a measured all-reduce fit) for `ring_spec`."""
     n = len(rings[0])
     edges = [(ring[i], ring[(i + 1) % n]) for ring in rings for i in range(n)]
-    if cost.profile is not None and "*" in cost.profile.allreduce:
+    if cost.allreduce_fit(rings[0]) is not None:
         lat = 0.0                       # a measured fit: no separate latency term
     else:
         lat = 2 * (n - 1) * max(cost.route(a, b).link.latency_s for a, b in edges)

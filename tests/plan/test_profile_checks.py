@@ -162,15 +162,15 @@ def test_a_same_named_model_of_other_shapes_is_named_as_such():
     ("compute", "A100-80GB|block|F", "A100-80GB|block|Q", ("compute.A100-80GB|block|Q",
                                                           "OP one of F, B, I, W")),
     ("overhead", "A100-80GB|F", "A100-80GB|X", ("overhead.A100-80GB|X", "OP one of")),
-    ("allreduce", "*", "inter", ("allreduce.inter", "the key *")),
+    ("allreduce", "*", "local", ("allreduce.local", "a group class key")),
     ("links", None, "local", ("links.local", "a link class key")),
     ("compute", "A100-80GB|block|F", "A100-80GB|blok|F", ("compute", "layer kinds of model "
                                                           "tiny-gpt", "blok")),
     ("optimizer", "A100-80GB", "A100-80G", ("optimizer", "it has entries for A100-80G"))])
 def test_a_misspelt_key_is_refused_not_ignored(section, good, bad, words, tmp_path, capsys):
     """An entry nothing reads (a misspelt op, link class, layer kind or device type; an
-    all-reduce fit of one class, a link of a device to itself) had left the plan priced
-    without it, silently."""
+    all-reduce fit or a link of a device to itself) had left the plan priced without
+    it, silently."""
     doc = _profile_doc()
     doc.setdefault(section, {})[bad] = doc[section][good] if good else \
         {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-5}

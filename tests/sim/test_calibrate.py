@@ -422,3 +422,32 @@ def test_a_straggler_group_is_fitted_at_its_own_speed():
             for e in trace.events), trace.meta))
     opt = calibrate(traces).optimizer["A100-80GB"]
     assert (opt.a_s, opt.b_s_per_unit) == pytest.approx((OPT_A, OPT_B), rel=0.02)
+
+
+def test_an_all_reduce_fit_prices_only_groups_of_the_class_it_was_measured_on():
+    """All-reduces measured across nodes (a100/0 with v100/0) give a fit of class "inter",
+    which prices every group across nodes; a group inside a node (tensor parallelism on
+    the a100 node) stays priced by its links, as without the fit. One fit read for every
+    group had priced a tp-2 plan inside one node 21x slower from a profile whose
+    all-reduces crossed a slow network."""
+    plan = _plan([1, 4, 6], ["a100/0", "a100/1", "v100/0", "v100/1"], 2, 4)
+    trace = _synthetic_trace(plan, random.Random(3), 0.0)
+    reduce = [TraceEvent(dev, "allreduce", -1, -1, 0.0, 2e-3 + 4e-9 * x, x,
+                         "v100/0" if dev == "a100/0" else "a100/0", step)
+              for step in range(3) for x in (1e6, 8e6) for dev in ("a100/0", "v100/0")]
+    trace = Trace(trace.events + tuple(reduce), trace.meta)
+    profile = calibrate([trace])
+    assert set(profile.allreduce) == {"inter"}
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    cost = CostModel(model, cluster, profile)
+    # a ring of two moves 2(n-1)/n = 1 x the bytes
+    assert cost.allreduce_time_s(["a100/1", "v100/1"], 5e6) == \
+        pytest.approx(2e-3 + 4e-9 * 5e6, rel=1e-6)
+    by_links = CostModel(model, cluster, Profile(links=profile.links))
+    inside = cost.allreduce_time_s(["a100/0", "a100/1"], 5e6)
+    assert inside == by_links.allreduce_time_s(["a100/0", "a100/1"], 5e6)
+    assert inside != pytest.approx(2e-3 + 4e-9 * 5e6, rel=0.05)
+    # "*" (a hand-written profile) still prices every group
+    every = CostModel(model, cluster, Profile(allreduce={"*": Fit(2e-3, 4e-9)}))
+    assert every.allreduce_time_s(["a100/0", "a100/1"], 5e6) == \
+        pytest.approx(2e-3 + 4e-9 * 5e6, rel=1e-12)
