@@ -31,7 +31,7 @@ from hyperpipe.cli.flags import (
 from hyperpipe.cli.inputs import load_checked_profile
 from hyperpipe.cli.output import EXIT_OK, print_json
 from hyperpipe.core.errors import BadInput
-from hyperpipe.core.files import check_outputs
+from hyperpipe.core.files import check_outputs, figure_format
 
 if TYPE_CHECKING:
     from hyperpipe.whatif.failures import FailureOptions
@@ -136,6 +136,8 @@ def run(opts: WhatIfOptions) -> int:
     from hyperpipe.plan.plan import load_plan
     from hyperpipe.whatif.variants import Planning
     ca.check_vary_size(list(opts.vary))
+    if opts.plot:
+        figure_format(opts.plot)          # before the sweep, not after it
     check_outputs([("--cluster", opts.workload.cluster), ("--model", opts.workload.model),
                     ("--profile", opts.profile.path), ("--plan", opts.plan)],
                    [("--plot", opts.plot)])
@@ -162,7 +164,8 @@ def run(opts: WhatIfOptions) -> int:
         result = whatif(model, cluster, SweepOptions(
             planning, vary=opts.vary, pool=opts.pool,
             progress=True if opts.progress else None), profile=profile, backend=backend,
-            model_source=opts.workload.model)
+            model_source=opts.workload.model, profile_source=f"--profile {opts.profile.path}",
+            allow_profile_mismatch=opts.profile.allow_mismatch)
     return _report_sweep(result, opts)
 
 

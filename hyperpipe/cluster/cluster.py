@@ -25,7 +25,7 @@ its slowest hop. The simulator treats every hop as a shared resource.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -43,7 +43,13 @@ from hyperpipe.cluster.catalog import (
 )
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, printable
-from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
+from hyperpipe.core.files import (
+    Fields,
+    load_document,
+    path_exists,
+    resolve_ref,
+    whole_number,
+)
 
 
 @dataclass(frozen=True)
@@ -475,9 +481,15 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     top = Fields(data, where, ("name", "device_types", "nodes", "inter_node", "links",
                                "description"))
     catalog = builtin_device_types()
+    name = printable(top.string("name", name))          # shown everywhere
+    if top.has("description"):
+        top.string("description")
     if top.has("device_types"):
         types = top.sub("device_types")
         for type_name in types.data:        # names escaped as kept: shown everywhere
+            if not isinstance(type_name, str):     # YAML reads `5:` as a number
+                raise BadInput(types.at(str(type_name)), "a device type name (a string: "
+                               f"quote it, '{type_name}')", type_name)
             catalog[printable(type_name)] = _device_type(
                 printable(type_name), types.sub(str(type_name), _DEVICE_KEYS), catalog)
     inter = _link(top, "inter_node", Link(12.5e9, 5e-6))  # default 100 Gbit/s, 5 us
@@ -487,10 +499,10 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     raw_nodes = top.items("nodes")
     if not raw_nodes:
         raise BadInput(top.at("nodes"), "a non-empty list of nodes", raw_nodes)
+    source = json.loads(json.dumps(data))
     for i, raw in enumerate(raw_nodes):
         nf = Fields(raw, f"{where}: nodes[{i}]", _NODE_KEYS)
-        dev_name = printable(nf.string("device"))
-        dev_name = catalog_name(dev_name, catalog) or dev_name
+        dev_name = device_type_name(nf.string("device"), catalog)
         if dev_name not in catalog:
             raise BadInput(nf.at("device"), f"a known device type ({', '.join(sorted(catalog))}) "
                            "or one defined under device_types", dev_name)
@@ -509,6 +521,12 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
         price = nf.quantity("price_per_hour", "price", positive=False) \
             if nf.has("price_per_hour") else None
         repeat = nf.positive_int("repeat", 1, at_most=limits.MAX_NODE_REPEAT)
+        # the document keeps its integers as read (`2.0`, `2e0`: 2), for what reads it
+        # again (`with_node_names`, `links_among`, a what-if's variants)
+        entry = source["nodes"][i]
+        entry.update({k: v for k, v in (("count", count), ("repeat", repeat)) if k in entry})
+        if isinstance(entry.get("nics"), dict) and "count" in entry["nics"]:
+            entry["nics"]["count"] = nics.count
         total_devices += count * repeat
         if total_devices > limits.MAX_CLUSTER_DEVICES:
             raise BadInput(nf.at("count"), f"at most {limits.MAX_CLUSTER_DEVICES} devices in "
@@ -529,10 +547,17 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
             nodes.append(Node(node_name, dev_name, count, intra, nic, price, nics, slowdown,
                               mtbf, p2p, region))
     used = {n.device_type for n in nodes}
-    return Cluster(name=printable(top.raw("name", name)),
-                   device_types={k: v for k, v in catalog.items() if k in used},
-                   nodes=tuple(nodes), inter_node=inter, source=json.loads(json.dumps(data)),
+    return Cluster(name=name, device_types={k: v for k, v in catalog.items() if k in used},
+                   nodes=tuple(nodes), inter_node=inter, source=source,
                    links=_region_links(top, {n.region for n in nodes}))
+
+
+def device_type_name(spelled: str, type_names: Iterable[str]) -> str:
+    """The device type a node's `device` field names, as the loader reads it: the one of
+    `type_names` (the catalog's and the file's `device_types`) it spells
+    (`catalog_name`), else the name as written (escaped: `printable`)."""
+    name = printable(spelled)
+    return catalog_name(name, type_names) or name
 
 
 def with_node_names(doc: dict[str, Any]) -> dict[str, Any]:
@@ -544,10 +569,18 @@ def with_node_names(doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             if "name" not in node:
                 node = {**node, "name": f"n{made}"}
-            repeat = node.get("repeat", 1)
-            made += repeat if isinstance(repeat, int) and repeat > 1 else 1
+            made += node_copies(node)
         nodes.append(node)
     return {**doc, "nodes": nodes} if "nodes" in doc else doc
+
+
+def node_copies(entry: dict[str, Any]) -> int:
+    """How many nodes a node entry of a cluster document makes: its `repeat` read as the
+    loader reads it (`2.0` and `2e0` are 2), 1 without one (or with one the loader
+    refuses)."""
+    repeat = whole_number(entry.get("repeat", 1))
+    return repeat if isinstance(repeat, int) and not isinstance(repeat, bool) \
+        and repeat > 1 else 1
 
 
 def links_among(doc: dict[str, Any]) -> dict[str, Any]:
@@ -560,10 +593,10 @@ def links_among(doc: dict[str, Any]) -> dict[str, Any]:
     for node in with_node_names(doc).get("nodes", []):
         if not isinstance(node, dict):
             continue
-        repeat = node.get("repeat", 1)
-        copies = repeat if isinstance(repeat, int) and repeat > 1 else 0
+        copies = node_copies(node)
         regions.update([str(node["region"])] if node.get("region") else
-                       [f"{node['name']}{r}" for r in range(copies)] or [str(node["name"])])
+                       [f"{node['name']}{r}" for r in range(copies)] if copies > 1
+                       else [str(node["name"])])
     kept = [link for link in doc["links"] if isinstance(link, dict)
             and all(str(end) in regions for end in link.get("between", ()) or ())]
     return {**doc, "links": kept}

@@ -564,7 +564,7 @@ class Fields:
         """`check_int` of the field, a whole number in exponent form read as that integer:
         JSON's ``1e6`` (a float) and YAML's ``1e6`` (a string under YAML 1.1, which wants
         ``1.0e+6`` for a float)."""
-        value = _whole_number(self.raw(key, default))
+        value = whole_number(self.raw(key, default))
         return check_int(value, self.at(key), allow_zero=allow_zero, at_most=at_most)
 
     def number(self, key: str, default: Any = ..., *, positive: bool = False,
@@ -618,7 +618,7 @@ def check_int(value: Any, where: str, *, allow_zero: bool = False,
 _EXPONENT_FORM = re.compile(r"[+]?[0-9]+(\.[0-9]*)?[eE][+]?[0-9]+")
 
 
-def _whole_number(value: Any) -> Any:
+def whole_number(value: Any) -> Any:
     """`value` as an int when it is a finite whole float, or a string in exponent form
     (``1e6``, ``2.5E3``) of a whole number; else `value` unchanged."""
     if isinstance(value, str) and _EXPONENT_FORM.fullmatch(value.strip()):

@@ -23,7 +23,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, cluster_ref, links_among
+from hyperpipe.cluster.cluster import (
+    Cluster,
+    cluster_from_dict,
+    cluster_ref,
+    links_among,
+    node_copies,
+)
 from hyperpipe.core.errors import BadInput, InfeasiblePlan
 from hyperpipe.core.units import format_quantity, format_seconds, three_digits
 from hyperpipe.models import ModelSpec
@@ -46,7 +52,6 @@ from hyperpipe.whatif.goodput import (
     monte_carlo_goodput,
     young_interval_s,
 )
-from hyperpipe.whatif.stragglers import search_view
 from hyperpipe.whatif.variants import Planning
 
 MC_FAILURES = 50_000         # failures in the Monte-Carlo run behind each table row
@@ -154,7 +159,7 @@ def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstrain
     the re-plan without the node most likely to fail."""
     plan, first = o.planning.plan, None
     if plan is None:
-        first = search(spec, search_view(base), c, profile=profile, top=1, workers=workers,
+        first = search(spec, base, c, profile=profile, top=1, workers=workers,
                        backend=backend, peers=False, keep_context=True)
         plan = first.best.plan
     cost = CostModel(spec, base, profile)
@@ -221,7 +226,7 @@ def without_node(cluster: Cluster, name: str) -> Cluster:
     doc.setdefault("name", cluster.name)
     entries, i = [], 0
     for entry in doc["nodes"]:
-        made = cluster.nodes[i:i + int(entry.get("repeat", 1))]
+        made = cluster.nodes[i:i + node_copies(entry)]
         i += len(made)
         if all(n.name != name for n in made) and "name" in entry:
             entries.append(entry)
@@ -259,7 +264,7 @@ def surviving_replicas(plan: Plan, spec: ModelSpec, smaller: Cluster) -> list[Pl
                              plan.global_batch // keep[0].micro_batch)
     except InfeasiblePlan:
         return []
-    out = replace(plan, cluster=cluster_ref(search_view(smaller)), pipelines=tuple(
+    out = replace(plan, cluster=cluster_ref(smaller), pipelines=tuple(
         replace(p, num_microbatches=m) for p, m in zip(keep, counts, strict=True)))
     plans = [replace(out, schedule=kind, actions=None) for kind in fixed_kinds(out)] \
         if schedule_kind(plan.schedule).carries_actions else [out]
@@ -286,7 +291,7 @@ def _replan(spec, cluster: Cluster, failed: str, c: SearchConstraints, profile,
     found: list[tuple[Candidate, str]] = []
     error = None
     try:
-        res = search(spec, search_view(smaller), c, profile=profile, top=1, workers=workers,
+        res = search(spec, smaller, c, profile=profile, top=1, workers=workers,
                      backend=backend, peers=False, carry=first)
         found.append((Candidate(res.best.plan, simulate(res.best.plan, cost, SimOptions(
             trace=False)).metrics), "search"))

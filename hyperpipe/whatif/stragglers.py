@@ -7,48 +7,19 @@ as given or the user's, simulated on the degraded cluster), **re-plan** (a fresh
 on it; never slower than keep: a slower pick leaves the kept plan as the answer) and
 the **gap** between them.
 
-The search groups devices by type, so it sees stragglers through `search_view`: every
-slowed node's devices become a derived type whose peak FLOP/s and memory bandwidth are
-divided by the slowdown (the roofline time is multiplied by it exactly); a node with
-one slow device is seen at its slowest device's speed, and the plan found is then
-simulated on the real cluster. A calibration profile's per-type fits do not apply to
-these derived types (the analytic roofline does).
+Each variant is searched as `hyperpipe search` searches it: the search tells slowed
+nodes and devices apart itself (`hyperpipe.search.space.device_classes`), so a variant
+identical to the cluster file gets the plan `search` picks for that file.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.whatif.variants import WhatIfResult
 
 
 def is_straggler_key(key: str) -> bool:
     """A --vary key that sets a slowdown (``nodes.NAME.slowdown``, ``...slowdown.3``)."""
     return "slowdown" in key.split(".")
-
-
-def search_view(cluster: Cluster) -> Cluster:
-    """`cluster` with every slowed node's devices as a derived type of their own that
-    runs at the slowed speed (see the module doc); the cluster itself when none is."""
-    if all(not n.slowdown for n in cluster.nodes):
-        return cluster
-    types = dict(cluster.device_types)
-    nodes = []
-    for node in cluster.nodes:
-        factor = max(node.slowdown, default=1.0)
-        if factor == 1.0:
-            nodes.append(replace(node, slowdown=()))
-            continue
-        base = cluster.device_types[node.device_type]
-        name = f"{base.name}@x{factor:g}"
-        types[name] = replace(base, name=name, peak_flops=base.peak_flops / factor,
-                              mem_bandwidth_bytes_per_s=base.mem_bandwidth_bytes_per_s
-                              / factor)
-        nodes.append(replace(node, device_type=name, slowdown=()))
-    used = {n.device_type for n in nodes}
-    return replace(cluster, device_types={k: v for k, v in types.items() if k in used},
-                   nodes=tuple(nodes))
 
 
 def format_stragglers(result: WhatIfResult) -> str:

@@ -21,20 +21,28 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.cluster.cluster import Cluster, cluster_from_dict, links_among, with_node_names
+from hyperpipe.cluster.catalog import DTYPES, builtin_device_types, catalog_name
+from hyperpipe.cluster.cluster import (
+    Cluster,
+    cluster_from_dict,
+    device_type_name,
+    links_among,
+    with_node_names,
+)
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan, printable
 from hyperpipe.core.progress import Progress
 from hyperpipe.models import ModelSpec, load_model
 from hyperpipe.plan.plan import Plan
+from hyperpipe.plan.profile import check_profile
 from hyperpipe.search.evaluate import Candidate, pareto_front, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import search
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.whatif.added_devices import keep_unused, needs_base, simulate_on
-from hyperpipe.whatif.stragglers import is_straggler_key, search_view
+from hyperpipe.whatif.stragglers import is_straggler_key
 from hyperpipe.whatif.variants import Planning, Row, VariantTask, WhatIfResult
-from hyperpipe.whatif.vary_paths import check_vary
+from hyperpipe.whatif.vary_paths import TABLE_FIELDS, check_vary
 
 __all__ = ["Planning", "Row", "SweepOptions", "VariantTask", "WhatIfResult",
            "evaluate_variant", "format_whatif", "parse_vary", "plot_whatif", "set_path",
@@ -64,7 +72,10 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
 
 
 def _scalar(text: str) -> Any:
-    """Numbers stay numbers (counts, efficiencies); everything else is a string."""
+    """Numbers stay numbers (counts, efficiencies), `true` and `false` are booleans (as
+    in the files); everything else is a string."""
+    if text in ("true", "false"):
+        return text == "true"
     for kind in (int, float):
         try:
             return kind(text)
@@ -73,8 +84,12 @@ def _scalar(text: str) -> Any:
     return text
 
 
-def set_path(doc: dict, key: str, value: str) -> None:
-    """Set a dotted `key` of a cluster document; list items by `name` or position."""
+def set_path(doc: dict, key: str, value: str, *, cluster: Cluster | None = None) -> None:
+    """Set a dotted `key` of a cluster document; list items by `name` or position. A
+    field of `TABLE_FIELDS` set whole takes the one value (its table goes); one entry of
+    its table set where the field holds one value turns that value into the table it
+    stands for first (a node's slowdown per device; a type's peaks per dtype, from
+    `cluster`'s device types or the catalog), so the other entries keep their values."""
     parts = key.split(".")
     node: Any = doc
     for i, part in enumerate(parts):
@@ -96,7 +111,7 @@ def set_path(doc: dict, key: str, value: str) -> None:
         elif isinstance(node, dict):
             if last:
                 held = node.get(part)
-                if isinstance(held, (dict, list)):
+                if isinstance(held, (dict, list)) and not (i == 2 and part in TABLE_FIELDS):
                     inner = (f"0.{'bandwidth' if part == 'links' else 'count'}"
                              if isinstance(held, list) else next(iter(held), "FIELD"))
                     raise BadInput(f"vary {key}", f"a path to one value ({part} holds a "
@@ -104,9 +119,36 @@ def set_path(doc: dict, key: str, value: str) -> None:
                                    has_got=False)
                 node[part] = _scalar(value)
             else:
+                if i == 2 and part in TABLE_FIELDS and not isinstance(node.get(part), dict):
+                    node[part] = _as_table(key, node, cluster)
                 node = node.setdefault(part, {})
         else:
             raise BadInput(f"vary {key}", "a path into the cluster document", part)
+
+
+def _as_table(key: str, entry: dict, cluster: Cluster | None) -> dict[str, Any]:
+    """The table that the one value (or none) of `entry`'s table field (`key`'s third
+    part) stands for: a node's `slowdown` per device index, a device type's `peak_flops`
+    per dtype (SI numbers; from `cluster`'s type of that name, else the catalog's)."""
+    parts = key.split(".")
+    held = entry.get(parts[2])
+    if parts[2] == "slowdown":
+        count = entry.get("count")
+        if held is None or not isinstance(count, int):
+            return {}                        # unlisted devices run at 1.0
+        return {str(j): held for j in range(count)}
+    catalog = builtin_device_types()
+    known = cluster.device_types.get(parts[1]) if cluster is not None else None
+    if known is None and held is None:
+        known = catalog.get(catalog_name(parts[1], catalog) or parts[1])
+    if known is None:
+        if held is None:
+            return {}                        # a type from scratch: its table starts here
+        raise BadInput(f"vary {key}", f"a device type the cluster uses ({parts[1]} holds "
+                       f"one peak_flops: vary {'.'.join(parts[:3])})", has_got=False)
+    if not known.peak_ratios:           # one rate in every dtype
+        return {d: known.peak_flops for d in DTYPES}
+    return {d: known.peak_flops * r for d, r in known.peak_ratios}
 
 
 def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int,
@@ -147,11 +189,14 @@ def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int
                 overrides[key[len("model."):]] = _scalar(value)
             elif key == "global_batch":
                 batch = _scalar(value)
-            elif key == "use":
+            elif key == "use":         # by the type each node's `device` resolves to
                 keep = set(value.split("+"))
-                doc["nodes"] = [n for n in doc["nodes"] if n.get("device") in keep]
+                names = [*builtin_device_types(),
+                         *(printable(k) for k in doc.get("device_types", {}))]
+                doc["nodes"] = [n for n in doc["nodes"]
+                                if device_type_name(str(n.get("device")), names) in keep]
             else:
-                set_path(doc, key, value)
+                set_path(doc, key, value, cluster=cluster)
         # count 0 means "without this node" (a what-if, not a file error); the paths
         # of the regions that leave with it go too
         doc["nodes"] = [n for n in doc.get("nodes", []) if n.get("count") != 0]
@@ -173,7 +218,8 @@ def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int
 
 def _check_distinct(keys: list[str], doc: dict[str, Any]) -> None:
     """BadInput when two --vary keys set one field (the later would win while the label
-    showed both): the same key, or one node named by name and by position."""
+    showed both): the same key, one node named by name and by position, or a field
+    and an entry of its table (`nodes.v100.slowdown`, `nodes.v100.slowdown.3`)."""
     names = [n.get("name") for n in with_node_names(doc).get("nodes", [])
              if isinstance(n, dict)]
     seen: dict[tuple[str, ...], str] = {}
@@ -181,14 +227,18 @@ def _check_distinct(keys: list[str], doc: dict[str, Any]) -> None:
         parts = key.split(".")
         if len(parts) > 1 and parts[0] == "nodes" and parts[1] in names:
             parts[1] = str(names.index(parts[1]))
-        if tuple(parts) in seen:
-            raise BadInput("vary", f"each field varied once (--vary {seen[tuple(parts)]} "
-                           "sets it already; list its values in one --vary)", key)
-        seen[tuple(parts)] = key
+        path = tuple(parts)
+        other = seen.get(path) if path[0] == "model" else next(   # model, model.FIELD
+            (seen[p] for p in seen if p[:len(path)] == path or path[:len(p)] == p), None)
+        if other is not None:
+            raise BadInput("vary", f"each field varied once (--vary {other} sets it "
+                           "already; list its values in one --vary)", key)
+        seen[path] = key
 
 
 def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile: Any = None,
-           backend: Any = None, model_source: Any = None) -> WhatIfResult:
+           backend: Any = None, model_source: Any = None, profile_source: str = "profile",
+           allow_profile_mismatch: bool = False) -> WhatIfResult:
     """Search every variant; a variant where nothing fits gets a row with its error.
 
     With `backend` (`hyperpipe.search.backends`, entered) the variants run as its tasks,
@@ -200,6 +250,9 @@ def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile
     (`hyperpipe.whatif.added_devices`). `model_source`: the preset name, file or mapping
     `model` was loaded from, which ``model.FIELD`` variations load again with the field
     overridden (None: `model` itself). Under a progress bar the searches' own are silent.
+    `profile` is checked against each variant's model and device types as `search`
+    checks it (`check_profile`; errors name `profile_source` and the variant), before any
+    search runs, unless `allow_profile_mismatch`.
     """
     planning = options.planning
     c = planning.constraints()
@@ -215,6 +268,10 @@ def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile
             raise BadInput("vary global_batch", "positive integers of at most "
                            f"{limits.MAX_GLOBAL_BATCH} (hyperpipe.core.limits)", batch)
         shown = tuple((printable(k), printable(v)) for k, v in combo)    # as printed
+        if profile is not None and variant is not None:
+            check_profile(profile, spec, variant, allow_mismatch=allow_profile_mismatch,
+                          where=f"{profile_source} (vary "
+                          f"{', '.join(f'{k}={v}' for k, v in combo)})")
         tasks.append(VariantTask(shown, spec, variant,
                                  replace(c, global_batch=batch), profile, one, plan))
     given = VariantTask((), model, cluster, c, profile, one, None)
@@ -223,7 +280,7 @@ def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile
     with Progress(steps, "what-if: variants", enabled=options.progress) as bar:
         quiet = bar.enabled          # one bar: the searches inside stay silent under it
         if stragglers and plan is None:     # today's plan: the best on the cluster as given
-            plan = search(model, search_view(cluster), c, profile=profile, top=1,
+            plan = search(model, cluster, c, profile=profile, top=1,
                           workers=one, backend=backend, quiet=quiet,
                           peers=False).best.plan
             tasks = [replace(t, keep=plan) for t in tasks]
@@ -255,9 +312,8 @@ def evaluate_variant(task: VariantTask) -> Row:
     n = len(variant.devices)
     cost = CostModel(task.model, variant, task.profile)
     kept = _kept(task.keep, cost) if task.keep is not None else None
-    view = search_view(variant)
     try:
-        res = search(task.model, view, task.constraints, profile=task.profile,
+        res = search(task.model, variant, task.constraints, profile=task.profile,
                      top=1, workers=task.workers, quiet=task.quiet, peers=False)
     except InfeasiblePlan as exc:
         if kept is not None and kept.metrics.feasible:
@@ -265,9 +321,6 @@ def evaluate_variant(task: VariantTask) -> Row:
                        description=describe_plan(kept.plan, variant))
         return Row(settings, n, None, None, error=str(exc), kept=kept)
     best = res.best
-    if view is not variant:
-        # the search ranked on the derived view: the real cluster's simulation decides
-        best = simulate_on(best.plan, cost)
     if task.keep is not None:
         if kept is not None and kept.metrics.feasible and (
                 not best.metrics.feasible or rank_key(task.constraints, kept.metrics)

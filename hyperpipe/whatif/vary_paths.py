@@ -12,15 +12,22 @@ from __future__ import annotations
 import difflib
 
 from hyperpipe.cluster import cluster as cluster_format
+from hyperpipe.cluster.catalog import DTYPES
 from hyperpipe.core.errors import BadInput
 
 # A leaf that carries a unit, and an example of one (units.py parses these).
 UNIT_EXAMPLES = {
     "bandwidth": "100 Gbit/s", "latency": "5 us", "memory": "80 GB",
     "peak_flops": "312 TFLOP/s", "mem_bandwidth": "2 TB/s", "link_bandwidth": "600 GB/s",
-    "link_latency": "2 us", "mtbf": "120 h",
+    "link_latency": "2 us", "mtbf": "120 h", "runtime_reserve": "2 GB",
+    "price_per_hour": "1.5 $/h",
 }
 TOP_KEYS = ("name", "device_types", "nodes", "inter_node", "links")
+# Fields that hold one value or a table of values (docs/formats.md): the path may end at
+# the field (one value for all) or name an entry of its table (`nodes.v100.slowdown.3`,
+# `device_types.A100-80GB.peak_flops.fp32`); what names an entry.
+TABLE_FIELDS = {"slowdown": "a device index of the node", "peak_flops": "a dtype: "
+                + ", ".join(DTYPES)}
 
 
 def _keys(level: str) -> tuple[str, ...]:
@@ -39,11 +46,22 @@ def _nearest(word: str, options: tuple[str, ...] | list[str]) -> str:
 def check_vary(key: str, values: list[str], doc: dict) -> None:
     """Raise BadInput naming `key` as typed when it is no path of the cluster format,
     or when a dimensioned field gets a bare non-zero number. `doc` is the cluster
-    document (its node and device-type names are valid path items too)."""
+    document (its node names, as the loader gives them, and device-type names are valid
+    path items too); a field of `TABLE_FIELDS` takes one value or names an entry."""
+    doc = cluster_format.with_node_names(doc)
     parts = key.split(".")
-    level = "top"
+    level, field = "top", parts[-1]
     for i, part in enumerate(parts):
         typed = ".".join(parts[:i]) or "the cluster"
+        if level in TABLE_FIELDS:             # an entry of a field's table
+            table = level
+            if not (part in DTYPES if table == "peak_flops" else
+                    part.isascii() and part.isdigit() and len(part) < 10):
+                raise BadInput(f"vary {key}", f"a path that ends at {typed} (one value "
+                               f"for all) or at an entry of its table "
+                               f"({TABLE_FIELDS[table]})", part)
+            level, field = "leaf", table
+            continue
         if level == "leaf":
             raise BadInput(f"vary {key}", f"a path that ends at {typed} (it holds one "
                            "value)", part)
@@ -76,8 +94,7 @@ def check_vary(key: str, values: list[str], doc: dict) -> None:
                            f"{_nearest(part, options)}", part)
         level = {"nodes": "nodes", "device_types": "device_types", "inter_node": "link",
                  "intra_link": "link", "nic": "link", "nics": "nics",
-                 "links": "links"}.get(part, "leaf")
-    field = parts[-1]
+                 "links": "links"}.get(part, part if part in TABLE_FIELDS else "leaf")
     if field in UNIT_EXAMPLES:
         for v in values:
             try:

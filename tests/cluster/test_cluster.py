@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from hyperpipe.cluster.catalog import builtin_device_types
-from hyperpipe.cluster.cluster import builtin_cluster_names, cluster_from_dict, load_cluster
+from hyperpipe.cluster.cluster import (
+    builtin_cluster_names,
+    cluster_from_dict,
+    links_among,
+    load_cluster,
+    with_node_names,
+)
 from hyperpipe.core.errors import BadInput
 
 
@@ -103,3 +109,39 @@ def test_catalog_memory_is_the_datasheet_size_in_gib_less_ecc_on_gddr():
         assert catalog[name].memory_bytes == size * gib * 15 / 16, name
     assert catalog["T4"].memory_bytes == 14.75 * gib
     assert catalog["V100-16GB"].memory_bytes > 16e9 * 1.07       # not decimal GB
+
+
+@pytest.mark.parametrize("repeat", [2.0, "2e0"])
+def test_repeat_written_as_a_whole_float_is_the_integer_everywhere(repeat):
+    # `repeat` is read as `count` is (2.0 and YAML's 2e0 are 2); the document the
+    # cluster keeps says 2 too, so what reads it again names the copies as the loader
+    # did and keeps the paths between them
+    doc = {"nodes": [{"device": "A100-80GB", "count": 1, "repeat": repeat},
+                     {"device": "V100-32GB", "count": 2.0}],
+           "links": [{"between": ["n00", "n01"], "bandwidth": "1 Gbit/s",
+                      "latency": "10 ms"}]}
+    c = cluster_from_dict(doc, where="c.yaml", name="c")
+    assert [n.name for n in c.nodes] == ["n00", "n01", "n2"]
+    assert c.source["nodes"][0]["repeat"] == 2 and c.source["nodes"][1]["count"] == 2
+    assert [n["name"] for n in with_node_names(doc)["nodes"]] == ["n0", "n2"]
+    assert links_among(doc)["links"] == doc["links"]
+    again = cluster_from_dict(links_among(with_node_names(c.source)), where="c", name="c")
+    assert again == c
+
+
+@pytest.mark.parametrize("name", [[1], {"a": 1}, 5, ""])
+def test_cluster_name_must_be_a_string(name):
+    doc = {"name": name, "nodes": [{"device": "T4", "count": 1}]}
+    with pytest.raises(BadInput, match="^c.yaml.name: expected a non-empty string"):
+        cluster_from_dict(doc, where="c.yaml", name="c")
+    assert cluster_from_dict({**doc, "name": "mine"}, where="c.yaml", name="c").name == "mine"
+
+
+def test_a_device_type_named_by_a_number_is_refused_as_such():
+    doc = {"device_types": {5: {"peak_flops": "1 TFLOP/s", "memory": "8 GB"}},
+           "nodes": [{"device": "5", "count": 1}]}
+    with pytest.raises(BadInput, match="^c.yaml.device_types.5: expected a device type "
+                       "name \\(a string: quote it, '5'\\), got 5$"):
+        cluster_from_dict(doc, where="c.yaml", name="c")
+    doc["device_types"] = {"5": doc["device_types"][5]}
+    assert cluster_from_dict(doc, where="c.yaml", name="c").device("n0/0").type.name == "5"

@@ -268,3 +268,15 @@ def test_table_intervals_are_whole_iterations_and_the_optimum_the_best_of_them()
         brute = max((k * step_s for k in range(1, 2000)),
                     key=lambda t: expected_goodput(t, ckpt, mtbf_s))
         assert best.interval_s == pytest.approx(brute)
+
+
+def test_without_node_reads_a_repeat_written_as_a_float(tmp_path):
+    # `repeat: 2e0` (YAML 1.1 reads it as a string) is 2, as for `count`
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes:\n"
+                    "  - {name: a, device: A100-80GB, count: 2, repeat: 2e0, mtbf: 3 days}\n"
+                    "  - {name: v, device: V100-32GB, count: 2, mtbf: 9 days}\n")
+    c = load_cluster(str(path))
+    smaller = without_node(c, "a0")
+    assert [n.name for n in smaller.nodes] == ["a1", "v"]
+    assert [n.mtbf_s for n in smaller.nodes] == [3 * 86400, 9 * 86400]
