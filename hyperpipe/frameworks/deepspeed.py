@@ -15,10 +15,11 @@ LayerNorm, EmbeddingPipe (tied head), float16_to_fp32]`` (the last only with fp1
 Our layer 0 is the first three, block i index i + 2, our head the rest; a stage boundary
 is mapped through each of our layers' weighted entry (its embedding, block or head).
 
-ZeRO: stage 1, and bf16 without ZeRO under the pipeline engine (DeepSpeed's
-BF16_Optimizer partitions the fp32 state over the data-parallel ranks,
-deepspeed/runtime/engine.py ``_do_optimizer_sanity_check`` and bf16_optimizer.py), are
-the distributed optimizer; stages 2 and 3 import as plan ``zero`` 2 and 3 without a
+ZeRO: stage 1, and bf16 without ZeRO, with or without a pipeline, are the distributed
+optimizer: without ZeRO DeepSpeed accumulates bf16 gradients in fp32
+(deepspeed/runtime/engine.py ``get_data_types``), which ``_do_optimizer_sanity_check``
+gives to BF16_Optimizer, and that partitions the fp32 state over the data-parallel ranks
+(deepspeed/runtime/bf16_optimizer.py); stages 2 and 3 import as plan ``zero`` 2 and 3 without a
 pipeline, and with pp > 1 are refused as DeepSpeed refuses them
 (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
 parallelism").
@@ -215,9 +216,17 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
     if a.flag("no-pipeline-parallel") and job.pp > 1:
         raise BadInput(f"{args_path}: --no-pipeline-parallel", "no pipeline size beside it",
                        job.pp)
-    section = top.raw("pipeline", {})
-    raw_parts = section.get("partition") if isinstance(section, dict) else None
+    # DeepSpeed merges the section with .items() (deepspeed/runtime/config.py,
+    # ``get_pipeline_config``): anything but an object fails there, and is refused here
+    section = top.sub("pipeline") if top.has("pipeline") else None
+    raw_parts = section.raw("partition", None) if section is not None else None
     where = f"{src}: pipeline.partition"
+    if raw_parts is not None and not isinstance(raw_parts, list):
+        # DeepSpeed keeps the key ("best" by default) but never reads it: the stages come
+        # from the model's partition method; only `hyperpipe export`'s boundaries are read
+        notes.unread.append(f"pipeline.partition {key_name(str(raw_parts))} (not a list "
+                            "of stage boundaries: the split is --pp-partition-method's)")
+        raw_parts = None
     if isinstance(raw_parts, list):
         total = len(pipe_specs(n, half))
         if len(raw_parts) != job.pp + 1 or raw_parts[0] != 0 or raw_parts[-1] != total or \
@@ -239,7 +248,7 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
     if job.pp > 1 and zero >= 2:
         raise BadInput(f"{src}: zero_optimization.stage", "0 or 1 with pipeline parallelism "
                        "(DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3)", zero)
-    dist_opt = zero >= 1 or (dtype == "bf16" and job.pp > 1) or job.distributed_optimizer
+    dist_opt = zero >= 1 or bf16_sharded(dtype, zero) or job.distributed_optimizer
     batch = _batch(top, job, src)
     for key in doc:
         if key not in _KEYS:
@@ -255,6 +264,15 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
                    accumulation=None if batch.steps is None else
                    Stated("gradient_accumulation_steps", batch.steps),
                    zero=zero if zero >= 2 else 0)
+
+
+def bf16_sharded(dtype: str, zero: int) -> bool:
+    """Whether DeepSpeed shards the optimizer state of a `dtype` job at ZeRO stage `zero`
+    through BF16_Optimizer: bf16 without ZeRO, pipeline or not. deepspeed/runtime/
+    engine.py: ``get_data_types`` accumulates bf16 gradients in fp32 when ZeRO is off,
+    and ``_do_optimizer_sanity_check`` returns BFLOAT16 for a bf16 model with fp32
+    accumulation (the pipeline engine's bf16 accumulation takes the same wrapper)."""
+    return dtype == "bf16" and zero == 0
 
 
 def _enabled(top: Fields, key: str) -> bool:

@@ -220,9 +220,11 @@ def cost_of_export(plan: Plan, framework: str, files: dict[str, str], main: str
             if framework == "deepspeed" else None
         runnable, _ = import_plan(framework, Path(tmp, main), cluster, args=args,
                                   model=spec.to_dict())
-    cost = CostModel(spec, cluster)
-    ours = simulate(plan, cost).metrics.iteration_time_s
-    theirs = simulate(runnable, cost).metrics.iteration_time_s
+    ours = simulate(plan, CostModel(spec, cluster)).metrics.iteration_time_s
+    # priced with the model as the framework trains it: the plan's shapes in the job's
+    # precision (`Job.precision`: torchtitan without FSDP trains fp32 or under autocast)
+    theirs = simulate(runnable, CostModel(runnable.load_model(), cluster)
+                      ).metrics.iteration_time_s
     change = theirs / ours - 1.0
     word = "slower" if change >= 0 else "faster"
     return ExportCost(change, f"the export runs {abs(change):.1%} {word} than the plan "
@@ -316,6 +318,21 @@ def _torchtitan(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
         lost.append(f"schedule {lay.schedule}: with one pipeline stage torchtitan runs no "
                     "pipeline schedule (forward, then backward, per micro-batch)")
     replicate, shard = (1, lay.dp) if plan.distributed_optimizer else (lay.dp, 1)
+    # torchtitan applies mixed_precision_param only through FSDP (dp_shard or cp above
+    # 1); without it TP and PP jobs train fp32, the others under torch.autocast
+    # (torchtitan/distributed/utils.py, maybe_enable_amp): what the import reads back
+    if spec.dtype != "fp32" and shard == 1 and lay.cp == 1:
+        if lay.tp > 1 or lay.pp > 1:
+            lost.append(f"{spec.dtype} without FSDP: torchtitan trains tensor- and "
+                        "pipeline-parallel jobs in fp32 unless FSDP shards the weights "
+                        "(maybe_enable_amp), so this export runs fp32; a plan with zero 1 "
+                        "or more over several replicas, or cp above 1, exports as FSDP and "
+                        f"trains {spec.dtype}")
+        elif spec.optimizer_state != "autocast":
+            lost.append(f"{spec.dtype} with an optimizer state of '{spec.optimizer_state}':"
+                        " without FSDP, tensor or pipeline parallelism torchtitan trains "
+                        "under torch.autocast (fp32 weights, gradients and moments, cast "
+                        "at each use; maybe_enable_amp)")
     mode = {"none": "none", "selective": "selective", "full": "full"}[lay.recompute]
     local = lay.micro_batch * (lay.num_microbatches if lay.pp > 1 else 1)
     lines = ["[model]", 'name = "llama3"', f'flavor = "{flavor or spec.name}"', "",
@@ -525,11 +542,14 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
             method = candidate
             break
     world = lay.dp * lay.pp * lay.tp
-    bf16_pipe = spec.dtype == "bf16" and lay.pp > 1
-    if bf16_pipe and not plan.distributed_optimizer:
-        lost.append("a whole optimizer state per replica: DeepSpeed's bf16 optimizer under "
-                    "the pipeline engine shards it over the data-parallel ranks")
-    zero = 1 if plan.distributed_optimizer and not bf16_pipe else 0
+    # bf16 at ZeRO stage 0 runs BF16_Optimizer, pipeline or not, which shards the fp32
+    # state as ZeRO-1 does (`ds.bf16_sharded`): the import reads it back as zero 1
+    bf16 = ds.bf16_sharded(spec.dtype, 0)
+    if bf16 and not plan.distributed_optimizer and lay.dp > 1:
+        lost.append("a whole optimizer state per replica: DeepSpeed's bf16 optimizer "
+                    "(BF16_Optimizer, at ZeRO stage 0) shards it over the data-parallel "
+                    "ranks")
+    zero = 1 if plan.distributed_optimizer and not bf16 else 0
     if plan.zero >= 2 and lay.pp > 1:
         # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with
         # pipeline parallelism"

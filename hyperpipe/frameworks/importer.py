@@ -26,7 +26,8 @@ def read_job(framework: str, path: str | Path, *, args: str | Path | None = None
              model: Any = None) -> Job:
     """The job in `path` (DeepSpeed: the JSON, with launch arguments in `args`); `model`
     (a preset name, file or document) replaces the model the job describes, keeping its
-    block count (BadInput otherwise)."""
+    block count (BadInput otherwise) and the precision the job trains it in
+    (`Job.precision`)."""
     job = _read(framework, path, args, None if model is None else _spec(model))
     if model is None:
         return job
@@ -38,7 +39,7 @@ def read_job(framework: str, path: str | Path, *, args: str | Path | None = None
     if job.model:
         job.notes.assumed.append(f"model {spec.name} given with --model, in place of the "
                                  "job's own")
-    return replace(job, model=doc)
+    return replace(job, model={**doc, **job.precision})
 
 
 def _spec(model: Any):

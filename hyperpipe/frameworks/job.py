@@ -100,6 +100,13 @@ class Job:
     cp: int = 1                       # context-parallel degree of every stage
     stack: str = "megatron-lm"        # the plan's `stack` (hyperpipe.plan.stack.STACKS)
     runtime: dict[str, Any] = field(default_factory=dict)    # the plan's `runtime`
+    # model fields the job's training decides whatever model it runs (``dtype``,
+    # ``optimizer_state``): kept over a model given with ``--model`` (`importer.read_job`)
+    precision: dict[str, str] = field(default_factory=dict)
+    # samples per replica that one pipeline schedule step takes when the job runs several
+    # steps per iteration (torchtitan: its local batch, one ``pp_schedule.step`` each);
+    # None: the whole iteration is one schedule
+    step_samples: int | None = None
 
 
 def plan_of(job: Job, cluster: Cluster) -> Plan:
@@ -126,6 +133,7 @@ def plan_of(job: Job, cluster: Cluster) -> Plan:
         job.notes.assumed.append(f"the job's {world} ranks run on the first {world} of the "
                                  f"cluster's {len(devices)} devices")
     m = _microbatches(job, dp)
+    _schedule_steps(job, dp, m)
     kind = schedule_kind(job.schedule)
     placement = kind.placement if not kind.carries_actions else _actions_placement(job)
     pipelines, lists = [], {}
@@ -175,6 +183,34 @@ def _microbatches(job: Job, dp: int) -> int:
                            f"micro-batch {job.micro_batch}", job.samples_per_replica)
         return job.samples_per_replica // job.micro_batch
     return 1
+
+
+def _schedule_steps(job: Job, dp: int, m: int) -> None:
+    """Check a job that runs its iteration as several schedule steps (`Job.step_samples`)
+    and say, in the notes, what the plan's one schedule of all `m` micro-batches leaves
+    out. torchtitan's trainer (torchtitan/train.py, ``Trainer.__init__`` and
+    ``train_step``) runs global batch / (local batch x dp) accumulation steps, each one
+    ``pp_schedule.step`` of local batch / micro-batch micro-batches with its own fill and
+    drain; it refuses a global batch that is not a multiple of local batch x dp, and
+    (distributed/pipeline_parallel.py, ``build_pipeline_schedule``) a local batch that is
+    not a multiple of the micro-batch."""
+    per = job.step_samples
+    if per is None:
+        return
+    if per % job.micro_batch:
+        raise BadInput(f"{job.source}: local batch", f"a multiple of the micro-batch "
+                       f"{job.micro_batch}", per)
+    samples = m * job.micro_batch                 # per replica and iteration
+    if samples % per:
+        raise BadInput(f"{job.source}: global batch", f"a multiple of local batch x "
+                       f"data-parallel degree = {per} x {dp}", samples * dp)
+    steps = samples // per
+    if steps > 1 and job.pp > 1:
+        job.notes.approximated.append(
+            f"gradient accumulation: {job.framework} runs {steps} pipeline schedules of "
+            f"{per // job.micro_batch} micro-batches per iteration, each with its own fill "
+            f"and drain; the plan holds one schedule of {m} micro-batches, so its estimate "
+            "is optimistic (fewer bubbles)")
 
 
 def _actions_placement(job: Job) -> str:

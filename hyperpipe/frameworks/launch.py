@@ -5,8 +5,11 @@ The text may be one command or a file of arguments: backslash-newline continues 
 a value and refused where a number is expected). Tokens before the training script
 (the first ``*.py``) belong to the launcher: torchrun / ``python -m
 torch.distributed.run`` (``--nnodes``, ``--nproc-per-node``), DeepSpeed's launcher
-(``--num_nodes``, ``--num_gpus``) and srun (``--nodes``, ``--ntasks-per-node``), which
-give the world size. Everything after is the script's arguments, read by `Args`.
+(``--num_nodes``, ``--num_gpus``) and srun (``--ntasks``/``-n``, else ``--nodes``/``-N``
+x ``--ntasks-per-node``), which give the world size. Long flags are read in any case and
+with ``_`` or ``-``; a one-letter flag keeps its case (srun's ``-n`` tasks, ``-N`` nodes)
+and may carry its number attached (``-N2``). Everything after is the script's arguments,
+read by `Args`.
 """
 
 from __future__ import annotations
@@ -18,17 +21,27 @@ from dataclasses import dataclass, field
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, key_name
 
-# Launcher flags that give the world size: (nodes flag, processes-per-node flag) per
-# launcher, spelled as each documents them (torch.distributed.run's --nnodes and
+# Launcher flags that give the world size, spelled as each launcher documents them
+# (`_flag_name`): nodes and processes per node (torch.distributed.run's --nnodes and
 # --nproc-per-node, also with underscores; deepspeed's launcher --num_nodes/--num_gpus;
-# srun's --nodes/-N and --ntasks-per-node).
-_NODES = ("nnodes", "num-nodes", "nodes", "n")
+# srun's --nodes/-N and --ntasks-per-node), and srun's total task count --ntasks/-n,
+# which wins over nodes x tasks per node (srun(1): -n is the number of tasks, -N of nodes).
+_NODES = ("nnodes", "num-nodes", "nodes", "N")
 _PER_NODE = ("nproc-per-node", "num-gpus", "ntasks-per-node")
+_TOTAL = ("ntasks", "n")
 
 
 def _flag_name(token: str) -> str:
-    """``--Num_GPUs`` -> ``num-gpus``: Megatron-LM and the launchers accept both spellings."""
-    return token.lstrip("-").replace("_", "-").lower()
+    """``--Num_GPUs`` -> ``num-gpus``: Megatron-LM and the launchers accept both spellings
+    of a long flag; a one-letter flag keeps its case (srun's ``-n`` is not ``-N``)."""
+    name = token.lstrip("-")
+    return name if len(name) == 1 else name.replace("_", "-").lower()
+
+
+def _split_attached(token: str) -> list[str]:
+    """``-N2`` -> ``-N 2``: a one-letter flag with its number attached, as srun takes it."""
+    m = re.fullmatch(r"(-[A-Za-z])([0-9]+)", token)
+    return [m.group(1), m.group(2)] if m else [token]
 
 
 def _is_flag(token: str) -> bool:
@@ -50,7 +63,7 @@ def _options(tokens: list[str]) -> tuple[dict[str, list[str]], list[str]]:
     out: dict[str, list[str]] = {}
     loose: list[str] = []
     current: str | None = None
-    for tok in tokens:
+    for tok in (t for token in tokens for t in _split_attached(token)):
         if _is_flag(tok):
             name, eq, value = tok.partition("=")
             current = _flag_name(name)
@@ -85,12 +98,15 @@ def read_launch(text: str, where: str) -> Launch:
     unread = []
     nodes = next((launcher[k] for k in _NODES if k in launcher), None)
     per_node = next((launcher[k] for k in _PER_NODE if k in launcher), None)
-    if per_node is not None:
+    total = next((launcher[k] for k in _TOTAL if k in launcher), None)
+    if total is not None:
+        world = _int(total, where, "launcher tasks (srun --ntasks)")
+    elif per_node is not None:
         count = _int(per_node, where, "launcher processes per node")
         world = count * (_int(nodes, where, "launcher nodes") if nodes is not None else 1)
     for key in launcher:
         # python's own switches (-u, -m) before the script say nothing about the job
-        if key not in _NODES and key not in _PER_NODE and key not in ("u", "m"):
+        if key not in (*_NODES, *_PER_NODE, *_TOTAL, "u", "m"):
             unread.append(f"launcher --{key_name(key)}")
     args = Args(options, where)
     if loose:

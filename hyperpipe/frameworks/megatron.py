@@ -3,7 +3,8 @@
 Reads a launch line or an arguments file (`launch.read_launch`) with the flags of
 Megatron-LM's ``megatron/training/arguments.py`` (NVIDIA/Megatron-LM), old spellings
 included: the model shape, ``--tensor/pipeline-model-parallel-size``, interleaving
-(``--num-layers-per-virtual-pipeline-stage`` or ``--virtual-pipeline-model-parallel-size``),
+(``--num-layers-per-virtual-pipeline-stage``, ``--num-virtual-stages-per-pipeline-rank`` or
+``--virtual-pipeline-model-parallel-size``),
 uneven ends (``--decoder-first/last-pipeline-num-layers``,
 ``--account-for-embedding/loss-in-pipeline-split``) or ``--pipeline-model-parallel-layout``,
 micro and global batch, recompute, ``--sequence-parallel``,
@@ -262,15 +263,28 @@ def _runtime(a: Args, notes: Notes, chunks: int) -> dict[str, Any]:
 
 
 def layout(a: Args, source: str, n: int, pp: int) -> tuple[int, tuple[tuple[int, int], ...]]:
-    """Chunks per pipeline rank and our stage ranges of Megatron's pipeline split."""
+    """Chunks per pipeline rank and our stage ranges of Megatron's pipeline split, read as
+    megatron/training/arguments.py ``validate_args`` does: at most one of the layout,
+    --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank;
+    the virtual stages per rank being the latter as given, or the former's share of
+    (num-layers + the embedding and loss the split accounts for) / pp."""
     text = a.text("pipeline-model-parallel-layout")
     per_virtual = a.integer("num-layers-per-virtual-pipeline-stage")
+    per_rank = a.integer("num-virtual-stages-per-pipeline-rank")
     vpp = a.integer("virtual-pipeline-model-parallel-size")
     first = a.integer("decoder-first-pipeline-num-layers", allow_zero=True)
     last = a.integer("decoder-last-pipeline-num-layers", allow_zero=True)
     with_e = a.flag("account-for-embedding-in-pipeline-split")
     with_l = a.flag("account-for-loss-in-pipeline-split")
     where = f"{source}: --pipeline-model-parallel-layout"
+    given = [f"--{name}" for name, value in (
+        ("pipeline-model-parallel-layout", text),
+        ("num-layers-per-virtual-pipeline-stage", per_virtual),
+        ("num-virtual-stages-per-pipeline-rank", per_rank)) if value is not None]
+    if len(given) > 1:
+        raise BadInput(f"{source}: {given[0]}", "at most one of --pipeline-model-parallel-"
+                       "layout, --num-layers-per-virtual-pipeline-stage and --num-virtual-"
+                       "stages-per-pipeline-rank (Megatron-LM refuses more)", " and ".join(given))
     if text is not None:
         units = parse_layout(text, where)
         if len(units) % pp:
@@ -278,18 +292,25 @@ def layout(a: Args, source: str, n: int, pp: int) -> tuple[int, tuple[tuple[int,
         return len(units) // pp, ranges_of_units(units, n, where)
     chunks = 1
     if per_virtual is not None:
-        if n % (pp * per_virtual):
+        # the layers the split counts: the blocks, and the embedding and the loss when
+        # accounted for (validate_args adds one for each before dividing)
+        counted = n + int(with_e) + int(with_l)
+        if counted % (pp * per_virtual):
             raise BadInput(f"{source}: --num-layers-per-virtual-pipeline-stage", f"a divisor "
-                           f"of num-layers / pp = {n}/{pp}", per_virtual)
-        chunks = n // (pp * per_virtual)
+                           f"of the layers per pipeline rank = {counted}/{pp}"
+                           + (" (num-layers with the embedding/loss accounted for)"
+                              if with_e or with_l else ""), per_virtual)
+        chunks = counted // (pp * per_virtual)
+    elif per_rank is not None:
+        chunks = per_rank
     elif vpp is not None:
         chunks = vpp
     stages = pp * chunks
     if first is not None or last is not None:
-        if chunks > 1:
-            raise BadInput(f"{source}: --decoder-first/last-pipeline-num-layers", "no "
-                           "interleaving beside them (give --pipeline-model-parallel-layout)",
-                           has_got=False)
+        if per_virtual is not None:
+            raise BadInput(f"{source}: --num-layers-per-virtual-pipeline-stage", "none beside "
+                           "--decoder-first/last-pipeline-num-layers (Megatron-LM takes "
+                           "--num-virtual-stages-per-pipeline-rank there)", per_virtual)
         fixed = {0: first, pp - 1: last}
         rest = [k for k in range(pp) if fixed.get(k) is None]
         left = n - sum(v for v in fixed.values() if v is not None)
@@ -299,7 +320,14 @@ def layout(a: Args, source: str, n: int, pp: int) -> tuple[int, tuple[tuple[int,
                            [first, last])
         counts = [fixed[k] if fixed.get(k) is not None else left // len(rest)
                   for k in range(pp)]
-        return 1, _ranges(counts, n, source)
+        # each rank's layers shared evenly by its virtual stages; stage k is chunk
+        # k // pp of rank k mod pp (megatron/core/transformer/transformer_block.py,
+        # ``get_num_layers_to_build``)
+        if any(c % chunks for c in counts):
+            raise BadInput(f"{source}: --decoder-first/last-pipeline-num-layers", f"layers "
+                           f"per pipeline rank that divide into its {chunks} virtual stages",
+                           counts)
+        return chunks, _ranges([counts[k % pp] // chunks for k in range(stages)], n, source)
     units = (["E"] if with_e else []) + ["t"] * n + (["L"] if with_l else [])
     if len(units) % stages:
         raise BadInput(f"{source}: --num-layers", f"a multiple of the {stages} pipeline "

@@ -13,6 +13,10 @@ weights), and ``[activation_checkpoint]``.
 FSDP and HSDP (``data_parallel_shard_degree`` other than 1, -1 being torchtitan's default:
 every rank left over) import as ZeRO-3 (plan ``zero: 3``) over the data-parallel ranks;
 HSDP's replicate groups are not told apart from its shard groups (said in the notes).
+The model's precision is the one torchtitan trains in (`_precision`): without FSDP, TP
+and PP jobs train fp32 and the others under torch.autocast. Gradient accumulation under
+a pipeline runs one schedule per local batch (`Job.step_samples`); the plan holds one
+schedule of them all, which the notes say.
 Context and expert parallelism above 1, which the import does not read yet, refuse it
 (exit 2).
 """
@@ -103,15 +107,17 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
     def take(section: str, key: str, default: Any = None) -> Any:
         return sec[section].pop(key, default)
 
-    def integer(section: str, key: str, default: int, *, negative_ok: bool = False) -> int:
+    def integer(section: str, key: str, default: int, *, negative_ok: bool = False,
+                zero_ok: bool = False) -> int:
         value = take(section, key, default)
         if isinstance(value, bool) or not isinstance(value, int) or \
-                (value < 1 and not (negative_ok and value == -1)):
-            raise BadInput(f"{src}: {section}.{key}", "a positive integer"
+                (value < 1 and not (negative_ok and value == -1)
+                 and not (zero_ok and value == 0)):
+            raise BadInput(f"{src}: {section}.{key}", ("a non-negative integer" if zero_ok
+                                                       else "a positive integer")
                            + (" or -1" if negative_ok else ""), value)
         return value
 
-    model, n = _model(take, integer, src, notes, n_layer)
     tp = integer("parallelism", "tensor_parallel_degree", 1)
     pp = integer("parallelism", "pipeline_parallel_degree", 1)
     # the sequence split over cp ranks; FSDP shards over dp_shard x cp (torchtitan/
@@ -124,6 +130,8 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
     replicate = integer("parallelism", "data_parallel_replicate_degree", 1)
     shard = integer("parallelism", "data_parallel_shard_degree", -1, negative_ok=True)
     sharded = shard != 1
+    precision = _precision(take, src, notes, fsdp=sharded or cp > 1, tp=tp, pp=pp)
+    model, n = _model(take, integer, src, n_layer, precision)
     if sharded and replicate > 1:
         notes.approximated.append(
             f"HSDP (data_parallel_replicate_degree {replicate}, data_parallel_shard_degree "
@@ -160,17 +168,52 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
                dp=replicate * shard if shard > 0 else None, actions=actions,
                recompute=recompute, sequence_parallel=tp > 1,
                distributed_optimizer=sharded, zero=3 if sharded else 0, stack="torchtitan",
-               cp=cp)
+               cp=cp, precision=precision, step_samples=local)
 
 
-def _model(take, integer, src: str, notes: Notes, n_layer: int | None
+# torchtitan's mixed_precision_param values (torchtitan/config/job_config.py,
+# ``Training.mixed_precision_param``: TORCH_DTYPE_MAP's names) as model dtypes
+PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _precision(take, src: str, notes: Notes, *, fsdp: bool, tp: int, pp: int
+               ) -> dict[str, str]:
+    """The model fields (`Job.precision`) of the precision torchtitan trains in. Its
+    ``mixed_precision_param`` applies only through FSDP (data_parallel_shard_degree or
+    context_parallel_degree above 1: ``fully_shard``'s MixedPrecisionPolicy, bf16
+    weights gathered from fp32 shards); without FSDP, with TP or PP it trains fp32, and
+    with neither (DDP, one device) under ``torch.autocast`` (torchtitan/distributed/
+    utils.py ``maybe_enable_amp``, ``ParallelDims.fsdp_enabled``: dp_shard > 1 or cp > 1).
+    A shard degree of -1 is taken as FSDP (the ranks left over, more than one)."""
+    param = take("training", "mixed_precision_param", "bfloat16")
+    older = take("training", "dtype")
+    if param not in PRECISIONS:
+        raise BadInput(f"{src}: training.mixed_precision_param", "one of "
+                       f"{', '.join(PRECISIONS)}", param)
+    dtype = "bf16" if param == "bfloat16" or older == "bfloat16" else PRECISIONS[param]
+    if dtype == "fp32" or fsdp:
+        return {"dtype": dtype, "optimizer_state": "mixed"}
+    if tp > 1 or pp > 1:
+        notes.assumed.append(
+            f"precision fp32, not mixed_precision_param {param}: without FSDP "
+            "(data_parallel_shard_degree or context_parallel_degree above 1) torchtitan "
+            "trains TP and PP jobs in fp32 (maybe_enable_amp)")
+        return {"dtype": "fp32", "optimizer_state": "mixed"}
+    notes.assumed.append(f"precision {dtype} under torch.autocast (fp32 weights, gradients "
+                         "and optimizer state, cast at each use): torchtitan's mixed "
+                         "precision without FSDP, TP or PP (maybe_enable_amp)")
+    return {"dtype": dtype, "optimizer_state": "autocast"}
+
+
+def _model(take, integer, src: str, n_layer: int | None, precision: dict[str, str]
            ) -> tuple[dict[str, Any], int]:
+    """The model document of the TOML's flavour in `precision` (`_precision`), and its
+    blocks; ``{}`` with `n_layer` where a model given beside it replaces it."""
     name = take("model", "name", "llama3")
     flavor = take("model", "flavor", "debugmodel")
     known = isinstance(flavor, str) and flavor in LLAMA3_FLAVORS
     if n_layer is not None and (name != "llama3" or not known):
-        take("training", "seq_len"), take("training", "mixed_precision_param")
-        take("training", "dtype")
+        take("training", "seq_len")
         return {}, n_layer                # the importer puts the given model in
     if name != "llama3" or not isinstance(flavor, str) or flavor not in LLAMA3_FLAVORS:
         raise BadInput(f"{src}: model", f"name 'llama3' with a flavor of "
@@ -179,11 +222,8 @@ def _model(take, integer, src: str, notes: Notes, n_layer: int | None
                        f"{name} {flavor}")
     dim, layers, heads, kv, mult, multiple_of, theta, vocab = LLAMA3_FLAVORS[flavor]
     seq = integer("training", "seq_len", 2048)
-    param = take("training", "mixed_precision_param", "bfloat16")
-    dtype = "bf16" if param == "bfloat16" or take("training", "dtype") == "bfloat16" \
-        else "fp32"
     doc: dict[str, Any] = {
-        "kind": "gpt", "name": f"llama3-{flavor}", "dtype": dtype, "vocab_size": vocab,
+        "kind": "gpt", "name": f"llama3-{flavor}", **precision, "vocab_size": vocab,
         "n_layer": layers, "n_head": heads, "d_model": dim, "seq_len": seq,
         "ffn_hidden": ffn_hidden(dim, mult, multiple_of), "n_kv_head": kv or heads,
         "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False,
@@ -275,8 +315,12 @@ def _stages(take, integer, src: str, n: int, pp: int, chunks: int
     parts = take("parallelism", "module_fqns_per_model_part")
     splits = take("parallelism", "pipeline_parallel_split_points")
     per_stage = take("parallelism", "pipeline_parallel_layers_per_stage")
-    first_w = integer("parallelism", "pipeline_parallel_first_stage_less_layers", 1)
-    last_w = integer("parallelism", "pipeline_parallel_last_stage_less_layers", 1)
+    # 0 is accepted: torchtitan's split then counts no layer for the embedding or head
+    # (distributed/pipeline_parallel.py, ``generate_llm_fqn_per_model_part``)
+    first_w = integer("parallelism", "pipeline_parallel_first_stage_less_layers", 1,
+                      zero_ok=True)
+    last_w = integer("parallelism", "pipeline_parallel_last_stage_less_layers", 1,
+                     zero_ok=True)
     where = f"{src}: parallelism.module_fqns_per_model_part"
     if parts is not None:
         if not isinstance(parts, list) or not all(isinstance(x, list) for x in parts):
