@@ -185,15 +185,20 @@ def _check_start(start, model, cluster, global_batch: int, where: str) -> None:
 
 
 def _with_start(result, start, cost, c):
-    """`result` with the start plan (checked by `_check_start`) simulated as the baseline
-    "start" and, when nothing the search found beats it, as the pick."""
+    """`result` with the start plan (checked by `_check_start`), on the search's stack
+    and runtime, simulated as the baseline "start"; and as the pick where it keeps every
+    dimension the user fixed (`c.admits`) and nothing the search found beats it (then
+    `seeded_from` "start", the search's own best as `own_best`, and the baselines the
+    other plans, without it)."""
     from dataclasses import replace
 
     from hyperpipe.search.evaluate import Candidate, rank_key
     from hyperpipe.sim.simulator import simulate
+    start = replace(start, stack=c.stack, runtime=c.runtime)
     cand = Candidate(start, simulate(start, cost).metrics)
     baselines = {"start": cand, **result.baselines}
-    if rank_key(c, cand.metrics) < rank_key(c, result.best.metrics):
+    if c.admits(start) and rank_key(c, cand.metrics) < rank_key(c, result.best.metrics):
+        own = result.own_best if result.seeded_from is not None else result.best
         return replace(result, best=cand, ranked=[cand, *result.ranked][:len(result.ranked)],
-                       baselines=baselines)
+                       seeded_from="start", own_best=own)
     return replace(result, baselines=baselines)

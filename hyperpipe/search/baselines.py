@@ -69,24 +69,28 @@ def _check_dims(pp: int, dp: int, tp: int, micro_batch: int, global_batch: int,
     return global_batch // (dp * micro_batch)
 
 
-def _device_grid(cluster, pp: int, dp: int, tp: int, devices: list[str] | None
+def _device_grid(cluster, pp: int, dp: int, tp: int, devices: list[str] | None, cp: int = 1
                  ) -> list[list[tuple[str, ...]]]:
-    """grid[replica][stage] = the tp devices of that stage, in Megatron rank order."""
+    """grid[replica][stage] = the tp x cp devices of that stage, in Megatron rank order."""
     names = list(devices) if devices is not None else [d.name for d in cluster.devices]
-    need = pp * dp * tp
+    group = tp * cp
+    need = pp * dp * group
     if len(names) < need:
-        raise InfeasiblePlan(f"pp x dp x tp = {pp} x {dp} x {tp} = {need} devices needed, "
+        dims = ("pp x dp x tp x cp", f"{pp} x {dp} x {tp} x {cp}") if cp > 1 else \
+            ("pp x dp x tp", f"{pp} x {dp} x {tp}")
+        raise InfeasiblePlan(f"{dims[0]} = {dims[1]} = {need} devices needed, "
                              f"{len(names)} available")
     grid = []
     for r in range(dp):
         row = []
         for s in range(pp):
-            first = (s * dp + r) * tp
-            group = tuple(names[first:first + tp])
-            if len({cluster.device(d).type.name for d in group}) > 1:
-                raise InfeasiblePlan(f"tensor-parallel group {list(group)} mixes device "
-                                     "types in cluster order")
-            row.append(group)
+            first = (s * dp + r) * group
+            devs = tuple(names[first:first + group])
+            if len({cluster.device(d).type.name for d in devs}) > 1:
+                what = "tensor- and context-parallel" if cp > 1 else "tensor-parallel"
+                raise InfeasiblePlan(f"{what} group {list(devs)} mixes device types in "
+                                     "cluster order")
+            row.append(devs)
         grid.append(row)
     return grid
 
@@ -128,7 +132,7 @@ def uniform_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micro_bat
     innermost)."""
     chunks = schedule_kind(schedule).default_chunks if chunks is None else chunks
     m = _check_dims(pp, dp, tp * cp, micro_batch, global_batch, chunks)
-    grid = _device_grid(cluster, pp, dp, tp * cp, devices)
+    grid = _device_grid(cluster, pp, dp, tp, devices, cp)
     return _build(model, cluster, grid, lambda g: 1.0, global_batch=global_batch,
                   micro_batch=micro_batch, num_microbatches=m, schedule=schedule,
                   chunks=chunks, refs=refs, ep=ep, cp=cp)
@@ -142,7 +146,7 @@ def proportional_plan(model, cluster, *, pp: int, dp: int = 1, tp: int = 1, micr
     the rest as `uniform_plan`."""
     chunks = schedule_kind(schedule).default_chunks if chunks is None else chunks
     m = _check_dims(pp, dp, tp * cp, micro_batch, global_batch, chunks)
-    grid = _device_grid(cluster, pp, dp, tp * cp, devices)
+    grid = _device_grid(cluster, pp, dp, tp, devices, cp)
 
     def peak_flops(group: tuple[str, ...]) -> float:
         return sum(cluster.device(d).type.peak_flops for d in group)

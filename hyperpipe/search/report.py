@@ -257,13 +257,15 @@ def expert_lines(result, cost: CostModel) -> list[str]:
 
 
 def seed_lines(result, cluster, unit) -> list[str]:
-    """When the pick is a seed (a tuned baseline's plan, `SearchResult.seeded_from`):
-    which, and the best plan of the search's own."""
+    """When the pick is a seed (a tuned baseline's plan, `SearchResult.seeded_from`) or
+    the start plan: which, and the best plan of the search's own."""
     if result.seeded_from is None:
         return []
     objective = result.constraints.objective
-    out = ["", f"the pick is the tuned {result.seeded_from} baseline's plan (a seed): no "
-           f"plan of the search's own was as {'cheap' if objective == 'cost' else 'fast'}"]
+    what = "the start plan (--start)" if result.seeded_from == "start" else \
+        f"the tuned {result.seeded_from} baseline's plan (a seed)"
+    out = ["", f"the pick is {what}: no plan of the search's own was as "
+           f"{'cheap' if objective == 'cost' else 'fast'}"]
     own = result.own_best
     if own is not None:
         if objective == "cost":

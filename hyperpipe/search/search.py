@@ -95,7 +95,8 @@ class SearchResult:
     pareto: list[Candidate] = field(default_factory=list)   # (iteration time, cost) front
     simulated: list[Candidate] = field(default_factory=list)  # every feasible plan, ranked
     # the seed baseline ("uniform" or "proportional") whose plan the pick is, unless the
-    # search found that same plan itself; None when the pick is the search's own
+    # search found that same plan itself, or "start" (`search --start`'s plan); None
+    # when the pick is the search's own
     seeded_from: str | None = None
     # the best feasible plan of the search's own (what it picks without the seeds)
     own_best: Candidate | None = None
@@ -286,7 +287,8 @@ def _shortfall(ctx: SearchContext) -> str:
     if biggest > largest_dev * max(ctx.c.tp or 1, 1):
         return (f"the largest layer of {model.name} needs {biggest_b} of state; "
                 f"the largest device has {largest_b}")
-    return (f"no plan within the constraints fits in memory: model {model.name} needs "
+    return (f"no plan within the constraints fits in memory and runs on stack "
+            f"{ctx.c.stack}: model {model.name} needs "
             f"{need_b} of state plus activations (micro-batch "
             f"{ctx.c.micro_batch or 'any'}), cluster {cluster.name} has "
             f"{have_b}")
@@ -328,8 +330,9 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
 
     with backend_or_workers(backend, workers) as pool:
         types, base_plans = _templates(ctx, phases, show, pool, peers)
+        # none estimated (a space the templates do not cover): the seeds may still fit
         estimated = _timed(phases[1], _assemble_phase, ctx, types, pool)
-        if not estimated:
+        if not estimated and not base_plans:
             raise InfeasiblePlan(_shortfall(ctx))
         estimated.sort(key=lambda cand: rank_key(c, cand.metrics))
         refined = _timed(phases[2], refine, ctx, dedupe(estimated), _refine_budget(ctx))

@@ -192,3 +192,12 @@ def test_stashes_that_do_not_fit_in_the_sketch_are_out_of_memory(model_name, sha
             if not fit:
                 assert estimate(make(model, cluster, **dims), ctx.cost).oom, dims
     assert said == {True, False} and {"zb-v", "1f1b", "gpipe"} <= kinds
+
+
+def test_too_few_devices_names_the_context_parallel_degree():
+    """pp 2 x dp 2 x cp 2 on four devices: the refusal counts cp as cp (it had printed
+    "pp x dp x tp = 2 x 2 x 2" for tp 1)."""
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    with pytest.raises(InfeasiblePlan, match=r"pp x dp x tp x cp = 2 x 2 x 1 x 2 = 8 "
+                                             r"devices needed, 4 available"):
+        uniform_plan(model, cluster, pp=2, dp=2, cp=2, micro_batch=4, global_batch=32)

@@ -170,3 +170,23 @@ def test_dualpipe_v_beats_1f1b_on_the_pick(mixtral_search):
     margin = float(re.search(r"margin ([\d.]+)x", line).group(1))
     print(line)
     assert "beats" in line and margin == pytest.approx(one.time_s / dual.time_s, abs=1e-3)
+
+
+def test_the_seeds_answer_where_no_template_of_the_search_combines():
+    """tp 2, ep 2 over two replicas of one stage on demo-hetero (one A100 pair, one V100
+    pair): an expert group across the two device classes is no combination of the
+    search's per-class templates, but the uniform layout is one, and fits; the search
+    had refused with a memory shortfall (18 MB of state against 241 GB). The pick is
+    priced as `simulate` prices the same plan."""
+    from hyperpipe.search.baselines import uniform_plan
+    from hyperpipe.sim.simulator import simulate
+    model, cluster = load_model("tiny-moe"), load_cluster("demo-hetero")
+    c = SearchConstraints(global_batch=32, ep=2, tp=2, dp=2, pp=1, micro_batch=16)
+    res = search(model, cluster, c, top=1, workers=1, peers=False)
+    assert res.seeded_from in ("uniform", "proportional")
+    assert _eps(res.best.plan) == {2}
+    assert c.admits(res.best.plan)
+    same = uniform_plan(model, cluster, pp=1, dp=2, tp=2, ep=2, micro_batch=16,
+                        global_batch=32, schedule=res.best.plan.schedule)
+    assert res.best.metrics.iteration_time_s == pytest.approx(
+        simulate(same, CostModel(model, cluster)).metrics.iteration_time_s, rel=1e-9)
