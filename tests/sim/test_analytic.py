@@ -261,6 +261,20 @@ def test_link_bound_pipelines_count_every_transfer_on_a_device_pair(kind, per_wa
     assert simulate(plan, cost).metrics.iteration_time_s >= est      # contention: slower
 
 
+def _two_node_chain(schedule: str, global_batch: int, *, layers: int = 4,
+                    activation_bytes: float = 1e7):
+    """(plan, cost): two devices on two nodes (1 GB/s, no latency), each one stage of a
+    synthetic model whose layers take 1 ms forward (B 2 ms, I and W 1 ms) per sample;
+    micro-batch 1, `global_batch` micro-batches, `activation_bytes` per send."""
+    model = load_model({"kind": "synthetic", "layers": layers, "fwd_flops_per_sample": 1e9,
+                        "params_per_layer": 0, "activation_bytes_per_sample": activation_bytes,
+                        "stash_bytes_per_sample": 1e6})
+    cluster = load_cluster(cluster_dict(2, 1, bandwidth=1e9, latency=0.0))
+    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=global_batch,
+                        schedule=schedule)
+    return plan, CostModel(model, cluster)
+
+
 def test_1f1b_forwards_wait_a_round_trip_for_room():
     """1F1B on two devices on two nodes: F 2 ms and B 4 ms per stage, 10 ms per send. Rank
     0 holds two micro-batches, so its forward of micro-batch j + 2 waits for its
@@ -268,12 +282,7 @@ def test_1f1b_forwards_wait_a_round_trip_for_room():
     forwards of micro-batches 0, 2, 4, 6 start 32 ms apart and 1, 3, 5, 7 one send (10
     ms) after them, so 7's backward ends at 3 x 32 + 10 + 32 = 138 ms, as the simulator
     says. The analytic tier, which put the sends in the fill alone, said 106 ms."""
-    model = load_model({"kind": "synthetic", "layers": 4, "fwd_flops_per_sample": 1e9,
-                        "params_per_layer": 0, "activation_bytes_per_sample": 1e7,
-                        "stash_bytes_per_sample": 1e6})
-    cluster = load_cluster(cluster_dict(2, 1, bandwidth=1e9, latency=0.0))
-    cost = CostModel(model, cluster)
-    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=8)
+    plan, cost = _two_node_chain("1f1b", 8)
     options = SimOptions(include_optimizer=False)
     assert estimate(plan, cost, include_optimizer=False).iteration_time_s == \
         pytest.approx(0.138, abs=1e-12)
@@ -289,13 +298,7 @@ def test_gpipe_sends_each_way_in_its_own_phase():
     backward at 88; the eight gradients leave 10 ms apart and the last arrives at
     88 + 80 = 168 ms; stage 0's last backward ends at 172 ms, as the simulator says.
     The analytic tier, which took the busier way alone as the period, said 106 ms."""
-    model = load_model({"kind": "synthetic", "layers": 4, "fwd_flops_per_sample": 1e9,
-                        "params_per_layer": 0, "activation_bytes_per_sample": 1e7,
-                        "stash_bytes_per_sample": 1e6})
-    cluster = load_cluster(cluster_dict(2, 1, bandwidth=1e9, latency=0.0))
-    cost = CostModel(model, cluster)
-    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=8,
-                        schedule="gpipe")
+    plan, cost = _two_node_chain("gpipe", 8)
     assert estimate(plan, cost, include_optimizer=False).iteration_time_s == \
         pytest.approx(0.172, abs=1e-12)
     assert simulate(plan, cost, SimOptions(include_optimizer=False)).metrics \
@@ -313,12 +316,7 @@ def test_a_link_bound_pipeline_takes_its_busiest_hops_span(kind, hand_s):
     busy 2 x 30 ms from its first use to the last, plus the work before and after it.
     The closed form had taken m x the hop's 30 ms plus every send in the fill: 123 and
     121 ms."""
-    model = load_model({"kind": "synthetic", "layers": 2, "fwd_flops_per_sample": 1e9,
-                        "params_per_layer": 0, "activation_bytes_per_sample": 3e7,
-                        "stash_bytes_per_sample": 1e6})
-    cluster = load_cluster(cluster_dict(2, 1, bandwidth=1e9, latency=0.0))
-    cost = CostModel(model, cluster)
-    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=2, schedule=kind)
+    plan, cost = _two_node_chain(kind, 2, layers=2, activation_bytes=3e7)
     assert estimate(plan, cost, include_optimizer=False).iteration_time_s == \
         pytest.approx(hand_s, abs=1e-12)
     assert simulate(plan, cost, SimOptions(include_optimizer=False)).metrics \
@@ -332,13 +330,7 @@ def test_zb_h1_forwards_wait_a_round_trip_for_room():
     ms later: four rounds, then the last micro-batch one period (a send's 10 ms, above
     the rank's 6 ms of work) after the one before, 122 ms. The closed form's fill alone
     said 102 ms; the simulator, which also sees the W's in the way, 130 ms."""
-    model = load_model({"kind": "synthetic", "layers": 4, "fwd_flops_per_sample": 1e9,
-                        "params_per_layer": 0, "activation_bytes_per_sample": 1e7,
-                        "stash_bytes_per_sample": 1e6})
-    cluster = load_cluster(cluster_dict(2, 1, bandwidth=1e9, latency=0.0))
-    cost = CostModel(model, cluster)
-    plan = uniform_plan(model, cluster, pp=2, micro_batch=1, global_batch=8,
-                        schedule="zb-h1")
+    plan, cost = _two_node_chain("zb-h1", 8)
     est = estimate(plan, cost, include_optimizer=False).iteration_time_s
     sim = simulate(plan, cost, SimOptions(include_optimizer=False)).metrics.iteration_time_s
     # rank 0: arrival 0, (3 + 1) trips of 28 ms, micro-batch 7 a period after 6, and
