@@ -129,7 +129,7 @@ class _Engine:
     def _rank_process(self, rank: Rank):
         env, pipe, opt = self.env, rank.pipe, self.opt
         eta, waiters, senders = pipe.eta, pipe.waiters, pipe.senders
-        busy_until = pipe.busy_until
+        busy_until, queues = pipe.busy_until, pipe.queue
         overlap, blocking = self.ex.overlap_dp_allreduce, self.ex.blocking_p2p
         timeline, starts = rank.timeline, rank.starts
         _, current = timeline[0]
@@ -196,7 +196,9 @@ class _Engine:
             if box >= 0:
                 if spec is None:
                     arrive(pipe, box, t1)            # same device or free link
-                elif busy_until[chan] > t1:          # the channel's last send still going
+                elif busy_until[chan] > t1 or queues[chan]:
+                    # the channel's last send still going, or earlier ones queued behind
+                    # it (whose pump, due as it lands now, has not run yet): in order
                     self._enqueue(pipe, box, t1)
                 else:                                # `_launch`, inlined: the hot path
                     sent_at[box] = t1

@@ -7,6 +7,8 @@ cost model's code.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import simpy
 from factories import cluster_doc, device_type, synthetic_model
@@ -237,3 +239,32 @@ def test_mixed_tp_replicas_sync_each_gradient_once():
     sync = max(e.end_s for e in reduce) - compute_end
     # each ring: 2 latencies; their byte streams share the NICs, their latencies overlap
     assert sync == pytest.approx(grad / BW + 2 * LAT, rel=1e-6)
+
+
+def test_a_send_due_as_the_channel_frees_queues_behind_the_ones_waiting():
+    """GPipe on two pipelines of three tp stages (2, 2 and 4 devices), 2 and 9
+    micro-batches, the first stages on one node: pipeline 1's stage 0 sends its
+    activations to stage 1 one at a time. A send due exactly as the channel's current
+    message landed had gone ahead of the one queued behind it, and the queued one was
+    never sent (a deadlock: stage 1 waited for micro-batch 3 forever). Every message now
+    goes, in micro-batch order, one after another on each channel."""
+    from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan
+    cluster = load_cluster(cluster_doc({"unit": device_type(1e12)},
+                                       [(f"n{i}", "unit", 4) for i in range(12)],
+                                       intra_link={"bandwidth": 1e11, "latency": 0},
+                                       inter_node={"bandwidth": 1e9, "latency": 0}, name="t"))
+    model = synthetic_model(6, fwd_flops_per_sample=1e9, params_per_layer=0,
+                            activation_bytes_per_sample=1e6, stash_bytes_per_sample=1e6)
+    devices = [[("n9/0", "n9/1"), ("n8/0", "n8/1"), ("n6/0", "n6/1", "n6/2", "n6/3")],
+               [("n9/2", "n9/3"), ("n3/0", "n3/1"), ("n0/0", "n0/1", "n0/2", "n0/3")]]
+    bounds = [0, 2, 4, 6]
+    pipes = tuple(PipelinePlan(1, m, tuple(StagePlan((bounds[s], bounds[s + 1]), d[s],
+                                                     len(d[s])) for s in range(3)))
+                  for m, d in zip([2, 9], devices, strict=True))
+    plan = Plan(model=model, cluster=cluster, global_batch=11, schedule="gpipe", chunks=1,
+                pipelines=pipes)
+    result = simulate(plan, CostModel(model, cluster), SimOptions(include_optimizer=False))
+    sends = [e for e in result.trace.events if e.op == "send" and e.device == "n9/2"]
+    forward = [e for e in sends if e.peer.startswith("n3/")]
+    assert [e.microbatch for e in forward] == list(range(9))
+    assert all(a.end_s <= b.start_s + 1e-12 for a, b in itertools.pairwise(forward))
