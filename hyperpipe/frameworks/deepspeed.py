@@ -263,7 +263,7 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
                    samples_per_replica=batch.per_replica, distributed_optimizer=dist_opt,
                    accumulation=None if batch.steps is None else
                    Stated("gradient_accumulation_steps", batch.steps),
-                   zero=zero if zero >= 2 else 0)
+                   zero=zero if zero >= 2 else 0, precision={"dtype": dtype})
 
 
 def bf16_sharded(dtype: str, zero: int) -> bool:

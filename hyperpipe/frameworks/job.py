@@ -22,6 +22,7 @@ torchrun and srun number them: node by node, the local rank being the GPU's inde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -107,6 +108,10 @@ class Job:
     # steps per iteration (torchtitan: its local batch, one ``pp_schedule.step`` each);
     # None: the whole iteration is one schedule
     step_samples: int | None = None
+    # the job with what follows from the data-parallel degree its ranks resolve to on a
+    # cluster (`plan_of`), where the reader could not know it (torchtitan's shard
+    # degree -1: FSDP only over more than one rank); None: nothing does
+    settle: Callable[[Job, int], Job] | None = None
 
 
 def plan_of(job: Job, cluster: Cluster) -> Plan:
@@ -132,6 +137,8 @@ def plan_of(job: Job, cluster: Cluster) -> Plan:
     if world < len(devices):
         job.notes.assumed.append(f"the job's {world} ranks run on the first {world} of the "
                                  f"cluster's {len(devices)} devices")
+    if job.settle is not None:
+        job = job.settle(job, dp)
     m = _microbatches(job, dp)
     _schedule_steps(job, dp, m)
     kind = schedule_kind(job.schedule)

@@ -25,7 +25,8 @@ from hyperpipe.core.errors import BadInput, key_name
 # (`_flag_name`): nodes and processes per node (torch.distributed.run's --nnodes and
 # --nproc-per-node, also with underscores; deepspeed's launcher --num_nodes/--num_gpus;
 # srun's --nodes/-N and --ntasks-per-node), and srun's total task count --ntasks/-n,
-# which wins over nodes x tasks per node (srun(1): -n is the number of tasks, -N of nodes).
+# which wins over nodes x tasks per node (srun(1): -n is the number of tasks, -N of nodes)
+# unless each task runs torchrun or DeepSpeed's launcher (their per-node flags given).
 _NODES = ("nnodes", "num-nodes", "nodes", "N")
 _PER_NODE = ("nproc-per-node", "num-gpus", "ntasks-per-node")
 _TOTAL = ("ntasks", "n")
@@ -99,7 +100,10 @@ def read_launch(text: str, where: str) -> Launch:
     nodes = next((launcher[k] for k in _NODES if k in launcher), None)
     per_node = next((launcher[k] for k in _PER_NODE if k in launcher), None)
     total = next((launcher[k] for k in _TOTAL if k in launcher), None)
-    if total is not None:
+    # srun's task count, unless each task is a launcher that spawns its own processes
+    # (`srun -n 2 torchrun --nnodes 2 --nproc-per-node 8`: 16 ranks)
+    spawns = any(k in launcher for k in _PER_NODE[:2])
+    if total is not None and not spawns:
         world = _int(total, where, "launcher tasks (srun --ntasks)")
     elif per_node is not None:
         count = _int(per_node, where, "launcher processes per node")

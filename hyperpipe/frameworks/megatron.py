@@ -103,7 +103,8 @@ def read_args(a: Args, source: str, notes: Notes, *, framework: str,
                schedule=framework_kind("megatron", chunks), stages=stages,
                notes=notes, world_size=world_size, recompute=recompute,
                sequence_parallel=seq_par and tp > 1, distributed_optimizer=dist_opt,
-               stack=STACK_OF[framework], runtime=runtime, cp=cp)
+               stack=STACK_OF[framework], runtime=runtime, cp=cp,
+               precision={"dtype": model["dtype"]})
 
 
 def model_document(a: Args, source: str, notes: Notes, tp: int, n: int) -> dict[str, Any]:

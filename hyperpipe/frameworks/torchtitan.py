@@ -10,8 +10,9 @@ stages (``module_fqns_per_model_part``, the older ``pipeline_parallel_split_poin
 torchtitan's own split of ``pipeline_parallel_layers_per_stage`` and the first/last-stage
 weights), and ``[activation_checkpoint]``.
 
-FSDP and HSDP (``data_parallel_shard_degree`` other than 1, -1 being torchtitan's default:
-every rank left over) import as ZeRO-3 (plan ``zero: 3``) over the data-parallel ranks;
+FSDP and HSDP (``data_parallel_shard_degree`` above 1, or torchtitan's default -1 where
+the ranks it leaves over on the cluster are more than one: `Job.settle`) import as
+ZeRO-3 (plan ``zero: 3``) over the data-parallel ranks;
 HSDP's replicate groups are not told apart from its shard groups (said in the notes).
 The model's precision is the one torchtitan trains in (`_precision`): without FSDP, TP
 and PP jobs train fp32 and the others under torch.autocast. Gradient accumulation under
@@ -24,6 +25,7 @@ Context and expert parallelism above 1, which the import does not read yet, refu
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -130,13 +132,29 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
     replicate = integer("parallelism", "data_parallel_replicate_degree", 1)
     shard = integer("parallelism", "data_parallel_shard_degree", -1, negative_ok=True)
     sharded = shard != 1
-    precision = _precision(take, src, notes, fsdp=sharded or cp > 1, tp=tp, pp=pp)
+    mixed = _mixed_precision(take, src)
+    precision = _precision(mixed, notes, fsdp=sharded or cp > 1, tp=tp, pp=pp)
     model, n = _model(take, integer, src, n_layer, precision)
-    if sharded and replicate > 1:
-        notes.approximated.append(
-            f"HSDP (data_parallel_replicate_degree {replicate}, data_parallel_shard_degree "
-            f"{shard}) as ZeRO-3 over all {replicate} x {shard} data-parallel ranks: the "
-            "weights are priced as sharded over all of them")
+
+    def hsdp(shards: int) -> None:
+        if shards > 1 and replicate > 1:
+            notes.approximated.append(
+                f"HSDP (data_parallel_replicate_degree {replicate}, "
+                f"data_parallel_shard_degree {shard}) as ZeRO-3 over all {replicate} x "
+                f"{shards} data-parallel ranks: the weights are priced as sharded over all "
+                "of them")
+
+    def settle(job: Job, dp: int) -> Job:
+        """A shard degree of -1 is the data-parallel ranks left over: FSDP where they are
+        more than one (or cp shards), else none (plain replicas)."""
+        hsdp(dp // replicate)
+        if dp // replicate > 1 or cp > 1:
+            return job
+        plain = _precision(mixed, notes, fsdp=False, tp=tp, pp=pp)
+        return replace(job, model={**job.model, **plain}, precision=plain, zero=0,
+                       distributed_optimizer=False)
+    if shard > 0:
+        hsdp(shard)
     local = take("training", "local_batch_size", None)
     if local is None and "batch_size" in sec["training"]:
         local = take("training", "batch_size")
@@ -168,7 +186,8 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
                dp=replicate * shard if shard > 0 else None, actions=actions,
                recompute=recompute, sequence_parallel=tp > 1,
                distributed_optimizer=sharded, zero=3 if sharded else 0, stack="torchtitan",
-               cp=cp, precision=precision, step_samples=local)
+               cp=cp, precision=precision, step_samples=local,
+               settle=settle if shard == -1 else None)
 
 
 # torchtitan's mixed_precision_param values (torchtitan/config/job_config.py,
@@ -176,21 +195,27 @@ def read_torchtitan(path: str | Path, *, n_layer: int | None = None) -> Job:
 PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
-def _precision(take, src: str, notes: Notes, *, fsdp: bool, tp: int, pp: int
-               ) -> dict[str, str]:
-    """The model fields (`Job.precision`) of the precision torchtitan trains in. Its
-    ``mixed_precision_param`` applies only through FSDP (data_parallel_shard_degree or
-    context_parallel_degree above 1: ``fully_shard``'s MixedPrecisionPolicy, bf16
-    weights gathered from fp32 shards); without FSDP, with TP or PP it trains fp32, and
-    with neither (DDP, one device) under ``torch.autocast`` (torchtitan/distributed/
-    utils.py ``maybe_enable_amp``, ``ParallelDims.fsdp_enabled``: dp_shard > 1 or cp > 1).
-    A shard degree of -1 is taken as FSDP (the ranks left over, more than one)."""
+def _mixed_precision(take, src: str) -> tuple[str, str]:
+    """(model dtype, as written) of the TOML's ``mixed_precision_param`` (or its older
+    ``dtype``)."""
     param = take("training", "mixed_precision_param", "bfloat16")
     older = take("training", "dtype")
     if param not in PRECISIONS:
         raise BadInput(f"{src}: training.mixed_precision_param", "one of "
                        f"{', '.join(PRECISIONS)}", param)
-    dtype = "bf16" if param == "bfloat16" or older == "bfloat16" else PRECISIONS[param]
+    return ("bf16" if param == "bfloat16" or older == "bfloat16" else PRECISIONS[param]), param
+
+
+def _precision(mixed: tuple[str, str], notes: Notes, *, fsdp: bool, tp: int, pp: int
+               ) -> dict[str, str]:
+    """The model fields (`Job.precision`) of the precision torchtitan trains in, from
+    `_mixed_precision`'s. Its ``mixed_precision_param`` applies only through FSDP
+    (data_parallel_shard_degree or context_parallel_degree above 1: ``fully_shard``'s
+    MixedPrecisionPolicy, bf16 weights gathered from fp32 shards); without FSDP, with TP
+    or PP it trains fp32, and with neither (DDP, one device) under ``torch.autocast``
+    (torchtitan/distributed/utils.py ``maybe_enable_amp``, ``ParallelDims.fsdp_enabled``:
+    dp_shard > 1 or cp > 1)."""
+    dtype, param = mixed
     if dtype == "fp32" or fsdp:
         return {"dtype": dtype, "optimizer_state": "mixed"}
     if tp > 1 or pp > 1:

@@ -49,6 +49,10 @@ def _toml(tmp_path, text: str):
     (8, 1, 1, "bf16", "autocast"),     # DDP: torch.autocast over fp32 weights
     (1, 8, 1, "bf16", "mixed"),        # FSDP: fully_shard's bf16 MixedPrecisionPolicy
     (1, 4, 2, "bf16", "mixed"),        # FSDP beside TP
+    # the default -1: the ranks left over on the 8-GPU node, FSDP only over more than one
+    (1, -1, 8, "fp32", "mixed"),       # 8 / tp 8 = 1 left: no FSDP, TP in fp32
+    (1, -1, 2, "bf16", "mixed"),       # 4 left: FSDP
+    (4, -1, 2, "fp32", "mixed"),       # 4 replicas leave 1 shard: no FSDP, TP in fp32
 ])
 def test_torchtitan_imports_the_precision_it_trains_in(replicate, shard, tp, dtype, state,
                                                        tmp_path):
@@ -58,8 +62,10 @@ def test_torchtitan_imports_the_precision_it_trains_in(replicate, shard, tp, dty
     plan, notes = import_plan("torchtitan", path, load_cluster(A100_NODE))
     model = plan.load_model()
     assert (model.dtype, model.optimizer_state) == (dtype, state)
+    fsdp = dtype == "bf16" and state == "mixed"
+    assert plan.zero == (3 if fsdp else 0)
     said = "maybe_enable_amp" in " ".join(notes.lines())
-    assert said == (shard == 1)
+    assert said == (not fsdp)
 
 
 def test_torchtitan_precision_stays_with_a_model_given_beside_it(tmp_path):
@@ -67,6 +73,17 @@ def test_torchtitan_precision_stays_with_a_model_given_beside_it(tmp_path):
     path = _toml(tmp_path, TT_8B.format(replicate=1, shard=1, tp=8))
     job = read_job("torchtitan", path, model={"preset": "llama3-8b", "dtype": "bf16"})
     assert job.model["dtype"] == "fp32" and job.model["n_layer"] == 32
+
+
+@pytest.mark.parametrize("flag, dtype", [("--fp16", "fp16"), ("--bf16", "bf16"), ("", "fp32")])
+def test_megatron_precision_stays_with_a_model_given_beside_it(tmp_path, flag, dtype):
+    """A Megatron-LM job keeps the precision its flags say under ``--model`` too (tiny-gpt
+    is an fp32 preset: it had replaced an fp16 job's precision)."""
+    path = tmp_path / "job.sh"
+    path.write_text("pretrain_gpt.py --num-layers 6 --hidden-size 64 --num-attention-heads 4 "
+                    "--seq-length 64 --max-position-embeddings 64 --micro-batch-size 1 "
+                    f"--global-batch-size 8 --vocab-size 256 {flag}\n")
+    assert read_job("megatron", path, model="tiny-gpt").model["dtype"] == dtype
 
 
 def _cost(text: str) -> tuple[float, float]:
@@ -107,6 +124,10 @@ def test_torchtitan_export_of_ddp_bf16_says_it_runs_under_autocast(tmp_path):
     ("srun --ntasks 6 --nodes 2 python x.py", 6),
     ("srun --nodes 2 --ntasks-per-node 4 python x.py", 8),
     ("torchrun --nnodes 2 --nproc_per_node 8 x.py", 16),
+    # each srun task a torchrun of 8 processes: torchrun's count, not srun's tasks
+    ("srun -n 2 torchrun --nnodes 2 --nproc-per-node 8 x.py", 16),
+    ("srun --ntasks=2 --ntasks-per-node=1 python -m torch.distributed.run --nnodes 2 "
+     "--nproc_per_node 8 x.py", 16),
 ])
 def test_srun_world_size_is_its_tasks_else_nodes_times_tasks_per_node(line, world):
     launch = read_launch(line + " --num-layers 2", "job.sh")
