@@ -218,6 +218,12 @@ class Cluster:
     def has_node(self, name: str) -> bool:
         return name in self._node_by_name  # type: ignore[attr-defined]
 
+    def group_class(self, devices) -> str:
+        """The link class a group of `devices` spans, as `Route.link_class` names a
+        route's: "intra:NODE" when all are on node NODE, else "inter"."""
+        nodes = {self.device(d).node for d in devices}
+        return f"intra:{next(iter(nodes))}" if len(nodes) == 1 else "inter"
+
     def path(self, src: str, dst: str) -> Route:
         """The hops a transfer from device `src` to device `dst` crosses."""
         a, b = self.device(src), self.device(dst)

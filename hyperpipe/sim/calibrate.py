@@ -416,15 +416,15 @@ def _fit_allreduce(runs: list[_Run], prior: dict[str, Fit]) -> dict[str, Fit]:
     data-parallel across nodes) stay priced by their links. A rank's all-reduce event
     also holds its wait for the group's last member; the last to arrive waits least, so
     each (step, group) contributes its shortest event. x is the ring's bytes per device,
-    2(n-1)/n · bytes."""
+    2(n-1)/n · bytes. `prior`: the base profile's fits (a class's own, else its "*"),
+    the line a fit over too narrow a spread of x scales."""
     shortest: dict[tuple, _Point] = {}
     for n_trace, run in enumerate(runs):
         for e in run.trace.events:
             if e.op != "allreduce" or e.step < fitted_from(run.trace):
                 continue
             group = frozenset([e.device, *filter(None, e.peer.split(","))])
-            nodes = {run.cluster.device(d).node for d in group}
-            cls = f"intra:{next(iter(nodes))}" if len(nodes) == 1 else "inter"
+            cls = run.cluster.group_class(group)
             n = len(group)
             key = (cls, n_trace, e.step, group, e.bytes)
             x = 2 * (n - 1) / n * e.bytes
@@ -433,7 +433,8 @@ def _fit_allreduce(runs: list[_Run], prior: dict[str, Fit]) -> dict[str, Fit]:
     by_class: dict[str, list[_Point]] = defaultdict(list)
     for (cls, *_), point in shortest.items():
         by_class[cls].append(point)
-    return {cls: fit_bulk([x for x, _ in pts], [t for _, t in pts], prior.get(cls))
+    prior_of = Profile(allreduce=prior).allreduce_fit      # the class's, else "*"'s
+    return {cls: fit_bulk([x for x, _ in pts], [t for _, t in pts], prior_of(cls))
             for cls, pts in sorted(by_class.items())}
 
 

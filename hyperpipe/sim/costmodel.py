@@ -552,13 +552,11 @@ class CostModel:
 
     def allreduce_fit(self, devices: tuple[str, ...] | list[str]) -> Fit | None:
         """The profile's measured all-reduce for a group of `devices` (`Profile.
-        allreduce_fit` of its class: "intra:NODE" when they share node NODE, else
-        "inter"); None without one: the group is priced from its links."""
+        allreduce_fit` of its `Cluster.group_class`); None without one: the group is
+        priced from its links."""
         if self.profile is None or not self.profile.allreduce:
             return None
-        nodes = {self.cluster.device(d).node for d in devices}
-        return self.profile.allreduce_fit(f"intra:{next(iter(nodes))}" if len(nodes) == 1
-                                          else "inter")
+        return self.profile.allreduce_fit(self.cluster.group_class(devices))
 
     def ring_pattern(self, devices: tuple[str, ...]) -> tuple:
         """What an all-reduce's line depends on under the cluster's topology model

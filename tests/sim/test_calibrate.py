@@ -451,3 +451,22 @@ def test_an_all_reduce_fit_prices_only_groups_of_the_class_it_was_measured_on():
     every = CostModel(model, cluster, Profile(allreduce={"*": Fit(2e-3, 4e-9)}))
     assert every.allreduce_time_s(["a100/0", "a100/1"], 5e6) == \
         pytest.approx(2e-3 + 4e-9 * 5e6, rel=1e-12)
+
+
+def test_one_all_reduce_size_scales_the_base_profiles_line_of_any_class():
+    """All-reduces of one size cannot split the per-call from the per-byte cost: the
+    base profile's line is scaled to them, its "*" fit standing for a class it has no
+    fit of (the class fit had fallen back to time proportional to the bytes)."""
+    plan = _plan([1, 4, 6], ["a100/0", "a100/1", "v100/0", "v100/1"], 2, 4)
+    trace = _synthetic_trace(plan, random.Random(3), 0.0)
+    took = 2e-3 + 4e-9 * 4e6
+    reduce = [TraceEvent(dev, "allreduce", -1, -1, 0.0, took, 4e6,
+                         "v100/0" if dev == "a100/0" else "a100/0", step)
+              for step in range(3) for dev in ("a100/0", "v100/0")]
+    base = calibrate([_synthetic_trace(p, random.Random(4), 0.0)
+                      for p in _calibration_plans()])
+    base = Profile(compute=base.compute, links=base.links, optimizer=base.optimizer,
+                   allreduce={"*": Fit(2e-3, 4e-9)}, provenance=base.provenance)
+    profile = calibrate([Trace(trace.events + tuple(reduce), trace.meta)], base=base)
+    fit = profile.allreduce["inter"]
+    assert (fit.a_s, fit.b_s_per_unit) == pytest.approx((2e-3, 4e-9), rel=1e-6)
