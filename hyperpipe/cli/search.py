@@ -4,9 +4,10 @@ and can write the best plan for `simulate`/`run --plan`.
 
 `--start PLAN` searches from a plan the user has (an imported framework job): its model,
 cluster, global batch and stack (with its runtime overrides) are kept unless given as
-options, the plan is simulated beside the search's own as the baseline ``start``, and the
-pick is never slower than it: when no plan of the search beats the start, the start is
-the pick.
+options, the plan is simulated on the search's stack beside the search's own as the
+baseline ``start``, and, within the options given, the pick is never slower than it:
+when the start keeps every option given and no plan of the search beats it, the start
+is the pick (named as such, and then no baseline of its own).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def add_parser(sub) -> None:
     p.add_argument("--start", type=ca.path, metavar="PLAN",
                    help="search from this plan (e.g. from `hyperpipe import`): its model, "
                    "cluster, global batch and stack unless given; it is the baseline "
-                   "'start', and the pick is never slower than it")
+                   "'start', and within the options given the pick is never slower "
+                   "than it")
     p.add_argument("--micro-batch", type=ca.BATCH, help="fix the micro-batch size")
     p.add_argument("--schedule", help="fix the schedule kind (e.g. 1f1b, zb-h1)")
     p.add_argument("--chunks", type=ca.CHUNKS, help="fix the chunks per device (interleaved)")
