@@ -58,11 +58,15 @@ def _clusters() -> str:
         c = load_cluster(name)
         types = Counter(d.type.name for d in c.devices)
         peak = sum(d.type.peak_flops for d in c.devices)
+        # what leaves a node: its NICs (the inter-node default only bounds them)
+        nics = sorted({(n.nics.count, n.nics.bandwidth_bytes_per_s) for n in c.nodes},
+                      key=lambda x: (x[0] * x[1], x))
         rows.append([name, str(len(c.devices)),
                      ", ".join(f"{n}x {t}" for t, n in sorted(types.items())),
-                     f"{peak / 1e15:.1f}", f"{c.inter_node.bandwidth_bytes_per_s * 8 / 1e9:g}"])
+                     f"{peak / 1e15:.1f}",
+                     ", ".join(f"{k}x {bw * 8 / 1e9:g}" for k, bw in nics)])
     return _table(["cluster", "devices", "device types", "peak (PFLOP/s)",
-                   "inter-node (Gbit/s)"], rows)
+                   "NICs per node (Gbit/s)"], rows)
 
 
 def _models() -> str:

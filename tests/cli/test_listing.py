@@ -42,3 +42,19 @@ def test_listed_fp32_peak_is_the_catalogs(capsys):
         dev = types[cells[0]]
         assert float(cells[3]) == float(f"{dev.peak_for('fp32') / 1e12:g}"), row
         assert float(cells[3]) < float(cells[1]), row
+
+
+def test_listed_nics_are_each_nodes(capsys):
+    """The NIC column gives every node's NICs (count x Gbit/s), distinct ones listed: the
+    8,192-GPU cluster's A100 nodes have eight 200 Gbit/s NICs beside the H100 nodes'
+    400 (the column had shown the cluster-wide inter-node default, 400, alone)."""
+    from hyperpipe.cluster.cluster import load_cluster
+    assert main(["list", "clusters"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("NICs per node (Gbit/s)")
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert rows["h100-a100-8192"].endswith("8x 200, 8x 400")
+    for name in ("demo-hetero", "a100-1024"):
+        nics = {f"{n.nics.count}x {n.nics.bandwidth_bytes_per_s * 8 / 1e9:g}"
+                for n in load_cluster(name).nodes}
+        assert rows[name].rsplit("  ", 1)[1].strip() in nics
