@@ -125,3 +125,17 @@ def test_log_axes_are_labelled_in_plain_numbers(tmp_path):
     plt.close(fig)
     assert labels and not any("$" in label for label in labels)
     assert "1" in labels and "10" in labels
+
+
+def test_a_window_after_the_iteration_is_refused_and_nothing_written(tmp_path, capsys):
+    """--window 5:6 on an iteration of a few milliseconds had drawn an empty picture
+    with exit 0; it is refused (exit 2, naming the iteration's end) before any file."""
+    png, trace = tmp_path / "t.png", tmp_path / "t.json"
+    args = ["simulate", "--cluster", "demo-hetero", "--model", "tiny-gpt", "--pp", "2",
+            "--micro-batch", "4", "--global-batch", "16", "--timeline", str(png),
+            "--trace", str(trace)]
+    assert cli_main([*args, "--window", "5:6"]) == 2
+    err = capsys.readouterr().err
+    assert "--window: expected a start before the iteration's end" in err
+    assert len(err.strip().splitlines()) == 1 and not png.exists() and not trace.exists()
+    assert cli_main([*args, "--window", "0:0.002"]) == 0 and png.exists()
