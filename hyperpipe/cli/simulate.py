@@ -123,7 +123,7 @@ def run(opts: SimulateOptions) -> int:
     cost = CostModel(model, cluster, load_checked_profile(opts.profile, model, cluster,
                                                           plan.devices))
     result = simulate(plan, cost, SimOptions())
-    end_s = max((e.end_s for e in result.trace.events), default=0.0)
+    end_s = result.metrics.iteration_time_s
     if window is not None and window[0] >= end_s:     # before any file is written
         raise BadInput("--window", f"a start before the iteration's end ({end_s:.6g} s), "
                        "or the picture holds nothing", f"{window[0]:g}:{window[1]:g}")

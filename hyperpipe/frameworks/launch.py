@@ -28,7 +28,8 @@ from hyperpipe.core.errors import BadInput, key_name
 # which wins over nodes x tasks per node (srun(1): -n is the number of tasks, -N of nodes)
 # unless each task runs torchrun or DeepSpeed's launcher (their per-node flags given).
 _NODES = ("nnodes", "num-nodes", "nodes", "N")
-_PER_NODE = ("nproc-per-node", "num-gpus", "ntasks-per-node")
+_SPAWNERS = ("nproc-per-node", "num-gpus")     # a launcher's own processes per node
+_PER_NODE = (*_SPAWNERS, "ntasks-per-node")
 _TOTAL = ("ntasks", "n")
 
 
@@ -102,7 +103,7 @@ def read_launch(text: str, where: str) -> Launch:
     total = next((launcher[k] for k in _TOTAL if k in launcher), None)
     # srun's task count, unless each task is a launcher that spawns its own processes
     # (`srun -n 2 torchrun --nnodes 2 --nproc-per-node 8`: 16 ranks)
-    spawns = any(k in launcher for k in _PER_NODE[:2])
+    spawns = any(k in launcher for k in _SPAWNERS)
     if total is not None and not spawns:
         world = _int(total, where, "launcher tasks (srun --ntasks)")
     elif per_node is not None:

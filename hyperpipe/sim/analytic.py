@@ -475,8 +475,9 @@ def _hops_s(m: int, times: OpTimes, crossed: list[LinkCost]) -> float:
     b_done = [0.0] * p
     at = f_done[-1]
     for k in range(p - 1, -1, -1):
-        at += back[k] + (bwd[k] if k < p - 1 else 0.0)
-        b_done[k] = at - (bwd[k] if k < p - 1 else 0.0)
+        at += back[k]
+        b_done[k] = at
+        at += bwd[k - 1] if k else 0.0          # its gradient's way to stage k - 1
     down = sum(back) + sum(bwd) + last            # every backward to stage 0, and after
     start: dict[str, float] = {}
     busy: dict[str, float] = defaultdict(float)
