@@ -42,6 +42,12 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+class WriteFailed(HyperPipeError):
+    """A file could not be written for the host's reasons, not the user's (a full disk,
+    a quota, a file-size limit such as `ulimit -f`, an I/O error): the command line prints
+    the one line and exits with status 1. The writer leaves nothing half-written."""
+
+
 class InfeasiblePlan(HyperPipeError):
     """A legal plan that cannot run: out of memory, not enough devices, and so on."""
 

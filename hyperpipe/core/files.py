@@ -13,6 +13,8 @@ the target's folder (O_EXCL | O_NOFOLLOW, unpredictable name), fsynced, renamed 
 target, and removed on any exit before that. A target that exists and is not a regular
 file (symlink, FIFO, device such as /dev/null, directory) is refused with BadInput, never
 replaced nor written through: one rule is easier to trust than a list of exceptions.
+A path the user must change (a missing folder, no permission) is BadInput; a write the
+host fails (a full disk, `ulimit -f`, an I/O error) is WriteFailed, exit status 1.
 A lock file (`open_lock_file`) follows the same rule. `check_outputs` refuses, before
 any work, an output that names one of the command's inputs or another of its outputs.
 """
@@ -20,6 +22,7 @@ any work, an output that names one of the command's inputs or another of its out
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -33,10 +36,13 @@ from typing import IO, Any
 import yaml
 
 from hyperpipe.core import limits, stopping
-from hyperpipe.core.errors import BadInput, key_name, one_line
-from hyperpipe.core.units import parse_quantity
+from hyperpipe.core.errors import BadInput, WriteFailed, key_name, one_line
+from hyperpipe.core.units import EXPONENT, MANTISSA, parse_quantity
 
 MAX_INPUT_BYTES = limits.MAX_JSON_BYTES     # kept for callers of the old name
+# How user files are decoded: UTF-8, a leading byte-order mark dropped (editors on
+# Windows write one; json.loads refuses it, YAML skips it), so JSON and YAML read alike.
+TEXT_ENCODING = "utf-8-sig"
 
 
 # --------------------------------------------------------------------------- reading
@@ -94,7 +100,7 @@ def load_document(path: str | os.PathLike) -> Any:
     where = show_path(p)
     is_json = p.suffix.lower() == ".json"
     raw = _read_capped(p, limits.MAX_JSON_BYTES if is_json else limits.MAX_YAML_BYTES)
-    text = raw.decode("utf-8", errors="replace")
+    text = raw.decode(TEXT_ENCODING, errors="replace")
     if is_json:
         data = _parse_json(text, where)
     else:
@@ -114,9 +120,10 @@ def load_document(path: str | os.PathLike) -> Any:
 
 
 def read_text(path: str | os.PathLike, cap: int = limits.MAX_YAML_BYTES) -> str:
-    """The text of regular file `path` (UTF-8, undecodable bytes replaced), refusing a
-    file over `cap` bytes, a directory, a FIFO or a device (BadInput naming the file)."""
-    return _read_capped(Path(path), cap).decode("utf-8", errors="replace")
+    """The text of regular file `path` (UTF-8, a leading BOM dropped, undecodable bytes
+    replaced), refusing a file over `cap` bytes, a directory, a FIFO or a device
+    (BadInput naming the file)."""
+    return _read_capped(Path(path), cap).decode(TEXT_ENCODING, errors="replace")
 
 
 def _parse_json(text: str, where: str) -> Any:
@@ -264,6 +271,27 @@ def check_values(data: Any, where: str) -> None:
 
 
 # --------------------------------------------------------------------------- writing
+# Why a path cannot be written that the user can change (bad input, exit 2): a folder
+# that is missing or not a folder (a file where a folder of the path would be made), a
+# folder given as the file, no permission, a read-only file system, a name too long, a
+# name the file system refuses or a loop of links. Anything else (a full disk, a quota,
+# `ulimit -f`, an I/O error) is the host's failure: WriteFailed, exit 1.
+_PATH_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EEXIST, errno.EISDIR,
+                          errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG,
+                          errno.EINVAL, errno.EILSEQ, errno.ELOOP, errno.ETXTBSY})
+
+
+def _cannot_write(where: str, exc: OSError, expected: str = "a writable file path"
+                  ) -> BadInput | WriteFailed:
+    """The error for an OSError met writing `where`: BadInput (`expected`, the reason in
+    brackets) when the path is the problem (`_PATH_ERRNOS`), else WriteFailed."""
+    why = exc.strerror or str(exc) or type(exc).__name__
+    if exc.errno in _PATH_ERRNOS:
+        return BadInput(where, f"{expected} ({why})", has_got=False)
+    return WriteFailed(f"{where}: could not be written ({why}: a limit or failure of this "
+                       "host, not of the path); nothing was written")
+
+
 def _check_target(p: Path) -> None:
     """Refuse a target that exists and is not a regular file (or is a symlink)."""
     try:
@@ -271,8 +299,7 @@ def _check_target(p: Path) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise BadInput(show_path(p), f"a writable file path ({exc.strerror or exc})",
-                       has_got=False) from None
+        raise _cannot_write(show_path(p), exc) from None
     if not stat.S_ISREG(st.st_mode):
         raise BadInput(show_path(p), f"a writable file path: a regular file or a new name (it is "
                        f"{_kind(st.st_mode)}; HyperPipe never replaces or writes through "
@@ -294,7 +321,8 @@ def check_writable(path: str | os.PathLike) -> None:
 def probe_folder(folder: Path) -> None:
     """Raise BadInput unless a file can be created in `folder`, or, if it does not exist
     yet, in its nearest existing ancestor (where it would be made). Creates and removes
-    one temporary file: a true test even for root and read-only file systems."""
+    one temporary file: a true test even for root and read-only file systems. A host
+    failure (a full disk, a quota) is WriteFailed, not BadInput (`_cannot_write`)."""
     folder = Path(folder)
     where = show_path(folder)
     while not os.path.lexists(folder) and folder != folder.parent:
@@ -307,15 +335,17 @@ def probe_folder(folder: Path) -> None:
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise BadInput(where, f"a folder that can be written ({exc.strerror or exc})",
-                       has_got=False) from None
+        raise _cannot_write(where, exc, "a folder that can be written") from None
 
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     """Yield a binary file whose content replaces `path` when the block ends normally,
-    and leaves no trace otherwise. See the module docstring for the rules. A path that
-    cannot be written is bad input (one line, exit 2)."""
+    and leaves no trace otherwise (an existing target keeps its content). See the module
+    docstring for the rules. A path that cannot be written for the user's reasons (a
+    missing folder, a folder as the path, no permission) is bad input (BadInput, exit 2);
+    a write the host fails (a full disk, `ulimit -f`, an I/O error) is WriteFailed
+    (exit 1)."""
     p = Path(path)
     where = show_path(p)
     tmp: Path | None = None
@@ -335,8 +365,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[IO[bytes]]:
         tmp = None
         _fsync_dir(p.parent)
     except OSError as exc:
-        raise BadInput(where, f"a writable file path ({exc.strerror or exc})",
-                       has_got=False) from None
+        raise _cannot_write(where, exc) from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
@@ -570,8 +599,11 @@ class Fields:
     def number(self, key: str, default: Any = ..., *, positive: bool = False,
                at_most: float | None = None, at_least: float = 0.0) -> float:
         """A finite number >= 0 (> 0 if `positive`); with `at_least` > 0, no positive
-        value below it (a subnormal efficiency would divide times into infinity)."""
-        value = self.raw(key, default)
+        value below it (a subnormal efficiency would divide times into infinity). A string
+        in exponent form is that number (`exponent_number`: YAML 1.1 reads ``5e-1`` as a
+        string), as the whole-number fields read it (`positive_int`)."""
+        raw = self.raw(key, default)
+        value = exponent_number(raw)
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value < 0 or (positive and value == 0) \
                 or (at_most is not None and value > at_most) or (0 < value < at_least):
@@ -580,7 +612,7 @@ class Fields:
                 want += f" of at least {at_least:g}"
             if at_most is not None:
                 want += f" of at most {at_most}"
-            raise BadInput(self.at(key), want, value)
+            raise BadInput(self.at(key), want, raw)
         return float(value)
 
     def quantity(self, key: str, dimension: str, default: Any = ..., *,
@@ -615,14 +647,23 @@ def check_int(value: Any, where: str, *, allow_zero: bool = False,
     return value
 
 
-_EXPONENT_FORM = re.compile(r"[+]?[0-9]+(\.[0-9]*)?[eE][+]?[0-9]+")
+_EXPONENT_FORM = re.compile(MANTISSA + EXPONENT)
+
+
+def exponent_number(value: Any) -> Any:
+    """`value` as a float when it is a string of a number in exponent form (``5e-1``,
+    ``1e6``, ``2.5E3``, ASCII digits: `units.NUMBER`), which YAML 1.1 reads as a string
+    where YAML 1.2 and JSON read a number; else `value` unchanged. The one rule by which
+    every number field (`Fields.number`, `whole_number`) reads a number written so."""
+    if isinstance(value, str) and _EXPONENT_FORM.fullmatch(value.strip()):
+        return float(value)
+    return value
 
 
 def whole_number(value: Any) -> Any:
     """`value` as an int when it is a finite whole float, or a string in exponent form
-    (``1e6``, ``2.5E3``) of a whole number; else `value` unchanged."""
-    if isinstance(value, str) and _EXPONENT_FORM.fullmatch(value.strip()):
-        value = float(value)
+    (``1e6``, ``2.5E3``: `exponent_number`) of a whole number; else `value` unchanged."""
+    value = exponent_number(value)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
     return value

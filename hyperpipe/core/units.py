@@ -9,6 +9,10 @@
 
 Decimal prefixes (k, M, G, T, P) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) powers
 of 1024, as in vendor spec sheets. A bare number is taken as already in SI base units.
+Bits are ``bit``, ``b`` or ``bps`` (``"100 Gb/s"`` is ``"100 Gbit/s"``), bytes ``B`` or
+``Bps`` (``"10 GBps"`` is ``"10 GB/s"``); micro is ``u``, the micro sign ``µ`` (U+00B5) or
+the Greek mu ``μ`` (U+03BC). Digits are ASCII only (`NUMBER`): ``"１００ Gbit/s"`` in
+full-width digits is refused, not read as 100.
 """
 
 from __future__ import annotations
@@ -27,16 +31,24 @@ _PREFIX = {
 _UNITS: dict[str, tuple[str, float]] = {
     "FLOP/s": ("flops", 1.0), "FLOPS": ("flops", 1.0), "flop/s": ("flops", 1.0),
     "B": ("bytes", 1.0), "byte": ("bytes", 1.0), "bytes": ("bytes", 1.0),
-    "B/s": ("bandwidth", 1.0), "bit/s": ("bandwidth", 1 / 8), "bps": ("bandwidth", 1 / 8),
+    "B/s": ("bandwidth", 1.0), "Bps": ("bandwidth", 1.0),
+    "bit/s": ("bandwidth", 1 / 8), "b/s": ("bandwidth", 1 / 8), "bps": ("bandwidth", 1 / 8),
     "s": ("time", 1.0), "ms": ("time", 1e-3), "us": ("time", 1e-6), "µs": ("time", 1e-6),
-    "ns": ("time", 1e-9), "min": ("time", 60.0), "h": ("time", 3600.0),
+    "μs": ("time", 1e-6), "ns": ("time", 1e-9), "min": ("time", 60.0), "h": ("time", 3600.0),
     "day": ("time", 86400.0), "days": ("time", 86400.0),
     "FLOP": ("flop", 1.0), "flop": ("flop", 1.0),
     "$/h": ("price", 1.0), "USD/h": ("price", 1.0),
 }
-_TIME_WORDS = {"ms", "us", "µs", "ns", "min", "h", "s", "day", "days"}
+_TIME_WORDS = {"ms", "us", "µs", "μs", "ns", "min", "h", "s", "day", "days"}
 
-_QUANTITY = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(\S*)\s*$")
+# A plain number as files and flags write it: ASCII digits only (`\d` would take
+# full-width and Arabic-Indic digits too), an optional sign, fraction and exponent.
+# `core.files` reads numbers written as strings (YAML 1.1's ``5e-1``) by the same form.
+MANTISSA = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)"
+EXPONENT = r"[eE][-+]?[0-9]+"
+NUMBER = f"{MANTISSA}(?:{EXPONENT})?"
+
+_QUANTITY = re.compile(rf"^\s*({NUMBER})\s*(\S*)\s*$")
 
 DIMENSIONS = ("flops", "bytes", "bandwidth", "time", "flop", "price")
 

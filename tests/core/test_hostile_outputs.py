@@ -3,8 +3,11 @@ special file, never follows a planted temporary name, and leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import resource
 import stat
 import subprocess
 import sys
@@ -19,7 +22,7 @@ from hostile import (
     temp_files,
 )
 
-from hyperpipe.core.errors import BadInput
+from hyperpipe.core.errors import BadInput, WriteFailed
 from hyperpipe.core.files import atomic_output, write_atomic
 
 SCHEDULE = ["schedule", "--kind", "1f1b", "--devices", "2", "--microbatches", "2"]
@@ -114,12 +117,44 @@ def test_an_interrupted_write_leaves_no_temp_file_and_the_old_content(exc, tmp_p
     assert temp_files(tmp_path) == []
 
 
-def test_a_failing_disk_is_bad_input_with_nothing_left(tmp_path):
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO])
+def test_a_failing_disk_is_a_host_failure_with_nothing_left(code, tmp_path):
+    """A full disk, a quota, `ulimit -f` or an I/O error is the host's failure, not bad
+    input (it had been BadInput, exit 2): WriteFailed, exit 1; the old file is kept."""
     out = tmp_path / "r.json"
-    with pytest.raises(BadInput, match="No space left"):
+    out.write_text("old")
+    with pytest.raises(WriteFailed, match="^" + re.escape(f"{out}: could not be written "
+                                                          f"({os.strerror(code)}")):
+        with atomic_output(out) as f:
+            f.write(b"new")
+            raise OSError(code, os.strerror(code))
+    assert out.read_text() == "old" and temp_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("code", [errno.ENOENT, errno.EACCES, errno.EISDIR, errno.EROFS])
+def test_a_path_the_user_must_change_stays_bad_input(code, tmp_path):
+    out = tmp_path / "r.json"
+    with pytest.raises(BadInput, match=r"r\.json: expected a writable file path"):
         with atomic_output(out):
-            raise OSError(28, "No space left on device")
+            raise OSError(code, os.strerror(code))
     assert not out.exists() and temp_files(tmp_path) == []
+
+
+def test_out_over_ulimit_f_exits_1_with_one_line_and_nothing_written(tmp_path):
+    """`(ulimit -f 0; hyperpipe schedule ... --out f.txt)` had ended in exit 2, "expected
+    a writable file path (File too large)": the path is fine, the host's limit is not."""
+    out = tmp_path / "f.txt"
+    out.write_text("old")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hyperpipe", *SCHEDULE, "--out", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=os.getcwd(),
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                              (0, resource.RLIM_INFINITY)))
+    line = assert_one_line(proc.returncode, proc.stderr, 1, "f.txt", "could not be written",
+                           os.strerror(errno.EFBIG))
+    assert "expected" not in line
+    assert out.read_text() == "old" and temp_files(tmp_path) == []
 
 
 def test_sigterm_during_a_write_removes_the_temp_file(tmp_path):

@@ -23,6 +23,14 @@ from hyperpipe.core.units import parse_quantity
     ("1.5e3 s", "time", 1500.0),
     (7, "bytes", 7.0),
     ("0", "time", 0.0),
+    # spellings that had been refused: b for bit, Bps for bytes/s, the Greek mu (U+03BC)
+    # beside the micro sign (U+00B5)
+    ("100 Gb/s", "bandwidth", 100e9 / 8),
+    ("10 Mb/s", "bandwidth", 10e6 / 8),
+    ("10 GBps", "bandwidth", 10e9),
+    ("10 MBps", "bandwidth", 10e6),
+    ("5 \u03bcs", "time", 5e-6),
+    ("5 \u00b5s", "time", 5e-6),
 ])
 def test_parse_quantity(text, dim, value):
     assert parse_quantity(text, dim, where="x") == pytest.approx(value, rel=1e-12)
@@ -32,6 +40,9 @@ def test_parse_quantity(text, dim, value):
     ("5 parsecs", "time"), ("80 GB", "time"), ("-3 GB", "bytes"), ("fast", "flops"),
     ("nan GB", "bytes"), (True, "bytes"), (None, "bytes"), ("1e999 B", "bytes"),
     ("100 Gs", "time"),
+    # digits are ASCII: full-width and Arabic-Indic digits had been read as 100
+    ("\uff11\uff10\uff10 Gbit/s", "bandwidth"), ("\u0661\u0660\u0660 GB", "bytes"),
+    ("\uff11\uff10\uff10", "bytes"), ("1e\uff13 B", "bytes"),
 ])
 def test_parse_quantity_rejects(text, dim):
     with pytest.raises(BadInput) as err:
