@@ -11,17 +11,25 @@ import os
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, key_name, printable
-from hyperpipe.core.files import Fields, load_document, path_exists, resolve_ref
+from hyperpipe.core.files import (
+    Fields,
+    exponent_number,
+    load_document,
+    path_exists,
+    resolve_ref,
+    whole_number,
+)
 from hyperpipe.models.presets import PRESETS
 from hyperpipe.models.spec import (
     DTYPE_BYTES,
     OPTIMIZER_STATES,
     GPTConfig,
     ModelSpec,
+    MoEConfig,
     SyntheticLayer,
     check_config,
     gpt_spec,
@@ -51,6 +59,12 @@ class _Fields(Fields):
         return f"{self.file}: {self.path}{key}"
 
 
+# What a model reference must be: a missing file is named by the field that gave it
+# (`where`: a plan's `model`, `--model`), as `load_cluster` names a missing cluster file.
+_MODEL_REF = f"a preset name (one of {sorted(PRESETS)}) or an existing model file " \
+    "(.yaml, .yml, .json)"
+
+
 def load_model(ref: Any, *, where: str = "model", base_dir: str | os.PathLike | None = None,
                overrides: Mapping[str, Any] | None = None) -> ModelSpec:
     """A ModelSpec from a preset name, a YAML/JSON file path, or an already parsed dict.
@@ -72,13 +86,14 @@ def load_model(ref: Any, *, where: str = "model", base_dir: str | os.PathLike | 
         elif Path(text).suffix.lower() in (".yaml", ".yml", ".json") \
                 or (text and path_exists(resolve_ref(text, _dir(base_dir)), regular=True)):
             path = resolve_ref(text, _dir(base_dir))
+            if not path_exists(path):    # named by the field that gave it, as a cluster is
+                raise BadInput(where, _MODEL_REF, text)
             data = load_document(path)
             where = str(path)
             if isinstance(data, str) and data in PRESETS:
                 data = {"preset": data}
         else:
-            raise BadInput(where, f"a preset name (one of {sorted(PRESETS)}) or a model "
-                           "file (.yaml, .yml, .json)", text)
+            raise BadInput(where, _MODEL_REF, text)
     else:
         data = ref
     if not isinstance(data, dict):
@@ -122,6 +137,9 @@ def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
     for key in GPT_KEYS:
         if f.has(key):
             values[key] = f.raw(key)
+    values = _numbers_read(values, GPTConfig)
+    if isinstance(values.get("moe"), Mapping):
+        values["moe"] = _numbers_read(values["moe"], MoEConfig)
     defaults = {k.name: k.default for k in fields(GPTConfig) if k.default is not MISSING}
     for key in ("vocab_size", "n_layer", "n_head", "d_model", "seq_len"):
         if key not in values:
@@ -138,6 +156,24 @@ def _load_gpt(data: dict, where: str, presets: Mapping) -> ModelSpec:
     return gpt_spec(printable(f.string("name", name)), config, dtype, state)
 
 
+def _numbers_read(values: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """`values` (fields of dataclass `cls`) with their numbers read as every file's
+    numbers are (`core.files`): an int field's whole number written ``2.0`` or ``2e0``
+    as the int (`whole_number`), a float field's ``1e4`` (a string under YAML 1.1) as
+    the float (`exponent_number`). Anything else is left for `check_config` to refuse,
+    naming the field, so that no float or string reaches the arithmetic."""
+    hints = get_type_hints(cls)
+    out = dict(values)
+    for key, value in values.items():
+        hint = hints.get(str(key))
+        types = set(get_args(hint)) or {hint}
+        if int in types:
+            out[key] = whole_number(value)
+        elif float in types:
+            out[key] = exponent_number(value)
+    return out
+
+
 def _load_synthetic(data: dict, where: str) -> ModelSpec:
     f = _Fields(data, where, allowed=("kind", "name", "dtype", "optimizer_state", "seq_len",
                                       "layers", *SYNTHETIC_LAYER_KEYS))
@@ -146,7 +182,7 @@ def _load_synthetic(data: dict, where: str) -> ModelSpec:
     # tokens per sample, for tokens/s metrics
     seq_len = f.positive_int("seq_len", 1, at_most=limits.MAX_MODEL_DIM)
     defaults = _synthetic_values(f)
-    raw = f.raw("layers")
+    raw = whole_number(f.raw("layers"))      # 4.0 and 4e0 are 4, as for every count
     if isinstance(raw, list) and len(raw) > limits.MAX_LAYERS or \
             isinstance(raw, int) and not isinstance(raw, bool) and raw > limits.MAX_LAYERS:
         raise BadInput(f.at("layers"), f"at most {limits.MAX_LAYERS} layers"
@@ -166,10 +202,12 @@ def _load_synthetic(data: dict, where: str) -> ModelSpec:
         layers.append(_synthetic_layer(values, row or f, seq_len, DTYPE_BYTES[dtype]))
     if not any(layer.fwd_flops_per_sample or layer.i_flops_per_sample
                or layer.w_flops_per_sample or layer.activation_bytes_per_sample
-               or layer.stash_bytes_per_sample or layer.params for layer in layers):
-        # Nothing to time: every stage would take 0 s and every speed divide by it.
+               or layer.params for layer in layers):
+        # Nothing to time: every stage would take 0 s and every speed divide by it. Stash
+        # bytes are memory held for the backward, not work: they take no time.
         raise BadInput(f.at("layers"), "at least one layer with FLOPs, activation bytes "
-                       "or parameters above 0", has_got=False)
+                       "or parameters above 0 (stash_bytes_per_sample is memory, not "
+                       "work)", has_got=False)
     return ModelSpec(name=printable(f.string("name", "synthetic")), layers=tuple(layers),
                      seq_len=seq_len, dtype=dtype, config=None, optimizer_state=state)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
-from hyperpipe.core.files import Fields, load_document, write_atomic
+from hyperpipe.core.files import Fields, load_document, whole_number, write_atomic
 from hyperpipe.plan.kinds import (
     DEFAULT_KIND,
     KINDS,
@@ -460,7 +460,7 @@ def plan_from_dict(data: Any, *, where: str = "plan", base_dir: Path | None = No
             raise BadInput(pf.at("stages"), "at least one stage", raw_stages)
         for k, rs in enumerate(raw_stages):
             sf = Fields(rs, f"{pf.where}.stages[{k}]", _STAGE_KEYS)
-            layers = sf.items("layers")
+            layers = [whole_number(x) for x in sf.items("layers")]    # 5.0, 5e0: 5
             if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
                                            and 0 <= x <= limits.MAX_CUT_UNITS for x in layers):
                 raise BadInput(sf.at("layers"),
@@ -500,7 +500,7 @@ def _zero(top: Fields) -> int:
     dist_opt = _flag(top, "distributed_optimizer")
     if not top.has("zero"):
         return 1 if dist_opt else 0
-    zero = top.raw("zero")
+    zero = whole_number(top.raw("zero"))
     if isinstance(zero, bool) or zero not in ZERO_STAGES:
         raise BadInput(top.at("zero"), "0, 1, 2 or 3 (ZeRO stage: 1 shards the optimizer "
                        "state, 2 the gradients too, 3 the parameters too)", zero)

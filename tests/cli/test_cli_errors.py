@@ -43,6 +43,9 @@ CASES = [
      ["simulate", "--plan", "{dir}/p.json"], ["schedule.kind", "zigzag"]),
     ("plan-cluster-missing", {"p.json": _plan_with(cluster="missing.yaml")},
      ["simulate", "--plan", "{dir}/p.json"], ["p.json: cluster", "missing.yaml"]),
+    # a missing model file is named as a missing cluster file is: the plan and its field
+    ("plan-model-missing", {"p.json": _plan_with(model="missing.yaml")},
+     ["simulate", "--plan", "{dir}/p.json"], ["p.json: model: expected", "missing.yaml"]),
     ("plan-model-unknown", {"p.json": _plan_with(model="nomodel")},
      ["simulate", "--plan", "{dir}/p.json"], ["p.json: model", "nomodel"]),
     ("plan-inline-cluster", {"p.json": _plan_with(cluster={"nodes": [

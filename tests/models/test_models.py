@@ -356,10 +356,69 @@ def test_a_fractional_count_is_refused(value, tmp_path):
         load_model(str(path))
 
 
-@pytest.mark.parametrize("field", [{"n_head": 4e0}, {"n_layer": "2e0"}, {"vocab_size": 1e3}])
-def test_a_gpt_dimension_must_be_an_integer(field):
-    """The exponent form is read as an integer only in the synthetic model's counts; a
-    GPT dimension written so is refused naming the field, never left a float or string
-    for the arithmetic (a TypeError, exit 1)."""
+@pytest.mark.parametrize("field, read", [({"n_head": 4e0}, 4), ({"n_layer": "2e0"}, 2),
+                                         ({"vocab_size": 1e3}, 1000),
+                                         ({"moe": {"experts": 4.0, "top_k": "2e0",
+                                                   "expert_hidden": 64}}, 4)])
+def test_a_gpt_dimension_in_exponent_form_is_the_integer(field, read):
+    """Every count is read by one rule (`whole_number`): a GPT dimension written 4.0 or
+    2e0 is that integer, as a synthetic model's `layers` and a cluster's `count` are; an
+    int, never a float or string left for the arithmetic (a TypeError, exit 1)."""
+    spec = load_model({"preset": "tiny-gpt", **field})
+    key = next(iter(field))
+    value = getattr(spec.config, key)
+    value = value.experts if key == "moe" else value
+    assert value == read and type(value) is int
+
+
+@pytest.mark.parametrize("field", [{"n_head": 2.5}, {"n_layer": "25e-1"}, {"n_head": "4"},
+                                   {"moe": {"experts": 4.5, "top_k": 2, "expert_hidden": 64}}])
+def test_a_gpt_dimension_must_be_a_whole_number(field):
     with pytest.raises(BadInput, match=next(iter(field))):
         load_model({"preset": "tiny-gpt", **field})
+
+
+def test_gpt_figures_in_exponent_form_are_numbers(tmp_path):
+    """`rope_theta: 5e5` is a string under YAML 1.1; it is the number, as `efficiency`."""
+    path = tmp_path / "m.yaml"
+    path.write_text("preset: tiny-gpt\nposition: rope\nrope_theta: 5e5\ndropout: 1e-1\n")
+    config = load_model(str(path)).config
+    assert (config.rope_theta, config.dropout) == (5e5, 0.1)
+
+
+@pytest.mark.parametrize("layers", [4.0, "4e0"])
+def test_synthetic_layers_is_read_as_every_count(layers, tmp_path):
+    """`layers: 4.0` (or YAML's 4e0) is 4 layers, as `count: 4.0` is 4 devices; it had
+    been refused ("a positive integer or a non-empty list of layers")."""
+    spec = load_model({"kind": "synthetic", "layers": layers, "fwd_flops_per_sample": 1e9})
+    assert len(spec.layers) == 4
+    with pytest.raises(BadInput, match=r"^m: layers: expected a positive integer"):
+        load_model({"kind": "synthetic", "layers": 4.5, "fwd_flops_per_sample": 1e9},
+                   where="m")
+
+
+def test_a_synthetic_model_of_stash_bytes_alone_is_refused(tmp_path, capsys):
+    """Stash bytes are memory, not work: such a model had simulated to an iteration time
+    and a throughput of 0.0 with exit 0."""
+    from hyperpipe.cli.main import main
+    path = tmp_path / "m.yaml"
+    path.write_text("kind: synthetic\nlayers: 4\nfwd_flops_per_sample: 0\n"
+                    "stash_bytes_per_sample: 1000\n")
+    with pytest.raises(BadInput) as err:
+        load_model(str(path))
+    assert str(err.value) == (f"{path}: layers: expected at least one layer with FLOPs, "
+                              "activation bytes or parameters above 0 (stash_bytes_per_sample"
+                              " is memory, not work)")
+    rc = main(["simulate", "--cluster", "demo-hetero", "--model", str(path), "--pp", "2",
+               "--micro-batch", "1", "--global-batch", "2", "--json"])
+    out, stderr = capsys.readouterr()
+    assert rc == 2 and out == "" and stderr.splitlines() == [f"hyperpipe: error: {err.value}"]
+
+
+def test_a_missing_model_file_is_named_by_the_field_that_gave_it(tmp_path):
+    """As a missing cluster file is ("p.json: cluster: expected ..."); it had been named
+    by its resolved path alone."""
+    with pytest.raises(BadInput, match=r"^p\.json: model: expected a preset name .* or an "
+                                       r"existing model file \(\.yaml, \.yml, \.json\), "
+                                       r"got 'nosuch\.yaml'$"):
+        load_model("nosuch.yaml", where="p.json: model", base_dir=tmp_path)

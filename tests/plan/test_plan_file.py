@@ -78,3 +78,17 @@ def test_a_stage_of_two_types_is_named_as_a_stage_not_a_tensor_group():
     with pytest.raises(BadInput, match="one device type across the stage's devices "
                                        r"\(its tensor and context-parallel ranks\)"):
         plan.check(plan.load_model(), plan.load_cluster(), where="p.json")
+
+
+def test_whole_numbers_of_a_plan_are_read_as_every_count():
+    """Stage layers and `zero` are counts like `num_microbatches`: 5.0 and "5e0" are 5
+    (layers had been refused; `zero: 1.0` had been kept a float)."""
+    doc = _plan(**{"pipelines/0/stages/0/layers": [0.0, "5e0"],
+                   "pipelines/0/stages/1/layers": [5.0, 8], "zero": 1.0,
+                   "pipelines/0/num_microbatches": "16e0"})
+    plan = plan_from_dict(doc, where="p.json")
+    assert plan == plan_from_dict(_plan(zero=1), where="p.json")
+    assert type(plan.zero) is int
+    assert all(type(x) is int for st in plan.pipelines[0].stages for x in st.layers)
+    with pytest.raises(BadInput, match=r"^p\.json: pipelines\[0\]\.stages\[0\]\.layers: "):
+        plan_from_dict(_plan(**{"pipelines/0/stages/0/layers": [0, 4.5]}), where="p.json")
