@@ -270,9 +270,11 @@ class DeviceType:
         while d is not None and d not in ratios:
             d = DTYPE_FALLBACK.get(d)
         if d is None:
+            chain = _chain(dtype)[1:]
+            falls = f" or one it falls back to ({' -> '.join(chain)})" if chain else \
+                " (no other dtype stands in for it)"
             raise BadInput(f"device type {self.name}: peak_flops",
-                           f"an entry for the model's dtype {dtype} or its fallback "
-                           f"({' -> '.join(_chain(dtype))})", ", ".join(ratios))
+                           f"an entry for the model's dtype {dtype}{falls}", ", ".join(ratios))
         return self.peak_flops * ratios[d]
 
     def gemm_for(self, dtype: str | None) -> GemmCurve | None:

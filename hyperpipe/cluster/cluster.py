@@ -179,6 +179,16 @@ class Cluster:
     # the paths between regions that the file gives (`region_link`); key: the two region
     # names, sorted
     links: dict[tuple[str, str], RegionLink] = field(default_factory=dict)
+    # where the cluster was read, as errors name it: its file, a plan's `cluster` field or
+    # "cluster NAME" for a built-in (`cluster_from_dict`'s `where`); "" for one built in
+    # code. `where` gives it with that fallback.
+    origin: str = field(default="", compare=False, repr=False)
+
+    @property
+    def where(self) -> str:
+        """How an error about one of this cluster's fields names it (`origin`, else
+        "cluster NAME"): ``c.yaml: device_types.x.peak_flops: expected ...``."""
+        return self.origin or f"cluster {self.name}"
 
     def __post_init__(self) -> None:
         devices = tuple(
@@ -487,17 +497,27 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     top = Fields(data, where, ("name", "device_types", "nodes", "inter_node", "links",
                                "description"))
     catalog = builtin_device_types()
+    catalog_names = tuple(catalog)
     name = printable(top.string("name", name))          # shown everywhere
     if top.has("description"):
         top.string("description")
     if top.has("device_types"):
         types = top.sub("device_types")
+        keys: dict[str, str] = {}           # type name -> the key of the file that gave it
         for type_name in types.data:        # names escaped as kept: shown everywhere
             if not isinstance(type_name, str):     # YAML reads `5:` as a number
                 raise BadInput(types.at(str(type_name)), "a device type name (a string: "
                                f"quote it, '{type_name}')", type_name)
-            catalog[printable(type_name)] = _device_type(
-                printable(type_name), types.sub(str(type_name), _DEVICE_KEYS), catalog)
+            # A key spells a catalog part as nodes[].device may (`device_type_name`): "a100
+            # 80gb" overrides A100-80GB, as a node naming it would use it; a new name adds
+            # a type, as written
+            resolved = device_type_name(type_name, catalog_names)
+            if resolved in keys:
+                raise BadInput(types.at(type_name), f"each device type once ({resolved} is "
+                               f"already given as {keys[resolved]!r})", type_name)
+            keys[resolved] = type_name
+            catalog[resolved] = _device_type(
+                resolved, types.sub(type_name, _DEVICE_KEYS), catalog)
     inter = _link(top, "inter_node", Link(12.5e9, 5e-6))  # default 100 Gbit/s, 5 us
     nodes: list[Node] = []
     names: set[str] = set()
@@ -555,7 +575,7 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     used = {n.device_type for n in nodes}
     return Cluster(name=name, device_types={k: v for k, v in catalog.items() if k in used},
                    nodes=tuple(nodes), inter_node=inter, source=source,
-                   links=_region_links(top, {n.region for n in nodes}))
+                   links=_region_links(top, {n.region for n in nodes}), origin=where)
 
 
 def device_type_name(spelled: str, type_names: Iterable[str]) -> str:

@@ -196,13 +196,14 @@ class CostModel:
     _tables: _Tables = field(default_factory=_Tables, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        """BadInput naming the cluster when a device type has no peak for the model's
-        dtype (a file's `peak_flops` table without it or its fallback)."""
+        """BadInput naming the cluster's file (`Cluster.where`) when a device type has no
+        peak for the model's dtype (a file's `peak_flops` table without it or its
+        fallback)."""
         for dev in self.cluster.device_types.values():
             try:
                 dev.peak_for(self.model.dtype)
             except BadInput as exc:
-                raise BadInput(f"cluster {self.cluster.name}: device_types.{dev.name}."
+                raise BadInput(f"{self.cluster.where}: device_types.{dev.name}."
                                "peak_flops", exc.expected, exc.got) from None
 
     def memo(self, name: str, make: Callable[[], _T]) -> _T:

@@ -145,3 +145,52 @@ def test_a_device_type_named_by_a_number_is_refused_as_such():
         cluster_from_dict(doc, where="c.yaml", name="c")
     doc["device_types"] = {"5": doc["device_types"][5]}
     assert cluster_from_dict(doc, where="c.yaml", name="c").device("n0/0").type.name == "5"
+
+
+def test_plain_numbers_in_exponent_form_are_read_from_yaml(tmp_path):
+    """YAML 1.1 reads `slowdown: 2e0` and `efficiency: 5e-1` as strings; they are the
+    numbers, as `count: 2e0` is the integer (both had been refused: "expected a positive
+    number ..., got '2e0'")."""
+    path = tmp_path / "c.yaml"
+    path.write_text("device_types:\n"
+                    "  fast: {peak_flops: '1 TFLOP/s', efficiency: 5e-1, memory: '8 GB'}\n"
+                    "nodes:\n"
+                    "  - {name: n0, device: fast, count: 2e0, slowdown: 2e0}\n"
+                    "  - {name: n1, device: fast, count: 2, slowdown: {1: 15e-1}}\n")
+    c = load_cluster(str(path))
+    assert c.device("n0/0").type.efficiency == 0.5
+    assert [d.slowdown for d in c.devices] == [2.0, 2.0, 1.0, 1.5]
+    path.write_text("nodes:\n  - {name: n0, device: T4, count: 2, slowdown: 5e-1}\n")
+    with pytest.raises(BadInput, match=r"c\.yaml: nodes\[0\]\.slowdown: expected a positive "
+                                       r"number of at least 1.*, got '5e-1'$"):
+        load_cluster(str(path))
+
+
+@pytest.mark.parametrize("key", ["a100-80gb", "a100 80gb", "NVIDIA A100-SXM4-80GB",
+                                 "A100-80GB"])
+def test_a_device_type_key_spelling_a_catalog_part_overrides_it(key):
+    """A `device_types` key is resolved as `nodes[].device` is: "a100-80gb" had been a new
+    type that no node used (the catalog part ran unmodified), and "a100 80gb" with only
+    `efficiency` had been refused for want of `peak_flops`."""
+    catalog = builtin_device_types()
+    doc = {"device_types": {key: {"peak_flops": "1 TFLOP/s", "memory": "8 GB"}},
+           "nodes": [{"name": "n0", "device": "A100-80GB", "count": 2}]}
+    dev = cluster_from_dict(doc, where="c.yaml", name="c").device("n0/0").type
+    assert (dev.name, dev.peak_flops, dev.memory_bytes) == ("A100-80GB", 1e12, 8e9)
+    doc["device_types"] = {key: {"efficiency": 0.2}}
+    dev = cluster_from_dict(doc, where="c.yaml", name="c").device("n0/1").type
+    assert dev.efficiency == 0.2 and dev.peak_flops == catalog["A100-80GB"].peak_flops
+
+
+def test_two_device_type_keys_naming_one_catalog_part_are_refused():
+    doc = {"device_types": {"a100-80gb": {"efficiency": 0.3}, "A100 80GB": {"efficiency": 0.2}},
+           "nodes": [{"name": "n0", "device": "A100-80GB", "count": 2}]}
+    with pytest.raises(BadInput, match=r"^c\.yaml\.device_types\.A100 80GB: expected each "
+                                       r"device type once \(A100-80GB is already given as "
+                                       r"'a100-80gb'\)"):
+        cluster_from_dict(doc, where="c.yaml", name="c")
+    # names of the file's own types are kept as written: two that differ in case are two
+    doc = {"device_types": {t: {"peak_flops": "1 TFLOP/s", "memory": "8 GB"}
+                            for t in ("fast", "FAST")},
+           "nodes": [{"name": "n0", "device": "FAST", "count": 1}]}
+    assert cluster_from_dict(doc, where="c.yaml", name="c").device("n0/0").type.name == "FAST"

@@ -125,11 +125,33 @@ def test_file_table_without_the_models_dtype_is_a_clear_error():
     cluster = _cluster({"peak_flops": {"fp32": "1 TFLOP/s"}, "memory": "8 GB"})
     model = load_model({"kind": "synthetic", "layers": 1, "dtype": "bf16",
                         "fwd_flops_per_sample": 1e9})
-    # named with the cluster (it had named the device type alone, no file)
-    with pytest.raises(BadInput, match=rf"^cluster {cluster.name}: device_types\.x\."
+    # named with the cluster (it had named the device type alone, no file); a cluster
+    # given as data is named as its other errors name it
+    with pytest.raises(BadInput, match=r"^cluster: device_types\.x\."
                                        r"peak_flops: expected an entry for the model's dtype "
-                                       r"bf16 or its fallback"):
+                                       r"bf16 or one it falls back to \(fp16\), got 'fp32'$"):
         CostModel(model, cluster)
+
+
+def test_a_dtype_without_a_fallback_is_named_once_with_the_cluster_file(tmp_path):
+    """fp32 falls back to nothing: the message had said "fp32 or its fallback (fp32)" and
+    named "cluster dt2" rather than the file."""
+    path = tmp_path / "c.yaml"
+    path.write_text("device_types:\n  dt2: {peak_flops: {bf16: '4 TFLOP/s'}, memory: '8 GB'}\n"
+                    "nodes:\n  - {name: n0, device: dt2, count: 2}\n")
+    model = load_model({"kind": "synthetic", "layers": 1, "dtype": "fp32",
+                        "fwd_flops_per_sample": 1e9})
+    with pytest.raises(BadInput) as err:
+        CostModel(model, load_cluster(str(path)))
+    assert str(err.value) == (f"{path}: device_types.dt2.peak_flops: expected an entry for "
+                              "the model's dtype fp32 (no other dtype stands in for it), "
+                              "got 'bf16'")
+    # a built-in cluster keeps its name, a plan's inline cluster the plan's field
+    assert load_cluster("demo-hetero").where == "cluster demo-hetero"
+    inline = {"device_types": {"dt2": {"peak_flops": {"bf16": "4 TFLOP/s"}, "memory": "8 GB"}},
+              "nodes": [{"name": "n0", "device": "dt2", "count": 1}]}
+    with pytest.raises(BadInput, match=r"^p\.json: cluster: device_types\.dt2\.peak_flops: "):
+        CostModel(model, load_cluster(inline, where="p.json: cluster"))
 
 
 @pytest.mark.parametrize("table, field", [
