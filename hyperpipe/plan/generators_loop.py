@@ -45,35 +45,48 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1f1b", p, p, m, tuple(rows))
 
 
+def interleaved_round(p: int, m: int) -> int:
+    """Micro-batches per round of `interleaved_1f1b`: torch's flexible rounds
+    (ScheduleInterleaved1F1B: max(1, m // p) rounds of m / that each, where that count
+    divides m; so p when p divides m), else p, m being padded to a multiple of p."""
+    rounds = max(1, m // p)
+    return m // rounds if m % rounds == 0 else p
+
+
 def interleaved_built(p: int, m: int) -> int:
-    """Micro-batches `interleaved_1f1b` builds for m: m rounded up to a multiple of p
-    (phantoms dropped after)."""
-    return -(-m // p) * p
+    """Micro-batches `interleaved_1f1b` builds for m: m in torch's flexible rounds, else
+    m rounded up to a multiple of p (phantoms dropped after)."""
+    size = interleaved_round(p, m)
+    return -(-m // size) * size
 
 
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     """Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021) with v chunks per rank.
 
-    Forwards go in rounds of p micro-batches through chunks 0..v-1; backwards visit the
-    same rounds with the chunks reversed. Rank d runs (v - 1) p + 2 (p - 1 - d) warmup
+    Forwards go in rounds of r micro-batches through chunks 0..v-1; backwards visit the
+    same rounds with the chunks reversed. Rank d runs (v - 1) r + 2 (p - 1 - d) warmup
     forwards (v = 1: 1F1B's p - 1 - d, so v = 1 gives exactly `one_f_one_b`), then
-    alternates F and B, then drains.
+    alternates F and B, then drains. r is `interleaved_round`: p where p divides m,
+    else torch's flexible rounds of more than p, so that with v > 1 the order is
+    torch's ScheduleInterleaved1F1B's wherever torch builds one.
 
-    When p does not divide m, the order is built for m rounded up to a multiple of p and
-    the phantom micro-batches' actions are dropped, leaving a smaller last round. That
-    keeps it deadlock-free: the dropped actions depend only on each other, so the
-    original run order minus them is still a valid run order. (Simply shortening the last
-    round deadlocks, e.g. p=4, m=5, v=3.) With p | m the makespan is 3 m v t + 3 (p - 1) t,
-    t being one chunk's forward time and B = 2t.
+    Where torch builds none (the rounds would not divide m), the order is built for m
+    rounded up to a multiple of p and the phantom micro-batches' actions are dropped,
+    leaving a smaller last round. That keeps it deadlock-free: the dropped actions
+    depend only on each other, so the original run order minus them is still a valid
+    run order. (Simply shortening the last round deadlocks, e.g. p=4, m=5, v=3.) With
+    p | m the makespan is 3 m v t + 3 (p - 1) t, t being one chunk's forward time and
+    B = 2t.
     """
-    padded = interleaved_built(p, m)
-    rounds = [range(start, start + p) for start in range(0, padded, p)]
+    size = interleaved_round(p, m)
+    built = interleaved_built(p, m)
+    rounds = [range(start, start + size) for start in range(0, built, size)]
     order = [(c, mb) for rnd in rounds for c in range(v) for mb in rnd]
     back = [(c, mb) for rnd in rounds for c in reversed(range(v)) for mb in rnd]
-    total = padded * v
+    total = built * v
     rows = []
     for d in range(p):
-        warmup = (v - 1) * p + 2 * (p - 1 - d) if v > 1 else p - 1 - d
+        warmup = (v - 1) * size + 2 * (p - 1 - d) if v > 1 else p - 1 - d
         warmup = min(warmup, total)
         fwd = [Action(c * p + d, "F", mb) for c, mb in order]
         bwd = [Action(c * p + d, "B", mb) for c, mb in back]
@@ -124,10 +137,11 @@ def one_f_one_b_peak(p: int, m: int, v: int, rank: int) -> int:
 
 
 def interleaved_1f1b_peak(p: int, m: int, v: int, rank: int) -> int:
-    """Interleaved 1F1B: Megatron's warmup (v - 1) p + 2 (p - 1 - rank) forwards plus one,
-    at most m v (exact when p divides m, an upper bound otherwise); 1F1B's when v = 1."""
+    """Interleaved 1F1B: the warmup (v - 1) r + 2 (p - 1 - rank) forwards plus one, r
+    its round (`interleaved_round`), at most m v (exact in torch's rounds, an upper
+    bound with padded ones); 1F1B's when v = 1."""
     if v > 1:
-        return min((v - 1) * p + 2 * (p - 1 - rank) + 1, m * v)
+        return min((v - 1) * interleaved_round(p, m) + 2 * (p - 1 - rank) + 1, m * v)
     return one_f_one_b_peak(p, m, v, rank)
 
 

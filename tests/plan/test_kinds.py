@@ -95,9 +95,12 @@ def test_built_microbatches_are_what_the_v_generators_build(monkeypatch, kind, p
 
 def test_the_action_limit_counts_phantom_micro_batches():
     """zb-v on 1,000 devices with 8 micro-batches builds 1,999 (12M actions: 33 s and
-    1.8 GB before it was refused); interleaved pads 1 micro-batch to 1,000."""
+    1.8 GB before it was refused); interleaved pads where torch's flexible rounds do not
+    divide m (3,331 on 10 devices: rounds of 333 leave one over, so 3,340 are built)
+    and builds no phantom where they do (1 micro-batch on 1,000 devices)."""
     from hyperpipe.plan.kinds import over_action_limit
     assert "built as 1999" in over_action_limit("zb-v", 1000, 8, 2)
-    assert "built as 1000" in over_action_limit("interleaved-1f1b", 1000, 1, 4)
+    assert "built as 3340" in over_action_limit("interleaved-1f1b", 10, 3331, 2)
+    assert over_action_limit("interleaved-1f1b", 1000, 1, 4) is None
     assert over_action_limit("zb-v", 100, 200, 2) is None       # 120,000 actions
     assert over_action_limit("1f1b", 1000, 8, 1) is None

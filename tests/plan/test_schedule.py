@@ -11,12 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import makespan, oracle_times, torch_checks
 from torch.distributed.pipelining.schedules import (
+    ScheduleInterleaved1F1B,
     _Action,
     _PipelineScheduleRuntime,
 )
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.plan.generators_loop import gpipe, interleaved_1f1b, one_f_one_b, zb_h1
+from hyperpipe.plan.generators_loop import (
+    gpipe,
+    interleaved_1f1b,
+    interleaved_1f1b_peak,
+    one_f_one_b,
+    zb_h1,
+)
 from hyperpipe.plan.kinds import GENERATED_KINDS, generate
 from hyperpipe.plan.schedule import (
     OPS,
@@ -24,6 +31,7 @@ from hyperpipe.plan.schedule import (
     Schedule,
     ScheduleError,
     dependencies,
+    rank_peaks,
     validate,
 )
 from hyperpipe.plan.schedule_plot import draw_schedule
@@ -333,3 +341,23 @@ def test_draw_schedule_writes_png(tmp_path):
     draw_schedule(interleaved_1f1b(3, 5, 2), path, title="demo")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+@pytest.mark.parametrize("p,m,v", [(p, m, v) for p in (2, 3, 4, 8) for m in range(1, 19)
+                                   for v in (2, 3) if m % max(1, m // p) == 0])
+def test_interleaved_order_is_torchs_wherever_torch_builds_one(p, m, v):
+    """Oracle: torch's own ScheduleInterleaved1F1B (its flexible rounds, p not dividing
+    m included), built on stand-in stages; its per-rank compute order is ours."""
+    import torch
+
+    def stage(i: int):
+        return types.SimpleNamespace(stage_index=i, num_stages=p * v, group_size=p,
+                                     group_rank=0, submod=torch.nn.Linear(1, 1),
+                                     stage_index_to_group_rank={})
+    ours = interleaved_1f1b(p, m, v)
+    theirs = ScheduleInterleaved1F1B([stage(c * p) for c in range(v)], m)
+    for r in range(p):
+        got = [(a.stage_index, a.computation_type.value, a.microbatch_index)
+               for a in theirs.pipeline_order[r] if a is not None]
+        assert got == [(a.stage, a.op, a.microbatch) for a in ours.actions[r]]
+    assert [interleaved_1f1b_peak(p, m, v, r) for r in range(p)] == list(rank_peaks(ours))
