@@ -8,13 +8,16 @@ the link times; zb-h1 fills with the non-bottleneck ranks' F + I - W), the busie
 hop's span (its m transfers one after another, with the least work before the first
 and after the last), and for 1f1b and zb-h1 their forwards' rounds (a rank running h
 forwards ahead starts each h-th one a round trip, its stage to the last and back with
-the sends, after the one before; zb-h1's way back is its I's), for gpipe its two
-phases (all forwards, then all backwards, each at the pace of its slowest op or of its
-own way's busiest hop); interleaved-1f1b takes m T + the fill divided by v; zb-v,
-dualpipe-v and synth replay the orders for min(m, 2p) micro-batches (exact on free
-links), then T per further micro-batch. When the plan's stack sends blocking, each
-send is part of its sender's action (its link time added to that F or backward, none
-left on the link).
+the sends, after the one before; zb-h1's way back is its I's, its pace the slowest
+F + I, its W's left to wait but stage 0's last), for gpipe its two phases (all
+forwards, then all backwards, each at the pace of its slowest op or of its own way's
+busiest hop); interleaved-1f1b takes m T + the fill divided by v, at least one
+micro-batch's trip through every stage plus the slowest stage's F + B per further one
+(m < p), plus, where its rounds of p leave a last round of k < p micro-batches,
+(v - 1)(p - k) of the slowest backward; zb-v, dualpipe-v and synth replay the orders
+for min(m, 2p) micro-batches (exact on free links), then T per further micro-batch.
+When the plan's stack sends blocking, each send is part of its sender's action (its
+link time added to that F or backward, none left on the link).
 Each stage's data-parallel all-reduce (ring flows in buckets, overlapped with its last
 backward or after the flush, as the stack says) and optimizer step follow; a hop serves
 the rings that cross it one after another at best; with tied embeddings the first and
@@ -443,16 +446,36 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
     else:
         fill = (sum(work) - work[top] + link_sum) / v
     if v > 1:
-        return m * period + fill
+        # fewer micro-batches than ranks: a round leaves each loop's ranks waiting for
+        # its first micro-batch to come round; one micro-batch's whole trip, and per
+        # further one the slowest stage's forward and backward
+        trip = sum(times.f) + sum(times.b) + link_sum
+        slowest = max(f + b for f, b in zip(times.f, times.b, strict=True))
+        span = max(m * period + fill, trip + (m - 1) * slowest)
+        built = schedule_kind(kind).built_microbatches
+        p = len(work)
+        if built is not None and built(p, m) != m:
+            # a last round of k < p micro-batches (the phantoms' dropped): each of its
+            # v - 1 loops back leaves p - k backwards' slots idle (exact with equal
+            # stages whose backward is at least their forward, up to a step or two
+            # with v > 2 and small k)
+            span += (v - 1) * (p - m % p) * max(times.b)
+        return span
     # one chunk per rank: the busiest rank's work with the others' fill, the busiest
-    # hop's span, and the forwards' rounds (GPipe: its two phases)
+    # hop's span, and the forwards' rounds (GPipe: its two phases). A split kind's
+    # gradient goes down by its I's, and its W's may wait: its forwards and I's keep
+    # the pace of the slowest F + I, and after the last I only stage 0's last W is left
     kind_of = schedule_kind(kind)
     ahead = [kind_of.ahead(len(work), m, 1, r) for r in range(len(work))]
+    on, pace, last = times, period, 0.0
+    if times.split:
+        on, last = times._replace(b=times.i), times.w[0]
+        pace = max(max(f + i for f, i in zip(times.f, times.i, strict=True)),
+                   _busiest_hop_s(chain.from_iterable(c.busy for c in crossed)))
     if any(m > h for h in ahead):
-        on = times._replace(b=times.i) if times.split else times     # the gradient's way
-        other = _held_rounds_s(ahead, m, on, links, period)
+        other = _held_rounds_s(ahead, m, on, links, pace) + last
     else:
-        other = _phases_s(m, times, links, crossed)
+        other = _phases_s(m, on, links, crossed) + last
     return max(m * work[top] + fill, hops_s, other)
 
 

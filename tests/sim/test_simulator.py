@@ -73,7 +73,9 @@ def test_gpipe_and_1f1b_makespan_and_stash(kind, p, m):
         assert estimate(plan, cost).peak_memory_bytes[dev] == pytest.approx(held * stash)
 
 
-@pytest.mark.parametrize("p,v,m", [(4, 2, 8), (2, 3, 4), (4, 4, 4)])
+@pytest.mark.parametrize("p,v,m", [(4, 2, 8), (2, 3, 4), (4, 4, 4), (4, 2, 5), (4, 3, 6),
+                                   (8, 2, 12), (4, 2, 3), (8, 3, 1), (2, 2, 5), (4, 2, 9),
+                                   (8, 2, 19)])
 def test_interleaved_makespan(p, v, m):
     per_chunk = 1
     model, cluster = free_setup(p * v * per_chunk)
@@ -81,19 +83,28 @@ def test_interleaved_makespan(p, v, m):
                         schedule="interleaved-1f1b", chunks=v)
     cost = CostModel(model, cluster)
     t = per_chunk * LAYER_FLOPS / FLOPS
-    expected = 3 * m * v * t + 3 * (p - 1) * t          # Megatron's (p - 1) / v bubble
+    # Megatron's (p - 1) / v bubble, in rounds of p or torch's flexible rounds of more;
+    # with m < p one round: one micro-batch's trip through all p v stages, then one
+    # step per further micro-batch; where rounds of p leave a last round of k < p, each
+    # of its v - 1 loops back idles p - k backwards (B = 2t)
+    expected = 3 * (v * max(m, p) + min(m, p) - 1) * t
+    if m > p and m % max(1, m // p):
+        expected += 2 * (v - 1) * (p - m % p) * t
     assert simulate(plan, cost).metrics.iteration_time_s == pytest.approx(expected, rel=5e-3)
     assert estimate(plan, cost).iteration_time_s == pytest.approx(expected, rel=5e-3)
 
 
-@pytest.mark.parametrize("p,m", [(4, 8), (3, 3), (5, 12)])
+@pytest.mark.parametrize("p,m", [(4, 8), (3, 3), (5, 12), (8, 8), (8, 1), (8, 3), (6, 5)])
 def test_zb_h1_makespan(p, m):
     model, cluster = free_setup(p)
     plan = uniform_plan(model, cluster, pp=p, micro_batch=1, global_batch=m,
                         schedule="zb-h1")
     cost = CostModel(model, cluster)
     t = LAYER_FLOPS / FLOPS
-    expected = 3 * m * t + (p - 1) * t                   # Qi et al. 2023, ZB-H1
+    # Qi et al. 2023, ZB-H1, for m >= p; with fewer micro-batches, the forwards' and
+    # input gradients' trip (2 p t), one step each way per further micro-batch, and
+    # stage 0's last W
+    expected = 3 * m * t + (p - 1) * t if m >= p else (2 * p + 2 * m - 1) * t
     assert simulate(plan, cost).metrics.iteration_time_s == pytest.approx(expected, rel=5e-3)
     assert estimate(plan, cost).iteration_time_s == pytest.approx(expected, rel=5e-3)
 
