@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hyperpipe.plan.kinds import DEFAULT_KIND
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.space import SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
@@ -100,24 +101,33 @@ def count_actions(plan: Plan) -> int:
 
 
 def dedupe_equivalent(cands: list[Candidate], cluster) -> list[Candidate]:
-    """Keep the first of plans a reader cannot tell apart: the same schedule, the same
-    stages (layers, tp, recompute, device types) per replica in any replica order, the
-    same micro-batching and the same simulated iteration time (to 1e-9 relative); they
-    differ only in which devices of one type they use."""
-    seen, out = set(), []
+    """Keep one of plans a reader cannot tell apart, at the first one's place: the same
+    schedule, the same stages (layers, tp, recompute, device types) per replica in any
+    replica order, the same micro-batching and the same simulated iteration time (to
+    1e-9 relative); they differ only in which devices of one type they use. Where every
+    pipeline is one stage of one chunk, the schedule kinds differ only in the order of
+    one device's actions: plans that also agree in their peak memory per device are
+    alike whatever their kind, and the one kept runs `DEFAULT_KIND` where one does."""
+    kept: dict[tuple, int] = {}
+    out: list[Candidate] = []
     for cand in cands:
         p = cand.plan
+        one_stage = p.chunks == 1 and all(len(pipe.stages) == 1 for pipe in p.pipelines)
+        kind = tuple(sorted(cand.metrics.peak_memory_bytes.values())) if one_stage \
+            else p.schedule
         pipes = sorted(
             (pipe.micro_batch, pipe.num_microbatches,
              tuple((s.layers, s.tp, s.recompute, s.sequence_parallel,
                     tuple(cluster.device(d).type.name for d in s.devices))
                    for s in pipe.stages))
             for pipe in p.pipelines)
-        key = (p.schedule, p.chunks, p.distributed_optimizer, tuple(pipes),
+        key = (kind, p.chunks, p.distributed_optimizer, tuple(pipes),
                float(f"{cand.metrics.iteration_time_s:.9e}"))
-        if key not in seen:
-            seen.add(key)
+        if key not in kept:
+            kept[key] = len(out)
             out.append(cand)
+        elif p.schedule == DEFAULT_KIND and out[kept[key]].plan.schedule != DEFAULT_KIND:
+            out[kept[key]] = cand
     return out
 
 

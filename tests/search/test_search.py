@@ -853,3 +853,26 @@ def test_a_shortfall_of_megabytes_is_said_in_megabytes():
     with pytest.raises(InfeasiblePlan, match=r"needs 20\.2 MB for weights, gradients and "
                                              r"optimizer state; cluster small has 4 MB"):
         search(load_model("tiny-gpt"), cluster, SearchConstraints(global_batch=16))
+
+
+def test_one_stage_plans_alike_under_every_kind_are_listed_once():
+    """On one-stage pipelines the schedule kinds only reorder one device's actions: the
+    ranked list holds such a plan once, under the default kind. Oracle: the pick's
+    pipelines simulated under each one-chunk kind take the same time and memory."""
+    from dataclasses import replace
+
+    from hyperpipe.plan.kinds import DEFAULT_KIND
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    result = search(model, cluster, SearchConstraints(global_batch=32), top=8)
+    best = result.best.plan
+    assert best.chunks == 1 and {len(p.stages) for p in best.pipelines} == {1}
+    assert best.schedule == DEFAULT_KIND
+    cost = CostModel(model, cluster)
+    alike = [simulate(replace(best, schedule=k), cost).metrics
+             for k in ("gpipe", "1f1b", "zb-h1")]
+    assert len({tuple(sorted(m.peak_memory_bytes.items())) for m in alike}) == 1
+    assert [m.iteration_time_s for m in alike] == \
+        pytest.approx([alike[0].iteration_time_s] * 3, rel=1e-12)
+    same = [c for c in result.ranked
+            if c.plan.pipelines == best.pipelines and c.plan.chunks == 1]
+    assert len(same) == 1
