@@ -50,13 +50,13 @@ def test_start_is_priced_as_simulate_prices_it_and_the_pick_is_not_slower(
 
 def test_a_start_that_nothing_found_beats_is_the_pick(tmp_path, capsys):
     """Three chunks per device (an odd count: outside the free search's space) on two
-    stages: nothing the search finds beats it, so it is the pick, named as the start
-    plan (not as the seed the search's pick had been), and it is no baseline of its
-    own (the report had compared the pick with itself)."""
+    stages, one micro-batch: nothing the search finds beats it, so it is the pick, named
+    as the start plan (not as the seed the search's pick had been), and it is no
+    baseline of its own (the report had compared the pick with itself)."""
     start, best = tmp_path / "c3.json", tmp_path / "best.json"
     assert cli_main(["search", "--cluster", "demo-hetero", "--model", "tiny-gpt",
-                     "--global-batch", "16", "--chunks", "3", "--workers", "1",
-                     "--out", str(start)]) == 0
+                     "--global-batch", "16", "--chunks", "3", "--micro-batch", "16",
+                     "--workers", "1", "--out", str(start)]) == 0
     capsys.readouterr()
     assert cli_main(["search", "--start", str(start), "--workers", "1",
                      "--out", str(best)]) == 0
