@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from hyperpipe.synth.synthesise import SynthResult
 
 SYNTH_TOP = 3         # plans of the short list a schedule is synthesised for
+POLICY_PARTS = 2      # tasks a synthesis's policies are cut into over a worker pool
 # Competitors whose best plan gets the same synthesis as the pick's (Megatron-style
 # layouts a user could run with any schedule; the peer planners' papers fix 1F1B), and
 # which, being points of the search's own space, join its ranking as seeds (`search`).
@@ -154,12 +155,23 @@ def _shape(plan: Plan) -> str:
 def synthesise_all(ctx: SearchContext, items: list[tuple[Plan, dict | None]], pool=None
                    ) -> list[SynthResult]:
     """`synthesise` of each (plan, known fixed kinds), with the same results. Over a
-    worker `pool` each plan is two tasks, all started at once: its policies and the
-    local improvement of its best synthesised order (`_orders_task`); and its fixed
-    kinds with the improvement of the best of them (`_fixed_task`), simulated whatever
-    its bound (it runs beside what it would be judged against). The verdicts are then
-    taken as `synthesise` takes them (`take_improvements`)."""
+    worker `pool` each plan is `POLICY_PARTS` + 1 tasks, all started at once: its
+    policies, cut into parts (`_policies_task`; the best order of all is the best of
+    the parts' bests, the earliest policy's on ties, as one pass finds it); and its
+    fixed kinds with the improvement of the best of them (`_fixed_task`), simulated
+    whatever its bound (it runs beside what it would be judged against). Once its
+    parts are in, the local improvement of its best synthesised order is one more task
+    (`_improve_task`). The verdicts are then taken as `synthesise` takes them
+    (`take_improvements`). A part does not prune by the other parts' orders, so a
+    spread synthesis may simulate more (`SynthResult.candidates`)."""
     return start_synthesis(ctx, items, pool)()
+
+
+def policy_parts() -> list[tuple]:
+    """`POLICIES` cut into `POLICY_PARTS` runs of consecutive policies, in order."""
+    from hyperpipe.synth.synthesise import POLICIES
+    k = -(-len(POLICIES) // POLICY_PARTS)
+    return [POLICIES[i:i + k] for i in range(0, len(POLICIES), k)]
 
 
 def start_synthesis(ctx: SearchContext, items: list[tuple[Plan, dict | None]], pool=None
@@ -172,16 +184,31 @@ def start_synthesis(ctx: SearchContext, items: list[tuple[Plan, dict | None]], p
     if pool is None:
         return lambda: [synthesise(plan, ctx.cost, known=known) for plan, known in items]
     t0 = time.perf_counter()
-    tasks = [(q, part) for q in range(len(items)) for part in (_orders_task, _fixed_task)]
-    wait = fan_out(pool, tasks, None, _synthesis_task,
-                   lambda t: (t[1], ctx.inputs, *items[t[0]]))
+    parts = policy_parts()
+    tasks = [(_policies_task, part) for part in parts] + [(_fixed_task, None)]
+    waits = [fan_out(pool, tasks, None, _synthesis_task,
+                     lambda t, q=q: (*t, ctx.inputs, *items[q])) for q in range(len(items))]
 
     def results() -> list[SynthResult]:
-        done = list(wait())
+        started = []
+        for q, wait in enumerate(waits):
+            got = wait()
+            synth_best, n = None, 0
+            for _ in parts:          # the first part's best wins ties: one pass's rule
+                best, found = next(got)
+                n += found
+                if best is not None and (synth_best is None or
+                                         best.time_s < synth_best.time_s):
+                    synth_best = best
+            first = None if synth_best is None else fan_out(
+                pool, [synth_best], None, _synthesis_task,
+                lambda b, q=q: (_improve_task, b, ctx.inputs, *items[q]))
+            started.append((synth_best, n, got, first))
         out = []
-        for q in range(len(items)):
-            (synth_best, n, first), (fixed, n_fixed, second) = done[2 * q], done[2 * q + 1]
-            synth_best, n = take_improvements(synth_best, n + n_fixed, first,
+        for synth_best, n, got, first in started:
+            fixed, n_fixed, second = next(got)
+            synth_best, n = take_improvements(synth_best, n + n_fixed,
+                                              None if first is None else next(first()),
                                               lambda _beat_s, got=second: got)
             out.append(synth_result(fixed, synth_best, n, t0))
         return out
@@ -189,23 +216,29 @@ def start_synthesis(ctx: SearchContext, items: list[tuple[Plan, dict | None]], p
 
 
 def _synthesis_task(args):
-    """One of `synthesise_all`'s tasks in a worker process (its cached cost model)."""
-    task, ctx_inputs, plan, known = args
+    """One of `synthesise_all`'s tasks in a worker process (its cached cost model):
+    `task(inputs, cost, known, arg)`."""
+    task, arg, ctx_inputs, plan, known = args
     from hyperpipe.synth.synthesise import prepare
     cost = worker_context(*ctx_inputs).cost
-    return task(prepare(plan, cost), cost, known or {})
+    return task(prepare(plan, cost), cost, known or {}, arg)
 
 
-def _orders_task(inputs, cost, known):
-    """The policies and the improvement of the best synthesised order (None without
-    one): (best order, simulated, `Improved` or None). `known` is not read."""
-    from hyperpipe.synth.synthesise import POLICIES, improve_start, price_policies
-    best, found = price_policies(inputs, cost, POLICIES)
-    improved = None if best is None else improve_start(inputs, cost, best.plan, best.time_s)
-    return best, found, improved
+def _policies_task(inputs, cost, known, policies):
+    """The best order `policies` build and the schedules simulated (`price_policies`).
+    `known` is not read."""
+    from hyperpipe.synth.synthesise import price_policies
+    return price_policies(inputs, cost, policies)
 
 
-def _fixed_task(inputs, cost, known):
+def _improve_task(inputs, cost, known, start):
+    """The local improvement of `start`, the best synthesised order (a `Priced`):
+    `improve_start` with its time to beat. `known` is not read."""
+    from hyperpipe.synth.synthesise import improve_start
+    return improve_start(inputs, cost, start.plan, start.time_s)
+
+
+def _fixed_task(inputs, cost, known, _):
     """The fixed kinds and the improvement of the best one's order, simulated whatever
     its bound: (fixed, simulated, `Improved`)."""
     from hyperpipe.synth.synthesise import best_fixed, improve_start, price_fixed

@@ -331,7 +331,9 @@ def test_workers_give_the_same_result():
     synth = [[(x.plan, x.metrics.iteration_time_s) for x in r.simulated
               if x.plan.schedule == "synth"] for r in (one, two)]
     assert synth[0] and synth[0] == synth[1]
-    assert one.phases[3]["seen"] == two.phases[3]["seen"]
+    # the same plans, more simulated at most: the policies' parts over the workers do
+    # not prune by each other's orders (`synthesis.synthesise_all`)
+    assert one.phases[3]["seen"] <= two.phases[3]["seen"]
     # baselines and peers, one task each over the workers: the same picks and counts
     assert {k: c.plan for k, c in one.baselines.items()} == \
         {k: c.plan for k, c in two.baselines.items()}
