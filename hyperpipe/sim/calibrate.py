@@ -19,7 +19,9 @@
   scaled, or time proportional to x (`fit_bulk`); the optimizer's parameters are those
   the simulator's step counts (ZeRO's shard, the rank's share of the experts).
 
-Time between a rank's actions that no event accounts for joins the per-action overhead.
+Time between a rank's actions that no event accounts for (outside the union of its
+events: one nested in another, such as a ring receive inside a forward, is not idle)
+joins the per-action overhead.
 The first step of a run (warm-up; `meta.first_step` of a resumed one) is left out of
 every fit.
 """
@@ -42,7 +44,7 @@ from hyperpipe.core.errors import BadInput
 from hyperpipe.models import ModelSpec
 from hyperpipe.plan.plan import Plan, StagePlan, plan_from_dict
 from hyperpipe.plan.profile import Fit, Profile, check_profile, model_fingerprint
-from hyperpipe.plan.trace import COMPUTE_OPS, Trace
+from hyperpipe.plan.trace import COMPUTE_OPS, Trace, TraceEvent
 from hyperpipe.sim.costmodel import CostModel, op_flops
 from hyperpipe.sim.experts import expert_state
 from hyperpipe.sim.options import execution_of
@@ -314,9 +316,12 @@ def _fit_to_base(samples: list[_Sample], base: Profile) -> tuple[dict[str, Fit],
 
 def _action_gaps(runs: list[_Run]) -> dict[str, float]:
     """Device type -> mean seconds a rank spends between one action and the next that no
-    event accounts for (posting sends and receives, Python between actions): the sum of
-    the gaps between consecutive non-send events of a step, over its compute actions,
-    each rank's over its group's slowdown (the simulator stretches overheads by it)."""
+    event accounts for (posting sends and receives, Python between actions): per rank
+    and step, the time between its first and last non-send event that lies outside the
+    union of those events (`_idle_s`: a ring receive inside a context-parallel F or B, a
+    ZeRO-3 gather inside an action, is time the action already holds, not idle), over
+    its compute actions, each rank's over its group's slowdown (the simulator stretches
+    overheads by it). Sends are left out: a posted send runs beside what follows it."""
     idle_s: dict[str, float] = defaultdict(float)
     actions: dict[str, int] = defaultdict(int)
     for run in runs:
@@ -326,12 +331,22 @@ def _action_gaps(runs: list[_Run]) -> dict[str, float]:
             if e.step >= fitted_from(trace) and e.op != "send":
                 rows[(e.device, e.step)].append(e)
         for (device, _), events in rows.items():
-            events.sort(key=lambda e: e.start_s)
-            idle = sum(max(0.0, b.start_s - a.end_s) for a, b in zip(events, events[1:],
-                                                                       strict=False))
+            idle = _idle_s(events)
             idle_s[dtypes[device]] += idle / _group_slowdown(device, run.plan, run.cluster)
             actions[dtypes[device]] += sum(1 for e in events if e.op in COMPUTE_OPS)
     return {k: idle_s[k] / n for k, n in actions.items() if n}
+
+
+def _idle_s(events: Iterable[TraceEvent]) -> float:
+    """Seconds between the first start and the last end of `events` (one rank's
+    timeline) that no event covers: the gaps in the union of their intervals, so that
+    an event nested in another (or overlapping it) adds no idle time."""
+    idle, covered_to = 0.0, None
+    for e in sorted(events, key=lambda e: e.start_s):
+        if covered_to is not None and e.start_s > covered_to:
+            idle += e.start_s - covered_to
+        covered_to = e.end_s if covered_to is None else max(covered_to, e.end_s)
+    return idle
 
 
 def _fit_links(runs: list[_Run]) -> dict[str, Link]:
@@ -464,7 +479,9 @@ def _params_on(device: str, plan: Plan, cost: CostModel) -> float:
 def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
               base: Profile | None = None, base_source: str = "base profile",
               allow_base_mismatch: bool = False) -> Profile:
-    """Fit a Profile to measured traces (each must carry its plan in ``meta["plan"]``).
+    """Fit a Profile to measured traces (each must carry its plan in ``meta["plan"]``;
+    one whose ``meta["source"]`` says other than ``"measured"``, a simulated trace, is
+    refused: BadInput naming it).
 
     Every trace must have run the same model (by fingerprint, `_check_one_model`): a
     profile prices the model it was measured on and records it in its provenance
@@ -484,6 +501,10 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
     runs: list[_Run] = []
     for n, trace in enumerate(traces):
         where = (sources or [f"trace {n}"] * len(traces))[n]
+        if trace.meta.get("source", "measured") != "measured":
+            raise BadInput(f"{where}: meta.source", "\"measured\" (a trace of `hyperpipe "
+                           "run --trace`; a simulated one would fit the cost model to its "
+                           "own predictions)", trace.meta["source"])
         if "plan" not in trace.meta:
             raise BadInput(f"{where}: meta.plan", "the plan the trace was measured on",
                            has_got=False)

@@ -45,3 +45,32 @@ def test_a_base_for_other_device_types_is_used_when_asked(tmp_path, capsys):
     assert main(args) == 2
     assert "--allow-profile-mismatch" in capsys.readouterr().err
     assert main([*args, "--allow-profile-mismatch"]) == 0
+
+
+def test_a_simulated_trace_is_refused_naming_its_file_and_field(tmp_path, monkeypatch,
+                                                                 capsys):
+    """A trace of `hyperpipe simulate --trace` (meta.source "simulated") would fit the
+    cost model to its own predictions: refused, alone or beside a measured trace, with
+    exit 2 and no profile written (it had been taken silently, or listed and unused)."""
+    import json
+
+    from factories import chain_plan
+
+    from hyperpipe.plan.trace import Trace, TraceEvent
+    monkeypatch.chdir(tmp_path)
+    plan = chain_plan("tiny-gpt", "demo-hetero", [0, 4, 8], ["a100/0", "v100/0"], 2, 2)
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_dict()))
+    assert main(["simulate", "--plan", "plan.json", "--trace", "s.json"]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["meta"]["source"] == "simulated"
+    events = [TraceEvent(dev, op, k, mb, 0.0, 1e-3 * (1 + k), step=step)
+              for step in range(3) for k, dev in enumerate(("a100/0", "v100/0"))
+              for mb in range(2) for op in "FB"]
+    Trace(tuple(events), {"source": "measured", "plan": plan.to_dict()}).save("m.json")
+    capsys.readouterr()
+    for traces in (["s.json"], ["m.json", "s.json"]):
+        rc = main(["calibrate", "--trace", *traces, "--out", "p.json"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1, err
+        assert "s.json: meta.source" in err[0] and "measured" in err[0] \
+            and "simulated" in err[0]
+        assert not (tmp_path / "p.json").exists()

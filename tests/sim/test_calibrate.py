@@ -470,3 +470,30 @@ def test_one_all_reduce_size_scales_the_base_profiles_line_of_any_class():
     profile = calibrate([Trace(trace.events + tuple(reduce), trace.meta)], base=base)
     fit = profile.allreduce["inter"]
     assert (fit.a_s, fit.b_s_per_unit) == pytest.approx((2e-3, 4e-9), rel=1e-6)
+
+
+def test_idle_time_is_what_lies_outside_the_union_of_a_ranks_events():
+    """A context-parallel ring receive (or a ZeRO-3 gather) runs inside the action that
+    waits for it: only the time no event covers is a rank's idle time. On a100/0 in the
+    fitted step: F 0-10 ms holding a recv 2-4 ms and an allgather 5-11 ms (past F's
+    end), then B 12-20 ms; a send 10-30 ms runs beside B and is not counted. Idle: 1 ms
+    (11-12), over two actions 0.5 ms each; the gaps between consecutive events had
+    read ((5 - 4) + (12 - 11)) / 2 = 1 ms."""
+    from hyperpipe.sim.calibrate import _action_gaps, _Run
+    plan = _plan([4], ["a100/0", "v100/0"], 2, 1)
+    cluster = plan.load_cluster()
+    ms = 1e-3
+    events = [TraceEvent("a100/0", "F", 0, 0, 0.0, 50 * ms, step=0),     # warm-up: unread
+              TraceEvent("a100/0", "F", 0, 0, 100 + 0 * ms, 100 + 10 * ms, step=1),
+              TraceEvent("a100/0", "recv", 0, 0, 100 + 2 * ms, 100 + 4 * ms, 1e3,
+                         "v100/0", step=1),
+              TraceEvent("a100/0", "allgather", 0, 0, 100 + 5 * ms, 100 + 11 * ms, 1e3,
+                         "v100/0", step=1),
+              TraceEvent("a100/0", "send", 0, 0, 100 + 10 * ms, 100 + 30 * ms, 1e3,
+                         "v100/0", step=1),
+              TraceEvent("a100/0", "B", 0, 0, 100 + 12 * ms, 100 + 20 * ms, step=1)]
+    trace = Trace(tuple(events), {"source": "measured", "plan": plan.to_dict()})
+    run = _Run("t.json", trace, plan, plan.load_model(), cluster,
+               {d: cluster.device(d).type.name for d in plan.devices})
+    assert cluster.slowdown(["a100/0"]) == 1.0
+    assert _action_gaps([run]) == {"A100-80GB": pytest.approx(0.5 * ms, rel=1e-6)}

@@ -29,12 +29,13 @@ def _plan(model, cuts: list[int]) -> Plan:
 
 def _measured_like(plan: Plan) -> Trace:
     """A simulated trace of `plan` with its step repeated as step 1 (calibration leaves
-    step 0, the warm-up, out)."""
+    step 0, the warm-up, out), standing in for a measured one (`meta.source`
+    "measured": calibration refuses a simulated trace)."""
     trace = simulate(plan, CostModel(plan.load_model(), plan.load_cluster())).trace
     end = max(e.end_s for e in trace.events)
     again = tuple(replace(e, start_s=e.start_s + end, end_s=e.end_s + end, step=1)
                   for e in trace.events)
-    return Trace(trace.events + again, trace.meta)
+    return Trace(trace.events + again, {**trace.meta, "source": "measured"})
 
 
 @pytest.fixture(scope="module")
