@@ -84,8 +84,11 @@ def add_parser(sub) -> None:
     p.set_defaults(options=RunCommandOptions.from_namespace, run=run)
 
 
-def parse_fault(text: str | None, steps: int) -> tuple | None:
-    """--inject-fault RANK:STEP[:stop] -> (rank, step[, kind]); None without it."""
+def parse_fault(text: str | None, steps: int, first_step: int = 0,
+                resumed_from: str = "") -> tuple | None:
+    """--inject-fault RANK:STEP[:stop] -> (rank, step[, kind]); None without it. STEP
+    must be one the run will run: from `first_step` (a resumed run's first, after the
+    checkpoint `resumed_from` names) to below `steps`; BadInput otherwise."""
     if text is None:
         return None
     rank, sep, step = text.partition(":")
@@ -97,14 +100,30 @@ def parse_fault(text: str | None, steps: int) -> tuple | None:
     fault += (kind,) if kind else ()
     if len(text) > 40 or fault[1] >= steps:
         raise BadInput("--inject-fault", f"RANK:STEP with STEP below --steps ({steps})", text)
+    if fault[1] < first_step:
+        raise BadInput("--inject-fault", f"RANK:STEP with STEP from {first_step}, the first "
+                       f"step this run will run ({resumed_from} holds steps before it)", text)
     return fault
+
+
+def _resumed_from(opts: RunCommandOptions) -> tuple[int, str]:
+    """(first step a --resume run will run, what holds the steps before it): the last
+    complete checkpoint's step in --checkpoint (which `checkpoint.check_directory` then
+    checks belongs to this run), else (0, "")."""
+    if not (opts.resume and opts.checkpoint and opts.inject_fault is not None):
+        return 0, ""
+    from hyperpipe.exec import checkpoint
+    done = checkpoint.complete_steps(opts.checkpoint)
+    if not done:
+        return 0, ""
+    return done[-1], f"the checkpoint in {opts.checkpoint}"
 
 
 _BAD_INPUT = "BadInput: "        # how a rank's report names a BadInput (exec.launch)
 
 
 def run(opts: RunCommandOptions) -> int:
-    fault = parse_fault(opts.inject_fault, opts.steps)
+    fault = parse_fault(opts.inject_fault, opts.steps, *_resumed_from(opts))
     check_outputs([("--plan", opts.plan)], [("--trace", opts.trace),
                    ("--chrome", opts.chrome)], [("--checkpoint", opts.checkpoint)])
     from hyperpipe.exec import RunFailed, RunOptions, run_plan

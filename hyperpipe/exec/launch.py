@@ -37,11 +37,12 @@ import torch
 import torch.distributed as dist
 
 from hyperpipe.core import stopping
-from hyperpipe.core.errors import BadInput, HyperPipeError
+from hyperpipe.core.errors import BadInput, HyperPipeError, Stopped
 from hyperpipe.core.files import atomic_output, write_atomic
 from hyperpipe.exec import checkpoint, watchdog
 from hyperpipe.exec.comm import PeerFailure
 from hyperpipe.exec.job import Prepared, prepare, rank_main
+from hyperpipe.exec.links import LinkEmulatorFailure
 from hyperpipe.exec.monitor import Collector, FileReporter, Monitor
 from hyperpipe.exec.options import RunOptions, RunResult
 from hyperpipe.plan.plan import Plan
@@ -282,9 +283,8 @@ def _child(target: Callable[..., Any], args: tuple, rank: int, world: int, run_d
             with atomic_output(Path(run_dir) / f"result-{rank}.pkl") as f:
                 pickle.dump(result, f)
     except BaseException as exc:  # every failure must reach the launcher
-        report = {"time": time.time(), "rank": rank, "cause": _cause(exc),
-                  "secondary": _lost_peer(exc), "traceback": traceback.format_exc()}
-        write_atomic(Path(run_dir) / f"failure-{rank}.json", json.dumps(report))
+        write_atomic(Path(run_dir) / f"failure-{rank}.json",
+                     json.dumps(_report(exc, rank, time.time())))
         os._exit(1)     # no clean-up that could block on dead peers
 
 
@@ -333,13 +333,32 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 
 def _lost_peer(exc: BaseException) -> bool:
-    """True if `exc` is the echo of another rank's failure, not a cause of its own."""
-    return isinstance(exc, PeerFailure) or any(s in str(exc) for s in _PEER_LOST)
+    """True if `exc` is the echo of another rank's failure, not a cause of its own: a
+    transfer the peer broke (`PeerFailure`, or gloo's and NCCL's words for it), or the
+    connection to the link emulator broken (`LinkEmulatorFailure` raised from the
+    socket's EOFError or OSError): the emulator is rank 0's child and goes when rank 0
+    fails, so its loss is never chosen over a rank's own failure or silence; an emulator
+    that died by itself is still named when nothing else failed (`_blame`'s last
+    resort). An emulator that answered nothing within the timeout is a cause."""
+    gone = isinstance(exc, LinkEmulatorFailure) and isinstance(exc.__cause__,
+                                                                (EOFError, OSError))
+    return gone or isinstance(exc, PeerFailure) or any(s in str(exc) for s in _PEER_LOST)
+
+
+def _report(exc: BaseException, rank: int, when: float) -> dict[str, Any]:
+    """What a failed rank leaves for the launcher (`_blame` reads it): when (epoch
+    seconds), its rank, its one-line cause, whether it only echoes another's failure
+    (`_lost_peer`) and its traceback."""
+    return {"time": when, "rank": rank, "cause": _cause(exc), "secondary": _lost_peer(exc),
+            "traceback": "".join(traceback.format_exception(exc))}
 
 
 def _cause(exc: BaseException) -> str:
     """One line: the exception's type and the first line of its message, with the
-    next line where the first only announces it (ends with a colon)."""
+    next line where the first only announces it (ends with a colon); a rank stopped by a
+    signal (`Stopped`) names the signal (``stopped by SIGTERM``)."""
+    if isinstance(exc, Stopped):
+        return f"stopped by {_signal_name(exc.signum)}"
     text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     if not text:
         return type(exc).__name__
@@ -348,16 +367,22 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
+def _signal_name(signum: int) -> str:
+    """SIGTERM for 15; the number where it names no signal."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = WATCHDOG_S,
            started_at: float = 0.0, poll: Callable[[], None] = lambda: None) -> None:
     """Return when every child exited 0; raise RunFailed as soon as one fails. `poll`
     runs a few times a second meanwhile (live reports).
 
-    Blame, in this order: the earliest failure a rank reported of its own (not the echo
-    of a lost peer), else a rank still running that stopped answering (no heartbeat:
-    `watchdog`), else the first rank seen dead without a report (killed by a signal,
-    out of memory), else the earliest lost-peer report. A report written after the
-    launcher began stopping the ranks answers that stop and is not a cause."""
+    The cause is picked by `_blame` from the ranks' reports, those still running that
+    stopped answering (no heartbeat: `watchdog`) and those seen dead. A report written
+    after the launcher began stopping the ranks answers that stop and is not a cause."""
     died_at: dict[int, float] = {}
     quiet: dict[int, float] = {}
     while True:
@@ -386,7 +411,8 @@ def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = W
     # still running but not beating: stopped or wedged, the likely root cause
     unresponsive = watchdog.silent_ranks(run_dir, procs, started_at, watchdog.BLAME_SILENCE_S)
     pids = {r: p.pid for r, p in enumerate(procs)}
-    states = {r: watchdog.describe(s, pids[r]) for r, s in unresponsive.items()}
+    states = {r: (s, watchdog.describe(s, pids[r])) for r, s in unresponsive.items()}
+    watched = {r: (s, watchdog.describe(s, pids[r])) for r, s in quiet.items()}
     stopped_at = time.time()
     _stop(procs)
     codes = {r: p.exitcode for r, p in enumerate(procs)}
@@ -398,26 +424,42 @@ def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = W
             continue
         if rep["time"] < stopped_at:        # later ones answer our own stop signal
             reports[rep["rank"]] = rep
+    raise _blame(reports, states, died_at, watched, codes, devices)
+
+
+def _blame(reports: dict[int, dict[str, Any]], unresponsive: dict[int, tuple[float, str]],
+           died_at: dict[int, float], quiet: dict[int, tuple[float, str]],
+           codes: dict[int, int | None], devices: list[str]) -> RunFailed:
+    """The root cause of a failed run, as `_watch` saw it: `reports` the failure
+    reports of the ranks (rank -> the `_child` report: time, rank, cause, secondary,
+    traceback), `unresponsive` the ranks silent since the failure and `quiet` those the
+    watchdog found silent (rank -> (seconds silent, `watchdog.describe`)), `died_at`
+    when each rank was first seen dead, `codes` every rank's exit status.
+
+    In this order: the earliest failure a rank reported of its own (not an echo,
+    `_lost_peer`); else the rank unresponsive the longest; else, with no report and no
+    rank dead, the rank the watchdog found silent the longest; else the first rank seen
+    dead without a report (killed by a signal, out of memory); else the earliest echo
+    (a link emulator that died by itself, every rank echoing it)."""
     own = [rep for rep in reports.values() if not rep["secondary"]]
-    if not own and states:
-        rank = max(unresponsive, key=unresponsive.get)       # silent the longest
-        raise RunFailed(rank, devices[rank], states[rank], "", codes)
+    if not own and unresponsive:
+        rank = max(unresponsive, key=lambda r: unresponsive[r][0])      # silent the longest
+        return RunFailed(rank, devices[rank], unresponsive[rank][1], "", codes)
     silent = sorted((t, r) for r, t in died_at.items() if r not in reports)
     if not reports and not silent:          # the watchdog fired, and nothing else
-        rank = max(quiet, key=quiet.get)
-        raise RunFailed(rank, devices[rank], watchdog.describe(quiet[rank], pids[rank]), "",
-                        codes)
+        rank = max(quiet, key=lambda r: quiet[r][0])
+        return RunFailed(rank, devices[rank], quiet[rank][1], "", codes)
     if own or not silent:
         first = min(own or reports.values(), key=lambda rep: rep["time"])
         rank = first["rank"]
-        raise RunFailed(rank, devices[rank], first["cause"], first["traceback"], codes)
+        return RunFailed(rank, devices[rank], first["cause"], first["traceback"], codes)
     rank = silent[0][1]
     code = codes[rank]
     if code is not None and code < 0:
         cause = f"killed by signal {signal.Signals(-code).name}"
     else:
         cause = f"exited with status {code} without a report"
-    raise RunFailed(rank, devices[rank], cause, "", codes)
+    return RunFailed(rank, devices[rank], cause, "", codes)
 
 
 def _stop(procs: list) -> None:
