@@ -11,10 +11,10 @@ forwards ahead starts each h-th one a round trip, its stage to the last and back
 the sends, after the one before; zb-h1's way back is its I's, its pace the slowest
 F + I, its W's left to wait but stage 0's last), for gpipe its two phases (all
 forwards, then all backwards, each at the pace of its slowest op or of its own way's
-busiest hop); interleaved-1f1b takes m T + the fill divided by v, at least one
-micro-batch's trip through every stage plus the slowest stage's F + B per further one
-(m < p), plus, where its rounds of p leave a last round of k < p micro-batches,
-(v - 1)(p - k) of the slowest backward; zb-v, dualpipe-v and synth replay the orders
+busiest hop); interleaved-1f1b takes m T + the fill divided by v, at least, per
+stage, the first micro-batch's way to it and back and its own m forwards and backwards
+(what sets it when m < p), plus, where its rounds of p leave a last round of k < p
+micro-batches, (v - 1)(p - k) of the least backward; zb-v, dualpipe-v and synth replay the orders
 for min(m, 2p) micro-batches (exact on free links), then T per further micro-batch.
 When the plan's stack sends blocking, each send is part of its sender's action (its
 link time added to that F or backward, none left on the link).
@@ -27,7 +27,9 @@ memory: static state plus the in-flight count times one micro-batch's stash.
 Left out (the simulator has them): link sharing between replicas' point-to-point
 traffic and with the all-reduces, and for the closed-form kinds the exact interleaving
 of unequal stages and of a round trip's sends with the other micro-batches' work. Equal
-to the simulation with equal stages on free links whose sends wait for no round trip.
+to the simulation with equal stages on free links whose sends wait for no round trip,
+but for interleaved-1f1b in padded rounds with v > 2 (within about 1%:
+experiments/analytic_accuracy.py).
 """
 
 from __future__ import annotations
@@ -446,20 +448,21 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
     else:
         fill = (sum(work) - work[top] + link_sum) / v
     if v > 1:
-        # fewer micro-batches than ranks: a round leaves each loop's ranks waiting for
-        # its first micro-batch to come round; one micro-batch's whole trip, and per
-        # further one the slowest stage's forward and backward
-        trip = sum(times.f) + sum(times.b) + link_sum
-        slowest = max(f + b for f, b in zip(times.f, times.b, strict=True))
-        span = max(m * period + fill, trip + (m - 1) * slowest)
+        # at least, per stage: the first micro-batch's way to it, its own m forwards and
+        # backwards, and the last one's way back to stage 0 (any order; equal stages
+        # with fewer micro-batches than ranks: 3 (p v + m - 1) t, the last stage's)
+        way = [0.0, *accumulate(times.f[k] + times.b[k] + sum(links[k])
+                                for k in range(len(times.f) - 1))]
+        own = max(way[k] + m * (times.f[k] + times.b[k]) for k in range(len(times.f)))
+        span = max(m * period + fill, own)
         built = schedule_kind(kind).built_microbatches
         p = len(work)
         if built is not None and built(p, m) != m:
             # a last round of k < p micro-batches (the phantoms' dropped): each of its
-            # v - 1 loops back leaves p - k backwards' slots idle (exact with equal
-            # stages whose backward is at least their forward, up to a step or two
-            # with v > 2 and small k)
-            span += (v - 1) * (p - m % p) * max(times.b)
+            # v - 1 loops back leaves p - k backwards' slots idle, each at least the
+            # least backward (exact with equal stages whose backward is at least their
+            # forward, up to a step or two with v > 2 and small k)
+            span += (v - 1) * (p - m % p) * min(times.b)
         return span
     # one chunk per rank: the busiest rank's work with the others' fill, the busiest
     # hop's span, and the forwards' rounds (GPipe: its two phases). A split kind's
