@@ -501,23 +501,23 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     name = printable(top.string("name", name))          # shown everywhere
     if top.has("description"):
         top.string("description")
+    spelled: dict[str, str] = {}    # catalog part -> the device_types key spelling it apart
     if top.has("device_types"):
         types = top.sub("device_types")
-        keys: dict[str, str] = {}           # type name -> the key of the file that gave it
         for type_name in types.data:        # names escaped as kept: shown everywhere
             if not isinstance(type_name, str):     # YAML reads `5:` as a number
                 raise BadInput(types.at(str(type_name)), "a device type name (a string: "
                                f"quote it, '{type_name}')", type_name)
-            # A key spells a catalog part as nodes[].device may (`device_type_name`): "a100
-            # 80gb" overrides A100-80GB, as a node naming it would use it; a new name adds
-            # a type, as written
-            resolved = device_type_name(type_name, catalog_names)
-            if resolved in keys:
-                raise BadInput(types.at(type_name), f"each device type once ({resolved} is "
-                               f"already given as {keys[resolved]!r})", type_name)
-            keys[resolved] = type_name
-            catalog[resolved] = _device_type(
-                resolved, types.sub(type_name, _DEVICE_KEYS), catalog)
+            # A key overrides a catalog part by its exact name; one that spells a part
+            # apart ("a100-80gb", "t4") is a type of its own, used by the nodes that name
+            # it so; a node naming the part itself is refused below (it had silently run
+            # the unmodified part)
+            kept = printable(type_name)
+            part = device_type_name(kept, catalog_names)
+            if part != kept and part in catalog_names:
+                spelled[part] = kept
+            catalog[kept] = _device_type(kept, types.sub(str(type_name), _DEVICE_KEYS),
+                                         catalog)
     inter = _link(top, "inter_node", Link(12.5e9, 5e-6))  # default 100 Gbit/s, 5 us
     nodes: list[Node] = []
     names: set[str] = set()
@@ -529,6 +529,11 @@ def cluster_from_dict(data: Any, *, where: str, name: str) -> Cluster:
     for i, raw in enumerate(raw_nodes):
         nf = Fields(raw, f"{where}: nodes[{i}]", _NODE_KEYS)
         dev_name = device_type_name(nf.string("device"), catalog)
+        if dev_name in spelled:
+            raise BadInput(nf.at("device"), f"one reading of {dev_name}: device_types."
+                           f"{spelled[dev_name]} spells the catalog part apart (key it "
+                           f"{dev_name} to override the part, or name the device "
+                           f"{spelled[dev_name]} to use that type)", dev_name)
         if dev_name not in catalog:
             raise BadInput(nf.at("device"), f"a known device type ({', '.join(sorted(catalog))}) "
                            "or one defined under device_types", dev_name)

@@ -166,29 +166,34 @@ def test_plain_numbers_in_exponent_form_are_read_from_yaml(tmp_path):
         load_cluster(str(path))
 
 
-@pytest.mark.parametrize("key", ["a100-80gb", "a100 80gb", "NVIDIA A100-SXM4-80GB",
-                                 "A100-80GB"])
-def test_a_device_type_key_spelling_a_catalog_part_overrides_it(key):
-    """A `device_types` key is resolved as `nodes[].device` is: "a100-80gb" had been a new
-    type that no node used (the catalog part ran unmodified), and "a100 80gb" with only
-    `efficiency` had been refused for want of `peak_flops`."""
-    catalog = builtin_device_types()
+@pytest.mark.parametrize("key", ["a100-80gb", "a100 80gb", "NVIDIA A100-SXM4-80GB"])
+def test_a_node_naming_a_part_a_device_type_key_spells_apart_is_refused(key):
+    """A `device_types` key that spells a catalog part apart is a type of its own; a
+    node naming the part itself is refused, naming both: the node had silently run the
+    unmodified part. The exact name overrides the part."""
     doc = {"device_types": {key: {"peak_flops": "1 TFLOP/s", "memory": "8 GB"}},
            "nodes": [{"name": "n0", "device": "A100-80GB", "count": 2}]}
+    with pytest.raises(BadInput, match=r"^c\.yaml: nodes\[0\]\.device: expected one "
+                                       rf"reading of A100-80GB: device_types\.{key} spells"):
+        cluster_from_dict(doc, where="c.yaml", name="c")
+    doc["nodes"][0]["device"] = key                    # the node names the type itself
+    dev = cluster_from_dict(doc, where="c.yaml", name="c").device("n0/0").type
+    assert (dev.name, dev.peak_flops, dev.gemm) == (key, 1e12, None)
+    doc["device_types"] = {"A100-80GB": {"peak_flops": "1 TFLOP/s", "memory": "8 GB"}}
+    doc["nodes"][0]["device"] = "A100-80GB"
     dev = cluster_from_dict(doc, where="c.yaml", name="c").device("n0/0").type
     assert (dev.name, dev.peak_flops, dev.memory_bytes) == ("A100-80GB", 1e12, 8e9)
-    doc["device_types"] = {key: {"efficiency": 0.2}}
-    dev = cluster_from_dict(doc, where="c.yaml", name="c").device("n0/1").type
-    assert dev.efficiency == 0.2 and dev.peak_flops == catalog["A100-80GB"].peak_flops
 
 
-def test_two_device_type_keys_naming_one_catalog_part_are_refused():
-    doc = {"device_types": {"a100-80gb": {"efficiency": 0.3}, "A100 80GB": {"efficiency": 0.2}},
-           "nodes": [{"name": "n0", "device": "A100-80GB", "count": 2}]}
-    with pytest.raises(BadInput, match=r"^c\.yaml\.device_types\.A100 80GB: expected each "
-                                       r"device type once \(A100-80GB is already given as "
-                                       r"'a100-80gb'\)"):
-        cluster_from_dict(doc, where="c.yaml", name="c")
+def test_a_new_type_named_apart_from_the_catalog_keeps_its_own_figures():
+    doc = {"device_types": {"t4-like": {"peak_flops": "10 TFLOP/s", "memory": "16 GB"}},
+           "nodes": [{"name": "n0", "device": "t4-like", "count": 1}]}
+    dev = cluster_from_dict(doc, where="c.yaml", name="c").device("n0/0").type
+    assert (dev.name, dev.peak_flops) == ("t4-like", 1e13)
+    assert dev.gemm is None
+
+
+def test_device_type_names_of_a_file_are_kept_as_written():
     # names of the file's own types are kept as written: two that differ in case are two
     doc = {"device_types": {t: {"peak_flops": "1 TFLOP/s", "memory": "8 GB"}
                             for t in ("fast", "FAST")},
