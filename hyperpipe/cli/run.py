@@ -114,7 +114,7 @@ def _resumed_from(opts: RunCommandOptions) -> tuple[int, str]:
         return 0, ""
     from hyperpipe.exec import checkpoint
     done = checkpoint.complete_steps(opts.checkpoint)
-    if not done:
+    if not done or done[-1] >= opts.steps:     # nothing to run: the resume check says so
         return 0, ""
     return done[-1], f"the checkpoint in {opts.checkpoint}"
 

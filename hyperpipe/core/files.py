@@ -443,8 +443,7 @@ def open_lock_file(path: str | os.PathLike) -> IO[str]:
         fd = -1
         return f
     except OSError as exc:
-        raise BadInput(where, f"a regular lock file or none ({exc.strerror or exc})",
-                       has_got=False) from None
+        raise _cannot_write(where, exc, "a regular lock file or none") from None
     finally:
         if fd >= 0:
             os.close(fd)

@@ -332,16 +332,21 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
               "Timed out waiting", "NCCL communicator was aborted")
 
 
+# How the link emulator's connection breaks when it went away (its process ended with
+# rank 0's): not a rank's own resource errors (EMFILE, EACCES), which are causes
+_EMULATOR_GONE = (EOFError, ConnectionResetError, BrokenPipeError, ConnectionRefusedError,
+                  FileNotFoundError)
+
+
 def _lost_peer(exc: BaseException) -> bool:
     """True if `exc` is the echo of another rank's failure, not a cause of its own: a
     transfer the peer broke (`PeerFailure`, or gloo's and NCCL's words for it), or the
     connection to the link emulator broken (`LinkEmulatorFailure` raised from the
-    socket's EOFError or OSError): the emulator is rank 0's child and goes when rank 0
+    socket's end, `_EMULATOR_GONE`): the emulator is rank 0's child and goes when rank 0
     fails, so its loss is never chosen over a rank's own failure or silence; an emulator
     that died by itself is still named when nothing else failed (`_blame`'s last
     resort). An emulator that answered nothing within the timeout is a cause."""
-    gone = isinstance(exc, LinkEmulatorFailure) and isinstance(exc.__cause__,
-                                                                (EOFError, OSError))
+    gone = isinstance(exc, LinkEmulatorFailure) and isinstance(exc.__cause__, _EMULATOR_GONE)
     return gone or isinstance(exc, PeerFailure) or any(s in str(exc) for s in _PEER_LOST)
 
 
@@ -456,7 +461,9 @@ def _blame(reports: dict[int, dict[str, Any]], unresponsive: dict[int, tuple[flo
     rank = silent[0][1]
     code = codes[rank]
     if code is not None and code < 0:
-        cause = f"killed by signal {signal.Signals(-code).name}"
+        name = _signal_name(-code)          # SIGKILL, or "signal 40" for one unnamed
+        cause = f"killed by {name}" if name.startswith("signal") else \
+            f"killed by signal {name}"
     else:
         cause = f"exited with status {code} without a report"
     return RunFailed(rank, devices[rank], cause, "", codes)

@@ -65,3 +65,20 @@ def test_a_rank_stopped_by_a_signal_names_it():
     failed = _blame({1: _report(Stopped(15), 1, 100.0)}, {}, {1: 100.1}, {}, {1: 1},
                     DEVICES)
     assert str(failed) == "rank 1 (v100/1) failed: stopped by SIGTERM"
+
+
+def test_a_rank_killed_by_a_signal_without_a_name_is_still_blamed():
+    """A real-time signal (40 here) has no `signal.Signals` name: the launcher had died
+    with a ValueError instead of naming the rank."""
+    failed = _blame({}, {}, {2: 100.0}, {}, {0: None, 1: None, 2: -40, 3: None}, DEVICES)
+    assert str(failed) == "rank 2 (a100/0) failed: killed by signal 40"
+
+
+def test_a_ranks_own_socket_error_is_a_cause_not_an_echo():
+    """Only a connection the emulator's end broke is an echo; a rank out of file
+    descriptors is a cause of its own."""
+    try:
+        raise LinkEmulatorFailure("rank 1: cannot reach the link emulator") \
+            from OSError(24, "Too many open files")
+    except LinkEmulatorFailure as exc:
+        assert not _lost_peer(exc)
