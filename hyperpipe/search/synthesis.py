@@ -176,9 +176,12 @@ def policy_parts() -> list[tuple]:
 
 def start_synthesis(ctx: SearchContext, items: list[tuple[Plan, dict | None]], pool=None
                     ) -> Callable[[], list[SynthResult]]:
-    """`synthesise_all`, its tasks started now over `pool`; the returned function waits
-    for the results (without a pool it works them out when called), raising what a
-    synthesis raised (a plan that does not check out: BadInput, InfeasiblePlan)."""
+    """`synthesise_all`, its tasks started now over `pool` but the local improvements,
+    each started by the returned function once its plan's policy parts are in (so a
+    caller waiting on several calls in turn runs their improvements one after another:
+    pass the plans in one call); that function waits for the results (without a pool
+    it works them out when called), raising what a synthesis raised (a plan that does
+    not check out: BadInput, InfeasiblePlan)."""
     from hyperpipe.search.backends import fan_out
     from hyperpipe.synth.synthesise import synth_result, synthesise, take_improvements
     if pool is None:

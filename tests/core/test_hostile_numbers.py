@@ -110,7 +110,8 @@ def test_profile_numbers(path, value, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def two_step_trace(tmp_path_factory) -> dict:
-    """A simulated trace of PLAN, its step repeated as step 1 (calibration skips step 0)."""
+    """A simulated trace of PLAN, its step repeated as step 1 (calibration skips step 0),
+    passed off as measured (calibrate refuses a simulated one, whatever its numbers)."""
     from hyperpipe.plan.plan import plan_from_dict
     from hyperpipe.sim.costmodel import CostModel
     from hyperpipe.sim.simulator import simulate
@@ -120,6 +121,7 @@ def two_step_trace(tmp_path_factory) -> dict:
     doc = json.loads(path.read_text())
     end = max(e[5] for e in doc["events"])
     doc["events"] += [[*e[:4], e[4] + end, e[5] + end, *e[6:8], 1] for e in doc["events"]]
+    doc["meta"]["source"] = "measured"
     return doc
 
 

@@ -127,8 +127,9 @@ def test_fixed_kinds_above_the_best_known_one_are_not_simulated(case, monkeypatc
 
 
 def test_synthesis_spread_over_a_pool_equals_one_process():
-    """`search.synthesis.synthesise_all` runs each synthesis as two tasks over a worker
-    pool (the second local improvement apart); oracle: `synthesise` in this process,
+    """`search.synthesis.synthesise_all` runs each synthesis over a worker pool as its
+    policies in parts, its fixed kinds, then the improvement of the parts' best; oracle:
+    `synthesise` in this process,
     plan by plan (the same winners, metrics, times, fixed kinds, policies and best
     synthesised orders). One call with several plans, one with a fixed kind known."""
     from hyperpipe.search.backends import process_pool
