@@ -91,14 +91,14 @@ def sigterm_as_exit():
             yield
     except KeyboardInterrupt as exc:
         code = stopping.exit_status(exc)
-        print(f"hyperpipe: stopped by {signal.Signals(code - 128).name}", file=sys.stderr)
+        print(f"hyperpipe: stopped by {stopping.signal_name(code - 128)}", file=sys.stderr)
         raise SystemExit(code) from None
     finally:
         late = stopping.pending() if ours else None
         if ours:
             stopping.uninstall()
     if late is not None:
-        print(f"hyperpipe: stopped by {signal.Signals(late).name}", file=sys.stderr)
+        print(f"hyperpipe: stopped by {stopping.signal_name(late)}", file=sys.stderr)
         raise SystemExit(128 + late)
 
 
@@ -132,7 +132,7 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-        print(f"hyperpipe: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        print(f"hyperpipe: stopped by {stopping.signal_name(signum)}", file=sys.stderr)
         return 128 + signum
     except BrokenPipeError:
         return EXIT_OK

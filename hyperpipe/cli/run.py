@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from hyperpipe.cli import args as ca
 from hyperpipe.cli.flags import add_progress, command
 from hyperpipe.cli.output import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
+from hyperpipe.core import stopping
 from hyperpipe.core.errors import BadInput, Stopped
 from hyperpipe.core.files import check_outputs
 
@@ -151,7 +152,7 @@ def run(opts: RunCommandOptions) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-        print(f"hyperpipe: stopped by {signal.Signals(signum).name}: "
+        print(f"hyperpipe: stopped by {stopping.signal_name(signum)}: "
               f"{_stopped_note(len(plan.devices), opts.checkpoint)}", file=sys.stderr)
         return 128 + signum
     if env is not None and env[0] != 0:

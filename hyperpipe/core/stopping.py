@@ -208,3 +208,11 @@ def quiet_child() -> None:
 
 __all__ = ["SIGNALS", "armed", "exit_status", "held", "install", "pending", "quiet_child",
            "shield", "uninstall"]
+
+
+def signal_name(signum: int) -> str:
+    """SIGTERM for 15; "signal 40" for a number that names no signal (real-time ones)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

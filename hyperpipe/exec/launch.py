@@ -363,21 +363,13 @@ def _cause(exc: BaseException) -> str:
     next line where the first only announces it (ends with a colon); a rank stopped by a
     signal (`Stopped`) names the signal (``stopped by SIGTERM``)."""
     if isinstance(exc, Stopped):
-        return f"stopped by {_signal_name(exc.signum)}"
+        return f"stopped by {stopping.signal_name(exc.signum)}"
     text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     if not text:
         return type(exc).__name__
     first = text[0] if not (text[0].endswith(":") and len(text) > 1) else \
         f"{text[0]} {text[1]}"
     return f"{type(exc).__name__}: {first}"
-
-
-def _signal_name(signum: int) -> str:
-    """SIGTERM for 15; the number where it names no signal."""
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _watch(procs: list, devices: list[str], run_dir: Path, watchdog_s: float = WATCHDOG_S,
@@ -461,7 +453,7 @@ def _blame(reports: dict[int, dict[str, Any]], unresponsive: dict[int, tuple[flo
     rank = silent[0][1]
     code = codes[rank]
     if code is not None and code < 0:
-        name = _signal_name(-code)          # SIGKILL, or "signal 40" for one unnamed
+        name = stopping.signal_name(-code)      # SIGKILL, or "signal 40" for one unnamed
         cause = f"killed by {name}" if name.startswith("signal") else \
             f"killed by signal {name}"
     else:

@@ -14,10 +14,10 @@ forwards, then all backwards, each at the pace of its slowest op or of its own w
 busiest hop); interleaved-1f1b takes m T + the fill divided by v, at least, per
 stage, the first micro-batch's way to it and back and its own m forwards and backwards
 (what sets it when m < p), plus, where its rounds of p leave a last round of k < p
-micro-batches, (v - 1)(p - k) of the least backward; zb-v, dualpipe-v and synth replay the orders
-for min(m, 2p) micro-batches (exact on free links), then T per further micro-batch.
-When the plan's stack sends blocking, each send is part of its sender's action (its
-link time added to that F or backward, none left on the link).
+micro-batches, (v - 1)(p - k) of the least backward; zb-v, dualpipe-v and synth replay
+the orders for min(m, 2p) micro-batches (exact on free links), then T per further
+micro-batch. When the plan's stack sends blocking, each send is part of its sender's
+action (its link time added to that F or backward, none left on the link).
 Each stage's data-parallel all-reduce (ring flows in buckets, overlapped with its last
 backward or after the flush, as the stack says) and optimizer step follow; a hop serves
 the rings that cross it one after another at best; with tied embeddings the first and
@@ -432,7 +432,8 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
     m = pipe.num_microbatches
     links = [(c.fwd_s, c.bwd_s) for c in crossed]
     top = max(range(len(work)), key=work.__getitem__)
-    period = max(work[top], _busiest_hop_s(chain.from_iterable(c.busy for c in crossed)))
+    hop = _busiest_hop_s(chain.from_iterable(c.busy for c in crossed))
+    period = max(work[top], hop)
     if sched is not None:
         # the order itself, replayed on free links; the rest at the period
         b_s = whole_b if whole_b is not None else times.b if not times.split else \
@@ -473,8 +474,7 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
     on, pace, last = times, period, 0.0
     if times.split:
         on, last = times._replace(b=times.i), times.w[0]
-        pace = max(max(f + i for f, i in zip(times.f, times.i, strict=True)),
-                   _busiest_hop_s(chain.from_iterable(c.busy for c in crossed)))
+        pace = max(max(f + i for f, i in zip(times.f, times.i, strict=True)), hop)
     if any(m > h for h in ahead):
         other = _held_rounds_s(ahead, m, on, links, pace) + last
     else:
