@@ -39,6 +39,7 @@ from hyperpipe.cli.output import EXIT_OK
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import write_atomic
 from hyperpipe.exec.emulation import auto_emulation_scale
+from hyperpipe.exec.placement import why_not_runnable
 from hyperpipe.sim.accuracy import compare, relative_error, step_periods_s
 
 
@@ -273,9 +274,14 @@ def _search_again(setup: Setup, layers: LayerProfiles, uniform, measured_uniform
     # the tie margin is at least the uniform run's own step-to-step spread: plans closer
     # than what this machine's noise moves are not told apart by the measurement
     margin = max(TIE_MARGIN, _spread(step_periods_s(measured_uniform)))
-    best = pick_stable(result.ranked, CostModel(model, cluster), margin)
     _log(f"      searched again with the run's costs: {result.candidates_evaluated} "
          f"candidates in {result.search_time_s:.1f} s")
+    runs, why_not = runnable(result.simulated, model)
+    if why_not:
+        _log(f"      passed over {len(why_not)} faster plan(s) the executor cannot run; the "
+             f"fastest: {why_not[0]}")
+    best = pick_stable(runs or [result.baselines["uniform"]], CostModel(model, cluster),
+                       margin)
     # out of sample: predicted from the uniform run alone, before the best plan runs
     oos_cost = CostModel(model, cluster, first_fit)
     predicted = {k: simulate(p, oos_cost).metrics.iteration_time_s
@@ -429,6 +435,22 @@ def _uniform_all_devices(model, cluster, cfg: DemoConfig, profile):
 # plans closer than this are a tie that calibration noise could flip (a loaded machine's
 # own measured spread widens the margin, see run_demo)
 TIE_MARGIN = 0.05
+
+
+def runnable(ranked: list, spec) -> tuple[list, list[str]]:
+    """The candidates of `ranked` whose plans the real executor runs
+    (`exec.placement.why_not_runnable`), in order, and why each one ranked above the
+    first of them cannot run (the search's space is wider than the executor's: it may
+    shard one layer's data-parallel replicas to different tensor-parallel degrees)."""
+    runs: list = []
+    why_not: list[str] = []
+    for cand in ranked:
+        why = why_not_runnable(cand.plan, spec)
+        if why is None:
+            runs.append(cand)
+        elif not runs:
+            why_not.append(why)
+    return runs, why_not
 
 
 def pick_stable(ranked: list, analytic_cost, margin: float = TIE_MARGIN):

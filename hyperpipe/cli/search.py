@@ -170,7 +170,13 @@ def run(opts: SearchOptions) -> int:
     sys.stdout.write(text)
     if opts.out:
         print(f"best plan written to {opts.out}")
+    from hyperpipe.exec.placement import why_not_runnable
+    note = why_not_runnable(result.best.plan, model)
+    if note:
+        print(f"note: `hyperpipe run` cannot run the best plan as it stands ({note}); "
+              "it stays the simulator's answer for this cluster")
     return EXIT_OK
+
 
 
 def _check_start(start, model, cluster, global_batch: int, where: str) -> None:

@@ -183,6 +183,15 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
                                    "for a real run", st.tp)
 
 
+def why_not_runnable(plan: Plan, spec: ModelSpec) -> str | None:
+    """`check_runnable`'s refusal as one line, or None where the executor runs `plan`."""
+    try:
+        check_runnable(plan, spec)
+    except BadInput as err:
+        return str(err)
+    return None
+
+
 def check_sharding(plan: Plan, spec: ModelSpec) -> None:
     """BadInput for a ZeRO-2/3 plan the executor cannot run: replicas cut or
     micro-batched differently (a stage's group gathers and reduce-scatters once per

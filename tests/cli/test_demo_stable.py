@@ -3,10 +3,11 @@ that makes a prediction worse says why."""
 
 from __future__ import annotations
 
-from hyperpipe.cli.demo import TIE_MARGIN, calibration_notes, pick_stable
+from hyperpipe.cli.demo import TIE_MARGIN, calibration_notes, pick_stable, runnable
 from hyperpipe.cluster.cluster import load_cluster
 from hyperpipe.exec.emulation import auto_emulation_scale
 from hyperpipe.models import load_model
+from hyperpipe.plan.plan import plan_from_dict
 from hyperpipe.search.baselines import uniform_plan
 from hyperpipe.search.evaluate import Candidate
 from hyperpipe.sim.costmodel import CostModel
@@ -51,3 +52,29 @@ def test_emulation_scale_outruns_the_contention_of_ranks_sharing_cores():
         scale = auto_emulation_scale(ranks, cores)
         assert scale >= 2.0 and scale > ranks / cores
     assert auto_emulation_scale(4, 2) == 3.0
+
+
+def test_demo_passes_over_plans_the_executor_cannot_run():
+    # the search may shard one layer's replicas to different tp (a plan CI's calibrated
+    # search ranked first: two A100 replicas at tp 1 and one V100 pair at tp 2); the demo
+    # runs the fastest plan the executor takes, and says why it passed the others over
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    mixed = plan_from_dict({
+        "format": "hyperpipe.plan/1", "model": "tiny-gpt", "cluster": "demo-hetero",
+        "global_batch": 16, "schedule": "gpipe", "pipelines": [
+            {"micro_batch": 2, "num_microbatches": 3, "stages": [
+                {"layers": [0, 8], "devices": ["a100/0"]}]},
+            {"micro_batch": 2, "num_microbatches": 3, "stages": [
+                {"layers": [0, 8], "devices": ["a100/1"]}]},
+            {"micro_batch": 2, "num_microbatches": 2, "stages": [
+                {"layers": [0, 8], "devices": ["v100/0", "v100/1"], "tp": 2}]}]})
+    alike = [uniform_plan(model, cluster, pp=pp, dp=dp, tp=1, micro_batch=2, global_batch=16,
+                          schedule="1f1b", chunks=1) for pp, dp in ((2, 2), (4, 1))]
+    ranked = [Candidate(p, Metrics(t, 1.0, 1.0, 0.0, 0.0))
+              for p, t in zip([mixed, *alike], (1.0, 1.5, 2.0), strict=True)]
+    runs, why_not = runnable(ranked, model)
+    assert [c.plan for c in runs] == alike
+    assert len(why_not) == 1 and "must shard it alike" in why_not[0]
+    # the pick: the faster runnable plan, never the mixed one however near it ranks
+    assert pick_stable(runs, CostModel(model, cluster)) == alike[0]
+    assert runnable(ranked[1:], model) == (ranked[1:], [])
