@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from hyperpipe.cluster.cluster import cluster_ref, link_sig
@@ -353,16 +354,29 @@ def tuned_baselines(ctx: SearchContext, phase: PhaseStats,
 
 def constrained(ctx: SearchContext, plan: Plan) -> Plan:
     """A baseline's `plan` with what the user fixed beyond its grid (`ctx.c`): the stack
-    and runtime, recompute, sequence parallelism and the optimizer's sharding; checked
-    where any of those changed it. BadInput/InfeasiblePlan when the layout cannot take
-    them, or lacks a fixed context parallelism (a peer's pick, which never has it)."""
+    and runtime, a generated schedule kind (a peer's pick is 1F1B), recompute, sequence
+    parallelism and the optimizer's sharding; checked where any of those changed it.
+    BadInput/InfeasiblePlan when the layout cannot take them, or lacks a fixed chunk
+    count, context or expert parallelism (a peer's pick, which never has them)."""
     c = ctx.c
     plan = plan.on_stack(c.stack, **c.runtime.given())
+    for name, fixed, has in (("chunks", c.chunks, {plan.chunks}),
+                             ("context parallelism", c.cp,
+                              {st.cp for p in plan.pipelines for st in p.stages}),
+                             ("expert parallelism", c.ep,
+                              {st.ep for p in plan.pipelines for st in p.stages})):
+        if fixed is not None and has != {fixed}:
+            raise InfeasiblePlan(f"a plan without {name} {fixed}")
+    kind = None if c.schedule is None else schedule_kind(c.schedule)
+    if kind is not None and not kind.carries_actions and plan.schedule != kind.name:
+        if not kind.allows_chunks(plan.chunks):
+            raise InfeasiblePlan(f"a plan of {plan.chunks} chunks per device, not "
+                                 f"schedule {kind.name}'s")
+        plan = replace(plan, schedule=kind.name)
+        plan.check(ctx.model, ctx.cluster)
     if c.recompute is None and c.sequence_parallel is None \
-            and c.distributed_optimizer is None and c.zero is None and not c.cp:
+            and c.distributed_optimizer is None and c.zero is None:
         return plan
-    if c.cp is not None and any(st.cp != c.cp for p in plan.pipelines for st in p.stages):
-        raise InfeasiblePlan(f"a plan without context parallelism {c.cp}")
     plan = plan.with_memory(recompute=c.recompute, sequence_parallel=c.sequence_parallel,
                             distributed_optimizer=c.distributed_optimizer, zero=c.zero)
     plan.check(ctx.model, ctx.cluster)

@@ -86,6 +86,24 @@ def test_peers_pick_plans_that_check(name):
     assert plan.schedule == "1f1b"
 
 
+def test_peers_keep_the_schedule_the_user_fixed():
+    """A fixed generated kind reaches every baseline and peer (their 1F1B picks run it);
+    a fixed chunk count they cannot split their stages into leaves the peers out, as a
+    fixed context or expert parallelism does."""
+    from hyperpipe.search.search import search
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    got = search(model, cluster, SearchConstraints(global_batch=16, schedule="zb-h1"))
+    assert set(PEERS) <= set(got.baselines)
+    assert {c.plan.schedule for c in got.baselines.values()} == {"zb-h1"}
+    for cand in got.baselines.values():     # each one simulated as the kind it now has
+        assert cand.metrics.iteration_time_s == pytest.approx(
+            simulate(cand.plan, CostModel(model, cluster)).metrics.iteration_time_s)
+    got = search(model, cluster, SearchConstraints(global_batch=16,
+                                                   schedule="interleaved-1f1b", chunks=2))
+    assert not set(PEERS) & set(got.baselines)
+    assert all(c.plan.chunks == 2 for c in got.baselines.values())
+
+
 @pytest.mark.parametrize("model_name,cluster_name,batch", [
     ("gpt2-medium", "a100-v100", 64), ("tiny-gpt", "demo-hetero", 16),
     ("gpt2-xl", "h100-a100-l4", 128)])

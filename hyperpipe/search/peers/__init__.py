@@ -24,11 +24,13 @@ PEERS = {"metis": metis_plan, "amp": amp_plan}
 # What each peer may choose (the search's report and search_quality print it).
 FREEDOMS = {
     "metis": "its own search (type order, tp per type, dp, micro-batch, layers by "
-             "compute power, 1F1B) and cost model, on every device of the hostfile it is "
-             "given; given every subset of the device classes, its cost model picks",
+             "compute power, 1F1B or the generated kind the user fixed) and cost model, "
+             "on every device of the hostfile it is given; given every subset of the "
+             "device classes, its cost model picks",
     "amp": "its own search (pp, tp, dp, micro-batch over a rank-ordered mesh, layers by "
-           "DP, 1F1B) and cost model, on every device of the cluster it is given; given "
-           "every subset of the device classes, its cost model picks",
+           "DP, 1F1B or the generated kind the user fixed) and cost model, on every "
+           "device of the cluster it is given; given every subset of the device "
+           "classes, its cost model picks",
 }
 
 __all__ = ["FREEDOMS", "PEERS", "amp_plan", "metis_plan"]
