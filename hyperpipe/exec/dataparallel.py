@@ -29,7 +29,7 @@ copy (fp32 training needs none; the simulator counts none).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -43,7 +43,7 @@ from hyperpipe.exec.collectives import RingCollectives
 from hyperpipe.exec.comm import PeerFailure, wait
 from hyperpipe.exec.links import Links
 from hyperpipe.exec.placement import dp_groups
-from hyperpipe.exec.tensor_parallel import local
+from hyperpipe.exec.tensor_parallel import GradSlices, local
 from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.stack import DDP_BUCKET_BYTES
 from hyperpipe.plan.trace import TraceEvent
@@ -86,6 +86,7 @@ class _Bucket:
     grad_sum: torch.Tensor | None = None    # ZeRO-2: this rank's slice of the gradient
     ranks: tuple[int, ...] = ()         # the group's global ranks
     ring: RingCollectives | None = None  # emulated links: the group's collectives
+    part: int = 0                       # which slice of sliced gradients (`GradSlices`)
 
     @property
     def padded(self) -> int:
@@ -104,7 +105,11 @@ class DataParallel:
     whose switch reduces) the collectives run as their steps over the emulated links.
     With `zero=2` (which implies the distributed optimizer) `produced` and `retire` run
     after every backward action that produces weight gradients (`per_microbatch`), and
-    the groups must be `stage_dp_groups`.
+    the groups must be `stage_dp_groups`. Replicas of different tensor-parallel degrees
+    (zero 0 only): `slices` (by parameter id) splits this rank's gradients of a layer
+    whose largest degree is above its own, and `slice_index` (by group, as
+    `placement.dp_slices` keys it) says which slice a group reduces; a parameter is then
+    in several groups' buckets.
     """
 
     def __init__(self, groups: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], rank: int,
@@ -113,16 +118,22 @@ class DataParallel:
                  bucket_bytes: float = DDP_BUCKET_BYTES, overlap: bool = True,
                  links: Links | None = None, nodes: Sequence[str] = (),
                  switch_nodes: frozenset[str] = frozenset(),
-                 apart: Sequence[nn.Parameter] = (), zero: int | None = None):
+                 apart: Sequence[nn.Parameter] = (), zero: int | None = None,
+                 slices: Mapping[int, GradSlices] | None = None,
+                 slice_index: Mapping[tuple[tuple[int, ...], tuple[int, ...]], int]
+                 | None = None):
         # `apart`: parameters reduced elsewhere (tied embeddings, exec.tied), kept out
         # of the buckets and stepped like the others
         self._timeout_s = timeout_s
         self.zero = (1 if distributed_optimizer else 0) if zero is None else zero
         self.per_microbatch = self.zero == 2
         self.distributed, self.overlap = self.zero >= 1, overlap
+        self._slices = dict(slices or {})
+        if self._slices and self.distributed:
+            raise ValueError("sliced gradients (replicas of different tp) need zero 0")
         self.params = [p for layer in sorted(params_by_layer) for p in params_by_layer[layer]]
         self._buckets: list[_Bucket] = []
-        self._bucket_of: dict[int, _Bucket] = {}
+        self._bucket_of: dict[int, list[_Bucket]] = {}     # a parameter's buckets
         for ranks, layers in groups:
             pg = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s))
             if rank not in ranks:
@@ -135,14 +146,16 @@ class DataParallel:
                 ranks, pg, rank, nodes, links, timeout_s, ("dp", tuple(ranks), layers[0]),
                 switch_nodes)
             previous = None
-            for chunk in _chunks(params, bucket_bytes):
+            part = (slice_index or {}).get((tuple(ranks), tuple(layers)), 0)
+            for chunk in _chunks(params, bucket_bytes, self._numel):
                 b = _Bucket(pg, len(ranks), ranks.index(rank), chunk, peers,
-                            sum(local(p).numel() for p in chunk), after=previous,
-                            ranks=tuple(ranks), ring=ring)
+                            sum(map(self._numel, chunk)), after=previous,
+                            ranks=tuple(ranks), ring=ring, part=part)
                 if previous is not None:
                     previous.next = b
                 self._buckets.append(b)
-                self._bucket_of.update((id(p), b) for p in chunk)
+                for p in chunk:
+                    self._bucket_of.setdefault(id(p), []).append(b)
                 previous = b
         solo = [p for p in self.params if id(p) not in self._bucket_of]
         # (parameter, the tensor AdamW updates): the parameter itself, or the local shard
@@ -198,6 +211,17 @@ class DataParallel:
             b.pending.clear()
             b.grad_sum = None
 
+    def _numel(self, p: nn.Parameter) -> int:
+        """Elements of `p`'s gradient a bucket holding it reduces: its slice's or all."""
+        cut = self._slices.get(id(p))
+        return local(p).numel() if cut is None else cut.numel(local(p).numel())
+
+    def _pieces(self, b: _Bucket) -> list[torch.Tensor]:
+        """What bucket `b` reduces of each of its parameters' local gradients: the
+        whole, or its slice `b.part`."""
+        return [t if (cut := self._slices.get(id(p))) is None else cut.take(t, b.part)
+                for p, t in zip(b.params, self._grads(b.params), strict=True)]
+
     def _grads(self, params: list[nn.Parameter]) -> list[torch.Tensor]:
         """Local gradients; a layer that saw no data (zero micro-batches) contributes 0."""
         out = []
@@ -218,7 +242,8 @@ class DataParallel:
     def _accumulated(self, p: nn.Parameter) -> None:
         if id(p) in self._armed:
             self._ready.add(id(p))
-            self._start_ready(self._bucket_of[id(p)])
+            for b in self._bucket_of[id(p)]:
+                self._start_ready(b)
 
     def produced(self, params: list[nn.Parameter]) -> None:
         """The last backward action for `params` has ended: their gradients are final.
@@ -229,8 +254,8 @@ class DataParallel:
             return
         self._ready.update(id(p) for p in params)
         for p in params:
-            if id(p) in self._bucket_of:
-                self._start_ready(self._bucket_of[id(p)])
+            for b in self._bucket_of.get(id(p), ()):
+                self._start_ready(b)
 
     def retire(self, params: list[nn.Parameter]) -> None:
         """ZeRO-2, after `produced(params)`: the buckets of `params` (started) are set
@@ -261,7 +286,7 @@ class DataParallel:
 
     def _start(self, b: _Bucket) -> None:
         start = self._clock()
-        flat = self._flat(self._grads(b.params), b.padded)
+        flat = self._flat(self._pieces(b), b.padded)
         if self.distributed:
             mine = torch.empty(b.padded // b.size, dtype=flat.dtype, device=flat.device)
             b.work = (b.ring.reduce_scatter(flat, mine) if b.ring else
@@ -290,9 +315,14 @@ class DataParallel:
                 b.shard.grad = buf
             else:
                 offset = 0
-                for t in self._grads(b.params):
-                    t.copy_(buf[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+                for p, t in zip(b.params, self._grads(b.params), strict=True):
+                    n = self._numel(p)
+                    cut = self._slices.get(id(p))
+                    if cut is None:
+                        t.copy_(buf[offset:offset + n].view_as(t))
+                    else:
+                        cut.put(t, b.part, buf[offset:offset + n])
+                    offset += n
             events.append(TraceEvent(device_name, "allreduce", -1, -1, start, clock(),
                                      float(b.numel * buf.element_size()), b.peers, step))
         return events
@@ -416,7 +446,8 @@ def _wait(work: dist.Work | Future, timeout_s: float, what: str) -> None:
         raise PeerFailure(f"{what}: no answer within {timeout_s:g} s") from None
 
 
-def _chunks(params: list[nn.Parameter], bucket_bytes: float) -> list[list[nn.Parameter]]:
+def _chunks(params: list[nn.Parameter], bucket_bytes: float,
+            numel: Callable[[nn.Parameter], int]) -> list[list[nn.Parameter]]:
     """Consecutive runs of `params` of about `bucket_bytes` of fp32 gradient each (a
     bucket closes once it reaches the cap, as DDP's do)."""
     out: list[list[nn.Parameter]] = [[]]
@@ -426,5 +457,5 @@ def _chunks(params: list[nn.Parameter], bucket_bytes: float) -> list[list[nn.Par
             out.append([])
             size = 0.0
         out[-1].append(p)
-        size += local(p).numel() * 4
+        size += numel(p) * 4
     return [c for c in out if c]

@@ -139,7 +139,8 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
     """Raise BadInput for what the real executor cannot run (the plan itself is checked by
     `Plan.check`): a tensor-parallel degree that does not divide the model's heads,
     feed-forward width or (with sequence parallelism) sequence; a layer whose
-    data-parallel replicas differ in tensor-parallel degree; a ZeRO-2/3 plan it cannot
+    data-parallel replicas differ in tensor-parallel degree where one degree does not
+    divide another, or with zero, context or expert parallelism; a ZeRO-2/3 plan it cannot
     shard (`check_sharding`); stages of one pipeline that differ in cp, and cp with
     attention dropout (the ring attention has none); uneven sharding; expert parallelism
     with a dispatcher other than "alltoall"."""
@@ -155,7 +156,7 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
                        "executor shards every data-parallel group evenly)", shard)
     if plan.zero >= 2:
         check_sharding(plan, spec)
-    degree: dict[int, tuple[int, str]] = {}
+    degrees: dict[int, list[tuple[int, str]]] = {}     # layer -> its holders' (tp, where)
     for i, pipe in enumerate(plan.pipelines):
         for k, st in enumerate(pipe.stages):
             where = f"{plan.source}: pipelines[{i}].stages[{k}]"
@@ -167,11 +168,7 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
                 raise BadInput(f"{where}.cp", "1 with attention dropout (the executor's ring "
                                "attention has none)", st.cp)
             for layer in range(*st.layers):
-                seen = degree.setdefault(layer, (st.tp, where))
-                if seen[0] != st.tp:
-                    raise BadInput(f"{where}.tp", f"tp={seen[0]} as in {seen[1]} (data-"
-                                   f"parallel replicas of layer {layer} must shard it alike "
-                                   "for a real run)", st.tp)
+                degrees.setdefault(layer, []).append((st.tp, where))
             if st.tp == 1 or spec.config is not None:    # GPT models: `Plan.check`
                 continue
             sizes = [("hidden", spec.layers[layer].hidden) for layer in range(*st.layers)]
@@ -181,6 +178,32 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
                 if size is not None and size % st.tp:
                     raise BadInput(f"{where}.tp", f"a divisor of the model's {name} ({size}) "
                                    "for a real run", st.tp)
+    for layer, held in degrees.items():
+        _check_mixed_tp(plan, layer, held)
+
+
+def _check_mixed_tp(plan: Plan, layer: int, held: list[tuple[int, str]]) -> None:
+    """BadInput unless the executor can reduce `layer`'s gradients over its holders,
+    (tp, where) of each stage holding it: one degree, or degrees that divide the largest
+    (the rings of `dp_slices`) with zero 0 and no context or expert parallelism."""
+    largest, there = max(held)
+    if all(tp == largest for tp, _ in held):
+        return
+    for tp, where in held:
+        if tp == largest:
+            continue
+        why = None
+        if largest % tp:
+            why = f"a divisor of tp={largest} as in {there}"
+        elif plan.zero:
+            why = f"tp={largest} as in {there} with zero {plan.zero}"
+        elif any(st.cp > 1 or st.ep > 1 for pipe in plan.pipelines for st in pipe.stages
+                 if st.layers[0] <= layer < st.layers[1]):
+            why = f"tp={largest} as in {there} with context or expert parallelism"
+        if why is not None:
+            raise BadInput(f"{where}.tp", f"{why} (the data-parallel replicas of layer "
+                           f"{layer} differ in tensor-parallel degree: a real run "
+                           "reduces them in rings of the largest)", tp)
 
 
 def why_not_runnable(plan: Plan, spec: ModelSpec) -> str | None:
@@ -239,23 +262,56 @@ def layer_holders(plan: Plan) -> dict[int, tuple[int, ...]]:
 
 def dp_groups(plan: Plan) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Data-parallel reduction groups: (ranks, layers) for every set of two or more ranks
-    that hold the same shard of the same layers (same layers, same tensor-parallel index).
-    Pipelines may cut the model differently (heterogeneous data parallelism), so layers
-    are grouped by the exact set of ranks that hold them; each group reduces the
-    gradients of its layers. Ordered by (first layer, ranks), the order every rank runs
-    them in (a global order, so the collectives cannot deadlock)."""
-    holders: dict[tuple[int, int], list[int]] = {}
+    that reduce the same slice of the same layers' gradients (`_dp_rings`). Pipelines
+    may cut the model differently (heterogeneous data parallelism), so layers are grouped
+    by the exact set of ranks that hold them; each group reduces the gradients of its
+    layers. Ordered by (first layer, ranks), the order every rank runs them in (a global
+    order, so the collectives cannot deadlock)."""
+    return sorted(((ranks, tuple(layers)) for (ranks, _, _), layers in _dp_rings(plan).items()),
+                  key=lambda g: (g[1][0], g[0]))
+
+
+def dp_slices(plan: Plan, rank: int) -> dict[tuple[tuple[int, ...], tuple[int, ...]],
+                                             tuple[int, int]]:
+    """(parts, index) of each of `rank`'s data-parallel groups (keyed as `dp_groups`
+    lists them) whose layers' replicas differ in tensor-parallel degree and where this
+    rank's degree t is below the largest, T: its local gradients split into parts = T / t
+    equal slices (tensor-parallel layout of degree T within its own shard), and the group
+    reduces slice `index`. Groups left out reduce the whole local gradients."""
+    degree = {layer: st.tp for r in placements(plan) if r.rank == rank
+              for s in r.stages for st in [plan.pipelines[r.pipeline].stages[s]]
+              for layer in range(*st.layers)}
+    out = {}
+    for (ranks, largest, ring), layers in _dp_rings(plan).items():
+        if rank in ranks and degree[layers[0]] < largest:
+            parts = largest // degree[layers[0]]
+            out[ranks, tuple(layers)] = (parts, ring % parts)
+    return out
+
+
+def _dp_rings(plan: Plan) -> dict[tuple[tuple[int, ...], int, int], list[int]]:
+    """(ranks, T, i) -> layers. For each layer, T is the largest tensor-parallel degree
+    among the stages holding it, and ring i < T joins every holding rank whose tensor
+    index is i·t // T (t: its stage's degree; `check_runnable` has t divide T): the
+    rank that holds slice i of the layer as a degree-T group shards it. With one degree
+    ring i is tensor index i of every replica and context rank (dp x cp), as in
+    Megatron-LM. Rings of one rank are left out."""
+    holders: dict[int, list[tuple[int, int, int]]] = {}    # layer -> (rank, t, index)
     for r in placements(plan):
         pipe = plan.pipelines[r.pipeline]
         for s in r.stages:
-            for layer in range(*pipe.stages[s].layers):
-                holders.setdefault((layer, r.tp_index), []).append(r.rank)
-    by_ranks: dict[tuple[int, ...], list[int]] = {}
-    for (layer, _), ranks in sorted(holders.items()):
-        if len(ranks) > 1:
-            by_ranks.setdefault(tuple(sorted(ranks)), []).append(layer)
-    groups = [(ranks, tuple(layers)) for ranks, layers in by_ranks.items()]
-    return sorted(groups, key=lambda g: (g[1][0], g[0]))
+            st = pipe.stages[s]
+            for layer in range(*st.layers):
+                holders.setdefault(layer, []).append((r.rank, st.tp, r.tp_index))
+    rings: dict[tuple[tuple[int, ...], int, int], list[int]] = {}
+    for layer in sorted(holders):
+        largest = max(t for _, t, _ in holders[layer])
+        for i in range(largest):
+            ranks = tuple(sorted(rank for rank, t, j in holders[layer]
+                                 if j == i * t // largest))
+            if len(ranks) > 1:
+                rings.setdefault((ranks, largest, i), []).append(layer)
+    return rings
 
 
 def adjacent_pairs(plan: Plan) -> list[tuple[int, int]]:

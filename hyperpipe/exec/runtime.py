@@ -45,6 +45,7 @@ from hyperpipe.exec.placement import (
     adjacent_pairs,
     cp_rings,
     dp_groups,
+    dp_slices,
     tp_groups,
 )
 from hyperpipe.exec.recompute import apply_recompute
@@ -201,13 +202,20 @@ class RankRuntime:
         # with expert parallelism: experts reduced over their expert-data-parallel groups
         groups, by_layer = expert_reduction(plan, spec, groups, by_layer,
                                             [st.module for st in self.stages.values()])
+        # replicas of a larger tp degree: this rank's gradients of those layers in slices
+        cuts = dp_slices(plan, where.rank)
+        parts = {layer: n for (_, layers), (n, _) in cuts.items() for layer in layers}
+        slices = {k: v for st in self.stages.values() for key, layer in
+                  st.module.layers.items() if int(key) in parts
+                  for k, v in tensor_parallel.grad_slices(layer, parts[int(key)]).items()}
         self.dp = DataParallel(groups, where.rank, by_layer,
                                self.devices, timeout_s, lr=lr,
                                distributed_optimizer=plan.zero in (1, 2),
                                bucket_bytes=bucket_bytes, overlap=overlap_dp_allreduce,
                                links=self.links, nodes=nodes, switch_nodes=switch_nodes,
                                apart=self.tied.params,
-                               zero=plan.zero if plan.zero < 3 else 0)
+                               zero=plan.zero if plan.zero < 3 else 0, slices=slices,
+                               slice_index={g: q for g, (_, q) in cuts.items()})
         self.memory = MemoryMeter(device, self.params, lambda: state_tensors(
             self.dp.optimizer, self.dp.master_tensors()), working=self.sharded)
         if self.sharded is not None:

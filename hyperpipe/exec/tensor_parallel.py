@@ -20,6 +20,7 @@ tp=1 stage (placement.message_pairs picks who sends to whom).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -124,6 +125,9 @@ def _block_plan(block: Block, sequence_parallel: bool) -> dict:
     return plan
 
 
+_SYNTHETIC_PLAN = {"fc": ColwiseParallel(output_layouts=Replicate())}
+
+
 def parallelize_stage(layers: list[nn.Module], mesh: DeviceMesh, *, sequence_parallel: bool
                       ) -> list[nn.Module]:
     """Shard the stage's layers over `mesh` in place; return the layer list to run (with
@@ -140,14 +144,94 @@ def parallelize_stage(layers: list[nn.Module], mesh: DeviceMesh, *, sequence_par
             in_blocks = True
         else:
             if isinstance(layer, Synthetic):
-                parallelize_module(layer, mesh, {"fc": ColwiseParallel(
-                    output_layouts=Replicate())})
+                parallelize_module(layer, mesh, _SYNTHETIC_PLAN)
             if sequence_parallel and in_blocks:
                 out.append(_FromSequenceShards(mesh))
             in_blocks = False
         out.append(layer)
     if sequence_parallel and in_blocks:
         out.append(_FromSequenceShards(mesh))
+    return out
+
+
+@dataclass(frozen=True)
+class GradSlices:
+    """A parameter's local gradient as `parts` equal slices along `dim` (None: a
+    parameter every tensor-parallel rank holds whole, each slice then the whole), in the
+    row order `order` (QKV rows: shard-major for `parts`) or as stored.
+
+    A stage of degree t among data-parallel replicas of degree T = t x parts: slice q
+    of tensor rank j is what tensor rank j·parts + q of a degree-T group holds, so ring
+    q of those ranks reduces it (`placement.dp_slices`)."""
+
+    parts: int
+    dim: int | None
+    order: torch.Tensor | None = None
+
+    def take(self, grad: torch.Tensor, q: int) -> torch.Tensor:
+        """Slice `q` of `grad` (a copy where it is not a view)."""
+        if self.dim is None:
+            return grad
+        if self.order is not None:
+            return grad.index_select(self.dim, self._rows(grad, q))
+        n = grad.shape[self.dim] // self.parts
+        return grad.narrow(self.dim, q * n, n)
+
+    @torch.no_grad()
+    def put(self, grad: torch.Tensor, q: int, values: torch.Tensor) -> None:
+        """Write `values` (slice `q`'s shape, any layout) into `grad`."""
+        if self.dim is None:
+            grad.copy_(values.view_as(grad))
+        elif self.order is not None:
+            rows = self._rows(grad, q)
+            shape = list(grad.shape)
+            shape[self.dim] = len(rows)
+            grad.index_copy_(self.dim, rows, values.reshape(shape))
+        else:
+            part = self.take(grad, q)
+            part.copy_(values.view(part.shape))
+
+    def numel(self, local_numel: int) -> int:
+        return local_numel if self.dim is None else local_numel // self.parts
+
+    def _rows(self, grad: torch.Tensor, q: int) -> torch.Tensor:
+        n = grad.shape[self.dim] // self.parts
+        return self.order[q * n:(q + 1) * n].to(grad.device)
+
+
+def _shard_dims(layer: nn.Module) -> dict[str, int]:
+    """Parameter name -> the dimension tensor parallelism shards it along (column-
+    parallel weights and biases 0, row-parallel weights 1); a name left out stays whole
+    on every rank. From the same plans `parallelize_stage` applies."""
+    plan = (_block_plan(layer, False) if isinstance(layer, Block) else
+            _SYNTHETIC_PLAN if isinstance(layer, Synthetic) else {})
+    dims = {}
+    for path, style in plan.items():
+        if isinstance(style, ColwiseParallel):
+            dims.update({f"{path}.weight": 0, f"{path}.bias": 0})
+        elif isinstance(style, RowwiseParallel):
+            dims[f"{path}.weight"] = 1
+    return dims
+
+
+def grad_slices(layer: nn.Module, parts: int) -> dict[int, GradSlices]:
+    """By parameter id, how each of `layer`'s local gradients splits into `parts`
+    (`GradSlices`), for a data-parallel reduction with replicas of `parts` times this
+    rank's tensor-parallel degree. RuntimeError where a sharded parameter is not sharded
+    as `_shard_dims` says (a layout this function does not know)."""
+    dims = _shard_dims(layer)
+    out = {}
+    for name, p in layer.named_parameters():
+        dim = dims.get(name)
+        if isinstance(p, DTensor):
+            shard = [pl.dim for pl in p.placements if isinstance(pl, Shard)]
+            if shard != ([] if dim is None else [dim]):
+                raise RuntimeError(f"{name} is sharded as {p.placements}, not along {dim}")
+        order = None
+        if name.endswith(_QKV) and dim is not None:
+            attn = layer.get_submodule(name.rsplit(".", 2)[0])      # local head counts
+            order = _qkv_order(attn.n_head * attn.head_dim, attn.kv_dim, parts)
+        out[id(p)] = GradSlices(parts, dim, order)
     return out
 
 

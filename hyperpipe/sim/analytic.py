@@ -733,9 +733,11 @@ def _bucket_ring(cost: CostModel, pipes: tuple[PipelinePlan, ...], classes: list
     groups = tuple(st.devices for st in held)
     got = cache.mixed_rings.get((groups, nbytes))
     if got is None:
-        # ring i: tensor rank i (modulo each group's size) of every context rank
+        # ring i: the tensor rank holding slice i of tp of every context rank (i·t // tp
+        # in a group of t: `exec.placement.dp_slices`)
         got = cache.mixed_rings[(groups, nbytes)] = _ring(
-            cost, [[st.devices[c * st.tp + i % st.tp] for st in held for c in range(st.cp)]
+            cost, [[st.devices[c * st.tp + i * st.tp // tp] for st in held
+                    for c in range(st.cp)]
                    for i in range(tp)], nbytes, cache)
     return got
 

@@ -342,15 +342,17 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, ex: Execut
         held = [plan.pipelines[q].stages[k] for q, k in enumerate(holders)]
         tp = max(st.tp for st in held)
         # Ring i syncs the i-th of tp slices of the gradients and joins the devices of
-        # every replica that holds it: tensor-parallel rank i modulo the group's size (a
-        # device of a smaller group is in tp / its size rings, one slice each), in every
+        # every replica that holds it: the tensor-parallel rank holding slice i (i·t // tp
+        # in a group of t: a device of a smaller group is in tp / t rings, one slice each,
+        # as `exec.placement.dp_slices` reduces them), in every
         # context rank (context ranks hold the same weights: Megatron-LM reduces over
         # the data-parallel-with-context-parallel group). Under expert parallelism the
         # routed experts' gradients go over their own expert-data-parallel rings
         # (`experts.expert_dp_rings`), the rest over these.
         experts = cost.expert_params(layers) if held[0].ep > 1 else 0
         jobs = [((cost.stage_params(layers) - experts) * grad_bytes / tp,
-                 [[st.devices[c * st.tp + i % st.tp] for st in held for c in range(st.cp)]
+                 [[st.devices[c * st.tp + i * st.tp // tp] for st in held
+                   for c in range(st.cp)]
                   for i in range(tp)])]
         if experts:
             jobs.append((experts * expert_share(cost, plan, 0, holders[0]) * grad_bytes / tp,

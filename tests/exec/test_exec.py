@@ -25,7 +25,14 @@ from hyperpipe.exec.emulation import (
     emulation_factors,
     stretch,
 )
-from hyperpipe.exec.placement import adjacent_pairs, dp_groups, layer_holders, placements
+from hyperpipe.exec.placement import (
+    adjacent_pairs,
+    check_runnable,
+    dp_groups,
+    dp_slices,
+    layer_holders,
+    placements,
+)
 from hyperpipe.models import load_model
 from hyperpipe.plan.plan import plan_from_dict
 
@@ -84,6 +91,40 @@ def test_dp_groups_match_brute_force_holders():
     # one group per distinct holder set, in order of first layer
     assert sorted(g[0] for g in groups) == sorted({tuple(sorted(h)) for h in holders.values()})
     assert [g[1][0] for g in groups] == sorted(g[1][0] for g in groups)
+
+
+def test_replicas_of_mixed_tp_reduce_each_slice_once_with_every_replica():
+    # layers 0-4 on tp 1 (rank 0) and tp 2 (ranks 2, 3); layers 5-7 on tp 1 twice
+    plan = plan_from_dict({**HETERO, "global_batch": 8, "pipelines": [
+        {"micro_batch": 2, "num_microbatches": 2, "stages": [
+            {"layers": [0, 5], "devices": ["a100/0"]},
+            {"layers": [5, 8], "devices": ["a100/1"]}]},
+        {"micro_batch": 2, "num_microbatches": 2, "stages": [
+            {"layers": [0, 5], "devices": ["v100/0", "v100/1"], "tp": 2},
+            {"layers": [5, 8], "devices": ["a100/2"]}]}],
+        "cluster": {"nodes": [{"name": "a100", "device": "A100-80GB", "count": 3},
+                              {"name": "v100", "device": "V100-32GB", "count": 2}]}})
+    check_runnable(plan, plan.load_model())
+    rank = {d: r for r, d in enumerate(plan.devices)}
+    a, b, v0, v1 = (rank[d] for d in ("a100/0", "a100/2", "v100/0", "v100/1"))
+    mixed = tuple(range(5))
+    assert sorted(dp_groups(plan)) == sorted([
+        ((a, v0), mixed), ((a, v1), mixed), ((rank["a100/1"], b), (5, 6, 7))])
+    # brute force over slices: every (layer, slice of tp 2) is summed over one rank of
+    # each replica exactly once; rank a halves its tensors, the tp=2 ranks do not
+    assert dp_slices(plan, a) == {((a, v0), mixed): (2, 0), ((a, v1), mixed): (2, 1)}
+    assert dp_slices(plan, v0) == dp_slices(plan, v1) == dp_slices(plan, b) == {}
+    held = {}
+    for ranks, layers in dp_groups(plan):
+        for r in ranks:
+            parts, q = dp_slices(plan, r).get((ranks, layers), (1, 0))
+            tp_index = {v0: 0, v1: 1}.get(r, 0)
+            for layer in layers:
+                held.setdefault((layer, (tp_index * parts + q) if layer < 5 else 0),
+                                []).append(r)
+    assert held == {**{(layer, 0): [a, v0] for layer in mixed},
+                    **{(layer, 1): [a, v1] for layer in mixed},
+                    **{(layer, 0): [rank["a100/1"], b] for layer in (5, 6, 7)}}
 
 
 def test_message_tags_are_unique():
@@ -240,7 +281,8 @@ def test_checkpoint_round_trip_and_completeness(tmp_path):
             {"layers": [0, 5], "devices": ["a100/0", "a100/1"], "tp": 2},
             {"layers": [5, 8], "devices": ["v100/0"]}]},
         {"micro_batch": 2, "num_microbatches": 3, "stages": [
-            {"layers": [0, 8], "devices": ["v100/1"]}]}]}, "must shard it alike"),
+            {"layers": [0, 8], "devices": ["v100/1"]}]}],
+      "distributed_optimizer": True}, "differ in tensor-parallel degree"),
 ])
 def test_bad_plans_exit_2_before_any_rank_starts(changes, needle, tmp_path, capsys):
     plan_file = tmp_path / "plan.json"

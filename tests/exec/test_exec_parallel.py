@@ -116,6 +116,21 @@ def test_everything_together_trains_like_single_process():
                   distributed_optimizer=True), steps=2)
 
 
+@pytest.mark.parametrize("model", ["tiny-gpt", {"preset": "tiny-gpt", "n_head": 8,
+                                                 "n_kv_head": 4}])
+def test_replicas_of_different_tp_train_like_single_process(model):
+    # one layer's replicas sharded to tp 1, 2 and 4 (the search's heterogeneous
+    # replicas): ring i of the largest degree reduces slice i of every replica's
+    # gradients, a smaller degree's rank taking part in several rings with its sub-slices
+    # (grouped-query QKV rows included), its whole copy of a replicated parameter in each
+    check(plan_of([
+        {"micro_batch": 2, "num_microbatches": 2, "stages": [stage((0, 8), (0,))]},
+        {"micro_batch": 1, "num_microbatches": 3, "stages": [
+            stage((0, 5), (1, 2), sequence_parallel=True), stage((5, 8), (3,))]},
+        {"micro_batch": 1, "num_microbatches": 2, "stages": [
+            stage((0, 8), (4, 5, 6, 7), recompute="selective")]}], model=model), steps=2)
+
+
 # two nodes of three, one slow NIC each: every message, ring step and tensor-parallel
 # collective of an emulated run crosses the link emulator (exec.links)
 TWO_NODES = {"nodes": [{"name": "x", "device": "A100-80GB", "count": 3},

@@ -75,6 +75,15 @@ def test_tensor_parallel_first_stage_feeding_a_plain_last_stage():
             "stages": [stage((0, 4), (0, 1)), stage((4, 8), (2,))]}], steps=1)
 
 
+def test_replicas_of_different_tp_sum_their_copies_once_each():
+    # the embedding whole on a tp=1 rank and on both ranks of a tp=2 replica (each adds
+    # half): one matrix's gradient however the replicas shard the blocks
+    check([{"micro_batch": 2, "num_microbatches": 2,
+            "stages": [stage((0, 4), (0,)), stage((4, 8), (1,))]},
+           {"micro_batch": 1, "num_microbatches": 2,
+            "stages": [stage((0, 4), (2, 3)), stage((4, 8), (4,))]}])
+
+
 def test_v_placement_holds_both_copies_on_one_rank():
     # zb-v: rank 0 holds stage 0 (the embedding) and stage 3 (the head) as two modules
     check([{"micro_batch": 1, "num_microbatches": 4,
