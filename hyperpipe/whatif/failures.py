@@ -42,6 +42,7 @@ from hyperpipe.search.search import SearchConstraints, SearchResult, search, spl
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
 from hyperpipe.synth.synthesise import fixed_kinds, synthesise
+from hyperpipe.whatif.added_devices import simulate_on
 from hyperpipe.whatif.goodput import (
     CHECKPOINT_BYTES_PER_PARAM,
     Checkpointing,
@@ -82,6 +83,10 @@ class FailureStudy:
     replan_from: str = "search"           # or "surviving replicas" (`surviving_replicas`)
     plan_text: str = ""                   # describe_plan of today's plan and the re-plan
     replan_text: str = ""
+    failed_why: str = "the lowest MTBF of its nodes"   # why that node
+    # where today's plan comes from: "given", "search", or the node whose re-plan it is
+    # (that re-plan simulated faster on the whole cluster than the search's pick)
+    plan_from: str = "search"
 
     def row(self, label: str) -> IntervalRow:
         return next(r for r in self.rows if r.label == label)
@@ -98,7 +103,7 @@ class FailureStudy:
             "intervals": [{"label": r.label, "interval_s": r.interval_s,
                            "goodput": r.goodput, "goodput_monte_carlo": r.goodput_mc}
                           for r in self.rows],
-            "failed_node": self.failed_node}
+            "failed_node": self.failed_node, "plan_from": self.plan_from}
         if self.replan is not None:
             out["replan"] = self.replan.to_dict()
             out["replan_from"] = self.replan_from
@@ -156,13 +161,30 @@ def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, 
 def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstraints,
            size: float, write_s: float, profile, workers: int, backend) -> FailureStudy:
     """`failure_whatif` once its inputs are checked: today's plan, its goodput table and
-    the re-plan without the node most likely to fail."""
-    plan, first = o.planning.plan, None
-    if plan is None:
+    the re-plan without the node most likely to fail. A re-plan runs on the whole
+    cluster too (that node idle): where today's plan is the search's pick and the
+    re-plan simulates faster there, the re-plan is today's plan (the search missed it),
+    studied once more, so that losing a node never reads as a gain over it."""
+    given, first = o.planning.plan, None
+    if given is None:
         first = search(spec, base, c, profile=profile, top=1, workers=workers,
                        backend=backend, peers=False, keep_context=True)
-        plan = first.best.plan
     cost = CostModel(spec, base, profile)
+    args = (spec, base, o, c, size, write_s, profile, workers, backend, first, cost)
+    study = _study_plan(given or first.best.plan, "given" if given else "search", *args)
+    if given is None and study.replan is not None:
+        whole = simulate_on(study.replan.plan, cost)
+        if whole.metrics.feasible and rank_key(c, whole.metrics) < rank_key(
+                c, study.plan.metrics):
+            study = _study_plan(whole.plan, study.failed_node, *args)
+    return study
+
+
+def _study_plan(plan: Plan, plan_from: str, spec: ModelSpec, base: Cluster,
+                o: FailureOptions, c: SearchConstraints, size: float, write_s: float,
+                profile, workers: int, backend, first: SearchResult | None,
+                cost: CostModel) -> FailureStudy:
+    """The study of today's `plan` (from `plan_from`, as `FailureStudy` says)."""
     today = Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)
     step_s = today.metrics.iteration_time_s
     if any(t < step_s for t in o.intervals_s):
@@ -178,10 +200,15 @@ def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstrain
     ckpt = Checkpointing(write_s, o.restart_s)
     rows = _interval_rows(ckpt, mtbf, o.intervals_s, step_s)
     failed = min(failing, key=lambda n: n.mtbf_s).name       # ties: the first in the plan
+    alike = len(failing) > 1 and len({n.mtbf_s for n in failing}) == 1
+    why = ("every node of the plan has the same MTBF: its first" if alike else
+           "the plan's node most likely to fail" if len(failing) > 1 else
+           "the plan's only node" if len(nodes) == 1 else "the plan's only node with an MTBF")
     replan, error, text, origin = _replan(spec, base, failed, c, profile, workers, backend,
                                           plan, first)
     return FailureStudy(spec.name, base.name, today, nodes, mtbf, size, ckpt, rows, failed,
-                        replan, error, origin, describe_plan(plan, base), text)
+                        replan, error, origin, describe_plan(plan, base), text,
+                        failed_why=why, plan_from=plan_from)
 
 
 # Restart plus checkpoint write over the MTBF above which the job never trains: the
@@ -328,8 +355,12 @@ def format_failures(study: FailureStudy) -> str:
     m = study.plan.metrics
     out = [f"failures: model {study.model} on cluster {study.cluster}",
            f"today's plan: {study.plan_text}",
+           *([] if study.plan_from in ("given", "search") else [
+               f"  (the re-plan without node {study.plan_from}: it simulates faster on the "
+               "whole cluster, that node idle, than the search's pick)"]),
            f"  {m.throughput_samples_per_s:.2f} samples/s, iteration "
-           f"{duration(m.iteration_time_s)}, on {len(study.nodes)} nodes",
+           f"{duration(m.iteration_time_s)}, on {len(study.nodes)} "
+           f"node{'s' if len(study.nodes) != 1 else ''}",
            f"MTBF of those nodes together {duration(study.mtbf_s)}; checkpoint "
            f"{format_quantity(study.checkpoint_bytes, 'B')} written in "
            f"{duration(study.ckpt.write_s)}; restart {duration(study.ckpt.restart_s)}",
@@ -354,7 +385,7 @@ def format_failures(study: FailureStudy) -> str:
         r = study.replan.metrics
         how = "re-planned" if study.replan_from == "search" else \
             "today's plan less its pipelines there (beats the search's re-plan)"
-        out.append(f"without node {study.failed_node} (lowest MTBF): {how} "
+        out.append(f"without node {study.failed_node} ({study.failed_why}): {how} "
                    f"{r.throughput_samples_per_s:.2f} samples/s "
                    f"({r.throughput_samples_per_s / m.throughput_samples_per_s - 1:+.1%}): "
                    f"{study.replan_text}")

@@ -25,7 +25,12 @@ from hyperpipe.search.search import search
 from hyperpipe.sim.analytic import estimate
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.simulator import SimOptions, simulate
-from hyperpipe.whatif.failures import FailureOptions, failure_whatif, without_node
+from hyperpipe.whatif.failures import (
+    FailureOptions,
+    failure_whatif,
+    format_failures,
+    without_node,
+)
 from hyperpipe.whatif.stragglers import format_stragglers, plot_stragglers
 from hyperpipe.whatif.sweep import Planning, SweepOptions, whatif
 
@@ -175,6 +180,28 @@ def test_whatif_searches_a_straggler_cluster_as_search_does():
     smaller = without_node(cluster, study.failed_node)
     again = search(spec, smaller, c, top=1, peers=False).best
     assert study.replan.metrics.iteration_time_s <= again.metrics.iteration_time_s * (1 + 1e-12)
+
+
+def test_losing_a_node_never_reads_as_a_gain_over_todays_plan():
+    # 8 A100 + 8 V100 over 10 Gbit/s, tiny-gpt: the search's pick (A100 tp 2 replicas)
+    # simulates slower than the re-plan without the A100 node (a synthesised order on
+    # the V100s alone, which runs on the whole cluster as well): that is today's plan
+    spec = load_model("tiny-gpt")
+    cluster = cluster_from_dict({
+        "nodes": [{"name": "a100", "device": "A100-80GB", "count": 8},
+                  {"name": "v100", "device": "V100-32GB", "count": 8}],
+        "inter_node": {"bandwidth": "10 Gbit/s", "latency": "5 us"}}, where="c", name="c")
+    picked = search(spec, cluster, Planning(global_batch=16).constraints(), top=1,
+                    peers=False).best
+    study = failure_whatif(spec, cluster, FailureOptions(
+        Planning(global_batch=16), restart_s=600.0, write_s=1e-3, mtbf_s=86400.0))
+    assert study.plan_from == "a100"        # the case this test is for
+    assert study.plan.metrics.iteration_time_s < picked.metrics.iteration_time_s
+    assert not any(d.startswith("a100/") for d in study.plan.plan.devices)
+    assert study.replan.metrics.throughput_samples_per_s <= \
+        study.plan.metrics.throughput_samples_per_s
+    assert "simulates faster on the whole cluster" in format_failures(study)
+    assert study.to_dict()["plan_from"] == "a100"
 
 
 def test_straggler_whatif_keep_against_replan(tmp_path):
