@@ -8,6 +8,8 @@ is also given the smaller variants' best plans (and the best plan of the cluster
 given, when that is smaller), each simulated on the bigger variant's own cluster; the
 best of them by the search's objective is the variant's answer, and the row says whose
 plan it is. So adding devices never reports a slower best plan than leaving them unused.
+Variants with the same devices (they vary links, say) likewise run each other's best
+plans: a faster link never reports a slower best plan than the slower link's.
 
 >>> contains(big_cluster, small_cluster)    # doctest: +SKIP
 True
@@ -38,6 +40,14 @@ def contains(big: Cluster | None, small: Cluster | None) -> bool:
     more: `small`'s plans run on `big` with the extra devices unused."""
     if big is None or small is None or len(big.devices) <= len(small.devices):
         return False
+    return runs_on(big, small)
+
+
+def runs_on(big: Cluster | None, small: Cluster | None) -> bool:
+    """True when `big` has every device of `small` (same name, type and slowdown):
+    `small`'s plans run on `big` unchanged (its other devices, if any, unused)."""
+    if big is None or small is None:
+        return False
     return all(big.has_device(d.name) and big.device(d.name) == d for d in small.devices)
 
 
@@ -58,17 +68,17 @@ def needs_base(tasks: list[VariantTask], base: VariantTask) -> bool:
 
 def keep_unused(rows: list[Row], tasks: list[VariantTask],
                 extra: list[tuple[str, VariantTask, Row]] = ()) -> list[Row]:
-    """`rows` (one per task, in order) where each variant that adds devices to another
-    (a variant, or one of `extra`: (label, task, row)) keeps that one's best plan
-    when it simulates better on the variant than the variant's own pick."""
+    """`rows` (one per task, in order) where each variant that holds every device of
+    another (a variant, or one of `extra`: (label, task, row)) keeps that one's best
+    plan when it simulates better on the variant than the variant's own pick."""
     smaller = [(r.label, t, r) for t, r in zip(tasks, rows, strict=True)] + list(extra)
     out = []
     for task, row in zip(tasks, rows, strict=True):
-        best, source = row.best, None
+        best, source, whose = row.best, None, None
         cost = None
         for label, other, other_row in smaller:
-            if other_row.best is None or not comparable(task, other) or \
-                    not contains(task.cluster, other.cluster):
+            if other is task or other_row.best is None or not comparable(task, other) or \
+                    not runs_on(task.cluster, other.cluster):
                 continue
             if cost is None:
                 cost = CostModel(task.model, task.cluster, task.profile)
@@ -79,12 +89,14 @@ def keep_unused(rows: list[Row], tasks: list[VariantTask],
             if cand.metrics.feasible and (best is None or rank_key(
                     task.constraints, cand.metrics) < rank_key(task.constraints,
                                                                best.metrics)):
-                best, source = cand, label
+                best, source, whose = cand, label, other
         if source is None:
             out.append(row)
             continue
+        why = "added devices unused" if contains(task.cluster, whose.cluster) else \
+            "it simulates faster here than this variant's own pick"
         out.append(replace(row, best=best, kept_is_answer=False, error=None,
                            unused_from=source,
                            description=describe_plan(best.plan, task.cluster)
-                           + f" (the plan of {source}: added devices unused)"))
+                           + f" (the plan of {source}: {why})"))
     return out

@@ -62,8 +62,8 @@ class Row:
     description: str = ""
     kept: Candidate | None = None             # today's plan simulated on this variant
     kept_is_answer: bool = False              # the search's pick was slower: best = kept
-    unused_from: str | None = None            # best is this smaller variant's plan, the
-                                              # added devices unused (added_devices)
+    unused_from: str | None = None            # best is this other variant's plan, whose
+                                              # devices it holds (added_devices)
 
     @property
     def label(self) -> str:

@@ -126,3 +126,26 @@ def test_whatif_progress_bar_over_variants(tmp_path, capsys):
     # not a terminal and no --progress: stderr stays clean
     assert main(["whatif", *_files(tmp_path)]) == 0
     assert "what-if: variants" not in capsys.readouterr().err
+
+
+def test_a_faster_link_never_reads_slower_than_the_slower_links_plan():
+    # a100-v100, tiny-gpt: the search's pick at 400 Gbit/s simulates slower than its pick
+    # at 100 Gbit/s does on the 400 Gbit/s cluster; the row keeps the faster plan, says
+    # whose it is, and each row is at least as fast as every variant's plan run there
+    model, cluster = load_model("tiny-gpt"), load_cluster("a100-v100")
+    rows = whatif(model, cluster, SweepOptions(Planning(global_batch=32), vary=(
+        "inter_node.bandwidth=100 Gbit/s,400 Gbit/s",))).rows
+    slow, fast = rows
+    assert fast.unused_from == slow.label           # the case this test is for
+    assert "simulates faster here" in fast.description
+    assert fast.best.metrics.iteration_time_s <= slow.best.metrics.iteration_time_s
+    for row in rows:      # the built-in's nodes, at the row's bandwidth
+        variant = cluster_from_dict({"nodes": [
+            {"name": "a100", "device": "A100-80GB", "count": 8, "price_per_hour": 5.12},
+            {"name": "v100", "device": "V100-32GB", "count": 8, "price_per_hour": 3.90}],
+            "inter_node": {"bandwidth": row.settings[0][1], "latency": "5 us"}},
+            where="v", name="v")
+        for other in rows:
+            plan = replace(other.best.plan, cluster=cluster_ref(variant))
+            there = simulate(plan, CostModel(model, variant)).metrics.iteration_time_s
+            assert row.best.metrics.iteration_time_s <= there * (1 + 1e-9)
