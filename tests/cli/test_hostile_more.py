@@ -134,6 +134,9 @@ FAILURES = {
     "huge-restart": ["--mtbf", "1 day", "--restart-time", "1e9 s"],
     "huge-write": ["--mtbf", "1 day", "--restart-time", "10 min",
                    "--checkpoint-write-time", "1e9 s"],
+    # restart and write take no time, but one iteration lasts thousands of MTBFs
+    "iteration-over-mtbf": ["--mtbf", "1 us", "--restart-time", "1 ns",
+                            "--checkpoint-write-time", "1 ns"],
 }
 
 
