@@ -441,7 +441,14 @@ def _check_room(model, cluster, c: SearchConstraints) -> None:
     tp, cp = c.tp or 1, c.cp or 1
     if c.schedule is not None and not schedule_kind(c.schedule).carries_actions:
         # the fewest chunks the search tries for the fixed kind (`space.schedule_options`)
-        chunks = min((v for _, v in space.schedule_options(c, model.num_layers)), default=1)
+        tried = [v for _, v in space.schedule_options(c, model.num_layers)]
+        if not tried:
+            kind = schedule_kind(c.schedule)
+            v = c.chunks or (2 if kind.takes_chunks else kind.default_chunks)
+            raise InfeasiblePlan(f"schedule {c.schedule} ({v} chunks per device) runs over "
+                                 f"pp >= 2 in the search, so over at least {2 * v} layers; "
+                                 f"the model has {model.num_layers}")
+        chunks = min(tried)
         room = c.pp or n // ((c.dp or 1) * tp * cp)
         if chunks > 1 and room < 2:
             raise InfeasiblePlan(f"schedule {c.schedule} ({chunks} chunks per device) runs "

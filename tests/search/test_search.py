@@ -878,3 +878,14 @@ def test_one_stage_plans_alike_under_every_kind_are_listed_once():
     same = [c for c in result.ranked
             if c.plan.pipelines == best.pipelines and c.plan.chunks == 1]
     assert len(same) == 1
+
+
+@pytest.mark.parametrize("kind,chunks,needs", [("zb-v", None, 4),
+                                               ("interleaved-1f1b", None, 4)])
+def test_a_fixed_chunked_kind_on_too_few_layers_says_so(kind, chunks, needs):
+    # tiny-gpt cut to one block (3 layers): no chunked kind over two devices fits; the
+    # refusal names the layers, not memory
+    model = load_model({"preset": "tiny-gpt", "n_layer": 1})
+    with pytest.raises(InfeasiblePlan, match=f"at least {needs} layers; the model has 3"):
+        search(model, load_cluster("demo-hetero"),
+               SearchConstraints(global_batch=16, schedule=kind, chunks=chunks))
