@@ -9,7 +9,9 @@ heterogeneous plan (replicas with different layouts, micro-batches or devices pe
 stages with different tp) exports its first replica's layout with those lines saying
 what is lost. A ``# cost:`` line gives the simulated price of running the export instead
 of the plan, whenever something is lost or the times differ anyway (the framework's
-launcher places ranks in its own order; its defaults apply). `hyperpipe import` reads
+launcher places ranks in its own order; its defaults apply), or says "not simulated" and
+why where the framework would refuse the export (a global batch that does not divide
+evenly over the replicas, more ranks than the plan's cluster has). `hyperpipe import` reads
 every file written here back into a plan with the same partition, degrees,
 micro-batching and (where the framework runs it) schedule.
 
@@ -46,7 +48,10 @@ def _runs_in(kind: str, framework: str) -> bool:
 @dataclass(frozen=True)
 class Layout:
     """What the frameworks can take from a plan: the first replica's stages (layer
-    ranges in stage order), pp, tp, dp, micro-batch and counts, and what was lost."""
+    ranges in stage order), pp, tp, dp and micro-batch, the global batch, and what was
+    lost. `num_microbatches` is what the frameworks give every replica: global batch /
+    (micro-batch x dp), rounded up where that does not divide (the frameworks refuse
+    such a batch; `layout_of` then lists it as lost)."""
 
     stages: tuple[tuple[int, int], ...]
     pp: int
@@ -70,6 +75,11 @@ def layout_of(plan: Plan) -> Layout:
     first = plan.pipelines[0]
     lost: list[str] = []
     ranges = tuple(s.layers for s in first.stages)
+    dp = len(plan.pipelines)
+    # the frameworks split the global batch evenly: micro-batches of replica 0's size,
+    # the same count on every replica
+    share = first.micro_batch * dp
+    counts = -(-plan.global_batch // share)
     for i, p in enumerate(plan.pipelines[1:], start=1):
         other = tuple(s.layers for s in p.stages)
         if other != ranges:
@@ -79,7 +89,13 @@ def layout_of(plan: Plan) -> Layout:
         if p.micro_batch != first.micro_batch or p.num_microbatches != first.num_microbatches:
             lost.append(f"replica {i} takes {p.num_microbatches} x {p.micro_batch} samples "
                         f"(replica 0: {first.num_microbatches} x {first.micro_batch}); "
-                        "the framework gives every replica the same share of the batch")
+                        "the framework gives every replica the same share of the batch "
+                        f"({counts} x {first.micro_batch})")
+    if plan.global_batch % share:
+        lost.append(f"global batch {plan.global_batch}, not a multiple of micro-batch x "
+                    f"data-parallel degree = {first.micro_batch} x {dp}: the framework "
+                    "gives every replica the same number of micro-batches and refuses it "
+                    f"(the export states {counts} per replica)")
     tps = {s.tp for p in plan.pipelines for s in p.stages}
     if len(tps) > 1:
         lost.append(f"stages use different tensor-parallel degrees {sorted(tps)}; the "
@@ -93,8 +109,8 @@ def layout_of(plan: Plan) -> Layout:
         lost.append(f"stages use different context-parallel degrees {cps}; the framework "
                     f"uses one ({first.stages[0].cp})")
     pp = len(first.stages) // plan.chunks          # pipeline ranks (not devices: tp)
-    return Layout(ranges, pp, plan.chunks, first.stages[0].tp, len(plan.pipelines),
-                  first.micro_batch, first.num_microbatches, plan.global_batch,
+    return Layout(ranges, pp, plan.chunks, first.stages[0].tp, dp,
+                  first.micro_batch, counts, plan.global_batch,
                   plan.schedule, first.stages[0].recompute,
                   any(s.sequence_parallel for s in first.stages), lost,
                   sorted(_device_types(plan)), first.stages[0].cp)
@@ -143,11 +159,16 @@ def export_files(plan: Plan, framework: str, main: str | None = None) -> dict[st
     """The files `framework` reads to run `plan`, by name: the main one first, named
     `main` (default ``job`` + `SUFFIX`), the others after its stem (``job.schedule.csv``,
     ``job.args``); the main file (DeepSpeed: the launch file) starts with the header and
-    the ``# cannot express:`` lines (module docstring)."""
+    the ``# cannot express:`` lines (module docstring). BadInput, before anything is
+    written, for a DeepSpeed `main` named ``*.args`` (the launch arguments' name)."""
     if framework not in FRAMEWORKS:
         raise BadInput("to", f"one of {', '.join(FRAMEWORKS)}", framework)
     main = main or f"job{SUFFIX[framework]}"
     stem = main.rsplit(".", 1)[0] if "." in main else main
+    if framework == "deepspeed" and main == f"{stem}.args":
+        raise BadInput("--out", f"a name for DeepSpeed's JSON other than {main}, the name "
+                       f"of the launch arguments written beside it (e.g. {stem}.json)",
+                       has_got=False)
     spec = plan.load_model()
     # The same check simulate and run make: a plan they refuse is not exported either.
     plan.check(spec, plan.load_cluster())
@@ -172,11 +193,9 @@ def export_files(plan: Plan, framework: str, main: str | None = None) -> dict[st
     elif lay.lost or lost:
         head.append(f"# cost: {cost_of_export(plan, framework, files, main).line}")
     else:
-        try:
-            cost = cost_of_export(plan, framework, files, main)
-        except HyperPipeError:
-            cost = None        # nothing dropped: the export stands without its price
-        if cost is not None and abs(cost.change) >= EXPORT_COST_SHOWN:
+        cost = cost_of_export(plan, framework, files, main)
+        # nothing dropped: an export that cannot be priced stands without its price
+        if cost.change is not None and abs(cost.change) >= EXPORT_COST_SHOWN:
             head.append(f"# cost: {cost.line}")
     if framework == "deepspeed":           # JSON has no comments: they go in the launch file
         args = next(name for name in files if name != main)
@@ -194,7 +213,7 @@ EXPORT_COST_SHOWN = 0.001
 class ExportCost(NamedTuple):
     """The export's simulated time against the plan's."""
 
-    change: float          # theirs / ours - 1
+    change: float | None   # theirs / ours - 1; None: not simulated (`line` says why)
     line: str              # the `# cost:` line's text
 
 
@@ -204,7 +223,11 @@ def cost_of_export(plan: Plan, framework: str, files: dict[str, str], main: str
     plan that `framework` runs from `files` (its export, read back by `hyperpipe import`
     onto the plan's cluster with the plan's model, as the framework's launcher would
     place it), with the line "the export runs 12.3% slower than the plan (1.2345 s vs
-    1.0990 s per iteration, simulated, ranks in the launcher's order)"."""
+    1.0990 s per iteration, simulated, ranks in the launcher's order)"; where the
+    framework would refuse the export (its import fails: a batch it does not divide,
+    more ranks than the cluster has), "not simulated: " and why, naming the export's
+    file."""
+    import os
     import tempfile
     from pathlib import Path
 
@@ -218,13 +241,22 @@ def cost_of_export(plan: Plan, framework: str, files: dict[str, str], main: str
             Path(tmp, name).write_text(text)
         args = next((Path(tmp, n) for n in files if n != main), None) \
             if framework == "deepspeed" else None
-        runnable, _ = import_plan(framework, Path(tmp, main), cluster, args=args,
-                                  model=spec.to_dict())
-    ours = simulate(plan, CostModel(spec, cluster)).metrics.iteration_time_s
-    # priced with the model as the framework trains it: the plan's shapes in the job's
-    # precision (`Job.precision`: torchtitan without FSDP trains fp32 or under autocast)
-    theirs = simulate(runnable, CostModel(runnable.load_model(), cluster)
-                      ).metrics.iteration_time_s
+        try:
+            runnable, _ = import_plan(framework, Path(tmp, main), cluster, args=args,
+                                      model=spec.to_dict())
+        except HyperPipeError as exc:      # named as the export's file, not the copy's
+            why = str(exc).replace(os.path.join(tmp, ""), "")
+            return ExportCost(None, f"not simulated: the framework would refuse the export "
+                              f"on the plan's cluster ({why})")
+    try:
+        ours = simulate(plan, CostModel(spec, cluster)).metrics.iteration_time_s
+        # priced with the model as the framework trains it: the plan's shapes in the
+        # job's precision (`Job.precision`: torchtitan without FSDP trains fp32 or under
+        # autocast)
+        theirs = simulate(runnable, CostModel(runnable.load_model(), cluster)
+                          ).metrics.iteration_time_s
+    except HyperPipeError as exc:
+        return ExportCost(None, f"not simulated: {exc}")
     change = theirs / ours - 1.0
     word = "slower" if change >= 0 else "faster"
     return ExportCost(change, f"the export runs {abs(change):.1%} {word} than the plan "

@@ -2,14 +2,18 @@
 
 The text may be one command or a file of arguments: backslash-newline continues a line,
 ``#`` starts a comment, and shell variables must already be expanded (``$TP`` is read as
-a value and refused where a number is expected). Tokens before the training script
-(the first ``*.py``) belong to the launcher: torchrun / ``python -m
-torch.distributed.run`` (``--nnodes``, ``--nproc-per-node``), DeepSpeed's launcher
-(``--num_nodes``, ``--num_gpus``) and srun (``--ntasks``/``-n``, else ``--nodes``/``-N``
-x ``--ntasks-per-node``), which give the world size. Long flags are read in any case and
-with ``_`` or ``-``; a one-letter flag keeps its case (srun's ``-n`` tasks, ``-N`` nodes)
-and may carry its number attached (``-N2``). Everything after is the script's arguments,
-read by `Args`.
+a value and refused where a number is expected). A launch line of several commands
+(``python prep.py && torchrun ... pretrain_gpt.py ...``, split at ``&&``, ``||``, ``;``,
+``|`` and ``&`` written as words of their own, wherever the text names a ``*.py``
+script) is read at its one training command (`_training_command`): the one that runs a
+launcher, else a ``pretrain*.py`` script, else a script; two such are refused. Tokens
+before the training script (its first ``*.py``) belong to the launcher: torchrun /
+``python -m torch.distributed.run`` (``--nnodes``, ``--nproc-per-node``), DeepSpeed's
+launcher (``--num_nodes``, ``--num_gpus``) and srun (``--ntasks``/``-n``, else
+``--nodes``/``-N`` x ``--ntasks-per-node``), which give the world size. Long flags are
+read in any case and with ``_`` or ``-``; a one-letter flag keeps its case (srun's
+``-n`` tasks, ``-N`` nodes) and may carry its number attached (``-N2``). Everything after
+is the script's arguments, read by `Args`.
 """
 
 from __future__ import annotations
@@ -59,6 +63,64 @@ def _tokens(text: str, where: str) -> list[str]:
                        has_got=False) from None
 
 
+# Shell operators that end a command, written as words of their own; a launch line is
+# split at them (`_commands`).
+_SEPARATORS = ("&&", "||", ";", "|", "&")
+# Programs that start the training ranks: torchrun, DeepSpeed's launcher, srun, and
+# torch.distributed.run/launch run as ``python -m``.
+_LAUNCHERS = ("torchrun", "deepspeed", "srun", "torch.distributed.run",
+              "torch.distributed.launch")
+
+
+def _commands(text: str, where: str) -> list[list[str]]:
+    """The commands of `text`, split at the operators (`_SEPARATORS`) written as words of
+    their own, as launch lines write them (``prep && torchrun ...``; a ``;`` inside a word
+    stays in it); an arguments file without a ``*.py`` script is one command, read as
+    before."""
+    tokens = _tokens(text, where)
+    if not any(t.endswith(".py") for t in tokens):
+        return [tokens]
+    commands: list[list[str]] = [[]]
+    for tok in tokens:
+        if tok in _SEPARATORS:
+            commands.append([])
+        else:
+            commands[-1].append(tok)
+    return [c for c in commands if c]
+
+
+def _script(command: list[str]) -> int | None:
+    """The index of the command's training script (its first ``*.py``), if any."""
+    return next((i for i, t in enumerate(command) if t.endswith(".py")), None)
+
+
+def _training_command(commands: list[list[str]], where: str) -> list[str]:
+    """The command that trains: the one that runs a launcher (`_LAUNCHERS`, before its
+    script), else the one that runs a ``pretrain*.py`` script, else one that runs a
+    script; BadInput when two commands tie, since either could be the job."""
+    if len(commands) == 1:
+        return commands[0]
+
+    def launches(c: list[str]) -> bool:
+        return any(t.rsplit("/", 1)[-1] in _LAUNCHERS for t in c[:_script(c)])
+
+    def pretrain(c: list[str]) -> bool:
+        script = _script(c)
+        return script is not None and c[script].rsplit("/", 1)[-1].startswith("pretrain")
+
+    for kind, test in (("runs a launcher", launches), ("runs a pretrain*.py script",
+                                                         pretrain),
+                       ("runs a *.py script", lambda c: _script(c) is not None)):
+        found = [c for c in commands if test(c)]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise BadInput(f"{where}: launch line", f"one training command, the one that "
+                           f"{kind} ({len(found)} of its {len(commands)} commands do: keep "
+                           "the one to import)", has_got=False)
+    return commands[-1]
+
+
 def _options(tokens: list[str]) -> tuple[dict[str, list[str]], list[str]]:
     """Flags to their values (the tokens up to the next flag; ``--x=1`` too), the last
     of a repeated flag winning, and the tokens before the first flag."""
@@ -89,8 +151,8 @@ class Launch:
 
 def read_launch(text: str, where: str) -> Launch:
     """Split `text` (module docstring) into the launcher and the script's arguments."""
-    tokens = _tokens(text, where)
-    script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
+    tokens = _training_command(_commands(text, where), where)
+    script = _script(tokens)
     launcher: dict[str, list[str]] = {}
     if script is not None:
         launcher, _ = _options(tokens[:script])

@@ -268,7 +268,8 @@ def layout(a: Args, source: str, n: int, pp: int) -> tuple[int, tuple[tuple[int,
     megatron/training/arguments.py ``validate_args`` does: at most one of the layout,
     --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank;
     the virtual stages per rank being the latter as given, or the former's share of
-    (num-layers + the embedding and loss the split accounts for) / pp."""
+    (num-layers + the embedding and loss the split accounts for) / pp; virtual stages
+    with pp 1 are refused, as Megatron-LM refuses them."""
     text = a.text("pipeline-model-parallel-layout")
     per_virtual = a.integer("num-layers-per-virtual-pipeline-stage")
     per_rank = a.integer("num-virtual-stages-per-pipeline-rank")
@@ -286,8 +287,19 @@ def layout(a: Args, source: str, n: int, pp: int) -> tuple[int, tuple[tuple[int,
         raise BadInput(f"{source}: {given[0]}", "at most one of --pipeline-model-parallel-"
                        "layout, --num-layers-per-virtual-pipeline-stage and --num-virtual-"
                        "stages-per-pipeline-rank (Megatron-LM refuses more)", " and ".join(given))
-    if text is not None:
-        units = parse_layout(text, where)
+    units = parse_layout(text, where) if text is not None else None
+    # virtual stages need a pipeline: megatron/core/parallel_state.py
+    # (initialize_model_parallel) refuses any virtual pipeline size with pp 1
+    virtual = [flag for flag, value in (
+        ("--pipeline-model-parallel-layout", units is not None and len(units) > 1),
+        ("--num-layers-per-virtual-pipeline-stage", per_virtual is not None),
+        ("--num-virtual-stages-per-pipeline-rank", per_rank is not None),
+        ("--virtual-pipeline-model-parallel-size", vpp is not None)) if value]
+    if pp == 1 and virtual:
+        raise BadInput(f"{source}: {virtual[0]}", "none with --pipeline-model-parallel-size "
+                       "1 (Megatron-LM refuses virtual pipeline stages without pipeline "
+                       "parallelism)", has_got=False)
+    if units is not None:
         if len(units) % pp:
             raise BadInput(where, f"a multiple of pp={pp} stages", len(units))
         return len(units) // pp, ranges_of_units(units, n, where)
