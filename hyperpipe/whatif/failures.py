@@ -36,7 +36,7 @@ from hyperpipe.models import ModelSpec
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.backends import process_pool
-from hyperpipe.search.evaluate import Candidate, rank_key
+from hyperpipe.search.evaluate import Candidate, improves, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import SearchConstraints, SearchResult, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
@@ -84,9 +84,9 @@ class FailureStudy:
     plan_text: str = ""                   # describe_plan of today's plan and the re-plan
     replan_text: str = ""
     failed_why: str = "the lowest MTBF of its nodes"   # why that node
-    # where today's plan comes from: "given", "search", or the node whose re-plan it is
-    # (that re-plan simulated faster on the whole cluster than the search's pick)
-    plan_from: str = "search"
+    # the re-plan run on the whole cluster (`failed_node` idle), where it simulates
+    # faster there than today's plan: the plan that losing the node is measured against
+    replan_whole: Candidate | None = None
 
     def row(self, label: str) -> IntervalRow:
         return next(r for r in self.rows if r.label == label)
@@ -103,10 +103,12 @@ class FailureStudy:
             "intervals": [{"label": r.label, "interval_s": r.interval_s,
                            "goodput": r.goodput, "goodput_monte_carlo": r.goodput_mc}
                           for r in self.rows],
-            "failed_node": self.failed_node, "plan_from": self.plan_from}
+            "failed_node": self.failed_node}
         if self.replan is not None:
             out["replan"] = self.replan.to_dict()
             out["replan_from"] = self.replan_from
+        if self.replan_whole is not None:
+            out["replan_on_whole_cluster"] = self.replan_whole.to_dict()
         if self.replan_error is not None:
             out["replan_error"] = self.replan_error
         return out
@@ -158,41 +160,17 @@ def failure_whatif(model: ModelSpec, cluster: Cluster, options: FailureOptions, 
         return _study(spec, base, o, c, size, write_s, profile, workers, backend)
 
 
-# The least gain of a re-plan over today's plan that the study shows (its change prints
-# to 0.1%): a re-plan faster on the whole cluster by less reads +0.0%, not a gain, and
-# is not worth the second re-plan search that adopting it costs.
-SHOWN_GAIN = 0.0005
-
-
 def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstraints,
            size: float, write_s: float, profile, workers: int, backend) -> FailureStudy:
     """`failure_whatif` once its inputs are checked: today's plan, its goodput table and
-    the re-plan without the node most likely to fail. A re-plan runs on the whole
-    cluster too (that node idle): where today's plan is the search's pick and the
-    re-plan simulates faster there (by a gain the study shows, `SHOWN_GAIN`), the re-plan
-    is today's plan (the search missed it), studied once more, so that losing a node
-    never reads as a gain over it."""
-    given, first = o.planning.plan, None
-    if given is None:
+    the re-plan without the node most likely to fail, and that re-plan on the whole
+    cluster (the node idle) where it simulates faster there than today's plan."""
+    plan, first = o.planning.plan, None
+    if plan is None:
         first = search(spec, base, c, profile=profile, top=1, workers=workers,
                        backend=backend, peers=False, keep_context=True)
+        plan = first.best.plan
     cost = CostModel(spec, base, profile)
-    args = (spec, base, o, c, size, write_s, profile, workers, backend, first, cost)
-    study = _study_plan(given or first.best.plan, "given" if given else "search", *args)
-    if given is None and study.replan is not None:
-        whole = simulate_on(study.replan.plan, cost)
-        new, old = rank_key(c, whole.metrics), rank_key(c, study.plan.metrics)
-        if not new[0] and (old[0] or new[1] < old[1] * (1 - SHOWN_GAIN)):
-            study = _study_plan(whole.plan, study.failed_node, *args)
-    return study
-
-
-
-def _study_plan(plan: Plan, plan_from: str, spec: ModelSpec, base: Cluster,
-                o: FailureOptions, c: SearchConstraints, size: float, write_s: float,
-                profile, workers: int, backend, first: SearchResult | None,
-                cost: CostModel) -> FailureStudy:
-    """The study of today's `plan` (from `plan_from`, as `FailureStudy` says)."""
     today = Candidate(plan, simulate(plan, cost, SimOptions(trace=False)).metrics)
     step_s = today.metrics.iteration_time_s
     if any(t < step_s for t in o.intervals_s):
@@ -214,9 +192,14 @@ def _study_plan(plan: Plan, plan_from: str, spec: ModelSpec, base: Cluster,
            "the plan's only node" if len(nodes) == 1 else "the plan's only node with an MTBF")
     replan, error, text, origin = _replan(spec, base, failed, c, profile, workers, backend,
                                           plan, first)
+    whole = None
+    if replan is not None:      # it runs on the whole cluster too, the node idle
+        there = simulate_on(replan.plan, cost)
+        if improves(c, there.metrics, today.metrics):
+            whole = there
     return FailureStudy(spec.name, base.name, today, nodes, mtbf, size, ckpt, rows, failed,
                         replan, error, origin, describe_plan(plan, base), text,
-                        failed_why=why, plan_from=plan_from)
+                        failed_why=why, replan_whole=whole)
 
 
 # Restart plus checkpoint write over the MTBF above which the job never trains: the
@@ -368,9 +351,6 @@ def format_failures(study: FailureStudy) -> str:
     m = study.plan.metrics
     out = [f"failures: model {study.model} on cluster {study.cluster}",
            f"today's plan: {study.plan_text}",
-           *([] if study.plan_from in ("given", "search") else [
-               f"  (the re-plan without node {study.plan_from}: it simulates faster on the "
-               "whole cluster, that node idle, than the search's pick)"]),
            f"  {m.throughput_samples_per_s:.2f} samples/s, iteration "
            f"{duration(m.iteration_time_s)}, on {len(study.nodes)} "
            f"node{'s' if len(study.nodes) != 1 else ''}",
@@ -402,6 +382,12 @@ def format_failures(study: FailureStudy) -> str:
                    f"{r.throughput_samples_per_s:.2f} samples/s "
                    f"({r.throughput_samples_per_s / m.throughput_samples_per_s - 1:+.1%}): "
                    f"{study.replan_text}")
+        if study.replan_whole is not None:
+            w = study.replan_whole.metrics.throughput_samples_per_s
+            out.append(f"  that plan runs on the whole cluster too, node {study.failed_node} "
+                       f"idle: {w:.2f} samples/s, {w / m.throughput_samples_per_s - 1:+.1%} "
+                       "over today's plan (the search missed it); against it, losing the "
+                       f"node changes {r.throughput_samples_per_s / w - 1:+.1%}")
     return "\n".join(out) + "\n"
 
 

@@ -1,5 +1,5 @@
 """Exports of plans the frameworks cannot hold as they are, and launch lines that are more
-than one command (issue hunt 2): a search's plan whose global batch does not divide over
+than one command: a search's plan whose global batch does not divide over
 its replicas, replicas of unequal micro-batch counts or sizes, mixed tensor-parallel
 degrees whose export needs more devices than the cluster has, a DeepSpeed JSON named
 like its launch arguments; a Megatron-LM line that runs a preparation script before
