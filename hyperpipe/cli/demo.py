@@ -39,7 +39,6 @@ from hyperpipe.cli.output import EXIT_OK
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import write_atomic
 from hyperpipe.exec.emulation import auto_emulation_scale
-from hyperpipe.exec.placement import why_not_runnable
 from hyperpipe.sim.accuracy import compare, relative_error, step_periods_s
 
 
@@ -439,9 +438,10 @@ TIE_MARGIN = 0.05
 
 def runnable(ranked: list, spec) -> tuple[list, list[str]]:
     """The candidates of `ranked` whose plans the real executor runs
-    (`exec.placement.why_not_runnable`), in order, and why each one ranked above the
+    (`exec.job.why_not_runnable`), in order, and why each one ranked above the
     first of them cannot run (the search's space is wider than the executor's: it may
     shard one layer's data-parallel replicas to different tensor-parallel degrees)."""
+    from hyperpipe.exec.job import why_not_runnable
     runs: list = []
     why_not: list[str] = []
     for cand in ranked:

@@ -1,9 +1,10 @@
 """Data-parallel gradient reduction and the optimizer step of one rank.
 
-Gradients are summed over the ranks that hold the same shard of the same layers
-(placement.dp_groups); each micro-batch's loss is already scaled by micro_batch /
-global_batch, so the sum is the full-batch mean's gradient whatever each replica's
-micro-batch count (the right weighting for heterogeneous replicas). As PyTorch DDP does
+Gradients are summed over the ranks that hold the same slice of the same layers
+(placement.dp_groups: the same shard where the replicas share a tensor-parallel degree;
+`placement.dp_slices` where they do not); each micro-batch's loss is already scaled by
+micro_batch / global_batch, so the sum is the full-batch mean's gradient whatever each
+replica's micro-batch count (the right weighting for heterogeneous replicas). As PyTorch DDP does
 (Li et al. 2020) and the simulator models, each group's gradients are cut into buckets
 of `bucket_bytes` (fp32, last layer first), each reduced asynchronously once the stage's
 last backward action has produced it; without `overlap`, after the rank's last action.
@@ -146,7 +147,12 @@ class DataParallel:
                 ranks, pg, rank, nodes, links, timeout_s, ("dp", tuple(ranks), layers[0]),
                 switch_nodes)
             previous = None
-            part = (slice_index or {}).get((tuple(ranks), tuple(layers)), 0)
+            part = (slice_index or {}).get((tuple(ranks), tuple(layers)))
+            if part is None:
+                if any(id(p) in self._slices for p in params):
+                    raise ValueError(f"group {ranks} reduces sliced gradients of layers "
+                                     f"{layers} without a slice index")
+                part = 0
             for chunk in _chunks(params, bucket_bytes, self._numel):
                 b = _Bucket(pg, len(ranks), ranks.index(rank), chunk, peers,
                             sum(map(self._numel, chunk)), after=previous,

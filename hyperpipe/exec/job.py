@@ -62,12 +62,9 @@ class Prepared:
     resume_from: int | None      # step of the checkpoint to resume from, if any
 
 
-def prepare(plan: Plan, options: RunOptions) -> Prepared:
-    """Every check that can fail on bad input, before any rank starts (BadInput: exit 2)."""
-    preflight.check_outputs(options)
-    spec = plan.load_model()
-    cluster = plan.load_cluster()
-    plan.check(spec, cluster)
+def check_plan_runnable(plan: Plan, spec: ModelSpec) -> None:
+    """BadInput for a checked plan the executor cannot run: `placement.check_runnable`,
+    `experts.check_expert_parallel`, and a synthetic model's layers without a width."""
     check_runnable(plan, spec)
     check_expert_parallel(plan, spec)
     if spec.config is None:
@@ -82,6 +79,25 @@ def prepare(plan: Plan, options: RunOptions) -> Prepared:
                 raise BadInput(f"{where}: layers[{i}].hidden", "a width (needed to run a "
                                f"synthetic model for real; model {spec.name})",
                                has_got=False)
+
+
+def why_not_runnable(plan: Plan, spec: ModelSpec) -> str | None:
+    """`check_plan_runnable`'s refusal as one line, or None where the executor runs
+    `plan`."""
+    try:
+        check_plan_runnable(plan, spec)
+    except BadInput as err:
+        return str(err)
+    return None
+
+
+def prepare(plan: Plan, options: RunOptions) -> Prepared:
+    """Every check that can fail on bad input, before any rank starts (BadInput: exit 2)."""
+    preflight.check_outputs(options)
+    spec = plan.load_model()
+    cluster = plan.load_cluster()
+    plan.check(spec, cluster)
+    check_plan_runnable(plan, spec)
     world = len(plan.devices)
     preflight.check_open_files(world)
     if options.inject_fault is not None and options.inject_fault[0] >= world:

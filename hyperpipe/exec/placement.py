@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from hyperpipe.core.errors import BadInput
 from hyperpipe.models.spec import ModelSpec
-from hyperpipe.plan.plan import Plan, pipeline_placement
+from hyperpipe.plan.plan import Plan, pipeline_placement, ring_member
 from hyperpipe.plan.schedule import rank_stages, stage_rank
 
 
@@ -185,7 +185,8 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
 def _check_mixed_tp(plan: Plan, layer: int, held: list[tuple[int, str]]) -> None:
     """BadInput unless the executor can reduce `layer`'s gradients over its holders,
     (tp, where) of each stage holding it: one degree, or degrees that divide the largest
-    (the rings of `dp_slices`) with zero 0 and no context or expert parallelism."""
+    (the rings of `dp_slices`) with zero 0, no context parallelism on the layer and no
+    expert parallelism in the plan."""
     largest, there = max(held)
     if all(tp == largest for tp, _ in held):
         return
@@ -197,22 +198,18 @@ def _check_mixed_tp(plan: Plan, layer: int, held: list[tuple[int, str]]) -> None
             why = f"a divisor of tp={largest} as in {there}"
         elif plan.zero:
             why = f"tp={largest} as in {there} with zero {plan.zero}"
-        elif any(st.cp > 1 or st.ep > 1 for pipe in plan.pipelines for st in pipe.stages
+        elif any(st.cp > 1 for pipe in plan.pipelines for st in pipe.stages
                  if st.layers[0] <= layer < st.layers[1]):
-            why = f"tp={largest} as in {there} with context or expert parallelism"
+            why = f"tp={largest} as in {there} with context parallelism"
+        elif any(st.ep > 1 for pipe in plan.pipelines for st in pipe.stages):
+            # expert parallelism anywhere regroups every layer's reduction by
+            # tensor index (`experts.reduction_groups`), which has no rings of slices
+            why = f"tp={largest} as in {there} in a plan with expert parallelism"
         if why is not None:
-            raise BadInput(f"{where}.tp", f"{why} (the data-parallel replicas of layer "
-                           f"{layer} differ in tensor-parallel degree: a real run "
-                           "reduces them in rings of the largest)", tp)
-
-
-def why_not_runnable(plan: Plan, spec: ModelSpec) -> str | None:
-    """`check_runnable`'s refusal as one line, or None where the executor runs `plan`."""
-    try:
-        check_runnable(plan, spec)
-    except BadInput as err:
-        return str(err)
-    return None
+            raise BadInput(f"{where}.tp", f"{why}, or one degree: the data-parallel "
+                           f"replicas of layer {layer} differ in tensor-parallel degree, "
+                           "which a real run reduces in rings of the largest only with "
+                           "zero 0 and no context or expert parallelism", tp)
 
 
 def check_sharding(plan: Plan, spec: ModelSpec) -> None:
@@ -292,8 +289,9 @@ def dp_slices(plan: Plan, rank: int) -> dict[tuple[tuple[int, ...], tuple[int, .
 def _dp_rings(plan: Plan) -> dict[tuple[tuple[int, ...], int, int], list[int]]:
     """(ranks, T, i) -> layers. For each layer, T is the largest tensor-parallel degree
     among the stages holding it, and ring i < T joins every holding rank whose tensor
-    index is i·t // T (t: its stage's degree; `check_runnable` has t divide T): the
-    rank that holds slice i of the layer as a degree-T group shards it. With one degree
+    index is `ring_member(i, t, T)` (t: its stage's degree; `check_runnable` has t
+    divide T): the rank that holds slice i of the layer as a degree-T group shards it.
+    With one degree
     ring i is tensor index i of every replica and context rank (dp x cp), as in
     Megatron-LM. Rings of one rank are left out."""
     holders: dict[int, list[tuple[int, int, int]]] = {}    # layer -> (rank, t, index)
@@ -308,7 +306,7 @@ def _dp_rings(plan: Plan) -> dict[tuple[tuple[int, ...], int, int], list[int]]:
         largest = max(t for _, t, _ in holders[layer])
         for i in range(largest):
             ranks = tuple(sorted(rank for rank, t, j in holders[layer]
-                                 if j == i * t // largest))
+                                 if j == ring_member(i, t, largest)))
             if len(ranks) > 1:
                 rings.setdefault((ranks, largest, i), []).append(layer)
     return rings

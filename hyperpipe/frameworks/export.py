@@ -94,8 +94,8 @@ def layout_of(plan: Plan) -> Layout:
     if plan.global_batch % share:
         lost.append(f"global batch {plan.global_batch}, not a multiple of micro-batch x "
                     f"data-parallel degree = {first.micro_batch} x {dp}: the framework "
-                    "gives every replica the same number of micro-batches and refuses it "
-                    f"(the export states {counts} per replica)")
+                    "gives every replica the same number of micro-batches and refuses the "
+                    "export as written")
     tps = {s.tp for p in plan.pipelines for s in p.stages}
     if len(tps) > 1:
         lost.append(f"stages use different tensor-parallel degrees {sorted(tps)}; the "

@@ -545,6 +545,14 @@ def actions_to_dict(actions: ActionLists) -> dict[str, list[str]]:
     return {device: [str(a) for a in row] for device, row in actions}
 
 
+def ring_member(ring: int, degree: int, largest: int) -> int:
+    """The tensor index, in a stage of tensor-parallel `degree`, that joins data-parallel
+    ring `ring` of a layer whose replicas' largest degree is `largest` (a multiple of
+    `degree`): the rank holding slice `ring` of the layer's gradients cut in `largest`
+    slices. The simulator, the analytic tier and the executor form the rings alike."""
+    return ring * degree // largest
+
+
 def pipeline_placement(plan: Plan, pipe: PipelinePlan) -> str:
     """``v`` or ``loop``: fixed by the kind, or for a kind that carries actions read off
     the stages' devices (V when stage p sits with stage p - 1)."""

@@ -310,8 +310,12 @@ def format_search(result, cost: CostModel, *, pool=None) -> str:
         out.append(f"  {name:<13}{_metrics_row(cand.metrics, unit)}  -> {versus}{oom}")
         out.append(f"     {describe_plan(cand.plan, cluster)}")
     out += ["", "what each competitor may choose:"]
-    out += [f"  {name:<13}{text}" for name, text in competitor_freedoms().items()
-            if name in result.baselines]
+    from hyperpipe.search.peers import PEERS
+    out += [f"  {name:<13}{text}" if name in result.baselines else
+            f"  {name:<13}no plan: none of its picks fits and keeps what the search was "
+            "asked for" + (" (its picks have one chunk per device and no context or "
+                           "expert parallelism)" if name in PEERS else "")
+            for name, text in competitor_freedoms().items()]
     out += gain_lines(result, cost, pool)
     out += expert_lines(result, cost)
     out += ["", "why the best wins:"] + [f"  {line}" for line in

@@ -447,7 +447,7 @@ def _check_room(model, cluster, c: SearchConstraints) -> None:
             v = c.chunks or (2 if kind.takes_chunks else kind.default_chunks)
             raise InfeasiblePlan(f"schedule {c.schedule} ({v} chunks per device) runs over "
                                  f"pp >= 2 in the search, so over at least {2 * v} layers; "
-                                 f"the model has {model.num_layers}")
+                                 f"the model has {model.num_layers} layers")
         chunks = min(tried)
         room = c.pp or n // ((c.dp or 1) * tp * cp)
         if chunks > 1 and room < 2:

@@ -42,7 +42,14 @@ from typing import NamedTuple
 import numpy as np
 
 from hyperpipe.plan.kinds import generate, schedule_kind
-from hyperpipe.plan.plan import PipelinePlan, Plan, StagePlan, pipeline_placement, schedule_for
+from hyperpipe.plan.plan import (
+    PipelinePlan,
+    Plan,
+    StagePlan,
+    pipeline_placement,
+    ring_member,
+    schedule_for,
+)
 from hyperpipe.plan.schedule import Schedule, rank_peaks, rank_stages
 from hyperpipe.plan.stack import DDP_BUCKET_BYTES
 from hyperpipe.sim.analytic_cache import (
@@ -733,10 +740,10 @@ def _bucket_ring(cost: CostModel, pipes: tuple[PipelinePlan, ...], classes: list
     groups = tuple(st.devices for st in held)
     got = cache.mixed_rings.get((groups, nbytes))
     if got is None:
-        # ring i: the tensor rank holding slice i of tp of every context rank (i·t // tp
-        # in a group of t: `exec.placement.dp_slices`)
+        # ring i: the tensor rank holding slice i of tp (`ring_member`) of every
+        # context rank
         got = cache.mixed_rings[(groups, nbytes)] = _ring(
-            cost, [[st.devices[c * st.tp + i * st.tp // tp] for st in held
+            cost, [[st.devices[c * st.tp + ring_member(i, st.tp, tp)] for st in held
                     for c in range(st.cp)]
                    for i in range(tp)], nbytes, cache)
     return got

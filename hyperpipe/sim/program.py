@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import simpy
 
-from hyperpipe.plan.plan import Plan, StagePlan
+from hyperpipe.plan.plan import Plan, StagePlan, ring_member
 from hyperpipe.plan.schedule import Schedule, rank_stages
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.experts import (
@@ -342,8 +342,8 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, ex: Execut
         held = [plan.pipelines[q].stages[k] for q, k in enumerate(holders)]
         tp = max(st.tp for st in held)
         # Ring i syncs the i-th of tp slices of the gradients and joins the devices of
-        # every replica that holds it: the tensor-parallel rank holding slice i (i·t // tp
-        # in a group of t: a device of a smaller group is in tp / t rings, one slice each,
+        # every replica that holds it: the tensor-parallel rank holding slice i
+        # (`ring_member`: a device of a smaller group is in tp / t rings, one slice each,
         # as `exec.placement.dp_slices` reduces them), in every
         # context rank (context ranks hold the same weights: Megatron-LM reduces over
         # the data-parallel-with-context-parallel group). Under expert parallelism the
@@ -351,7 +351,7 @@ def prepare_collectives(plan: Plan, cost: CostModel, opt: SimOptions, ex: Execut
         # (`experts.expert_dp_rings`), the rest over these.
         experts = cost.expert_params(layers) if held[0].ep > 1 else 0
         jobs = [((cost.stage_params(layers) - experts) * grad_bytes / tp,
-                 [[st.devices[c * st.tp + i * st.tp // tp] for st in held
+                 [[st.devices[c * st.tp + ring_member(i, st.tp, tp)] for st in held
                    for c in range(st.cp)]
                   for i in range(tp)])]
         if experts:

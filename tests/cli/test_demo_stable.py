@@ -80,3 +80,14 @@ def test_demo_passes_over_plans_the_executor_cannot_run():
     # the pick: the faster runnable plan, never the mixed one however near it ranks
     assert pick_stable(runs, CostModel(model, cluster)) == alike[0]
     assert runnable(ranked[1:], model) == (ranked[1:], [])
+
+
+def test_a_plan_the_run_refuses_for_its_experts_is_not_runnable():
+    # tensor parallelism on a stage of MoE blocks: `run` refuses it after the placement
+    # checks (exec.experts); the demo's filter and search's note see the same refusal
+    from factories import plan_doc
+
+    from hyperpipe.exec.job import why_not_runnable
+    plan = plan_from_dict(plan_doc([{"micro_batch": 2, "num_microbatches": 2, "stages": [
+        {"layers": [0, 6], "devices": ["n/0", "n/1"], "tp": 2}]}], model="tiny-moe"))
+    assert "MoE" in why_not_runnable(plan, plan.load_model())

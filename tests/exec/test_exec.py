@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from factories import plan_doc
 
 from hyperpipe.cli import main as cli_main
 from hyperpipe.core.errors import BadInput
@@ -125,6 +126,40 @@ def test_replicas_of_mixed_tp_reduce_each_slice_once_with_every_replica():
     assert held == {**{(layer, 0): [a, v0] for layer in mixed},
                     **{(layer, 1): [a, v1] for layer in mixed},
                     **{(layer, 0): [rank["a100/1"], b] for layer in (5, 6, 7)}}
+
+
+def _mixed(first: dict, second: dict, **top) -> object:
+    return plan_from_dict(plan_doc([
+        {"micro_batch": 2, "num_microbatches": 2, "stages": [first]},
+        {"micro_batch": 2, "num_microbatches": 2, "stages": [second]}], **top))
+
+
+@pytest.mark.parametrize("plan,needle", [
+    # tp 2 beside tp 3 (6 heads of 16): no ring of the largest degree holds both
+    (lambda: _mixed({"layers": [0, 8], "devices": ["n/0", "n/1"], "tp": 2},
+                    {"layers": [0, 8], "devices": ["n/2", "n/3", "n/4"], "tp": 3},
+                    model={"preset": "tiny-gpt", "n_head": 6, "d_model": 96}),
+     "a divisor of tp=3"),
+    # context parallelism on the mixed layers (no dropout: the ring attention has none)
+    (lambda: _mixed({"layers": [0, 8], "devices": ["n/0", "n/1"], "tp": 1, "cp": 2},
+                    {"layers": [0, 8], "devices": ["n/2", "n/3", "n/4", "n/5"], "tp": 2,
+                     "cp": 2}, model={"preset": "tiny-gpt", "dropout": 0.0}),
+     "with context parallelism"),
+    # expert parallelism on other layers: the experts' regrouping has no rings of slices
+    (lambda: plan_from_dict(plan_doc([
+        {"micro_batch": 2, "num_microbatches": 2, "stages": [
+            {"layers": [0, 4], "devices": ["n/0"], "ep": 2},
+            {"layers": [4, 6], "devices": ["n/1", "n/2"], "tp": 2}]},
+        {"micro_batch": 2, "num_microbatches": 2, "stages": [
+            {"layers": [0, 4], "devices": ["n/3"], "ep": 2},
+            {"layers": [4, 6], "devices": ["n/4"], "tp": 1}]}], model="tiny-moe")),
+     "in a plan with expert parallelism"),
+])
+def test_replicas_of_mixed_tp_are_refused_where_no_ring_reduces_them(plan, needle):
+    plan = plan()
+    with pytest.raises(BadInput, match=needle) as err:
+        check_runnable(plan, plan.load_model())
+    assert "or one degree" in str(err.value)
 
 
 def test_message_tags_are_unique():

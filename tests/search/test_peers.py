@@ -102,6 +102,10 @@ def test_peers_keep_the_schedule_the_user_fixed():
                                                    schedule="interleaved-1f1b", chunks=2))
     assert not set(PEERS) & set(got.baselines)
     assert all(c.plan.chunks == 2 for c in got.baselines.values())
+    from hyperpipe.search.report import format_search
+    text = format_search(got, CostModel(model, cluster))
+    for name in PEERS:                    # the report says so, rather than leave it out
+        assert f"  {name:<13}no plan: none of its picks fits" in text
 
 
 @pytest.mark.parametrize("model_name,cluster_name,batch", [

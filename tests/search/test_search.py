@@ -886,6 +886,6 @@ def test_a_fixed_chunked_kind_on_too_few_layers_says_so(kind, chunks, needs):
     # tiny-gpt cut to one block (3 layers): no chunked kind over two devices fits; the
     # refusal names the layers, not memory
     model = load_model({"preset": "tiny-gpt", "n_layer": 1})
-    with pytest.raises(InfeasiblePlan, match=f"at least {needs} layers; the model has 3"):
+    with pytest.raises(InfeasiblePlan, match=f"at least {needs} layers; the model has 3 layers"):
         search(model, load_cluster("demo-hetero"),
                SearchConstraints(global_batch=16, schedule=kind, chunks=chunks))
