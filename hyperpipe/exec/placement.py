@@ -139,9 +139,10 @@ def check_runnable(plan: Plan, spec: ModelSpec) -> None:
     """Raise BadInput for what the real executor cannot run (the plan itself is checked by
     `Plan.check`): a tensor-parallel degree that does not divide the model's heads,
     feed-forward width or (with sequence parallelism) sequence; a layer whose
-    data-parallel replicas differ in tensor-parallel degree where one degree does not
-    divide another, or with zero, context or expert parallelism; a ZeRO-2/3 plan it cannot
-    shard (`check_sharding`); stages of one pipeline that differ in cp, and cp with
+    data-parallel replicas differ in tensor-parallel degree where a degree does not
+    divide the largest, or with zero, context parallelism on the layer or expert
+    parallelism in the plan (`_check_mixed_tp`); a ZeRO-2/3 plan it cannot shard
+    (`check_sharding`); stages of one pipeline that differ in cp, and cp with
     attention dropout (the ring attention has none); uneven sharding; expert parallelism
     with a dispatcher other than "alltoall"."""
     dispatcher = plan.runtime_settings().moe_dispatcher
@@ -291,9 +292,8 @@ def _dp_rings(plan: Plan) -> dict[tuple[tuple[int, ...], int, int], list[int]]:
     among the stages holding it, and ring i < T joins every holding rank whose tensor
     index is `ring_member(i, t, T)` (t: its stage's degree; `check_runnable` has t
     divide T): the rank that holds slice i of the layer as a degree-T group shards it.
-    With one degree
-    ring i is tensor index i of every replica and context rank (dp x cp), as in
-    Megatron-LM. Rings of one rank are left out."""
+    With one degree ring i is tensor index i of every replica and context rank (dp x cp),
+    as in Megatron-LM. Rings of one rank are left out."""
     holders: dict[int, list[tuple[int, int, int]]] = {}    # layer -> (rank, t, index)
     for r in placements(plan):
         pipe = plan.pipelines[r.pipeline]

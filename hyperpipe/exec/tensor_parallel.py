@@ -125,7 +125,10 @@ def _block_plan(block: Block, sequence_parallel: bool) -> dict:
     return plan
 
 
-_SYNTHETIC_PLAN = {"fc": ColwiseParallel(output_layouts=Replicate())}
+def _synthetic_plan() -> dict:
+    """A synthetic layer's tensor-parallel plan: its Linear column-parallel, output
+    gathered."""
+    return {"fc": ColwiseParallel(output_layouts=Replicate())}
 
 
 def parallelize_stage(layers: list[nn.Module], mesh: DeviceMesh, *, sequence_parallel: bool
@@ -144,7 +147,7 @@ def parallelize_stage(layers: list[nn.Module], mesh: DeviceMesh, *, sequence_par
             in_blocks = True
         else:
             if isinstance(layer, Synthetic):
-                parallelize_module(layer, mesh, _SYNTHETIC_PLAN)
+                parallelize_module(layer, mesh, _synthetic_plan())
             if sequence_parallel and in_blocks:
                 out.append(_FromSequenceShards(mesh))
             in_blocks = False
@@ -204,7 +207,7 @@ def _shard_dims(layer: nn.Module) -> dict[str, int]:
     parallel weights and biases 0, row-parallel weights 1); a name left out stays whole
     on every rank. From the same plans `parallelize_stage` applies."""
     plan = (_block_plan(layer, False) if isinstance(layer, Block) else
-            _SYNTHETIC_PLAN if isinstance(layer, Synthetic) else {})
+            _synthetic_plan() if isinstance(layer, Synthetic) else {})
     dims = {}
     for path, style in plan.items():
         if isinstance(style, ColwiseParallel):
