@@ -91,3 +91,18 @@ def test_a_plan_the_run_refuses_for_its_experts_is_not_runnable():
     plan = plan_from_dict(plan_doc([{"micro_batch": 2, "num_microbatches": 2, "stages": [
         {"layers": [0, 6], "devices": ["n/0", "n/1"], "tp": 2}]}], model="tiny-moe"))
     assert "MoE" in why_not_runnable(plan, plan.load_model())
+
+
+def test_search_says_when_run_cannot_take_its_best_plan(capsys):
+    # tiny-moe with tp fixed at 2: every plan shards a stage of MoE blocks, which the
+    # simulator prices and `run` refuses; the search's text says so
+    from hyperpipe.cli import main
+    argv = ["search", "--cluster", "demo-hetero", "--model", "tiny-moe",
+            "--global-batch", "16", "--tp", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "note: `hyperpipe run` cannot run the best plan as it stands" in out
+    assert "MoE blocks" in out
+    assert main(["search", "--cluster", "demo-hetero", "--model", "tiny-gpt",
+                 "--global-batch", "16"]) == 0
+    assert "cannot run the best plan" not in capsys.readouterr().out
