@@ -178,7 +178,6 @@ def run(opts: SearchOptions) -> int:
     return EXIT_OK
 
 
-
 def _check_start(start, model, cluster, global_batch: int, where: str) -> None:
     """A start that does not fit the search (another global batch, a device the cluster
     lacks) is bad input, found before the search runs: it names what differs."""

@@ -68,15 +68,17 @@ def rank_key(c: SearchConstraints, m: Metrics) -> tuple:
 IMPROVEMENT_REL = 1e-9
 
 
-def improves(c: SearchConstraints, new: Metrics, old: Metrics) -> bool:
-    """Whether `new` ranks before `old` by more than float noise (`IMPROVEMENT_REL`):
-    feasible before infeasible, then a smaller objective by more than that fraction."""
+def improves(c: SearchConstraints, new: Metrics, old: Metrics,
+             rel: float = IMPROVEMENT_REL) -> bool:
+    """Whether `new` ranks before `old` by more than `rel` of its objective (default:
+    float noise, `IMPROVEMENT_REL`): feasible before infeasible, then a smaller
+    objective by more than that fraction."""
     a, b = rank_key(c, new), rank_key(c, old)
     if a[0] != b[0]:
         return a[0] < b[0]
     if math.isinf(b[1]):            # (a cost objective without prices)
         return a[1] < b[1]
-    return a[1] < b[1] - IMPROVEMENT_REL * abs(b[1])
+    return a[1] < b[1] - rel * abs(b[1])
 
 
 def pareto_front(cands: list[Candidate]) -> list[Candidate]:

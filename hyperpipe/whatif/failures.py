@@ -36,7 +36,7 @@ from hyperpipe.models import ModelSpec
 from hyperpipe.plan.kinds import schedule_kind
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.backends import process_pool
-from hyperpipe.search.evaluate import Candidate, rank_key
+from hyperpipe.search.evaluate import Candidate, improves, rank_key
 from hyperpipe.search.report import describe_plan
 from hyperpipe.search.search import SearchConstraints, SearchResult, search, split_batch
 from hyperpipe.sim.costmodel import CostModel
@@ -202,8 +202,7 @@ def _study(spec: ModelSpec, base: Cluster, o: FailureOptions, c: SearchConstrain
     whole = None
     if replan is not None:      # it runs on the whole cluster too, the node idle
         there = simulate_on(replan.plan, cost)
-        new, old = rank_key(c, there.metrics), rank_key(c, today.metrics)
-        if not new[0] and (old[0] or new[1] < old[1] * (1 - SHOWN_GAIN)):
+        if improves(c, there.metrics, today.metrics, SHOWN_GAIN):
             whole = there
     return FailureStudy(spec.name, base.name, today, nodes, mtbf, size, ckpt, rows, failed,
                         replan, error, origin, describe_plan(plan, base), text,
