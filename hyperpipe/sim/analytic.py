@@ -266,8 +266,15 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     if plan.zero == 3 and not ex.reshard_after_forward:
         span += _gather_delay_s(cost, plan, members[0], homes, times.f, crossed, ex)
     # The last backward wave leaves stage s after the stages below it have run
-    # theirs: a rank's chunks end their backwards (and start their rings) apart.
-    below = [0.0, *accumulate(times.b)]
+    # theirs: a rank's chunks end their backwards (and start their rings) apart. A
+    # split kind's W's wait to fill that wave: stage s ends what the stages below
+    # take longer over their I's than over their W's before the end (exact on equal
+    # stages with I >= W; all end together when I = W).
+    if times.split and sched is None and v == 1:
+        below = [0.0, *accumulate(max(i - w, 0.0)
+                                  for i, w in zip(times.i, times.w, strict=True))]
+    else:
+        below = [0.0, *accumulate(times.b)]
     ready = {s: GradReady(span - below[s], times.last[s]) for s in range(len(st))}
     peaks = _rank_peaks(cost, plan, pipe, homes, sizes, sched, ex, cache)
     columns = list(zip(*[plan.pipelines[q].stages for q in members], strict=True))
@@ -486,7 +493,11 @@ def _span_s(cost: CostModel, pipe: PipelinePlan, kind: str, times: OpTimes,
         other = _held_rounds_s(ahead, m, on, links, pace) + last
     else:
         other = _phases_s(m, on, links, crossed) + last
-    return max(m * work[top] + fill, hops_s, other)
+    # and per rank: the first forward's way to it, then its own m micro-batches' work
+    # (what a split kind's fill misses where W exceeds I: its last rank's span)
+    arrive = accumulate((times.f[k] + links[k][0] for k in range(len(work) - 1)), initial=0.0)
+    own = max(a + m * t for a, t in zip(arrive, work, strict=True))
+    return max(m * work[top] + fill, hops_s, other, own)
 
 
 def _hops_s(m: int, times: OpTimes, crossed: list[LinkCost]) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from factories import cluster_doc, device_type, synthetic_model
+from factories import chain_plan, cluster_doc, device_type, synthetic_model
 
 from hyperpipe.cluster.cluster import cluster_ref, load_cluster
 from hyperpipe.models import load_model
@@ -443,3 +443,54 @@ def test_an_estimate_does_not_depend_on_what_the_cache_priced_before():
         shared = CostModel(model, cluster)
         got = {i: estimate(plans[i], shared).iteration_time_s for i in order}
         assert [got[i] for i in range(len(plans))] == fresh
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (8, 8), (4, 13)])
+@pytest.mark.parametrize("i,w", [(0.5, 1.5), (1.0, 2.0), (0.5, 1.0), (1.0, 3.0)])
+def test_zb_h1_with_w_over_i_takes_the_last_ranks_own_work(p, m, i, w):
+    """ZB-H1 on equal stages (F = 1 s, free links) whose W exceeds I: Qi et al.'s fill
+    (p - 1)(F + I - W) falls below what the last rank alone needs, its first forward's
+    way (p - 1) F and then its own m (F + I + W); with these (W >= F + I, or I + W <=
+    2 F) the generated schedule takes exactly that, and both tiers say so."""
+    model = synthetic_model(p, fwd_flops_per_sample=1e12, i_flops_per_sample=i * 1e12,
+                            w_flops_per_sample=w * 1e12, activation_bytes_per_sample=0,
+                            params_per_layer=0)
+    cluster = load_cluster(cluster_doc({"unit": device_type(1e12)}, [("n", "unit", p)],
+                                       intra_link={"bandwidth": 1e15, "latency": 0}))
+    cost = CostModel(model, cluster)
+    plan = chain_plan(model, cluster, list(range(p + 1)), [f"n/{k}" for k in range(p)],
+                      1, m, schedule="zb-h1")
+    expected = (p - 1) * 1.0 + m * (1.0 + i + w)
+    sim = simulate(plan, cost, SimOptions(**QUIET)).metrics
+    est = estimate(plan, cost, **QUIET)
+    assert sim.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    assert est.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    assert est.bubble_fraction == pytest.approx(sim.bubble_fraction, abs=1e-9)
+
+
+def test_zb_h1_stages_end_together_so_their_rings_share_the_nic():
+    """ZB-H1, I = W, two stages on a node of one NIC, replicated on a second node, the
+    gradients reduced after the flush: a split kind's W's fill the cooldown, so both
+    stages end their compute together and their rings cross the NIC at once: the sync
+    ends 2 x (one stage's gradients) / BW after the compute (dated a stage's backward
+    apart, as 1F1B's stages end, the estimate had them overlap in part)."""
+    params, bw, lat = 25_000_000, 1e9, 1e-4
+    model = synthetic(2, params=params)
+    cluster = load_cluster(cluster_dict(2, 2, bandwidth=bw, latency=lat))
+    cost = CostModel(model, cluster)
+    plan = plan_from_dict({
+        "format": "hyperpipe.plan/1", "model": model.to_dict(), "cluster": cluster_ref(cluster),
+        "global_batch": 8, "schedule": {"kind": "zb-h1"},
+        "pipelines": [{"micro_batch": 1, "num_microbatches": 4,
+                       "stages": [{"layers": [0, 1], "devices": [f"n{r}/0"]},
+                                  {"layers": [1, 2], "devices": [f"n{r}/1"]}]}
+                      for r in range(2)]}).on_stack(overlap_grad_reduce=False)
+    sim = simulate(plan, cost, SimOptions(**QUIET))
+    ends = [max(e.end_s for e in sim.trace.events if e.op in "FBIW" and e.stage == k
+                and e.device == "n0/" + str(k)) for k in range(2)]
+    assert abs(ends[0] - ends[1]) <= lat * (1 + 1e-9)   # a send's latency apart
+    one_stage = params * cost.grad_bytes_per_param / bw
+    expected = min(ends) + 2 * one_stage + 2 * lat
+    assert sim.metrics.iteration_time_s == pytest.approx(expected, rel=1e-6)
+    est = estimate(plan, cost, **QUIET)
+    assert est.iteration_time_s == pytest.approx(expected, rel=1e-3)
