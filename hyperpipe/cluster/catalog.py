@@ -278,10 +278,17 @@ class DeviceType:
         return self.peak_flops * ratios[d]
 
     def gemm_for(self, dtype: str | None) -> GemmCurve | None:
-        """The curve of GEMMs in `dtype` (None: the headline dtype): `simt_gemm` for
-        fp32 where the part has one, else `gemm` (None: the flat `efficiency`)."""
-        if dtype == "fp32" and self.simt_gemm is not None:
-            return self.simt_gemm
+        """The curve of GEMMs in `dtype` (None: the headline dtype): `simt_gemm` where
+        the part computes `dtype` in fp32 (fp32, or tf32 on a part without TF32: its
+        `DTYPE_FALLBACK`) and has one, else `gemm` (None: the flat `efficiency`). The
+        tensor-core curve, measured in fp16/bf16, stands for tf32 and fp8 too."""
+        if self.simt_gemm is not None and dtype is not None:
+            ratios = dict(self.peak_ratios)
+            d: str | None = dtype
+            while ratios and d is not None and d not in ratios:
+                d = DTYPE_FALLBACK.get(d)
+            if d == "fp32":
+                return self.simt_gemm
         return self.gemm
 
     @property

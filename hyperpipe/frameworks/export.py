@@ -336,10 +336,12 @@ def _torchtitan(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
                     "one with these shapes (torchtitan/models/llama3 llama3_args), or import "
                     "back with --model")
     c = spec.config
-    dtype = {"bf16": "bfloat16", "fp32": "float32"}.get(spec.dtype)
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}.get(spec.storage_dtype)
     if dtype is None:
         lost.append(f"dtype {spec.dtype}: torchtitan trains in bfloat16 or float32")
         dtype = "bfloat16"
+    if spec.dtype == "tf32":
+        lost.append(TF32_LOST)
     if plan.distributed_optimizer and plan.zero < 3:
         lost.append(f"zero {plan.zero} as FSDP (data_parallel_shard_degree): torchtitan "
                     "shards parameters and gradients too")
@@ -353,7 +355,7 @@ def _torchtitan(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
     # torchtitan applies mixed_precision_param only through FSDP (dp_shard or cp above
     # 1); without it TP and PP jobs train fp32, the others under torch.autocast
     # (torchtitan/distributed/utils.py, maybe_enable_amp): what the import reads back
-    if spec.dtype != "fp32" and shard == 1 and lay.cp == 1:
+    if spec.storage_dtype != "fp32" and shard == 1 and lay.cp == 1:
         if lay.tp > 1 or lay.pp > 1:
             lost.append(f"{spec.dtype} without FSDP: torchtitan trains tensor- and "
                         "pipeline-parallel jobs in fp32 unless FSDP shards the weights "
@@ -367,7 +369,10 @@ def _torchtitan(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
                         "at each use; maybe_enable_amp)")
     mode = {"none": "none", "selective": "selective", "full": "full"}[lay.recompute]
     local = lay.micro_batch * (lay.num_microbatches if lay.pp > 1 else 1)
-    lines = ["[model]", 'name = "llama3"', f'flavor = "{flavor or spec.name}"', "",
+    # fp8: torchtitan's Float8 training swaps the blocks' nn.Linear for torchao's
+    # Float8Linear (torchtitan/components/quantization/float8.py, `converters`)
+    lines = ["[model]", 'name = "llama3"', f'flavor = "{flavor or spec.name}"',
+             *(['converters = ["float8"]'] if spec.dtype == "fp8" else []), "",
              # without a pipeline torchtitan accumulates global / (local x dp) steps
              "[training]", f"local_batch_size = {local}",
              f"global_batch_size = {lay.global_batch}", f"seq_len = {c.seq_len}",
@@ -401,6 +406,13 @@ def _torchtitan(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
 def megatron_layout(stages: tuple[tuple[int, int], ...], n_blocks: int) -> str:
     """Megatron-LM's --pipeline-model-parallel-layout for our stages."""
     return "|".join(stage_units(stages, n_blocks))
+
+
+# tf32 has no switch in any of the three frameworks: PyTorch multiplies fp32 on TF32
+# tensor cores where `torch.backends.cuda.matmul.allow_tf32` is set (NGC containers set
+# it through NVIDIA_TF32_OVERRIDE / TORCH_ALLOW_TF32_CUBLAS_OVERRIDE)
+TF32_LOST = ("dtype tf32: exported as fp32; for TF32 matmuls set "
+             "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (or torch.backends.cuda.matmul.allow_tf32)")
 
 
 def megatron_model_args(spec: ModelSpec, tp: int, lost: list[str],
@@ -447,11 +459,15 @@ def megatron_model_args(spec: ModelSpec, tp: int, lost: list[str],
     if not getattr(c, "fused_elementwise", True):
         args += ["--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
                  "--no-masked-softmax-fusion"]
-    if spec.dtype in ("bf16", "fp16"):
-        args.append(f"--{spec.dtype}")
-    elif spec.dtype != "fp32":
-        lost.append(f"dtype {spec.dtype}: exported as bf16")
-        args.append("--bf16")
+    if spec.storage_dtype != "fp32":
+        args.append(f"--{spec.storage_dtype}")
+    if spec.dtype == "fp8":
+        if deepspeed:
+            lost.append("dtype fp8: Megatron-DeepSpeed has no fp8 training; exported as bf16")
+        else:       # Transformer Engine's delayed scaling, e4m3 forward, e5m2 gradients
+            args.append("--fp8-format hybrid")
+    elif spec.dtype == "tf32":
+        lost.append(TF32_LOST)
     return args
 
 
@@ -549,7 +565,7 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
         lost.append(f"context parallelism (cp {lay.cp}): Megatron-DeepSpeed has no ring "
                     "attention (its sequence parallelism is DeepSpeed-Ulysses); the export "
                     "runs one context rank per stage")
-    half = spec.dtype in ("bf16", "fp16")
+    half = spec.storage_dtype != "fp32"
     parts = ds.parts_of(lay.stages, n, half)
     method = None
     specs = len(ds.pipe_specs(n, half))
@@ -593,9 +609,7 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
                     "gradient_accumulation_steps": lay.num_microbatches,
                     "zero_optimization": {"stage": zero}}
     if half:
-        config[spec.dtype] = {"enabled": True}
-    elif spec.dtype != "fp32":
-        lost.append(f"dtype {spec.dtype}: DeepSpeed trains in fp32, fp16 or bf16")
+        config[spec.storage_dtype] = {"enabled": True}
     if method is None:
         config["pipeline"] = {"partition": parts}
     model_args = megatron_model_args(spec, lay.tp, lost, deepspeed=True)

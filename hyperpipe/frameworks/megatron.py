@@ -143,9 +143,11 @@ def model_document(a: Args, source: str, notes: Notes, tp: int, n: int) -> dict[
                                   "priced (one norm of the 'layers' count)")
     dtype = "bf16" if a.flag("bf16") else ("fp16" if a.flag("fp16") else "fp32")
     for flag in ("fp8-format", "fp8"):
-        if a.has(flag):
-            notes.approximated.append(f"--{flag}: priced at the {dtype} peak (HyperPipe has "
-                                      "no fp8 training)")
+        if a.has(flag):         # Transformer Engine's fp8 GEMMs in the blocks' linears
+            if dtype != "bf16":
+                notes.approximated.append(f"--{flag} over {dtype}: priced as fp8 over bf16 "
+                                          "(its storage, 2 bytes)")
+            dtype = "fp8"
     hidden_dropout = a.number("hidden-dropout", DROPOUT)
     attention_dropout = a.number("attention-dropout", DROPOUT)
     if hidden_dropout != attention_dropout:

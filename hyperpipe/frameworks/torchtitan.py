@@ -197,13 +197,19 @@ PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 def _mixed_precision(take, src: str) -> tuple[str, str]:
     """(model dtype, as written) of the TOML's ``mixed_precision_param`` (or its older
-    ``dtype``)."""
+    ``dtype``); fp8 where ``model.converters`` names "float8" over bf16 (torchtitan's
+    Float8 training: torchao's Float8Linear in the blocks, torchtitan/components/
+    quantization/float8.py)."""
     param = take("training", "mixed_precision_param", "bfloat16")
     older = take("training", "dtype")
     if param not in PRECISIONS:
         raise BadInput(f"{src}: training.mixed_precision_param", "one of "
                        f"{', '.join(PRECISIONS)}", param)
-    return ("bf16" if param == "bfloat16" or older == "bfloat16" else PRECISIONS[param]), param
+    converters = take("model", "converters", [])
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise BadInput(f"{src}: model.converters", "a list of names", converters)
+    dtype = "bf16" if param == "bfloat16" or older == "bfloat16" else PRECISIONS[param]
+    return ("fp8" if "float8" in converters and dtype == "bf16" else dtype), param
 
 
 def _precision(mixed: tuple[str, str], notes: Notes, *, fsdp: bool, tp: int, pp: int

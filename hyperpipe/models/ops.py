@@ -40,6 +40,11 @@ class Gemm:
     n: float
     k: float
     batch: float = 1
+    linear: bool = False
+    """A block's linear layer (QKV, attention output, MLP, experts): what FP8 recipes
+    multiply in fp8 (Transformer Engine's `Linear` and `LayerNormMLP`). The attention
+    core's batched GEMMs, the logits and the router stay in the higher precision
+    (`hyperpipe.sim.compute.gemm_dtype`)."""
 
     @property
     def flops(self) -> float:
@@ -88,15 +93,15 @@ def layer_work(layer: Layer, op: str, micro_batch: int, seq_len: int, dtype_byte
     return None
 
 
-def _weight_gemms(op: str, tokens: float, shapes: list[tuple[float, float]]
-                  ) -> list[Gemm]:
+def _weight_gemms(op: str, tokens: float, shapes: list[tuple[float, float]],
+                  linear: bool = True) -> list[Gemm]:
     """Forward (T, out, in), I (T, in, out), W (in, out, T) of weight GEMMs given as
-    (in, out) pairs."""
+    (in, out) pairs; `linear`: a block's linear layers (`Gemm.linear`)."""
     if op == "F":
-        return [Gemm(tokens, o, i) for i, o in shapes]
+        return [Gemm(tokens, o, i, 1, linear) for i, o in shapes]
     if op == "I":
-        return [Gemm(tokens, i, o) for i, o in shapes]
-    return [Gemm(i, o, tokens) for i, o in shapes]
+        return [Gemm(tokens, i, o, 1, linear) for i, o in shapes]
+    return [Gemm(i, o, tokens, 1, linear) for i, o in shapes]
 
 
 # Conventions (Megatron-LM tensor parallelism, Shoeybi et al. 2019; sequence parallelism,
@@ -216,10 +221,10 @@ def _expert_gemms(op: str, tokens: float, count: float, h: float, up: float, f: 
         return []
     shapes = [(h, up), (f, h)]
     if op == "F":
-        return [Gemm(tokens, o, i, count) for i, o in shapes]
+        return [Gemm(tokens, o, i, count, True) for i, o in shapes]
     if op == "I":
-        return [Gemm(tokens, i, o, count) for i, o in shapes]
-    return [Gemm(i, o, tokens, count) for i, o in shapes]
+        return [Gemm(tokens, i, o, count, True) for i, o in shapes]
+    return [Gemm(i, o, tokens, count, True) for i, o in shapes]
 
 
 def _moe_block(layer: MoEBlock, op: str, b: int, s: int, d: int, t: int, sp: bool,
@@ -255,7 +260,7 @@ def _moe_block(layer: MoEBlock, op: str, b: int, s: int, d: int, t: int, sp: boo
     act = {"F": 3 if swiglu else 2, "I": 5 if swiglu else 3, "W": 0}[op]
     bias = (up + h) * d if c.bias and op == "W" else 0.0
     if m.experts > 1:
-        gemms += _weight_gemms(op, tokens, [(h, m.experts)])          # router
+        gemms += _weight_gemms(op, tokens, [(h, m.experts)], linear=False)   # router
         mem += tokens * m.experts * 4 * 2 if op != "W" else 0.0        # fp32 softmax
     gemms += _expert_gemms(op, tokens, m.shared_experts, h, up, fe / t)
     mem += shared * (act * fe / t * d + bias)
@@ -352,7 +357,7 @@ LOSS_BACKWARD_LOGIT_PASSES = 3          # fp32 reads and writes per element, bac
 def _head(c: GPTConfig, op: str, b: int, s: int, d: int, t: int, sp: bool) -> PassWork:
     h, v = c.d_model, c.vocab_size
     tokens = b * s
-    gemms = _weight_gemms(op, tokens, [(h, v / t)])
+    gemms = _weight_gemms(op, tokens, [(h, v / t)], linear=False)
     e_h = tokens * h / (t if sp else 1)
     e_v = tokens * v / t
     if op == "F":

@@ -28,7 +28,19 @@ from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import check_int
 
-DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Training dtypes and what each stores weights, activations, gradients and messages in:
+# "tf32" is an fp32 model whose matmuls run on TF32 tensor cores
+# (`torch.backends.cuda.matmul.allow_tf32`; NVIDIA's NGC PyTorch containers turn it on);
+# "fp8" a bf16 mixed-precision model whose blocks' linear layers multiply in FP8
+# (Transformer Engine's `fp8_autocast`: Megatron-LM `--fp8-format`, torchtitan's
+# "float8" converter), the attention core and the logits staying in bf16
+# (`hyperpipe.models.ops.Gemm.linear`). The dtype picks a device's peak
+# (`DeviceType.peak_for`); the storage dtype sets bytes and optimizer state.
+STORAGE_DTYPES: Mapping[str, str] = {"fp32": "fp32", "tf32": "fp32", "bf16": "bf16",
+                                     "fp16": "fp16", "fp8": "bf16"}
+_STORAGE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Bytes per stored element of each training dtype (its storage dtype's).
+DTYPE_BYTES: Mapping[str, int] = {d: _STORAGE_BYTES[s] for d, s in STORAGE_DTYPES.items()}
 # What the optimizer keeps per parameter (`hyperpipe.sim.costmodel.param_bytes`):
 # "mixed" fp32 master weights and Adam moments; "bf16-moments" fp32 master weights with
 # 2-byte moments (DeepSeek-V3); "model-dtype" no master copy, everything in the dtype;
@@ -727,6 +739,12 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def storage_dtype(self) -> str:
+        """What weights, activations and gradients are kept in (`STORAGE_DTYPES`): the
+        dtype, but fp32 for tf32 and bf16 for fp8."""
+        return STORAGE_DTYPES[self.dtype]
 
     def layer_cost(self, index: int, micro_batch: int) -> LayerCost:
         """Cost of layer `index` for one micro-batch of `micro_batch` samples."""

@@ -187,7 +187,7 @@ class Plan:
         stage whose layers are all of `DECAY_ONLY_KINDS` leaves the group of biases and
         norms empty. The simulator and the analytic tier report it as
         `Metrics.refused`."""
-        if model.dtype not in self.runtime_settings().flattens_param_groups:
+        if model.storage_dtype not in self.runtime_settings().flattens_param_groups:
             return None
         for q, pipe in enumerate(self.pipelines):
             for k, st in enumerate(pipe.stages):

@@ -34,12 +34,23 @@ def gemm_time_s(dev: DeviceType, m: float, n: float, k: float, batch: float,
                dev.kernel_floor_s)
 
 
+def gemm_dtype(dtype: str | None, linear: bool) -> str | None:
+    """The dtype a GEMM of a model in `dtype` multiplies in: an fp8 model's linear
+    layers in fp8 and its other GEMMs (`models.ops.Gemm.linear`) in bf16, its storage
+    dtype; any other model's all in its dtype."""
+    return "bf16" if dtype == "fp8" and not linear else dtype
+
+
 def pass_time_s(dev: DeviceType, work: PassWork, dtype_bytes: int,
                 dtype: str | None = None) -> float:
-    """Seconds of one pass: its GEMMs one after another, plus its memory-bound bytes."""
-    t = sum(gemm_time_s(dev, g.m, g.n, g.k, g.batch, dtype_bytes, dtype)
-            for g in work.gemms)
+    """Seconds of one pass: its GEMMs one after another (each in its `gemm_dtype`, an
+    fp8 GEMM's operands 1 byte each), plus its memory-bound bytes."""
+    t = 0.0
+    for g in work.gemms:
+        in_dtype = gemm_dtype(dtype, g.linear)
+        t += gemm_time_s(dev, g.m, g.n, g.k, g.batch, 1 if in_dtype == "fp8" else dtype_bytes,
+                         in_dtype)
     return t + work.mem_bytes / dev.achievable_mem_bandwidth_bytes_per_s
 
 
-__all__ = ["gemm_time_s", "pass_time_s"]
+__all__ = ["gemm_dtype", "gemm_time_s", "pass_time_s"]

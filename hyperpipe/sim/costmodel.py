@@ -29,7 +29,7 @@ from hyperpipe.cluster.cluster import (
 from hyperpipe.core.errors import BadInput
 from hyperpipe.models import ModelSpec
 from hyperpipe.models.ops import LOGIT_BYTES, block_launches, layer_work, pass_launches
-from hyperpipe.models.spec import DTYPE_BYTES
+from hyperpipe.models.spec import DTYPE_BYTES, STORAGE_DTYPES
 from hyperpipe.plan.profile import Fit, Profile
 from hyperpipe.plan.stack import DEFAULT_STACK, Runtime, resolve_runtime
 from hyperpipe.sim.compute import pass_time_s
@@ -96,6 +96,7 @@ def param_bytes(dtype: str, optimizer_state: str = "mixed") -> StateBytes:
     (`torch.autocast`'s `cached_cast`; torch FSDP's `MixedPrecision(param_dtype=None)`,
     which gathers the fp32 weights: Composer's FSDP `mixed_precision: DEFAULT` of 2023,
     composer/trainer/mosaic_fsdp.py `get_mixed_precision`)."""
+    dtype = STORAGE_DTYPES[dtype]          # tf32 keeps fp32's state, fp8 bf16's
     kept, shardable = STATE_BYTES_PER_PARAM[dtype]
     weight = float(DTYPE_BYTES[dtype])
     zero3, grad, step = ZERO3_STATE_BYTES_PER_PARAM[dtype], GRAD_BYTES_PER_PARAM[dtype], \
@@ -705,7 +706,7 @@ class CostModel:
             return 0.0 if reshard_after_forward else grad / 2
         if zero == 0:
             return grad
-        if self.model.dtype in rt.allreduce_sharded_grads:
+        if self.model.storage_dtype in rt.allreduce_sharded_grads:
             return grad + weight / 2
         return (grad + weight) / 2
 

@@ -54,7 +54,7 @@ def execution_of(plan: Plan, cost: CostModel) -> Execution:
                      rt.tied_reduce_first, plan.zero, reshard,
                      rt.keeps_stage_outputs,
                      FP32_ACCUMULATE_BYTES_PER_PARAM
-                     if cost.model.dtype in rt.accumulates_fp32_grads else 0.0)
+                     if cost.model.storage_dtype in rt.accumulates_fp32_grads else 0.0)
 
 
 def accumulate_extra_s(cost: CostModel, plan: Plan, ex: Execution, q: int, k: int,

@@ -74,7 +74,7 @@ from typing import NamedTuple
 
 from hyperpipe.models.ops import CAUSAL_FRACTION, attention_gemms
 from hyperpipe.plan.plan import Plan, StagePlan
-from hyperpipe.sim.compute import gemm_time_s
+from hyperpipe.sim.compute import gemm_dtype, gemm_time_s
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.experts import expert_dp_rings, expert_share, expert_state, moe_layers
 from hyperpipe.sim.replicas import stage_holding
@@ -435,11 +435,11 @@ def _step_s(cost: CostModel, stage: StagePlan, micro_batch: int, op: str) -> flo
     model = cost.model
     if dev.gemm is not None:
         t = sum(gemm_time_s(dev, g.m, g.n, g.k, g.batch / stage.cp, model.dtype_bytes,
-                            model.dtype) for g in gemms)
+                            gemm_dtype(model.dtype, g.linear)) for g in gemms)
     else:
         causal = CAUSAL_FRACTION if getattr(config, "attention", "flash") == "flash" else 1.0
         t = sum(g.flops for g in gemms) / causal / stage.cp / \
-            dev.achievable_flops_for(model.dtype)
+            dev.achievable_flops_for(gemm_dtype(model.dtype, False))
     return t * cost.cluster.slowdown(stage.devices)
 
 

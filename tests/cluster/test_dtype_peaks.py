@@ -162,3 +162,66 @@ def test_a_dtype_without_a_fallback_is_named_once_with_the_cluster_file(tmp_path
 def test_bad_peak_tables_name_the_field(table, field):
     with pytest.raises(BadInput, match=field.replace(".", r"\.")):
         _cluster({"peak_flops": table, "memory": "8 GB"})
+
+
+def _gpt(dtype, **extra):
+    return load_model({"kind": "gpt", "vocab_size": 1024, "n_layer": 1, "n_head": 32,
+                       "d_model": 4096, "seq_len": 2048, "dtype": dtype, **extra})
+
+
+def test_a_tf32_model_multiplies_at_the_tf32_peak_and_stores_fp32():
+    """tf32: an fp32 model whose GEMMs run on TF32 tensor cores. On an A100 each GEMM of
+    a block is priced as `gemm_time_s` in tf32 (156 TFLOP/s on the tensor-core curve,
+    4-byte operands); the state is fp32's (16 bytes per parameter, 4-byte activations);
+    on a V100, which has no TF32, it falls back to fp32 on the CUDA cores' curve."""
+    from hyperpipe.models.ops import layer_work
+    a100 = builtin_device_types()["A100-80GB"]
+    cluster = load_cluster({"nodes": [{"name": "n", "device": "A100-80GB", "count": 1}]})
+    tf32, fp32 = _gpt("tf32"), _gpt("fp32")
+    assert tf32.dtype_bytes == fp32.dtype_bytes == 4 and tf32.storage_dtype == "fp32"
+    work = layer_work(tf32.layers[1], "F", 4, tf32.seq_len, 4)
+    gemms = sum(gemm_time_s(a100, g.m, g.n, g.k, g.batch, 4, "tf32") for g in work.gemms)
+    expected = gemms + work.mem_bytes / a100.achievable_mem_bandwidth_bytes_per_s
+    cost = CostModel(tf32, cluster)
+    assert cost.layer_time_s(1, "A100-80GB", 4, "F") == pytest.approx(expected, rel=1e-9)
+    big = 8192
+    assert gemm_time_s(a100, big, big, big, 1, 4, "tf32") == pytest.approx(
+        2 * big ** 3 / (156e12 * a100.gemm.efficiency(big, big, big)))
+    assert cost.state_bytes((0, 3)) == CostModel(fp32, cluster).state_bytes((0, 3))
+    assert cost.state_bytes_per_param == 16.0
+    v100 = builtin_device_types()["V100-32GB"]
+    assert v100.gemm_for("tf32") is v100.simt_gemm
+    assert gemm_time_s(v100, big, big, big, 1, 4, "tf32") == \
+        gemm_time_s(v100, big, big, big, 1, 4, "fp32")
+
+
+def test_an_fp8_model_multiplies_its_linears_in_fp8_and_the_rest_in_bf16():
+    """fp8: bf16 storage, the blocks' linear layers at the fp8 peak (1979 TFLOP/s on an
+    H100, 1-byte operands), the attention core's batched GEMMs and the logits at bf16's
+    989; the same state and activations as bf16."""
+    from hyperpipe.models.ops import layer_work
+    h100 = builtin_device_types()["H100-SXM"]
+    cluster = load_cluster({"nodes": [{"name": "n", "device": "H100-SXM", "count": 1}]})
+    fp8, bf16 = _gpt("fp8"), _gpt("bf16")
+    assert fp8.dtype_bytes == 2 and fp8.storage_dtype == "bf16"
+    for layer, op in ((1, "F"), (1, "W"), (2, "F")):
+        work = layer_work(fp8.layers[layer], op, 4, fp8.seq_len, 2)
+        linear = [g for g in work.gemms if g.linear]
+        other = [g for g in work.gemms if not g.linear]
+        assert (len(linear) > 0) == (layer == 1) and (layer == 2 or other or op == "W")
+        expected = sum(gemm_time_s(h100, g.m, g.n, g.k, g.batch, 1, "fp8") for g in linear) \
+            + sum(gemm_time_s(h100, g.m, g.n, g.k, g.batch, 2, "bf16") for g in other) \
+            + work.mem_bytes / h100.achievable_mem_bandwidth_bytes_per_s
+        got = CostModel(fp8, cluster).layer_time_s(layer, "H100-SXM", 4, op)
+        assert got == pytest.approx(expected, rel=1e-9)
+        if layer == 2:          # the head: no linear of a block, bf16's time
+            assert got == pytest.approx(
+                CostModel(bf16, cluster).layer_time_s(layer, "H100-SXM", 4, op))
+    big = 8192
+    assert gemm_time_s(h100, big, big, big, 1, 1, "fp8") == pytest.approx(
+        2 * big ** 3 / (1979e12 * h100.gemm.efficiency(big, big, big)))
+    block_fp8 = CostModel(fp8, cluster).layer_time_s(1, "H100-SXM", 4, "F")
+    block_bf16 = CostModel(bf16, cluster).layer_time_s(1, "H100-SXM", 4, "F")
+    assert block_bf16 / 2.2 < block_fp8 < block_bf16
+    assert CostModel(fp8, cluster).state_bytes((0, 3)) == \
+        CostModel(bf16, cluster).state_bytes((0, 3))

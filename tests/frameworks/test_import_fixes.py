@@ -287,3 +287,37 @@ def test_deepspeed_partition_that_is_not_boundaries_is_noted_as_not_read(tmp_pat
     unread = notes.lines()[0]
     assert unread.startswith("not read") and "pipeline.partition uniform" in unread
     assert len(plan.pipelines[0].stages) == 2
+
+
+# ------------------------------------------------------------ fp8 and tf32 models
+
+
+def _in_dtype(plan, dtype: str):
+    doc = plan.to_dict()
+    doc["model"] = {"preset": "gpt2-small", "dtype": dtype}
+    from hyperpipe.plan.plan import plan_from_dict
+    return plan_from_dict(doc)
+
+
+@pytest.mark.parametrize("framework, back, said", [
+    ("megatron", "fp8", "--fp8-format hybrid"),
+    ("torchtitan", "fp8", 'converters = ["float8"]'),
+    ("deepspeed", "bf16", "cannot express: dtype fp8")])
+def test_an_fp8_model_exports_as_each_framework_trains_fp8(tmp_path, framework, back, said):
+    """fp8 (bf16 storage, fp8 GEMMs in the blocks' linears): Megatron-LM's
+    ``--bf16 --fp8-format hybrid``, torchtitan's float8 converter over bf16 FSDP; both
+    import back as fp8. Megatron-DeepSpeed has no fp8 training: bf16, said so."""
+    plan = _in_dtype(plan_of("1f1b", p=2, dp=2, dist_opt=framework == "torchtitan"), "fp8")
+    got, text = round_trip(plan, framework, tmp_path)
+    assert said in text
+    assert ("cannot express: dtype fp8" in text) == (back != "fp8")
+    assert got.load_model().dtype == back
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan", "deepspeed"])
+def test_a_tf32_model_exports_as_fp32_with_the_switch_named(tmp_path, framework):
+    """tf32 has no flag in any of them: fp32, and the line says how to turn TF32 on."""
+    plan = _in_dtype(plan_of("1f1b", p=2, dp=2, dist_opt=framework == "torchtitan"), "tf32")
+    got, text = round_trip(plan, framework, tmp_path)
+    assert "cannot express: dtype tf32" in text and "allow_tf32" in text
+    assert got.load_model().dtype == "fp32"

@@ -279,7 +279,7 @@ def test_round_trip_through_to_dict(ref, tmp_path):
     ({"preset": "tiny-gpt", "mlp": "relu"}, "mlp"),
     ({"preset": "tiny-gpt", "dropout": 1.5}, "dropout"),
     ({"preset": "tiny-gpt", "bias": "yes"}, "bias"),
-    ({"preset": "tiny-gpt", "dtype": "fp8"}, "dtype"),
+    ({"preset": "tiny-gpt", "dtype": "fp4"}, "dtype"),
     ({"preset": "tiny-gpt", "seq_len": "long"}, "seq_len"),
     ({"preset": "tiny-gpt", "d_model": 12.5}, "d_model"),
     ({"preset": "llama2-7b", "d_model": 96, "n_head": 32}, "d_model"),  # odd head size, RoPE
