@@ -12,7 +12,7 @@ from hyperpipe.plan.kinds import DEFAULT_KIND
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.space import SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.metrics import IMPROVEMENT_REL, Metrics
 
 
 @dataclass(frozen=True)
@@ -60,12 +60,6 @@ def rank_key(c: SearchConstraints, m: Metrics) -> tuple:
     return (not m.feasible, value, m.iteration_time_s)
 
 
-# A local move improves a plan only by more than this fraction of its objective: the
-# analytic tier and the simulator sum the same terms in an order that follows the
-# cluster file's node order, so one plan's figure can differ in its last bits between
-# two listings of one cluster, and a strict comparison would let that noise steer the
-# descent.
-IMPROVEMENT_REL = 1e-9
 
 
 def improves(c: SearchConstraints, new: Metrics, old: Metrics,

@@ -15,6 +15,13 @@ from hyperpipe.sim.analytic_cache import AnalyticCache, cache_for
 from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.sim.memory import oom_detail
 
+# A figure improves on another only by more than this fraction of it: the analytic
+# tier and the simulator sum the same terms in an order that follows the cluster file's
+# node order, so one plan's figure can differ in its last bits between two listings of
+# one cluster (or between a schedule kind and its own order written out), and a strict
+# comparison would let that noise pick a winner.
+IMPROVEMENT_REL = 1e-9
+
 
 @dataclass(frozen=True)
 class Metrics:

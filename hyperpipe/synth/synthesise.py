@@ -28,7 +28,7 @@ from hyperpipe.plan.kinds import GENERATED_KINDS, SYNTH, schedule_kind
 from hyperpipe.plan.plan import Plan, pipeline_placement, schedule_for
 from hyperpipe.plan.schedule import rank_stages, validate
 from hyperpipe.sim.costmodel import CostModel
-from hyperpipe.sim.metrics import Metrics
+from hyperpipe.sim.metrics import IMPROVEMENT_REL, Metrics
 from hyperpipe.sim.replay import PipeCosts, encode_rows, replay_rows, rows_score
 from hyperpipe.sim.sharding import rank_static_bytes, reshard_after_forward
 from hyperpipe.sim.simulator import SimOptions, simulate
@@ -356,12 +356,14 @@ def _take_improved(synth_best: Priced | None, improved: Improved, policy: Policy
 
 def synth_result(fixed: dict[str, Priced], synth_best: Priced | None, candidates: int,
                  t0: float) -> SynthResult:
-    """The winner (the best synthesised order where it beats the best fixed kind) as a
-    `SynthResult`, its schedules validated; `t0`: when the synthesis started."""
+    """The winner (the best synthesised order where it beats the best fixed kind by
+    more than float noise, `IMPROVEMENT_REL`: a tie keeps the fixed kind, whose plan
+    carries no action lists) as a `SynthResult`, its schedules validated; `t0`: when
+    the synthesis started."""
     fixed_best = best_fixed(fixed)
     fixed_t, kind = fixed_best.time_s, fixed_best.kind
     synth_t = synth_best.time_s if synth_best else float("inf")
-    if synth_best is not None and synth_t < fixed_t:
+    if synth_best is not None and synth_t < fixed_t * (1 - IMPROVEMENT_REL):
         winner, metrics, policy = synth_best.plan, synth_best.metrics, synth_best.policy
         # the winner is ordinary, valid IR (replicas alike share a schedule: once each)
         for sched in dict.fromkeys(schedule_for(winner, q)

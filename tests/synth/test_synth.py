@@ -306,3 +306,23 @@ def test_v_pruning_keeps_the_pick_and_prunes(monkeypatch):
     sim = [ph for ph in pruned.phases if ph["name"] == "simulate"][0]
     sim_full = [ph for ph in full.phases if ph["name"] == "simulate"][0]
     assert sim["pruned"] > sim_full["pruned"] == 0
+
+
+def test_a_synthesised_order_that_ties_a_fixed_kind_leaves_the_fixed_kind():
+    """A synthesised order faster than the best fixed kind only in the last bits (the
+    same actions summed in another order) does not win: the plan stays the fixed kind,
+    without action lists; faster by more than that, it wins."""
+    from hyperpipe.sim.metrics import IMPROVEMENT_REL
+    from hyperpipe.synth.synthesise import Priced, synth_result
+    model = load_model(_model_doc())
+    cluster = load_cluster(cluster_doc({"u": device_type(1e12)}, [("n", "u", 2)]))
+    plan = chain_plan(model, cluster, [0, 20, 40], ["n/0", "n/1"], 1, 4)
+    cost = CostModel(model, cluster)
+    metrics = simulate(plan, cost).metrics
+    t = metrics.iteration_time_s
+    fixed = {"1f1b": Priced(t, plan, metrics, None, "1f1b")}
+    synth_plan = synthesise(plan, cost).synth_plan or plan
+    for gain, wins in ((1e-15, False), (10 * IMPROVEMENT_REL, True)):
+        got = synth_result(fixed, Priced(t * (1 - gain), synth_plan, metrics,
+                                         Policy()), 1, 0.0)
+        assert (got.plan is synth_plan) == wins, gain
