@@ -357,7 +357,9 @@ def constrained(ctx: SearchContext, plan: Plan) -> Plan:
     and runtime, a generated schedule kind (a peer's pick is 1F1B), recompute, sequence
     parallelism and the optimizer's sharding; checked where any of those changed it.
     BadInput/InfeasiblePlan when the layout cannot take them, or lacks a fixed chunk
-    count, context or expert parallelism (a peer's pick, which never has them)."""
+    count, context or expert parallelism (a peer's pick, which never has them), or
+    under a fixed kind that takes chunks, one of the search's chunk counts
+    (`space.chunk_options`: interleaving is what fixing interleaved-1f1b asks for)."""
     c = ctx.c
     plan = plan.on_stack(c.stack, **c.runtime.given())
     for name, fixed, has in (("chunks", c.chunks, {plan.chunks}),
@@ -372,6 +374,10 @@ def constrained(ctx: SearchContext, plan: Plan) -> Plan:
         if not kind.allows_chunks(plan.chunks):
             raise InfeasiblePlan(f"a plan of {plan.chunks} chunks per device, not "
                                  f"schedule {kind.name}'s")
+        if kind.takes_chunks and plan.chunks not in space.chunk_options(c):
+            # interleaving fixed: the search's own chunk counts (--chunks 1 allows one)
+            raise InfeasiblePlan(f"a plan of {plan.chunks} chunks per device, not one of "
+                                 f"{space.chunk_options(c)} that the search takes")
         plan = replace(plan, schedule=kind.name)
         plan.check(ctx.model, ctx.cluster)
     if c.recompute is None and c.sequence_parallel is None \

@@ -334,10 +334,15 @@ def schedule_options(c: SearchConstraints, num_layers: int) -> Iterator[tuple[st
             if c.chunks in (None, v) and (v == 1 or 2 * v <= num_layers):
                 yield kind.name, v
             continue
-        chunk_options = [c.chunks] if c.chunks else range(2, MAX_CHUNKS + 1, 2)
-        for v in chunk_options:
+        for v in chunk_options(c):
             if 2 * v <= num_layers:      # at least two devices of v stages each
                 yield kind.name, v
+
+
+def chunk_options(c: SearchConstraints) -> list[int]:
+    """The chunk counts per device the search tries for a kind that takes any: the one
+    fixed, else 2 up to `MAX_CHUNKS` in steps of 2 (one chunk is 1F1B's layout)."""
+    return [c.chunks] if c.chunks else list(range(2, MAX_CHUNKS + 1, 2))
 
 
 def micro_batches(c: SearchConstraints) -> Iterator[int]:

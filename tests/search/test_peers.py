@@ -108,6 +108,23 @@ def test_peers_keep_the_schedule_the_user_fixed():
         assert f"  {name:<13}no plan: none of its picks fits" in text
 
 
+def test_a_fixed_interleaved_kind_keeps_one_chunk_peers_out_unless_asked():
+    """--schedule interleaved-1f1b alone: the search interleaves (2 or 4 chunks), so the
+    peers' one-chunk picks, 1F1B's layout under another name, do not compete (they had
+    beaten the pick by 1.13x as plain 1F1B); with --chunks 1 they do."""
+    from hyperpipe.search.search import search
+    model, cluster = load_model("tiny-gpt"), load_cluster("demo-hetero")
+    got = search(model, cluster, SearchConstraints(global_batch=16,
+                                                   schedule="interleaved-1f1b"))
+    assert not set(PEERS) & set(got.baselines)
+    assert all(c.plan.chunks in (2, 4) for c in got.baselines.values())
+    assert got.best.plan.chunks in (2, 4)
+    got = search(model, cluster, SearchConstraints(global_batch=16,
+                                                   schedule="interleaved-1f1b", chunks=1))
+    assert set(PEERS) <= set(got.baselines)
+    assert {c.plan.chunks for c in got.baselines.values()} == {1}
+
+
 @pytest.mark.parametrize("model_name,cluster_name,batch", [
     ("gpt2-medium", "a100-v100", 64), ("tiny-gpt", "demo-hetero", 16),
     ("gpt2-xl", "h100-a100-l4", 128)])
