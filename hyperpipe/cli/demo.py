@@ -438,10 +438,10 @@ TIE_MARGIN = 0.05
 
 def runnable(ranked: list, spec) -> tuple[list, list[str]]:
     """The candidates of `ranked` whose plans the real executor runs
-    (`exec.job.why_not_runnable`), in order, and why each one ranked above the
+    (`exec.runnable.why_not_runnable`), in order, and why each one ranked above the
     first of them cannot run (the search's space is wider than the executor's: it may
     shard one layer's data-parallel replicas to different tensor-parallel degrees)."""
-    from hyperpipe.exec.job import why_not_runnable
+    from hyperpipe.exec.runnable import why_not_runnable
     runs: list = []
     why_not: list[str] = []
     for cand in ranked:

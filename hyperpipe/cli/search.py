@@ -170,7 +170,7 @@ def run(opts: SearchOptions) -> int:
     sys.stdout.write(text)
     if opts.out:
         print(f"best plan written to {opts.out}")
-    from hyperpipe.exec.job import why_not_runnable
+    from hyperpipe.exec.runnable import why_not_runnable
     note = why_not_runnable(result.best.plan, model)
     if note:
         print(f"note: `hyperpipe run` cannot run the best plan as it stands ({note}); "

@@ -21,8 +21,8 @@ gates multiply on the source rank. Both all-to-alls are autograd functions whose
 backward is the reverse all-to-all, so B (or I) runs the transposed pair.
 
 Every rank of a group must run the same sequence of all-to-alls: the placement check
-(`check_expert_parallel`) asks that they replay the same actions of their expert-parallel
-stages. Without link emulation each all-to-all is traced as it ran (op ``alltoall``,
+(`exec.runnable.check_expert_parallel`) asks that they replay the same actions of their
+expert-parallel stages. Without link emulation each all-to-all is traced as it ran (op ``alltoall``,
 inside its compute action); with emulation (exec.links) its gloo time is hidden in the
 action's stretched compute and its link time is replayed after the compute as one flow
 per peer of the real bytes (`emulate_alltoall`), traced as ``alltoall`` events. For
@@ -42,95 +42,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hyperpipe.core.errors import BadInput
 from hyperpipe.exec.comm import wait
 from hyperpipe.exec.links import Links
-from hyperpipe.exec.placement import placements
-from hyperpipe.models.gpt import MoE, is_moe_layer, run_experts
-from hyperpipe.models.spec import ModelSpec
-from hyperpipe.plan.plan import Plan, schedule_for
+from hyperpipe.exec.placement import ExpertGroup, expert_groups, placements
+from hyperpipe.models.gpt import MoE, run_experts
+from hyperpipe.models.spec import ModelSpec, is_moe_layer
+from hyperpipe.plan.plan import Plan
 from hyperpipe.plan.trace import TraceEvent
 
 DENSE = -1      # reduction key part of a layer's non-expert parameters: (layer, DENSE)
-
-
-@dataclass(frozen=True)
-class ExpertGroup:
-    """One expert-parallel group: the ranks of a stage's layer range (tensor index
-    `tp_index`) that share its MoE blocks' experts; ranks[i] holds experts
-    [i·E/ep, (i+1)·E/ep)."""
-
-    layers: tuple[int, int]
-    tp_index: int
-    ranks: tuple[int, ...]
-
-
-def expert_groups(plan: Plan) -> list[ExpertGroup]:
-    """Every expert-parallel group of the plan (stages with ep > 1), sorted: the order in
-    which every rank creates their process groups."""
-    members: dict[tuple[tuple[int, int], int], list[tuple[int, int]]] = {}
-    degree: dict[tuple[int, int], int] = {}
-    for r in placements(plan):
-        pipe = plan.pipelines[r.pipeline]
-        for s in r.stages:
-            st = pipe.stages[s]
-            if st.ep > 1:
-                members.setdefault((st.layers, r.tp_index), []).append((r.pipeline, r.rank))
-                degree[st.layers] = st.ep
-    out = []
-    for (layers, t), found in sorted(members.items()):
-        ranks = [rank for _, rank in sorted(found)]
-        ep = degree[layers]
-        out += [ExpertGroup(layers, t, tuple(ranks[i:i + ep]))
-                for i in range(0, len(ranks), ep)]
-    return out
 
 
 def local_experts(experts: int, ep: int, index: int) -> range:
     """The experts rank `index` of an expert-parallel group of `ep` holds."""
     per = experts // ep
     return range(index * per, (index + 1) * per)
-
-
-def check_expert_parallel(plan: Plan, spec: ModelSpec) -> None:
-    """Raise BadInput for an MoE plan the executor cannot run: a tensor-parallel stage
-    holding MoE blocks (experts are not sharded), a context-parallel stage with ep > 1,
-    ZeRO 2/3 with expert parallelism, or an expert-parallel group whose ranks do not
-    replay the same actions of their expert-parallel stages (their all-to-alls must pair
-    up)."""
-    groups = expert_groups(plan)
-    if groups and plan.zero >= 2:
-        raise BadInput(f"{plan.source}: zero", "0 or 1 with expert parallelism (the executor "
-                       "reduces experts over their own groups, not sharded ones)", plan.zero)
-    for i, pipe in enumerate(plan.pipelines):
-        for k, st in enumerate(pipe.stages):
-            if st.tp > 1 and any(is_moe_layer(spec, layer) for layer in range(*st.layers)):
-                raise BadInput(f"{plan.source}: pipelines[{i}].stages[{k}].tp", "1 on a stage "
-                               "holding MoE blocks (the executor does not shard experts)",
-                               st.tp)
-            if st.ep > 1 and st.cp > 1:
-                raise BadInput(f"{plan.source}: pipelines[{i}].stages[{k}].ep", "1 on a "
-                               "context-parallel stage (the executor does not run both "
-                               "together)", st.ep)
-    if not groups:
-        return
-    where = {r.rank: r for r in placements(plan)}
-    for g in groups:
-        seen = None
-        for rank in g.ranks:
-            r = where[rank]
-            pipe = plan.pipelines[r.pipeline]
-            row = schedule_for(plan, r.pipeline).actions[r.pipe_rank]
-            mine = [(pipe.stages[a.stage].layers, a.op, a.microbatch) for a in row
-                    if pipe.stages[a.stage].ep > 1]
-            if seen is None:
-                seen = (rank, mine)
-            elif mine != seen[1]:
-                raise BadInput(f"{plan.source}: pipelines[{r.pipeline}]", "the same actions "
-                               f"on its expert-parallel stages as rank {seen[0]} "
-                               f"({plan.devices[seen[0]]}), which shares its experts (same "
-                               "micro-batch count and schedule position)", "other actions",
-                               has_got=False)
 
 
 def reduction_groups(plan: Plan, spec: ModelSpec

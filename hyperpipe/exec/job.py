@@ -23,16 +23,15 @@ import torch.distributed as dist
 
 from hyperpipe.cluster.cluster import Cluster
 from hyperpipe.core.errors import BadInput
-from hyperpipe.core.files import path_exists, resolve_ref
 from hyperpipe.exec import checkpoint, links, preflight, tensor_parallel
 from hyperpipe.exec.comm import probe_links
 from hyperpipe.exec.data import rank_seed
 from hyperpipe.exec.emulation import device_factors
-from hyperpipe.exec.experts import check_expert_parallel
 from hyperpipe.exec.fabric import topology
 from hyperpipe.exec.monitor import Reporter, peak_memory_bytes
 from hyperpipe.exec.options import RunOptions, RunResult
-from hyperpipe.exec.placement import adjacent_pairs, check_runnable, placements
+from hyperpipe.exec.placement import adjacent_pairs, placements
+from hyperpipe.exec.runnable import check_plan_runnable
 from hyperpipe.exec.runtime import RankRuntime, StepOutcome
 from hyperpipe.models.spec import ModelSpec
 from hyperpipe.plan.plan import Plan
@@ -60,35 +59,6 @@ class Prepared:
     cluster: Cluster
     fingerprint: str
     resume_from: int | None      # step of the checkpoint to resume from, if any
-
-
-def check_plan_runnable(plan: Plan, spec: ModelSpec) -> None:
-    """BadInput for a checked plan the executor cannot run: `placement.check_runnable`,
-    `experts.check_expert_parallel`, and a synthetic model's layers without a width."""
-    check_runnable(plan, spec)
-    check_expert_parallel(plan, spec)
-    if spec.config is None:
-        # the plan where it holds the model, else the model's file (beside the plan, as
-        # plans name files) or name
-        where = f"{plan.source}: model"
-        if not isinstance(plan.model, dict):
-            ref = resolve_ref(plan.model, plan.base_dir)
-            where = str(ref if path_exists(ref, regular=True) else plan.model)
-        for i, layer in enumerate(spec.layers):
-            if layer.hidden is None:
-                raise BadInput(f"{where}: layers[{i}].hidden", "a width (needed to run a "
-                               f"synthetic model for real; model {spec.name})",
-                               has_got=False)
-
-
-def why_not_runnable(plan: Plan, spec: ModelSpec) -> str | None:
-    """`check_plan_runnable`'s refusal as one line, or None where the executor runs
-    `plan`."""
-    try:
-        check_plan_runnable(plan, spec)
-    except BadInput as err:
-        return str(err)
-    return None
 
 
 def prepare(plan: Plan, options: RunOptions) -> Prepared:

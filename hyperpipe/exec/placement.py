@@ -333,3 +333,35 @@ def tp_groups(plan: Plan) -> list[tuple[int, ...]]:
     """Every tensor-parallel group of two or more ranks, in rank order."""
     seen = {r.tp_ranks for r in placements(plan) if len(r.tp_ranks) > 1}
     return sorted(seen)
+
+
+@dataclass(frozen=True)
+class ExpertGroup:
+    """One expert-parallel group: the ranks of a stage's layer range (tensor index
+    `tp_index`) that share its MoE blocks' experts; ranks[i] holds experts
+    [i·E/ep, (i+1)·E/ep)."""
+
+    layers: tuple[int, int]
+    tp_index: int
+    ranks: tuple[int, ...]
+
+
+def expert_groups(plan: Plan) -> list[ExpertGroup]:
+    """Every expert-parallel group of the plan (stages with ep > 1), sorted: the order in
+    which every rank creates their process groups."""
+    members: dict[tuple[tuple[int, int], int], list[tuple[int, int]]] = {}
+    degree: dict[tuple[int, int], int] = {}
+    for r in placements(plan):
+        pipe = plan.pipelines[r.pipeline]
+        for s in r.stages:
+            st = pipe.stages[s]
+            if st.ep > 1:
+                members.setdefault((st.layers, r.tp_index), []).append((r.pipeline, r.rank))
+                degree[st.layers] = st.ep
+    out = []
+    for (layers, t), found in sorted(members.items()):
+        ranks = [rank for _, rank in sorted(found)]
+        ep = degree[layers]
+        out += [ExpertGroup(layers, t, tuple(ranks[i:i + ep]))
+                for i in range(0, len(ranks), ep)]
+    return out

@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hyperpipe.core.errors import BadInput
-from hyperpipe.models.spec import GPTConfig, ModelSpec, SyntheticLayer
+from hyperpipe.models.spec import GPTConfig, ModelSpec, SyntheticLayer, is_moe_layer
 
 INIT_STD = 0.02          # GPT-2's initialiser (Radford et al. 2019; nanoGPT)
 NORM_EPS = 1e-5          # GPT-2's layer_norm_epsilon and Llama 2's rms_norm_eps
@@ -359,14 +359,6 @@ def _make(spec: ModelSpec, index: int) -> nn.Module:
     if layer.kind in ("embedding", "head"):
         return {"embedding": Embedding, "head": Head}[layer.kind](layer.config)
     return Block(layer.config, moe=is_moe_layer(spec, index))
-
-
-def is_moe_layer(spec: ModelSpec, index: int) -> bool:
-    """Whether layer `index` of a GPT spec (layer 0 the embedding, so block index - 1)
-    is a mixture-of-experts block."""
-    c = spec.config
-    return (c is not None and c.moe is not None and 0 < index <= c.n_layer
-            and c.moe.is_moe_block(index - 1))
 
 
 @torch.no_grad()

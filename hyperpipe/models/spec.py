@@ -788,6 +788,14 @@ class ModelSpec:
         return out
 
 
+def is_moe_layer(spec: ModelSpec, index: int) -> bool:
+    """Whether layer `index` of a GPT spec (layer 0 the embedding, so block index - 1)
+    is a mixture-of-experts block."""
+    c = spec.config
+    return (c is not None and c.moe is not None and 0 < index <= c.n_layer
+            and c.moe.is_moe_block(index - 1))
+
+
 def gpt_spec(name: str, config: GPTConfig, dtype: str = "bf16",
              optimizer_state: str = "mixed") -> ModelSpec:
     """The layers of a GPT: embedding, config.n_layer blocks (MoE blocks where
@@ -819,5 +827,5 @@ __all__ = [
     "ATTENTION_KINDS", "DTYPE_BYTES", "LayerCost", "MoEConfig", "MOE_KEYS", "check_moe",
     "GPTConfig", "EmbeddingLayer", "MoEBlock",
     "TransformerBlock", "HeadLayer", "SyntheticLayer", "Layer", "ModelSpec", "gpt_spec",
-    "check_config",
+    "check_config", "is_moe_layer",
 ]

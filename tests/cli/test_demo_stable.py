@@ -87,7 +87,7 @@ def test_a_plan_the_run_refuses_for_its_experts_is_not_runnable():
     # checks (exec.experts); the demo's filter and search's note see the same refusal
     from factories import plan_doc
 
-    from hyperpipe.exec.job import why_not_runnable
+    from hyperpipe.exec.runnable import why_not_runnable
     plan = plan_from_dict(plan_doc([{"micro_batch": 2, "num_microbatches": 2, "stages": [
         {"layers": [0, 6], "devices": ["n/0", "n/1"], "tp": 2}]}], model="tiny-moe"))
     assert "MoE" in why_not_runnable(plan, plan.load_model())
@@ -106,3 +106,19 @@ def test_search_says_when_run_cannot_take_its_best_plan(capsys):
     assert main(["search", "--cluster", "demo-hetero", "--model", "tiny-gpt",
                  "--global-batch", "16"]) == 0
     assert "cannot run the best plan" not in capsys.readouterr().out
+
+
+def test_search_and_its_runnable_note_do_not_import_torch():
+    """`search` asks the executor's checks of its best plan without importing torch
+    (exec.runnable): the import had kept the command alive 3 s after its output."""
+    import subprocess
+    import sys
+    code = ("import sys; from hyperpipe.cli import main; "
+            "rc = main(['search', '--cluster', 'demo-hetero', '--model', 'tiny-moe', "
+            "'--global-batch', '16', '--tp', '2', '--workers', '1']); "
+            "assert rc == 0; print('torch' in sys.modules)")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert "cannot run the best plan" in got.stdout
+    assert got.stdout.strip().splitlines()[-1] == "False"

@@ -28,14 +28,12 @@ from hyperpipe.exec.experts import (
     DENSE,
     Dispatcher,
     ExpertComm,
-    ExpertGroup,
     _expert_major,
-    check_expert_parallel,
-    expert_groups,
     local_experts,
     reduction_groups,
 )
-from hyperpipe.exec.placement import check_runnable, placements
+from hyperpipe.exec.placement import ExpertGroup, check_runnable, expert_groups, placements
+from hyperpipe.exec.runnable import check_expert_parallel
 from hyperpipe.models.gpt import MoE
 from hyperpipe.models.spec import GPTConfig, MoEConfig
 from hyperpipe.plan.plan import plan_from_dict
