@@ -128,6 +128,7 @@ def run(opts: RunCommandOptions) -> int:
     check_outputs([("--plan", opts.plan)], [("--trace", opts.trace),
                    ("--chrome", opts.chrome)], [("--checkpoint", opts.checkpoint)])
     from hyperpipe.exec import RunFailed, RunOptions, run_plan
+    from hyperpipe.exec.job import prepare
     from hyperpipe.exec.launch import torchrun_env
     from hyperpipe.plan.plan import load_plan
     options = RunOptions(
@@ -138,6 +139,10 @@ def run(opts: RunCommandOptions) -> int:
         threads_per_rank=opts.threads, timeout_s=opts.timeout_s, lr=opts.lr)
     env = torchrun_env()
     plan = load_plan(opts.plan)
+    # every check of bad input (the outputs, the checkpoint folder and whose it is, the
+    # plan) before anything is printed: a refusal comes alone, not after the memory line
+    # (run_plan repeats them, cheaply, as any caller of it gets them)
+    prepare(plan, options)
     monitor = None
     if env is None or env[0] == 0:
         monitor = _console(plan, opts)

@@ -26,7 +26,6 @@ import errno
 import json
 import math
 import os
-import re
 import secrets
 import stat
 from collections.abc import Iterable, Iterator
@@ -37,7 +36,7 @@ import yaml
 
 from hyperpipe.core import limits, stopping
 from hyperpipe.core.errors import BadInput, WriteFailed, key_name, one_line
-from hyperpipe.core.units import EXPONENT, MANTISSA, parse_quantity
+from hyperpipe.core.units import EXPONENT_FORM, parse_quantity
 
 MAX_INPUT_BYTES = limits.MAX_JSON_BYTES     # kept for callers of the old name
 # How user files are decoded: UTF-8, a leading byte-order mark dropped (editors on
@@ -646,15 +645,13 @@ def check_int(value: Any, where: str, *, allow_zero: bool = False,
     return value
 
 
-_EXPONENT_FORM = re.compile(MANTISSA + EXPONENT)
-
-
 def exponent_number(value: Any) -> Any:
     """`value` as a float when it is a string of a number in exponent form (``5e-1``,
     ``1e6``, ``2.5E3``, ASCII digits: `units.NUMBER`), which YAML 1.1 reads as a string
     where YAML 1.2 and JSON read a number; else `value` unchanged. The one rule by which
-    every number field (`Fields.number`, `whole_number`) reads a number written so."""
-    if isinstance(value, str) and _EXPONENT_FORM.fullmatch(value.strip()):
+    every number field (`Fields.number`, `whole_number`, a quantity's
+    `units.parse_quantity`) reads a number written so."""
+    if isinstance(value, str) and EXPONENT_FORM.fullmatch(value.strip()):
         return float(value)
     return value
 

@@ -8,7 +8,11 @@
 80000000000.0
 
 Decimal prefixes (k, M, G, T, P) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) powers
-of 1024, as in vendor spec sheets. A bare number is taken as already in SI base units.
+of 1024, as in vendor spec sheets. A bare number (an int or float, not a string) is
+taken as already in SI base units; a string must carry its unit (``"100"`` is refused:
+100 what?), except zero (``"0"``, the same in every unit) and a number in exponent form
+(``"1e-6"``, `EXPONENT_FORM`), which is how YAML 1.1 reads an unquoted ``1e-6`` and so
+is that number, as for every number field.
 Bits are ``bit``, ``b`` or ``bps`` (``"100 Gb/s"`` is ``"100 Gbit/s"``), bytes ``B`` or
 ``Bps`` (``"10 GBps"`` is ``"10 GB/s"``); micro is ``u``, the micro sign ``µ`` (U+00B5) or
 the Greek mu ``μ`` (U+03BC). Digits are ASCII only (`NUMBER`): ``"１００ Gbit/s"`` in
@@ -49,6 +53,9 @@ EXPONENT = r"[eE][-+]?[0-9]+"
 NUMBER = f"{MANTISSA}(?:{EXPONENT})?"
 
 _QUANTITY = re.compile(rf"^\s*({NUMBER})\s*(\S*)\s*$")
+# A number in exponent form (YAML 1.1 reads an unquoted ``1e6`` or ``5e-1`` as a string);
+# `core.files` reads such a string as the number in every number field.
+EXPONENT_FORM = re.compile(MANTISSA + EXPONENT)
 
 DIMENSIONS = ("flops", "bytes", "bandwidth", "time", "flop", "price")
 
@@ -70,9 +77,12 @@ def parse_quantity(value: object, dimension: str, *, where: str,
                    allow_zero: bool = True, need_unit: bool = False) -> float:
     """Return `value` in SI base units of `dimension` (one of DIMENSIONS).
 
-    `value` is a number (already SI) or a string such as ``"600 GB/s"``. Raises BadInput
-    naming `where` for a wrong unit, a negative or non-finite number, or a non-number;
-    with `need_unit` (command-line flags), also for a number without its unit.
+    `value` is a number (already SI) or a string with its unit such as ``"600 GB/s"``.
+    Raises BadInput naming `where` for a wrong unit, a negative or non-finite number, a
+    non-number, or a string without a unit (``"100"``: a unit was meant but not written;
+    ``"0"`` and a string in exponent form, `EXPONENT_FORM`, the number YAML 1.1 made a
+    string, are numbers);
+    with `need_unit` (command-line flags), also for any number without its unit.
     """
     if dimension not in DIMENSIONS:
         raise ValueError(f"unknown dimension {dimension!r}")
@@ -89,6 +99,11 @@ def parse_quantity(value: object, dimension: str, *, where: str,
         if need_unit and not word:
             raise BadInput(where, f"a {dimension} quantity with its unit, such as "
                            f"{_EXAMPLE[dimension]!r}", value)
+        # a unitless string names no unit: refused, but for zero (the same in every
+        # unit) and a number in exponent form (YAML 1.1's string for `1e-6`)
+        if not word and number != 0 and not EXPONENT_FORM.fullmatch(value.strip()):
+            raise BadInput(where, f"a number (in {_SI_UNIT[dimension]}) or a string with a "
+                           f"unit such as {_EXAMPLE[dimension]!r}", value)
         if word:
             unit = _unit_factor(word)
             if unit is None or unit[0] != dimension:

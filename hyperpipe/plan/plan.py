@@ -338,13 +338,16 @@ class Plan:
                                        f"named NODE/INDEX (e.g. {cluster.devices[0].name})", d)
                 h = home_stage(self, pipe, k)
                 if k >= p and st.devices != pipe.stages[h].devices:
-                    raise BadInput(f"{sw}.devices", f"the devices of stage {h} (placement "
-                                   f"of chunks)", list(st.devices))
+                    raise BadInput(f"{sw}.devices", f"the devices of stage {h} "
+                                   f"({placement_rule(self, pipe)})", list(st.devices))
                 if k < p:
                     for d in st.devices:
                         if d in owner:
-                            raise BadInput(f"{sw}.devices", "each device in one stage only "
-                                           f"(also used by {owner[d]})", d)
+                            rule = "each device in one stage only (" if self.chunks == 1 \
+                                else (f"a device of its own among the first {p} stages "
+                                      f"({placement_rule(self, pipe)}; ")
+                            raise BadInput(f"{sw}.devices", f"{rule}also used by {owner[d]})",
+                                           d)
                         owner[d] = sw
                 if len({cluster.device(d).type.name for d in st.devices}) > 1:
                     raise BadInput(f"{sw}.devices", "one device type across the stage's "
@@ -675,6 +678,18 @@ def tp_misfit(model, tp: int, sequence_parallel: bool = False, cp: int = 1
     the one rule `Plan.check`, the search's degrees and the CLI's --tp share."""
     return next(((name, size) for name, size in
                  tp_split_sizes(model, tp, sequence_parallel, cp) if size % tp), None)
+
+
+def placement_rule(plan: Plan, pipe: PipelinePlan) -> str:
+    """Where a pipeline's chunks go, in words for an error message (`home_stage`): with p
+    ranks, looped placement puts stage k on the devices of stage k mod p, V placement
+    puts chunk c's i-th stage on those of stage i (c even) or p - 1 - i (c odd)."""
+    p = len(pipe.stages) // plan.chunks
+    what = f"{plan.schedule} with chunks {plan.chunks}"
+    if pipeline_placement(plan, pipe) == "v":
+        return (f"V placement of {what}: stage k = c*{p} + i on the devices of stage i in "
+                f"an even chunk c and of stage {p - 1} - i in an odd one")
+    return f"looped placement of {what}: stage k on the devices of stage k mod {p}"
 
 
 def home_stage(plan: Plan, pipe: PipelinePlan, k: int) -> int:

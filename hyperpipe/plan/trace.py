@@ -28,6 +28,7 @@ from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput
 from hyperpipe.core.files import Fields, load_document, write_atomic
 
@@ -139,6 +140,14 @@ def _finite_number(x: Any) -> bool:
 
 
 def trace_from_dict(data: Any, *, where: str) -> Trace:
+    """The Trace a ``hyperpipe.trace/1`` document holds; BadInput naming the field (`where`
+    the file) for what no run can have recorded: an unknown op, a value that is not a
+    finite number, a stage, micro-batch or step that is not a whole number of at least -1
+    (-1: none, e.g. the link probes before step 0), a start before the run's start (times
+    are seconds from it), an end before the start, negative bytes, and in `meta`
+    (`_check_meta`) a `first_step`, `emulated` or `emulation_scale` of another type or
+    range. Other meta keys are kept as they are. What needs the plan (devices, stages,
+    micro-batches in range) the calibration checks (`sim.calibrate`)."""
     top = Fields(data, where, ("format", "meta", "columns", "events"))
     if top.raw("format", None) != TRACE_FORMAT:
         raise BadInput(top.at("format"), repr(TRACE_FORMAT), top.raw("format", None))
@@ -158,6 +167,13 @@ def trace_from_dict(data: Any, *, where: str) -> Trace:
             raise BadInput(f"{where}: events[{i}]", "finite numbers of magnitude at most "
                            f"{MAX_TRACE_NUMBER:g} for stage, microbatch, times, bytes and step",
                            row)
+        for col, x in ((2, stage), (3, mb), (8, step)):
+            if not float(x).is_integer() or x < -1:
+                raise BadInput(f"{where}: events[{i}][{col}]", f"{COLUMNS[col]}, a whole "
+                               "number >= -1 (-1: none)", x)
+        if start < 0:
+            raise BadInput(f"{where}: events[{i}][4]", "start_s, a number >= 0 (seconds "
+                           "from the start of the run)", start)
         events.append(TraceEvent(str(dev), op, int(stage), int(mb), float(start),
                                  float(end), float(nbytes), str(peer), int(step)))
         if events[-1].end_s < events[-1].start_s:
@@ -167,11 +183,29 @@ def trace_from_dict(data: Any, *, where: str) -> Trace:
     meta = top.raw("meta", {})
     if not isinstance(meta, dict):
         raise BadInput(top.at("meta"), "a mapping", meta)
+    _check_meta(meta, f"{where}: meta")
+    return Trace(tuple(events), meta)
+
+
+def _check_meta(meta: dict[str, Any], where: str) -> None:
+    """BadInput naming the key of `meta` (at `where`) that the readers of a trace rely on
+    and that no run can have written: `first_step` not an integer >= 0, `emulated` not a
+    bool, `emulation_scale` not a number in [1, MAX_EMULATION_SCALE] (as `hyperpipe run
+    --emulation-scale` takes it), `device_types` not a mapping of device to type name.
+    Unknown keys are kept: a trace may carry what its writer knew."""
     first = meta.get("first_step", 0)
     if not isinstance(first, int) or isinstance(first, bool) or first < 0:
-        raise BadInput(top.at("meta") + ".first_step", "the run's first step, an integer "
-                       ">= 0", first)
-    return Trace(tuple(events), meta)
+        raise BadInput(f"{where}.first_step", "the run's first step, an integer >= 0", first)
+    if not isinstance(meta.get("emulated", False), bool):
+        raise BadInput(f"{where}.emulated", "true or false", meta["emulated"])
+    scale = meta.get("emulation_scale", 1.0)
+    if not _finite_number(scale) or not 1.0 <= scale <= limits.MAX_EMULATION_SCALE:
+        raise BadInput(f"{where}.emulation_scale", "the run's --emulation-scale, a number "
+                       f"from 1 to {limits.MAX_EMULATION_SCALE:g}", scale)
+    types = meta.get("device_types", {})
+    if not isinstance(types, dict) or not all(isinstance(t, str) for t in types.values()):
+        raise BadInput(f"{where}.device_types", "a mapping of device (NODE/INDEX) to its "
+                       "device type's name", types)
 
 
 def load_trace(path: str | Path) -> Trace:

@@ -147,10 +147,12 @@ def _rel_rmse(pred: list[float], ys: list[float]) -> float:
 
 def _check_events(trace: Trace, plan: Plan, where: str) -> None:
     """BadInput for an event the trace's own plan cannot have made: a device not in the
-    plan, a send or receive to one, or a compute action on a stage its device lacks."""
+    plan, a send or receive to one, a compute action on a stage its device lacks or of a
+    micro-batch outside its pipeline's ``0 .. num_microbatches - 1``."""
     devices = set(plan.devices)
-    stages = {(d, k) for pipe in plan.pipelines for k, stage in enumerate(pipe.stages)
-              for d in stage.devices}
+    # (device, stage) -> the micro-batches of the stage's pipeline
+    stages = {(d, k): pipe.num_microbatches for pipe in plan.pipelines
+              for k, stage in enumerate(pipe.stages) for d in stage.devices}
     for i, e in enumerate(trace.events):
         if e.device not in devices:
             raise BadInput(f"{where}: events[{i}][0]", "a device of the plan in meta.plan",
@@ -161,6 +163,25 @@ def _check_events(trace: Trace, plan: Plan, where: str) -> None:
         if e.op in COMPUTE_OPS and (e.device, e.stage) not in stages:
             raise BadInput(f"{where}: events[{i}][2]", "a stage the plan in meta.plan puts "
                            "on the event's device", e.stage)
+        if e.op in COMPUTE_OPS and not 0 <= e.microbatch < stages[e.device, e.stage]:
+            raise BadInput(f"{where}: events[{i}][3]", "a micro-batch of the stage's "
+                           f"pipeline in meta.plan, 0 to {stages[e.device, e.stage] - 1}",
+                           e.microbatch)
+
+
+def _check_device_types(trace: Trace, plan: Plan, cluster: Cluster, where: str) -> None:
+    """BadInput unless every entry of `meta.device_types` (optional) names a device of
+    the plan and the type its cluster gives that device: the fits are keyed by the
+    cluster's type, so a trace recorded as another type would be fitted as the wrong
+    one."""
+    for device, name in trace.meta.get("device_types", {}).items():
+        if device not in plan.devices:
+            raise BadInput(f"{where}: meta.device_types", "devices of the plan in meta.plan",
+                           device)
+        own = cluster.device(device).type.name
+        if name != own:
+            raise BadInput(f"{where}: meta.device_types.{device}", f"{own!r}, the type "
+                           f"cluster {cluster.name!r} of meta.plan gives {device}", name)
 
 
 def fitted_from(trace: Trace) -> int:
@@ -510,11 +531,14 @@ def calibrate(traces: list[Trace], *, sources: list[str] | None = None,
                            has_got=False)
         plan = plan_from_dict(trace.meta["plan"], where=f"{where}: meta.plan")
         model, cluster = plan.load_model(), plan.load_cluster()
+        # plan_from_dict reads the plan; its rules (batch sizes add up...) are checked here
+        plan.check(model, cluster, where=f"{where}: meta.plan")
         run = _Run(where, trace, plan, model, cluster,
                    {d: cluster.device(d).type.name for d in plan.devices})
         _check_one_model(runs[0] if runs else run, run)
         _check_one_clock(runs[0] if runs else run, run)
         _check_events(trace, plan, where)
+        _check_device_types(trace, plan, cluster, where)
         if base is not None:    # a layer profile of this model and these device types
             check_profile(base, model, cluster, where=base_source, devices=plan.devices,
                           allow_mismatch=allow_base_mismatch)

@@ -14,6 +14,7 @@ directly: no pyplot state, no display needed.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 
 from hyperpipe.core.errors import BadInput
@@ -174,7 +175,11 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], path: str | o
         ncol = min(len(handles), 8)
         fig.legend(handles=handles, loc="upper right", ncol=ncol, fontsize=8, frameon=False)
         top = 1.0 - (0.3 * -(-len(handles) // ncol) + 0.1) / height
-    fig.tight_layout(rect=(0, 0, 1, top))
+    with warnings.catch_warnings():
+        # a window of nanoseconds gives tick labels wider than the figure: matplotlib then
+        # keeps the default layout and warns, which a successful command must not print
+        warnings.filterwarnings("ignore", "Tight layout not applied", UserWarning)
+        fig.tight_layout(rect=(0, 0, 1, top))
     save_figure(fig, path)
 
 

@@ -74,3 +74,46 @@ def test_a_simulated_trace_is_refused_naming_its_file_and_field(tmp_path, monkey
         assert "s.json: meta.source" in err[0] and "measured" in err[0] \
             and "simulated" in err[0]
         assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("change,field", [
+    (lambda doc: doc["events"][5].__setitem__(4, -5.0), "events[5][4]: expected start_s"),
+    (lambda doc: doc["events"][5].__setitem__(8, 1.5), "events[5][8]: expected step"),
+    (lambda doc: doc["events"][5].__setitem__(3, 99), "events[5][3]: expected a micro-batch"),
+    (lambda doc: doc["meta"]["plan"].__setitem__("global_batch", 7),
+     "meta.plan: global_batch: expected"),
+    (lambda doc: doc["meta"].__setitem__("emulated", "yes"), "meta.emulated: expected"),
+    (lambda doc: doc["meta"].__setitem__("emulation_scale", 0),
+     "meta.emulation_scale: expected"),
+    (lambda doc: doc["meta"].__setitem__("device_types", {"a100/0": "H100-SXM"}),
+     "meta.device_types.a100/0: expected 'A100-80GB'")])
+def test_an_impossible_trace_is_refused_in_one_line_and_nothing_written(
+        change, field, tmp_path, monkeypatch, capsys):
+    """Each had been fitted (exit 0): a start of -5 s into a per-layer time 100x too large,
+    a step 1.5 as step 1, micro-batch 99 of a plan of 4, a plan whose batch does not add
+    up, `emulated: "yes"`, an emulation scale of 0 and a device recorded as another
+    type. Each is bad input: exit 2, one line naming the trace and the field."""
+    import json
+
+    from factories import chain_plan
+
+    from hyperpipe.plan.trace import Trace, TraceEvent
+    monkeypatch.chdir(tmp_path)
+    plan = chain_plan("tiny-gpt", "demo-hetero", [0, 4, 8], ["a100/0", "v100/0"], 2, 4)
+    events = [TraceEvent(dev, op, k, mb, 0.01 * step, 0.01 * step + 1e-3 * (1 + k),
+                         step=step)
+              for step in range(3) for k, dev in enumerate(("a100/0", "v100/0"))
+              for mb in range(4) for op in "FB"]
+    Trace(tuple(events), {"source": "measured", "emulated": True, "emulation_scale": 1.0,
+                          "plan": plan.to_dict()}).save("m.json")
+    assert main(["calibrate", "--trace", "m.json", "--out", "p.json"]) == 0
+    (tmp_path / "p.json").unlink()
+    doc = json.loads((tmp_path / "m.json").read_text())
+    change(doc)
+    (tmp_path / "m.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    rc = main(["calibrate", "--trace", "m.json", "--out", "p.json"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert f"m.json: {field}" in err[0]
+    assert not (tmp_path / "p.json").exists()

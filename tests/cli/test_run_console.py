@@ -228,3 +228,24 @@ def test_predicted_here_stretches_compute_and_keeps_links():
     assert here == pytest.approx(pred.iteration_time_s + (k - 1) * busy, rel=1e-6)
     assert pred.iteration_time_s - busy > 0.5e-3      # the links' part: what k leaves
     assert load_cluster(cluster) == plan.load_cluster()   # the plan's cluster untouched
+
+
+@pytest.mark.parametrize("case", ["a file", "another run's folder"])
+def test_a_bad_checkpoint_folder_is_refused_before_anything_is_printed(case, tmp_path,
+                                                                       capsys):
+    """`--checkpoint keep.txt` (a regular file) and a folder of another run had printed
+    the memory line on stdout before the refusal; the run's inputs and outputs are
+    checked first, so the refusal comes alone and the file is left as it was."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(TINY))
+    target = tmp_path / "keep"
+    if case == "a file":
+        target.write_text("mine\n")
+    else:
+        target.mkdir()
+        ckpt.write_manifest(target, 2, "old" * 20, ["a", "b"])
+    assert cli_main(["run", "--plan", str(path), "--steps", "2", "--checkpoint",
+                     str(target)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "--checkpoint" in err, err
+    assert case != "a file" or target.read_text() == "mine\n"

@@ -79,3 +79,38 @@ def test_quantities_are_rounded_before_their_prefix_is_chosen():
     assert format_quantity(999.7e6, "B") == "1 GB"          # had been '1e+03 MB'
     assert format_quantity(3.2e11, "B") == "320 GB"
     assert format_quantity(16e6, "B") == "16 MB"
+
+
+@pytest.mark.parametrize("text,dim", [("100", "bandwidth"), ("5", "time"), (" 80 ", "bytes"),
+                                      ("2.5", "flops"), ("1.5", "time")])
+def test_a_string_without_a_unit_is_refused(text, dim):
+    """`inter_node: {bandwidth: "100"}` had been read as 100 B/s and `latency: "5"` as
+    5 s: a quoted number names no unit, so it is refused with what to write."""
+    with pytest.raises(BadInput) as err:
+        parse_quantity(text, dim, where="c.json: inter_node.x")
+    assert str(err.value).startswith("c.json: inter_node.x: expected a number (in ")
+    assert "or a string with a unit such as" in str(err.value)
+    assert str(err.value).endswith(f"got {text!r}")
+
+
+@pytest.mark.parametrize("value,dim,si", [(100, "bandwidth", 100.0), (1e9, "bandwidth", 1e9),
+                                          ("1e2 Gbit/s", "bandwidth", 12.5e9),
+                                          ("1e-6", "time", 1e-6), ("1.0e9", "flop", 1e9),
+                                          ("0", "time", 0.0), ("0.0", "bytes", 0.0)])
+def test_numbers_and_strings_with_units_are_still_read(value, dim, si):
+    """Plain numbers are SI; a string in exponent form is the number (YAML 1.1 reads an
+    unquoted `1e-6` as a string); zero is zero in any unit."""
+    assert parse_quantity(value, dim, where="x") == pytest.approx(si)
+
+
+def test_a_cluster_file_with_a_unitless_latency_is_refused(tmp_path):
+    from hyperpipe.cluster.cluster import load_cluster
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes:\n  - {name: n0, device: A100-80GB, count: 1}\n"
+                    "  - {name: n1, device: A100-80GB, count: 1}\n"
+                    "inter_node: {bandwidth: 100 Gbit/s, latency: '5'}\n")
+    with pytest.raises(BadInput, match=r"inter_node\.latency: expected a number \(in s\) or "
+                                       r"a string with a unit such as '2 us', got '5'$"):
+        load_cluster(str(path))
+    path.write_text(path.read_text().replace("'5'", "5e-6"))     # YAML 1.1: the string '5e-6'
+    assert load_cluster(str(path)).path("n0/0", "n1/0").link.latency_s == pytest.approx(5e-6)

@@ -139,3 +139,16 @@ def test_a_window_after_the_iteration_is_refused_and_nothing_written(tmp_path, c
     assert "--window: expected a start before the iteration's end" in err
     assert len(err.strip().splitlines()) == 1 and not png.exists() and not trace.exists()
     assert cli_main([*args, "--window", "0:0.002"]) == 0 and png.exists()
+
+
+def test_a_nanosecond_window_draws_without_a_library_warning(tmp_path):
+    """`--window 0:1e-9` gives tick labels wider than the figure; matplotlib's "Tight
+    layout not applied" UserWarning had been printed on stderr of a run that exits 0."""
+    import warnings
+    trace = Trace(tuple(TraceEvent("a/0", "F", 0, mb, mb * 1e-3, mb * 1e-3 + 9e-4)
+                        for mb in range(4)), {})
+    out = tmp_path / "t.svg"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_timelines([trace], ["t"], out, window=(0.0, 1e-9))
+    assert [str(w.message) for w in caught] == [] and out.read_bytes().startswith(b"<?xml")

@@ -92,3 +92,32 @@ def test_whole_numbers_of_a_plan_are_read_as_every_count():
     assert all(type(x) is int for st in plan.pipelines[0].stages for x in st.layers)
     with pytest.raises(BadInput, match=r"^p\.json: pipelines\[0\]\.stages\[0\]\.layers: "):
         plan_from_dict(_plan(**{"pipelines/0/stages/0/layers": [0, 4.5]}), where="p.json")
+
+
+@pytest.mark.parametrize("kind,devices,match", [
+    ("interleaved-1f1b", ["a100/0", "a100/0", "v100/0", "v100/0"],
+     r"^p\.json: pipelines\[0\]\.stages\[1\]\.devices: expected a device of its own among "
+     r"the first 2 stages \(looped placement of interleaved-1f1b with chunks 2: stage k on "
+     r"the devices of stage k mod 2; also used by p\.json: pipelines\[0\]\.stages\[0\]\), "
+     r"got 'a100/0'$"),
+    ("interleaved-1f1b", ["a100/0", "v100/0", "v100/0", "a100/0"],
+     r"^p\.json: pipelines\[0\]\.stages\[2\]\.devices: expected the devices of stage 0 "
+     r"\(looped placement of interleaved-1f1b with chunks 2: stage k on the devices of "
+     r"stage k mod 2\), got \['v100/0'\]$"),
+    ("zb-v", ["a100/0", "v100/0", "a100/0", "v100/0"],
+     r"^p\.json: pipelines\[0\]\.stages\[2\]\.devices: expected the devices of stage 1 "
+     r"\(V placement of zb-v with chunks 2: .*\), got \['a100/0'\]$")])
+def test_a_misplaced_chunk_is_refused_with_the_placement_rule(kind, devices, match):
+    """Stages 0 and 1 of an interleaved plan on one device had been refused as "each device
+    in one stage only", which an interleaved plan breaks on purpose (a100/0 holds stages
+    0 and 2 of a looped plan): the message states the placement rule."""
+    doc = edited(PLAN, schedule={"kind": kind, "chunks": 2}, **{"pipelines/0/stages": [
+        {"layers": [2 * k, 2 * k + 2], "devices": [d]} for k, d in enumerate(devices)]})
+    plan = plan_from_dict(doc, where="p.json")
+    with pytest.raises(BadInput, match=match):
+        plan.check(plan.load_model(), plan.load_cluster(), where="p.json")
+    ok = ["a100/0", "v100/0", "a100/0", "v100/0"] if kind != "zb-v" else \
+        ["a100/0", "v100/0", "v100/0", "a100/0"]
+    doc = edited(doc, **{f"pipelines/0/stages/{k}/devices": [d] for k, d in enumerate(ok)})
+    plan = plan_from_dict(doc, where="p.json")
+    plan.check(plan.load_model(), plan.load_cluster(), where="p.json")

@@ -497,3 +497,33 @@ def test_idle_time_is_what_lies_outside_the_union_of_a_ranks_events():
                {d: cluster.device(d).type.name for d in plan.devices})
     assert cluster.slowdown(["a100/0"]) == 1.0
     assert _action_gaps([run]) == {"A100-80GB": pytest.approx(0.5 * ms, rel=1e-6)}
+
+
+@pytest.mark.parametrize("case,match", [
+    ("microbatch", r"^t: events\[\d+\]\[3\]: expected a micro-batch of the stage's pipeline "
+                   r"in meta\.plan, 0 to 3, got 4$"),
+    ("global_batch", r"^t: meta\.plan: global_batch: expected the sum over pipelines of "
+                     r"micro_batch x num_microbatches \(8\), got 7$"),
+    ("device_type", r"^t: meta\.device_types\.a100/0: expected 'A100-80GB', the type "
+                    r"cluster 'demo-hetero' of meta\.plan gives a100/0, got 'H100-SXM'$"),
+    ("device", r"^t: meta\.device_types: expected devices of the plan in meta\.plan, "
+               r"got 'zz/0'$")])
+def test_a_trace_its_own_plan_cannot_have_made_is_refused(case, match):
+    """A micro-batch 99 of a plan of 4, a plan whose batch does not add up (global_batch
+    7 = 2 x 4) and device types other than the cluster's had been fitted silently."""
+    from hyperpipe.core.errors import BadInput
+    plan = _plan([4], ["a100/0", "v100/0"], 2, 4)
+    trace = _synthetic_trace(plan, random.Random(0), 0.0)
+    events, meta = list(trace.events), dict(trace.meta)
+    if case == "microbatch":
+        i = next(i for i, e in enumerate(events) if e.op == "F" and e.step == 1)
+        events[i] = TraceEvent(events[i].device, "F", events[i].stage, 4, 0.0, 1e-3, step=1)
+    elif case == "global_batch":
+        meta["plan"] = {**meta["plan"], "global_batch": 7}
+    else:
+        meta["device_types"] = {"a100/0": "H100-SXM"} if case == "device_type" else \
+            {"zz/0": "A100-80GB"}
+    with pytest.raises(BadInput, match=match):
+        calibrate([Trace(tuple(events), meta)], sources=["t"])
+    meta = {**trace.meta, "device_types": {"a100/0": "A100-80GB", "v100/0": "V100-32GB"}}
+    assert calibrate([Trace(trace.events, meta)], sources=["t"]).compute      # as recorded
