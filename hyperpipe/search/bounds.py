@@ -187,11 +187,12 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         load = max(got.load_s, 1.0 / sum(recipe[t] / whole[t] for t in used),
                    _chunks_floor_s(ctx, used, fast, mb, mode, shards, cache, recipe, v))
         fill = fill_bound_s(kind, v, whole, dict(zip(used, got.forward_s, strict=True)))
-        value = max((m - 1) * load + fill, got.trip_s, m * load) + sync
+        trip = got.split_trip_s if schedule_kind(kind).splits_backward else got.trip_s
+        value = max((m - 1) * load + fill, trip, m * load) + sync
         if value <= cutoff_s:
             load = max(load, zero_collectives_s(ctx, kind, used, recipe, pools, tp, dp,
                                                 mode) / p)
-            value = max((m - 1) * load + fill, got.trip_s, m * load) + sync
+            value = max((m - 1) * load + fill, trip, m * load) + sync
         # the cut takes the first mode that fits, maybe a later one than this: where a
         # later mode holds more per device (sharded state, smaller stashes) its bound
         # may be lower, so the key's bound is the least over the modes that may fit
@@ -210,7 +211,8 @@ def _mode_load(ctx, used: list[str], fast: dict[str, tuple[str, ...]], mb: int,
                                  stage_held, total_room, recipe, width),
                     tuple(float(c.time_prefix_s[-1]) for c in whole_caps.values()),
                     tuple(c.forward_s for c in whole_caps.values()),
-                    _trip_floor_s([ctx.table(fast[t], mb, mode, shards) for t in used]))
+                    *(_trip_floor_s([ctx.table(fast[t], mb, mode, shards) for t in used],
+                                    split) for split in (False, True)))
 
 
 def _mode_load_s(ctx, whole_caps: dict[str, LayerCaps], fast: dict[str, tuple[str, ...]],
@@ -443,7 +445,7 @@ def order_may_fit(ctx, kind: str, v: int, mb: int, tp: int, dp: int, order: tupl
         sync = optimizer_floor_s(units, shards if mode.zero else 1, optimizer_s)
         fill = work_bound(ctx, used, pools, kind, v, mb, mode)[1]
         left_s = cutoff_s - sync
-        if max(fill, _trip_floor_s(list(tables.values()))) > left_s:
+        if max(fill, _trip_floor_s(list(tables.values()), splits)) > left_s:
             continue
         budget = left_s if m == 1 else min((left_s - fill) / (m - 1), left_s / m)
         rows = [ctx.probe_rows.memo((fast[t], mb, mode, shards, inflight[k], splits),
@@ -455,11 +457,12 @@ def order_may_fit(ctx, kind: str, v: int, mb: int, tp: int, dp: int, order: tupl
     return False
 
 
-def _trip_floor_s(tables: list) -> float:
+def _trip_floor_s(tables: list, split: bool) -> float:
     """A lower bound on one micro-batch's whole trip (its F and backward through every
-    stage) over stages whose `partition.LayerTables` are among `tables`: each layer at
-    its least time (`LayerTables.least_layer_s`) on the table where that is least."""
-    return float(np.min([t.least_layer_s() for t in tables], axis=0).sum())
+    stage; with a `split` backward its F and I, `Partition.trip_s`) over stages whose
+    `partition.LayerTables` are among `tables`: each layer at its least
+    (`LayerTables.trip_layer_s`) on the table where that is least."""
+    return float(np.min([t.trip_layer_s(split) for t in tables], axis=0).sum())
 
 
 def work_bound(ctx, types, pools, kind: str, v: int, mb: int, mode: MemoryMode

@@ -174,12 +174,13 @@ class ModeLoad(NamedTuple):
     """`LoadKey`'s entry: the load bound (inf: the model does not fit in the mode), per
     used class a unit's least time (`LayerTables.least_layer_s`) and forward time of
     the whole model, and the least time of one micro-batch's whole trip (each layer on
-    the class where its least time is least)."""
+    the class where its least time is least), under a whole and a split backward."""
 
     load_s: float
     whole_s: tuple[float, ...]
     forward_s: tuple[float, ...]
     trip_s: float
+    split_trip_s: float
 
 
 class RowKey(NamedTuple):

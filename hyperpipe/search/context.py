@@ -76,7 +76,8 @@ class SearchContext:
     cost: CostModel
     c: SearchConstraints
     times_s: Cache[TimesKey, tuple[np.ndarray, np.ndarray]] = _portable()
-    actions_s: Cache[TimesKey, tuple[np.ndarray | None, P.ActionTimes]] = _portable()
+    actions_s: Cache[TimesKey, tuple[np.ndarray | None, np.ndarray, P.ActionTimes]] = \
+        _portable()
     tables: Cache[TableKey, P.LayerTables] = _portable()
     links: Cache[LinkKey, np.ndarray] = _portable()
     link_keys: Cache[tuple[str, str, int], LinkKey] = _portable()
@@ -314,10 +315,10 @@ class SearchContext:
                                        t.sequence_parallel, key.shards, zero=key.zero,
                                        cp=t.cp, reshard=key.reshard, ep=t.ep,
                                        keeps_outputs=self.runtime.keeps_stage_outputs))
-            split, actions = self.actions_s.memo(t, lambda: P.action_times(
+            split, wgt, actions = self.actions_s.memo(t, lambda: P.action_times(
                 self.cost, group, t.micro_batch, t.recompute, t.sequence_parallel, t.cp))
             self.tables[key] = replace(mem, fwd_s=times[0], bwd_s=times[1], split_s=split,
-                                       actions=actions)
+                                       actions=actions, wgt_s=wgt)
         return self.tables[key]
 
     def ep_exchange(self, unit: tuple[str, ...], cp: int, ep: int

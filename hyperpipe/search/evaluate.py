@@ -96,6 +96,32 @@ def count_actions(plan: Plan) -> int:
     return 2 * sum(seen.values())
 
 
+def as_default_kind(cands: list[Candidate], cost: CostModel) -> list[Candidate]:
+    """`cands` with each plan whose pipelines are all one stage of one chunk, under a
+    generated kind other than `DEFAULT_KIND`, written as `DEFAULT_KIND` where that
+    simulates to the same time and peak memory (on one stage a kind only orders one
+    device's actions): such a plan is listed under the kind a reader expects. A plan
+    whose pricing tells the kinds apart (B unlike I + W under a profile) keeps its own."""
+    from dataclasses import replace
+
+    from hyperpipe.plan.kinds import schedule_kind
+    from hyperpipe.sim.simulator import simulate
+    out = []
+    for cand in cands:
+        p = cand.plan
+        if p.schedule != DEFAULT_KIND and p.chunks == 1 and \
+                not schedule_kind(p.schedule).carries_actions and \
+                all(len(pipe.stages) == 1 for pipe in p.pipelines):
+            plain = replace(p, schedule=DEFAULT_KIND)
+            m = simulate(plain, cost).metrics
+            if m.peak_memory_bytes == cand.metrics.peak_memory_bytes and \
+                    abs(m.iteration_time_s - cand.metrics.iteration_time_s) <= \
+                    IMPROVEMENT_REL * cand.metrics.iteration_time_s:
+                cand = Candidate(plain, m)
+        out.append(cand)
+    return out
+
+
 def dedupe_equivalent(cands: list[Candidate], cluster) -> list[Candidate]:
     """Keep one of plans a reader cannot tell apart, at the first one's place: the same
     schedule, the same stages (layers, tp, recompute, device types) per replica in any

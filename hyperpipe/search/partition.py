@@ -55,6 +55,9 @@ class Partition:
     total_s: float                    # sum(stage_s)
     forward_s: float                  # sum of the stages' forward times (zero-bubble fill)
     last_backward_s: float            # the last stage's backward time
+    # one micro-batch's way through every stage and back: total_s, less the W's of every
+    # stage but the first where the backward is split (each runs beside the I's below it)
+    trip_s: float
 
     @property
     def layer_ranges(self) -> list[tuple[int, int]]:
@@ -96,6 +99,7 @@ class LayerTables:
     # prefix sums of I + W - B per layer; None where the cost model prices B as I + W
     split_s: np.ndarray | None = None
     actions: ActionTimes = ActionTimes()
+    wgt_s: np.ndarray | None = None    # prefix sums: W time (a split backward's weights)
 
     def splits(self, kind_splits: bool) -> bool:
         """Whether a schedule that does (`kind_splits`) or does not split the backward
@@ -114,6 +118,15 @@ class LayerTables:
         return t if self.split_s is None else \
             t + float(np.minimum(np.diff(self.split_s), 0.0).sum())
 
+    def trip_layer_s(self, split: bool) -> np.ndarray:
+        """Per layer, the least it adds to one micro-batch's whole trip (no per-action
+        part): `least_layer_s`, or where the schedule splits the backward its F + I (its
+        W may run beside the way back: `Partition.trip_s`)."""
+        if not split or self.wgt_s is None:
+            return self.least_layer_s()
+        back = self.bwd_s if self.split_s is None else self.bwd_s + self.split_s
+        return np.diff(self.fwd_s + back - self.wgt_s)
+
     def least_layer_s(self) -> np.ndarray:
         """Per layer, the least of its F + B and F + I + W (no per-action part): what
         any schedule spends on it at least."""
@@ -128,28 +141,33 @@ def layer_tables(cost: CostModel, devices: tuple[str, ...], micro_batch: int, *,
     with its recompute, sequence parallelism and optimizer shards (the distributed
     optimizer's replicas; 1 without it)."""
     fwd, bwd = layer_times(cost, devices, micro_batch, recompute, sequence_parallel)
-    split, actions = action_times(cost, devices, micro_batch, recompute, sequence_parallel)
+    split, wgt, actions = action_times(cost, devices, micro_batch, recompute,
+                                       sequence_parallel)
     return replace(layer_memory(cost, len(devices), micro_batch, fwd, bwd, recompute,
-                                sequence_parallel, dp_shards), split_s=split, actions=actions)
+                                sequence_parallel, dp_shards), split_s=split, actions=actions,
+                   wgt_s=wgt)
 
 
 def action_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
                  recompute: str = "none", sequence_parallel: bool = False, cp: int = 1
-                 ) -> tuple[np.ndarray | None, ActionTimes]:
-    """(`LayerTables.split_s`, `LayerTables.actions`) of one stage kind: per layer what
-    a split backward's I + W costs beyond B, as `CostModel.stage_time_s` prices each
-    action (None where that is B to the last few ulps, as op-by-op pricing gives it),
-    and the per-action overheads, each once per stage (`CostModel.action_overhead_s`)."""
+                 ) -> tuple[np.ndarray | None, np.ndarray, ActionTimes]:
+    """(`LayerTables.split_s`, `LayerTables.wgt_s`, `LayerTables.actions`) of one stage
+    kind: per layer what a split backward's I + W costs beyond B, as
+    `CostModel.stage_time_s` prices each action (None where that is B to the last few
+    ulps, as op-by-op pricing gives it), the prefix sums of its W alone, and the
+    per-action overheads, each once per stage (`CostModel.action_overhead_s`)."""
     over = ActionTimes(*(cost.action_overhead_s(devices, op) for op in "FBIW"))
     n = cost.model.num_layers
     extra = np.zeros(n + 1)
+    wgt = np.zeros(n + 1)
     for j in range(n):
         one = (j, j + 1)
         b, i, w = (cost.stage_time_s(one, devices, micro_batch, op, recompute,
                                      sequence_parallel, cp) for op in "BIW")
         e = (i - over.i_s) + (w - over.w_s) - (b - over.b_s)
         extra[j + 1] = 0.0 if abs(e) <= 1e-9 * abs(b) else e
-    return (np.cumsum(extra) if extra.any() else None), over
+        wgt[j + 1] = w - over.w_s
+    return (np.cumsum(extra) if extra.any() else None), np.cumsum(wgt), over
 
 
 def layer_times(cost: CostModel, devices: tuple[str, ...], micro_batch: int,
@@ -488,10 +506,12 @@ def balance_devices(bounds: tuple[int, ...], mats: list[StageCost], homes: list[
 
 
 def describe(bounds: tuple[int, ...], tables: list[LayerTables],
-             links: list[np.ndarray | None], split: list[bool] | None = None) -> Partition:
+             links: list[np.ndarray | None], split: list[bool] | None = None,
+             kind_splits: bool = False) -> Partition:
     """The per-stage times of a cut (the same numbers the DP minimised; `split` per
-    stage as `time_matrix`'s)."""
-    stage, fwd, bwd = [], 0.0, 0.0
+    stage as `time_matrix`'s); `kind_splits`: the schedule runs I and W apart, so the
+    W's of every stage but the first leave one micro-batch's trip (`Partition.trip_s`)."""
+    stage, fwd, bwd, beside = [], 0.0, 0.0, 0.0
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         t = tables[s]
         sp = split is not None and split[s]
@@ -499,10 +519,14 @@ def describe(bounds: tuple[int, ...], tables: list[LayerTables],
         bwd = float(t.bwd_s[b] - t.bwd_s[a]) + t.actions.backward_s(sp)
         if sp and t.split_s is not None:
             bwd += float(t.split_s[b] - t.split_s[a])
+        if kind_splits and s > 0 and t.wgt_s is not None:      # W's off the way back
+            beside += float(t.wgt_s[b] - t.wgt_s[a]) + t.actions.w_s
         link = 0.0 if links[s] is None else float(links[s][b])
         stage.append(f + bwd + link)
         fwd += f
-    return Partition(tuple(bounds), tuple(stage), max(stage), sum(stage), fwd, bwd)
+    total = sum(stage)
+    return Partition(tuple(bounds), tuple(stage), max(stage), total, fwd, bwd,
+                     total - beside)
 
 
 def peak_inflight(kind: str, p: int, m: int, chunks: int = 1) -> tuple[int, ...]:

@@ -47,6 +47,7 @@ from hyperpipe.search.baselines import constrained, tuned_baselines
 from hyperpipe.search.caches import BookKey
 from hyperpipe.search.evaluate import (
     Candidate,
+    as_default_kind,
     count_actions,
     dedupe,
     dedupe_equivalent,
@@ -125,7 +126,7 @@ def _combined_time(tpls: tuple[Template, ...], big_m: int) -> float:
     `Template.time_s`), and every pipeline at least one."""
     def share(t: Template, total: float) -> float:
         room = total - t.sync_s
-        if room < t.part.total_s:
+        if room < t.part.trip_s:
             return 0.0
         return min((room - t.fill_s) / t.device_load_s + 1, room / t.device_load_s)
 
@@ -343,6 +344,11 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
     feasible = [cand for cand in ranked if cand.metrics.feasible]
     if not feasible:
         raise InfeasiblePlan(_shortfall(ctx))
+    if c.schedule is None:          # one-stage plans under the kind a reader expects
+        renamed = as_default_kind(feasible[:top], ctx.cost)
+        seeds = {name: next((new for old, new in zip(feasible, renamed, strict=False)
+                             if old is seed), seed) for name, seed in seeds.items()}
+        feasible = renamed + feasible[top:]
     feasible = dedupe_equivalent(feasible, cluster)     # no look-alikes in the list
     origin = [seed_of(cand, seeds) for cand in feasible]
     return SearchResult(best=feasible[0], ranked=feasible[:top], baselines=baselines,

@@ -100,9 +100,10 @@ class Template:
 
     def time_s(self, m: float) -> float:
         """One pipeline's iteration time for m micro-batches: (m - 1) x load + fill, but
-        at least one micro-batch's whole trip (F and B through every stage) and the
-        busiest device's m x load; then the gradient sync."""
-        return max((m - 1) * self.device_load_s + self.fill_s, self.part.total_s,
+        at least one micro-batch's whole trip (F and B through every stage, a split
+        backward's W's beside the I's: `Partition.trip_s`) and the busiest device's
+        m x load; then the gradient sync."""
+        return max((m - 1) * self.device_load_s + self.fill_s, self.part.trip_s,
                    m * self.device_load_s) + self.sync_s
 
     def stages(self, replica: int) -> tuple[StagePlan, ...]:
@@ -184,7 +185,8 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
             bounds = _cut(ctx, keys, tables, P.shared_slots(tables, rooms, homes), links,
                           homes, weight)
         if bounds is not None:
-            return RowCut(mode, P.describe(bounds, tables, links, [k[2] for k in keys]))
+            return RowCut(mode, P.describe(bounds, tables, links, [k[2] for k in keys],
+                                           splits))
     return None
 
 
@@ -231,7 +233,7 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
     load = _device_loads_s(part, homes, p)
     fill = _fill_s(kind, v, part, max(load))
     m, cutoff = cut_at
-    run_s = max((m - 1) * max(load) + fill, part.total_s, m * max(load))
+    run_s = max((m - 1) * max(load) + fill, part.trip_s, m * max(load))
     if math.isfinite(cutoff):
         steps = _sync_s(ctx, slots, part, tp, mode, kind, placement, rings=False)
         lb = objective_value(ctx, run_s + steps, price)
@@ -327,7 +329,8 @@ def _with_zero_collectives(ctx: SearchContext, kind: str, slots, part: P.Partiti
         once = fill_delay_s(stage_waits(firsts, homes), forward)
     return (replace(part, stage_s=tuple(stage_s), bottleneck_s=max(stage_s),
                     total_s=sum(stage_s), forward_s=part.forward_s + extra_f,
-                    last_backward_s=part.last_backward_s + last_back), once)
+                    last_backward_s=part.last_backward_s + last_back,
+                    trip_s=part.trip_s + sum(stage_s) - part.total_s), once)
 
 
 def _sync_s(ctx: SearchContext, slots, part: P.Partition, tp: int, mode: MemoryMode,

@@ -344,7 +344,7 @@ def test_template_sync_reduces_in_the_search_stacks_gradient_dtype(dtype, nbytes
         global_batch=16, runtime=RuntimeOverrides(grad_reduce_dtype=dtype)))
     n = model.num_layers
     slots = [[("a100/0",)], [("a100/1",)]]
-    part = P.Partition((0, n), (1.0,), 1.0, 1.0, 0.5, 0.5)
+    part = P.Partition((0, n), (1.0,), 1.0, 1.0, 0.5, 0.5, 1.0)
     mode = space.MemoryMode()
     got = T._sync_s(ctx, slots, part, 1, mode)
     step = ctx.cost.optimizer_time_s((0, n), "A100-80GB", 1, 1, ("a100/0",))
