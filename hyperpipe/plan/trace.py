@@ -146,8 +146,9 @@ def trace_from_dict(data: Any, *, where: str) -> Trace:
     (-1: none, e.g. the link probes before step 0), a start before the run's start (times
     are seconds from it), an end before the start, negative bytes, and in `meta`
     (`_check_meta`) a `first_step`, `emulated` or `emulation_scale` of another type or
-    range. Other meta keys are kept as they are. What needs the plan (devices, stages,
-    micro-batches in range) the calibration checks (`sim.calibrate`)."""
+    range. Other meta keys are kept as they are. What needs the plan or the shape of a
+    measured run (devices, stages, micro-batches in range, steps one after another from
+    `first_step`, each action once) the calibration checks (`sim.calibrate`)."""
     top = Fields(data, where, ("format", "meta", "columns", "events"))
     if top.raw("format", None) != TRACE_FORMAT:
         raise BadInput(top.at("format"), repr(TRACE_FORMAT), top.raw("format", None))

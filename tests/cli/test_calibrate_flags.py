@@ -86,13 +86,23 @@ def test_a_simulated_trace_is_refused_naming_its_file_and_field(tmp_path, monkey
     (lambda doc: doc["meta"].__setitem__("emulation_scale", 0),
      "meta.emulation_scale: expected"),
     (lambda doc: doc["meta"].__setitem__("device_types", {"a100/0": "H100-SXM"}),
-     "meta.device_types.a100/0: expected 'A100-80GB'")])
+     "meta.device_types.a100/0: expected 'A100-80GB'"),
+    (lambda doc: doc["events"].append(list(doc["events"][20])),
+     "events[48]: expected one event per compute action"),
+    (lambda doc: [e.__setitem__(8, 1001) for e in doc["events"] if e[8] == 1],
+     "events[16][8]: expected step, a step of the run"),
+    (lambda doc: [e.__setitem__(5, e[4]) for e in doc["events"] if e[:2] == ["a100/0", "F"]],
+     "events[16][5]: expected end_s after start_s for some F of a100/0"),
+    (lambda doc: doc["meta"].__setitem__("model", "gpt2-small"),
+     "meta.model: expected 'tiny-gpt'")])
 def test_an_impossible_trace_is_refused_in_one_line_and_nothing_written(
         change, field, tmp_path, monkeypatch, capsys):
     """Each had been fitted (exit 0): a start of -5 s into a per-layer time 100x too large,
     a step 1.5 as step 1, micro-batch 99 of a plan of 4, a plan whose batch does not add
-    up, `emulated: "yes"`, an emulation scale of 0 and a device recorded as another
-    type. Each is bad input: exit 2, one line naming the trace and the field."""
+    up, `emulated: "yes"`, an emulation scale of 0, a device recorded as another type, an
+    action recorded twice, a step 1001 between steps 0 and 2, forwards of 0 s and
+    `meta.model` naming another model than `meta.plan`. Each is bad input: exit 2, one
+    line naming the trace and the field."""
     import json
 
     from factories import chain_plan

@@ -527,3 +527,57 @@ def test_a_trace_its_own_plan_cannot_have_made_is_refused(case, match):
         calibrate([Trace(tuple(events), meta)], sources=["t"])
     meta = {**trace.meta, "device_types": {"a100/0": "A100-80GB", "v100/0": "V100-32GB"}}
     assert calibrate([Trace(trace.events, meta)], sources=["t"]).compute      # as recorded
+
+
+@pytest.mark.parametrize("case,match", [
+    ("twice", r"^t: events\[\d+\]: expected one event per compute action \(a run records "
+              r"each action of a step once\); events\[\d+\] already records 0F0 of step 1 "
+              r"on a100/0$"),
+    ("no_stage", r"^t: events\[\d+\]: expected v100/0's optimizer step of step 0 after all "
+                 r"its actions of that step .*; no F of stage 1, micro-batch 0 was "
+                 r"recorded$"),
+    ("no_backward", r"^t: events\[\d+\]: expected a100/0's optimizer step of step 2 .*; "
+                    r"no B \(or I and W\) of stage 0, micro-batch 3 was recorded$"),
+    ("step_gap", r"^t: events\[\d+\]\[8\]: expected step, a step of the run: a run records "
+                 r"its steps one after another from meta\.first_step 0, and no event has "
+                 r"step 1, got 1001$"),
+    ("before_first", r"^t: events\[\d+\]\[8\]: expected step, a step of the run: from "
+                     r"meta\.first_step 1 on, got 0$"),
+    ("zero_time", r"^t: events\[\d+\]\[5\]: expected end_s after start_s for some F of "
+                  r"a100/0 after the warm-up step .*which would fit F as free$"),
+    ("model", r"^t: meta\.model: expected 'tiny-gpt', the name of the model of meta\.plan "
+              r"\(a run records the model it ran in both\), got 'gpt2-small'$")])
+def test_a_trace_no_run_records_is_refused(case, match):
+    """Each had been fitted (from a bug hunt): every action recorded twice (each fitted
+    twice), a rank's compute missing from steps it ran its optimizer in (its idle time
+    read as overhead), a step 1001 between steps 0 and 2, steps before the run's first,
+    compute that takes 0 s (fitted as free), and `meta.model` naming another model than
+    `meta.plan`. The trace as recorded, or with its first step left out, is fitted."""
+    from dataclasses import replace
+
+    from hyperpipe.core.errors import BadInput
+    plan = _plan([4], ["a100/0", "v100/0"], 2, 4)
+    trace = _synthetic_trace(plan, random.Random(0), 0.0)
+    events, meta = list(trace.events), dict(trace.meta)
+    if case == "twice":
+        events += [e for e in events if e.step == 1]
+    elif case == "no_stage":
+        events = [e for e in events if not (e.device == "v100/0" and e.op in "FIW")]
+    elif case == "no_backward":
+        events = [e for e in events if (e.device, e.op, e.microbatch, e.step) not in {
+            ("a100/0", "I", 3, 2), ("a100/0", "W", 3, 2)}]
+    elif case == "step_gap":
+        events = [replace(e, step=1001) if e.step == 1 else e for e in events]
+    elif case == "before_first":
+        meta["first_step"] = 1
+    elif case == "zero_time":
+        events = [replace(e, end_s=e.start_s) if e.device == "a100/0" and e.op == "F" else e
+                  for e in events]
+    else:
+        meta["model"] = "gpt2-small"
+    with pytest.raises(BadInput, match=match):
+        calibrate([Trace(tuple(events), meta)], sources=["t"])
+    assert calibrate([Trace(trace.events, {**trace.meta, "model": "tiny-gpt"})],
+                     sources=["t"]).compute
+    later = [e for e in trace.events if e.step != 0]      # a run resumed after step 0
+    assert calibrate([Trace(tuple(later), {**trace.meta, "first_step": 1})]).compute
