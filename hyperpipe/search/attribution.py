@@ -80,11 +80,19 @@ def _peak(cost):
 
 def _to_resynthesise(best: Plan, other: Plan, switched: dict[str, Plan | str]) -> list[str]:
     """The factors whose variant needs a schedule of its own: all but the schedule
-    kind's, where B is synthesised and O chose otherwise."""
-    if not schedule_kind(best.schedule).carries_actions:
-        return []
-    return [f for f in ("device choice", "layer partition", "micro-batching", "recompute")
-            if isinstance(switched[f], Plan) and not _same(best, other, f)]
+    kind's, where B is synthesised and O chose otherwise; and the schedule kind's where
+    O's is synthesised (O's choice, for B's stages and chunks, is a synthesis: O's
+    action lists are for O's stages)."""
+    again = []
+    if schedule_kind(other.schedule).carries_actions and \
+            isinstance(switched["schedule kind"], Plan) and \
+            not _same(best, other, "schedule kind"):
+        again.append("schedule kind")
+    if schedule_kind(best.schedule).carries_actions:
+        again += [f for f in ("device choice", "layer partition", "micro-batching",
+                              "recompute")
+                  if isinstance(switched[f], Plan) and not _same(best, other, f)]
+    return again
 
 
 def variants(best: Plan, other: Plan, other_name: str, cost) -> dict[str, Plan | str]:

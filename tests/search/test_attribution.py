@@ -60,6 +60,21 @@ def test_a_synthesised_pick_gets_every_factor_priced():
         simulate_one(kind_only, cost).iteration_time_s)
 
 
+def test_a_synthesised_other_gives_the_pick_a_synthesis_for_the_schedule_kind():
+    """O synthesised, B not: O's action lists are for O's stages, so "schedule kind"
+    (O's choice for B's stages) is a synthesis of B's stages, priced as the search
+    prices one (the best of its orders and the fixed kinds); it had read "n/a (not a
+    valid plan: ... expected per-device action lists for kind 'synth')"."""
+    from hyperpipe.search.attribution import _synthesis_of
+    cost, o, b = synthesised_pick(other_mb=2)          # the roles swapped
+    gains = {g.factor: g for g in attribute(b, o, "uniform", cost)}
+    kind = gains["schedule kind"]
+    assert kind.time_s is not None, kind.note
+    variant = replace(b.plan, schedule="synth", chunks=o.plan.chunks, actions=None)
+    assert kind.time_s == pytest.approx(_synthesis_of(variant, cost)()[0].metrics
+                                        .iteration_time_s)
+
+
 def test_a_synthesised_pick_is_not_resynthesised_for_factors_both_agree_on(monkeypatch):
     """Synthesis is the slow part of the report (24 s of one process at 1,024 GPUs): a
     factor B and O share is reported "same in both" without one."""
