@@ -20,9 +20,11 @@ optimizer: without ZeRO DeepSpeed accumulates bf16 gradients in fp32
 (deepspeed/runtime/engine.py ``get_data_types``), which ``_do_optimizer_sanity_check``
 gives to BF16_Optimizer, and that partitions the fp32 state over the data-parallel ranks
 (deepspeed/runtime/bf16_optimizer.py); stages 2 and 3 import as plan ``zero`` 2 and 3 without a
-pipeline, and with pp > 1 are refused as DeepSpeed refuses them
-(deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
-parallelism").
+pipeline (``--no-pipeline-parallel``: DeepSpeed's engine runs Megatron's GPTModel), and
+are refused beside a pipeline as DeepSpeed refuses them (deepspeed/runtime/pipe/engine.py:
+"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"): with pp > 1, and with
+pp 1 without ``--no-pipeline-parallel``, where Megatron-DeepSpeed's pretrain_gpt.py still
+builds GPTModelPipe for the pipeline engine.
 """
 
 from __future__ import annotations
@@ -213,7 +215,8 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
     a.flag("deepspeed")
     a.text("deepspeed-config")                       # the JSON, given as FILE
     a.integer("zero-stage", allow_zero=True)         # the JSON's stage is the one used
-    if a.flag("no-pipeline-parallel") and job.pp > 1:
+    no_pipe = a.flag("no-pipeline-parallel")
+    if no_pipe and job.pp > 1:
         raise BadInput(f"{args_path}: --no-pipeline-parallel", "no pipeline size beside it",
                        job.pp)
     # DeepSpeed merges the section with .items() (deepspeed/runtime/config.py,
@@ -248,6 +251,17 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
     if job.pp > 1 and zero >= 2:
         raise BadInput(f"{src}: zero_optimization.stage", "0 or 1 with pipeline parallelism "
                        "(DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3)", zero)
+    if zero >= 2 and not no_pipe:
+        # Megatron-DeepSpeed's pretrain_gpt.py builds GPTModelPipe, run by the pipeline
+        # engine, whenever ``args.deepspeed and not args.no_pipeline_parallel``, pp 1 too
+        raise BadInput(f"{args_path}: --no-pipeline-parallel", f"the flag beside {src}'s "
+                       f"zero_optimization.stage {zero} (without it Megatron-DeepSpeed runs "
+                       "GPTModelPipe on DeepSpeed's pipeline engine, which refuses ZeRO-2 "
+                       "and ZeRO-3)", has_got=False)
+    read = dict(_SECTION_KEYS)
+    if zero >= 2:
+        read["zero_optimization"] += ("overlap_comm",)
+        _overlap_comm(top, zero, notes)
     dist_opt = zero >= 1 or bf16_sharded(dtype, zero) or job.distributed_optimizer
     batch = _batch(top, job, src)
     for key in doc:
@@ -255,7 +269,7 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
             notes.unread.append(key_name(key))
         elif isinstance(doc[key], dict):
             notes.unread += [f"{key}.{key_name(sub)}" for sub in doc[key]
-                             if sub not in _SECTION_KEYS[key]]
+                             if sub not in read[key]]
     notes.unread += a.unread_flags()
     return replace(job, source=src, model=model, stages=stages, chunks=1,
                    schedule=framework_kind("deepspeed", 1),
@@ -264,6 +278,30 @@ def read_deepspeed(path: str | Path, args_path: str | Path | None) -> Job:
                    accumulation=None if batch.steps is None else
                    Stated("gradient_accumulation_steps", batch.steps),
                    zero=zero if zero >= 2 else 0, precision={"dtype": dtype})
+
+
+def _overlap_comm(top: Fields, zero: int, notes: Notes) -> None:
+    """Check a ZeRO-2/3 job's ``zero_optimization.overlap_comm`` (DeepSpeed's default:
+    true at stage 3 only, deepspeed/runtime/zero/config.py ``overlap_comm_valid``) and say
+    how the plan prices it. With it DeepSpeed reduce-scatters each gradient bucket from
+    the backward hooks on a stream of its own (zero/stage_1_and_2.py ``average_tensor``,
+    zero/stage3.py ``reduce_and_partition_stream``), as `hyperpipe.sim.sharding` prices
+    every ZeRO-2/3 backward; without it on the compute stream, which the plan does not
+    price. The plan's ``runtime.overlap_grad_reduce`` stays the stack's false: what
+    ZeRO-2 leaves to the step's end, the all-gather of the updated weights, runs after
+    the optimizer step (stage_1_and_2.py ``step``), not beside the backward."""
+    value = top.sub("zero_optimization").raw("overlap_comm", None)
+    if value is None:
+        value = zero == 3
+        notes.assumed.append(f"zero_optimization.overlap_comm {str(value).lower()}, "
+                             f"DeepSpeed's default at stage {zero}")
+    elif not isinstance(value, bool):
+        raise BadInput(f"{top.where}: zero_optimization.overlap_comm", "true or false",
+                       value)
+    if not value:
+        notes.approximated.append("zero_optimization.overlap_comm false: DeepSpeed "
+                                  "reduces each gradient bucket on the compute stream "
+                                  "during the backward; priced as overlapped with it")
 
 
 def bf16_sharded(dtype: str, zero: int) -> bool:

@@ -308,12 +308,14 @@ def _flavor(spec: ModelSpec) -> str | None:
 
 
 def torchtitan_schedule_class(plan: Plan) -> str:
-    """The pipelining class named beside the CSV: the kind's own where torch has one,
-    else one whose stage placement matches (torchtitan places V stages only for
-    ZBVZeroBubble and DualPipeV; distributed/pipeline_parallel.py, pipeline_module_split)."""
-    kind = schedule_kind(plan.schedule)
-    if kind.torch_schedule is not None:
-        return kind.torch_schedule
+    """The pipelining class named beside the CSV: the kind's own where torch has one
+    (`torchtitan.torch_class`, the name the import reads back), else one whose stage
+    placement matches (torchtitan places V stages only for ZBVZeroBubble and DualPipeV;
+    distributed/pipeline_parallel.py, pipeline_module_split)."""
+    from hyperpipe.frameworks.torchtitan import torch_class
+    own = torch_class(schedule_kind(plan.schedule))
+    if own is not None:
+        return own
     from hyperpipe.plan.plan import pipeline_placement
     if pipeline_placement(plan, plan.pipelines[0]) == "v":
         return "ZBVZeroBubble"
@@ -545,17 +547,25 @@ def _megatron(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
 #   none of DeepSpeed's partition methods gives them) and Megatron-DeepSpeed's launch line
 #   (the Megatron flags above, --pp-partition-method, --checkpoint-activations,
 #   --deepspeed --deepspeed_config). Boundaries index GPTModelPipe's layer list
-#   (`hyperpipe.frameworks.deepspeed`).
+#   (`hyperpipe.frameworks.deepspeed`). A ZeRO-2/3 plan without a pipeline runs on
+#   DeepSpeed's engine (--no-pipeline-parallel: Megatron's GPTModel, no partition), its
+#   gradients reduce-scattered beside the backward (zero_optimization.overlap_comm).
 def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
                ) -> tuple[dict[str, str], list[str]]:
     from hyperpipe.frameworks import deepspeed as ds
     from hyperpipe.frameworks.job import Notes
     n = _blocks(spec)
     lost: list[str] = []
+    # DeepSpeed's pipeline engine refuses ZeRO-2/3 (deepspeed/runtime/pipe/engine.py:
+    # "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), and Megatron-
+    # DeepSpeed's pretrain_gpt.py builds the pipeline model unless --no-pipeline-parallel
+    no_pipe = plan.zero >= 2 and lay.pp == 1
     if lay.chunks > 1:
         lost.append("interleaved stages: DeepSpeed's pipeline holds one stage per rank")
     if not _runs_in(lay.schedule, "deepspeed"):
-        lost.append(f"schedule {lay.schedule}: DeepSpeed's TrainSchedule is 1F1B")
+        lost.append(f"schedule {lay.schedule}: " + (
+            "without a pipeline DeepSpeed's engine runs each micro-batch's forward and "
+            "backward in turn" if no_pipe else "DeepSpeed's TrainSchedule is 1F1B"))
     if lay.recompute == "selective":
         lost.append("selective recompute: Megatron-DeepSpeed checkpoints whole layers "
                     "(--checkpoint-activations)")
@@ -608,9 +618,13 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
                     "train_micro_batch_size_per_gpu": lay.micro_batch,
                     "gradient_accumulation_steps": lay.num_microbatches,
                     "zero_optimization": {"stage": zero}}
+    if no_pipe:
+        # the plan prices ZeRO-2/3's per-backward reduce-scatter as overlapped with the
+        # backward (`hyperpipe.sim.sharding`); DeepSpeed's default is that only at stage 3
+        config["zero_optimization"]["overlap_comm"] = True
     if half:
         config[spec.storage_dtype] = {"enabled": True}
-    if method is None:
+    if method is None and not no_pipe:
         config["pipeline"] = {"partition": parts}
     model_args = megatron_model_args(spec, lay.tp, lost, deepspeed=True)
     args = [f"deepspeed --num_nodes 1 --num_gpus {world} pretrain_gpt.py",
@@ -618,14 +632,20 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
             f"--pipeline-model-parallel-size {lay.pp}", *model_args,
             f"--micro-batch-size {lay.micro_batch}",
             f"--global-batch-size {lay.global_batch}"]
-    if method is not None:
+    if no_pipe:
+        args.append("--no-pipeline-parallel")
+    elif method is not None:
         args.append(f"--pp-partition-method '{method}'")
     if lay.recompute != "none":
         args.append("--checkpoint-activations")
     args += ["--deepspeed", f"--deepspeed_config {main}", f"--zero-stage {zero}"]
     notes = [f"# GPTModelPipe's {len(ds.pipe_specs(n, half))} layers split at {parts} "
              "(stage s holds layers[parts[s]:parts[s+1]])"]
-    if method is None:
+    if no_pipe:
+        notes = [f"# ZeRO-{zero} without a pipeline: --no-pipeline-parallel runs Megatron's "
+                 "GPTModel on DeepSpeed's engine (its pipeline engine refuses ZeRO-2 and "
+                 "ZeRO-3)"]
+    elif method is None:
         notes += ["# no partition method gives these parts: they are the JSON's "
                   "pipeline.partition; build the model so that it uses them:",
                   "#   class PlannedPipe(GPTModelPipe):",

@@ -34,7 +34,14 @@ from hyperpipe.core.errors import BadInput, key_name
 from hyperpipe.core.files import read_text
 from hyperpipe.frameworks.job import Job, Notes, ranges_of_units, split_blocks
 from hyperpipe.models.loader import GPT_KEYS
-from hyperpipe.plan.kinds import DEFAULT_KIND, GENERATED_KINDS, KINDS, SYNTH, generate
+from hyperpipe.plan.kinds import (
+    DEFAULT_KIND,
+    GENERATED_KINDS,
+    KINDS,
+    SYNTH,
+    ScheduleKind,
+    generate,
+)
 from hyperpipe.plan.schedule import Action, ScheduleError
 
 # torchtitan's Llama 3 flavours (torchtitan/models/llama3/__init__.py, ``llama3_args``;
@@ -46,6 +53,28 @@ LLAMA3_FLAVORS: dict[str, tuple[int, int, int, int | None, float | None, int, fl
     "70B": (8192, 80, 64, 8, 1.3, 4096, 500000.0, 128256),
     "405B": (16384, 126, 128, 8, 1.2, 4096, 500000.0, 128256),
 }
+
+
+# torch.distributed.pipelining schedule classes (``get_schedule_class`` names) whose
+# order a kind generates though its record names no torch class
+# (`ScheduleKind.torch_schedule`): ScheduleDualPipeV runs dualpipe-v's order
+# (hyperpipe/plan/generators_v.py; tests/plan/test_schedule_v.py compares the two).
+# torch's LoopedBFS and InterleavedZeroBubble (looped stages, the latter with the
+# backward split) have no kind: their orders import as a schedule CSV.
+TORCH_CLASS_KINDS = {"DualPipeV": "dualpipe-v"}
+
+
+def torch_class(kind: ScheduleKind) -> str | None:
+    """The torch.distributed.pipelining class that runs `kind`'s order, or None."""
+    return kind.torch_schedule or next(
+        (cls for cls, name in TORCH_CLASS_KINDS.items() if name == kind.name), None)
+
+
+def _runs_class(kind: ScheduleKind, name: str) -> bool:
+    """Whether torch's class `name` runs `kind`'s order (torch's ``get_schedule_class``
+    reads names case-insensitively)."""
+    own = torch_class(kind)
+    return own is not None and own.lower() == name.lower()
 
 
 def ffn_hidden(dim: int, multiplier: float | None, multiple_of: int) -> int:
@@ -271,7 +300,7 @@ def _schedule(take, src: str, toml: Path, pp: int, notes: Notes
     name = str(take("parallelism", "pipeline_parallel_schedule", "1F1B"))
     csv_path = take("parallelism", "pipeline_parallel_schedule_csv", "") or ""
     single = name.lower() == "pipelineschedulesingle" or any(
-        k.torch_schedule and k.torch_schedule.lower() == name.lower() and not k.takes_chunks
+        _runs_class(k, name) and not k.takes_chunks
         and k.default_chunks == 1 for k in KINDS.values())
     if csv_path:
         rows = read_csv_schedule(_beside(toml, str(csv_path)), pp)
@@ -279,12 +308,13 @@ def _schedule(take, src: str, toml: Path, pp: int, notes: Notes
     if pp == 1:
         return DEFAULT_KIND, 1, None, True
     for kind in KINDS.values():
-        if kind.torch_schedule and kind.torch_schedule.lower() == name.lower():
+        if _runs_class(kind, name):
             chunks = None if kind.takes_chunks else kind.default_chunks
             return kind.name, chunks, None, single
+    accepted = [cls for cls in map(torch_class, KINDS.values()) if cls]
     raise BadInput(f"{src}: parallelism.pipeline_parallel_schedule", "a schedule HyperPipe "
-                   "runs (" + ", ".join(k.torch_schedule for k in KINDS.values()
-                                        if k.torch_schedule) + ") or a schedule CSV", name)
+                   f"runs ({', '.join(accepted)}), or any other order as a schedule CSV "
+                   "(pipeline_parallel_schedule_csv)", name)
 
 
 def _beside(toml: Path, csv_path: str) -> Path:

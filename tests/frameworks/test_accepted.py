@@ -272,3 +272,19 @@ def test_deepspeed_export_names_the_method_that_gives_the_stages(ranges, method)
     if method == "uniform":
         assert [int(x) for x in ds_utils.partition_uniform(19, 2)] == \
             ds.parts_of(tuple(ranges), 12, True)
+
+
+def test_deepspeed_reads_the_zero_export_and_the_overlap_default_the_import_assumes():
+    """DeepSpeed's ZeRO config: overlap_comm defaults to true at stage 3 only (what the
+    import assumes where the JSON is silent), and the export of a zero 2 plan without a
+    pipeline turns it on."""
+    import json
+    from dataclasses import replace
+
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    assert [DeepSpeedZeroConfig(stage=z).overlap_comm for z in (1, 2, 3)] == \
+        [False, False, True]
+    plan = replace(plan_of("1f1b", p=1, dp=2, dist_opt=True), zero=2)
+    doc = json.loads(export_files(plan, "deepspeed", "job.json")["job.json"])
+    cfg = DeepSpeedZeroConfig(**doc["zero_optimization"])
+    assert (cfg.stage, cfg.overlap_comm) == (2, True)

@@ -321,3 +321,140 @@ def test_a_tf32_model_exports_as_fp32_with_the_switch_named(tmp_path, framework)
     got, text = round_trip(plan, framework, tmp_path)
     assert "cannot express: dtype tf32" in text and "allow_tf32" in text
     assert got.load_model().dtype == "fp32"
+
+
+# ------------------------------------------------------------ DeepSpeed ZeRO-2/3, pp 1
+NO_PIPE = PP1 + " --no-pipeline-parallel"
+
+
+def _zero_plan(zero: int, p: int):
+    from dataclasses import replace
+    return replace(plan_of("1f1b", p=p, dp=2, dist_opt=True), zero=zero)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_deepspeed_zero_2_3_of_one_stage_exports_without_the_pipeline_engine(zero, tmp_path):
+    """Megatron-DeepSpeed builds GPTModelPipe for DeepSpeed's pipeline engine, which
+    refuses ZeRO-2/3, unless --no-pipeline-parallel: a zero 2/3 plan of one stage per
+    replica exports with that flag, no partition (method, boundaries or GPTModelPipe's
+    split) and overlap_comm on, and reads back as itself; with a pipeline, zero is
+    named lost and no flag is written."""
+    plan = _zero_plan(zero, 1)
+    files = export_files(plan, "deepspeed", "job.json")
+    args = read_launch(files["job.args"], "job.args").args.options
+    assert "no-pipeline-parallel" in args and "pp-partition-method" not in args
+    assert "GPTModelPipe" not in files["job.args"]
+    assert "cannot express" not in files["job.args"]
+    doc = json.loads(files["job.json"])
+    assert doc["zero_optimization"] == {"stage": zero, "overlap_comm": True}
+    assert "pipeline" not in doc
+    got, _ = round_trip(plan, "deepspeed", tmp_path)
+    assert got.zero == zero and [len(p.stages) for p in got.pipelines] == [1, 1]
+    piped = "\n".join(export_files(_zero_plan(zero, 2), "deepspeed", "job.json").values())
+    assert f"cannot express: zero {zero}" in piped
+    assert "--no-pipeline-parallel" not in piped
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_deepspeed_zero_2_3_without_no_pipeline_parallel_is_refused(zero, tmp_path, capsys):
+    """pp 1 without --no-pipeline-parallel is still DeepSpeed's pipeline engine, which
+    fails at start with ZeRO-2/3: refused in one line naming the arguments' file and
+    flag and the JSON's stage; with the flag the job imports."""
+    doc = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 8,
+           "zero_optimization": {"stage": zero}}
+    (tmp_path / "d.json").write_text(json.dumps(doc))
+    (tmp_path / "d.args").write_text(PP1)
+    (tmp_path / "c.json").write_text(json.dumps(A100_NODE))
+    argv = ["import", "--from", "deepspeed", tmp_path / "d.json", "--args",
+            tmp_path / "d.args", "--cluster", tmp_path / "c.json"]
+    rc, out, err = cli(capsys, argv)
+    assert_one_line(rc, err, 2, "d.args: --no-pipeline-parallel",
+                    f"zero_optimization.stage {zero}", "d.json")
+    assert out == ""
+    (tmp_path / "d.args").write_text(NO_PIPE)
+    rc, out, err = cli(capsys, argv)
+    assert rc == 0 and json.loads(out)["zero"] == zero
+
+
+@pytest.mark.parametrize("zero, given, approximated", [
+    (2, None, True), (2, True, False), (3, None, False), (3, False, True)])
+def test_deepspeed_overlap_comm_without_a_pipeline_is_read(zero, given, approximated,
+                                                           tmp_path):
+    """ZeRO-2/3 on DeepSpeed's engine reduce-scatters the gradients from the backward
+    hooks, on a stream of its own with overlap_comm (its default at stage 3 only), as
+    the plan prices it; without it on the compute stream, said to be approximated. The
+    plan's overlap_grad_reduce stays false: ZeRO-2's all-gather of the updated weights
+    follows the optimizer step (zero/stage_1_and_2.py ``step``)."""
+    section = {"stage": zero, **({} if given is None else {"overlap_comm": given})}
+    plan, notes = _deepspeed(tmp_path, {"train_micro_batch_size_per_gpu": 1,
+                                        "train_batch_size": 8,
+                                        "zero_optimization": section}, NO_PIPE)
+    assert plan.zero == zero
+    assert not any("overlap_comm" in x for x in notes.unread)
+    assert any("overlap_comm false: DeepSpeed reduces" in x
+               for x in notes.approximated) == approximated
+    assert any("overlap_comm" in x for x in notes.assumed) == (given is None)
+    assert plan.runtime_settings().overlap_grad_reduce is False
+    section["overlap_comm"] = "yes"
+    with pytest.raises(BadInput, match="zero_optimization.overlap_comm: expected true or "
+                                       "false"):
+        _deepspeed(tmp_path, {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 8,
+                              "zero_optimization": section}, NO_PIPE)
+
+
+def test_overlap_comm_of_zero_1_and_beside_a_pipeline_stays_not_read(tmp_path):
+    """Only ZeRO-2/3 reads overlap_comm (DeepSpeed's pipeline engine turns it off)."""
+    _, notes = _deepspeed(tmp_path, {"train_micro_batch_size_per_gpu": 1,
+                                     "train_batch_size": 8, "zero_optimization": {
+                                         "stage": 1, "overlap_comm": True}}, MEGATRON)
+    assert "zero_optimization.overlap_comm" in notes.unread
+
+
+# ------------------------------------------------------------ fp8 import, as documented
+def test_fp8_imports_as_the_fp8_dtype_as_the_docs_say(tmp_path):
+    """``--fp8-format`` imports as dtype fp8 (the blocks' linears at the fp8 peak, bf16
+    storage); over --fp16 it is said to be approximated as fp8 over bf16. The docs' list
+    of import approximations says that, not the bf16/fp16 peak of before."""
+    from pathlib import Path
+    line = PP1 + " --fp8-format hybrid"
+    for flag, said in (("--bf16", False), ("--fp16", True)):
+        job = read_megatron(f"{line} {flag}", "m.sh")
+        assert job.model["dtype"] == "fp8"
+        assert any("priced as fp8 over bf16" in x for x in job.notes.approximated) == said
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
+    section = doc.split("## Importing a framework job")[1].split("\n## ")[0]
+    assert "fp8 at the bf16/fp16 peak" not in section
+    assert "`--fp8-format` (or `--fp8`) over `--fp16` or fp32 as dtype `fp8`" in section
+
+
+# ------------------------------------------------------------ torchtitan schedule classes
+def test_torchtitan_dualpipev_imports_as_dualpipe_v_and_exports_by_its_name(tmp_path):
+    """torch's ScheduleDualPipeV runs dualpipe-v's order: the TOML naming it imports as
+    dualpipe-v (two V-placed stages per rank), and a dualpipe-v plan's export names
+    DualPipeV beside its CSV, which reads back as dualpipe-v without the CSV too."""
+    from hostile import TOML
+
+    from hyperpipe.frameworks.torchtitan import read_torchtitan
+    from hyperpipe.plan.plan import pipeline_placement
+    got, _ = import_plan("torchtitan", _toml(tmp_path, TOML + 'pipeline_parallel_schedule = '
+                                                   '"DualPipeV"\n'), load_cluster(A100_NODE))
+    assert (got.schedule, got.chunks) == ("dualpipe-v", 2)
+    assert pipeline_placement(got, got.pipelines[0]) == "v"
+    text = export_files(plan_of("dualpipe-v", p=2, dp=2), "torchtitan", "job.toml")["job.toml"]
+    assert 'pipeline_parallel_schedule = "DualPipeV"' in text
+    bare = re.sub(r"pipeline_parallel_schedule_csv = .*\n", "", text)
+    assert read_torchtitan(_toml(tmp_path, bare), n_layer=12).schedule == "dualpipe-v"
+
+
+@pytest.mark.parametrize("name", ["LoopedBFS", "InterleavedZeroBubble", ""])
+def test_torchtitan_schedules_without_a_kind_are_refused_naming_what_is_taken(
+        name, tmp_path, capsys):
+    from hostile import TOML
+    (tmp_path / "c.json").write_text(json.dumps(A100_NODE))
+    path = _toml(tmp_path, TOML + f'pipeline_parallel_schedule = "{name}"\n')
+    rc, out, err = cli(capsys, ["import", "--from", "torchtitan", path, "--cluster",
+                                tmp_path / "c.json"])
+    assert_one_line(rc, err, 2, "job.toml: parallelism.pipeline_parallel_schedule",
+                    "GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV",
+                    "pipeline_parallel_schedule_csv", repr(name))
+    assert out == ""
