@@ -136,6 +136,7 @@ def run(opts: WhatIfOptions) -> int:
     from hyperpipe.plan.plan import load_plan
     from hyperpipe.whatif.variants import Planning
     ca.check_vary_size(list(opts.vary))
+    _check_failure_flags(opts.failures)
     if opts.plot:
         figure_format(opts.plot)          # before the sweep, not after it
     check_outputs([("--cluster", opts.workload.cluster), ("--model", opts.workload.model),
@@ -222,6 +223,23 @@ def _failures(opts: WhatIfOptions, planning: Planning, backend: Any) -> int:
         if opts.plot:
             print(f"plot written to {opts.plot}")
     return EXIT_OK
+
+
+def _check_failure_flags(flags: FailureFlags) -> None:
+    """BadInput for a failures flag given without `--failures` (nothing would read it),
+    and for `--storage-bandwidth` beside `--checkpoint-write-time` (the write time is
+    taken as given: the bandwidth would go unread)."""
+    if not flags.failures:
+        for field in ("mtbf", "storage_bandwidth", "checkpoint_size",
+                      "checkpoint_write_time", "restart_time", "checkpoint_interval"):
+            if getattr(flags, field) not in (None, ()):
+                raise BadInput("--" + field.replace("_", "-"), "--failures beside it (only "
+                               "the failure study reads it; a sweep does not)",
+                               has_got=False)
+    if flags.storage_bandwidth is not None and flags.checkpoint_write_time is not None:
+        raise BadInput("--storage-bandwidth", "no --checkpoint-write-time beside it (which "
+                       "gives the write time itself; the bandwidth only turns the "
+                       "checkpoint size into one)", has_got=False)
 
 
 def _failure_options(flags: FailureFlags, planning: Planning) -> FailureOptions:

@@ -76,11 +76,12 @@ def improves(c: SearchConstraints, new: Metrics, old: Metrics,
 
 
 def pareto_front(cands: list[Candidate]) -> list[Candidate]:
-    """Feasible candidates not beaten on both iteration time and cost per million
-    tokens, by increasing iteration time (empty when the cluster has no prices)."""
+    """Feasible candidates not beaten on both speed (tokens per second: plans of what-if
+    variants may train other batches or sequences per iteration) and cost per million
+    tokens, fastest first (empty when the cluster has no prices)."""
     pts = [c for c in cands if c.metrics.feasible and c.metrics.cost_per_million_tokens
            is not None]
-    pts.sort(key=lambda c: (c.metrics.iteration_time_s, c.metrics.cost_per_million_tokens))
+    pts.sort(key=lambda c: (-c.metrics.tokens_per_s, c.metrics.cost_per_million_tokens))
     front, best_cost = [], math.inf
     for cand in pts:
         if cand.metrics.cost_per_million_tokens < best_cost - 1e-12:

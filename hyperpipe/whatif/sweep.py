@@ -31,6 +31,7 @@ from hyperpipe.cluster.cluster import (
 )
 from hyperpipe.core import limits
 from hyperpipe.core.errors import BadInput, InfeasiblePlan, printable
+from hyperpipe.core.files import whole_number
 from hyperpipe.core.progress import Progress
 from hyperpipe.models import ModelSpec, load_model
 from hyperpipe.plan.plan import Plan
@@ -42,7 +43,7 @@ from hyperpipe.sim.costmodel import CostModel
 from hyperpipe.whatif.added_devices import keep_unused, needs_base, simulate_on
 from hyperpipe.whatif.stragglers import is_straggler_key
 from hyperpipe.whatif.variants import Planning, Row, VariantTask, WhatIfResult
-from hyperpipe.whatif.vary_paths import TABLE_FIELDS, check_vary
+from hyperpipe.whatif.vary_paths import TABLE_FIELDS, check_profile_fit, check_vary
 
 __all__ = ["Planning", "Row", "SweepOptions", "VariantTask", "WhatIfResult",
            "evaluate_variant", "format_whatif", "parse_vary", "plot_whatif", "set_path",
@@ -187,8 +188,8 @@ def _variants(model: ModelSpec, source: Any, cluster: Cluster, global_batch: int
                 ref = value
             elif key.startswith("model."):
                 overrides[key[len("model."):]] = _scalar(value)
-            elif key == "global_batch":
-                batch = _scalar(value)
+            elif key == "global_batch":     # `1e2`, `100.0`: 100, as files read it
+                batch = whole_number(_scalar(value))
             elif key == "use":         # by the type each node's `device` resolves to
                 keep = set(value.split("+"))
                 names = [*builtin_device_types(),
@@ -252,7 +253,9 @@ def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile
     overridden (None: `model` itself). Under a progress bar the searches' own are silent.
     `profile` is checked against each variant's model and device types as `search`
     checks it (`check_profile`; errors name `profile_source` and the variant), before any
-    search runs, unless `allow_profile_mismatch`.
+    search runs, unless `allow_profile_mismatch`; a cluster field whose value its fits
+    replace (a fitted link, a device type's compute fits: `check_profile_fit`) is
+    refused beside it, whatever `allow_profile_mismatch` says.
     """
     planning = options.planning
     c = planning.constraints()
@@ -264,7 +267,8 @@ def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile
     tasks = []
     for combo, spec, variant, batch in _variants(model, source, cluster, planning.global_batch,
                                                  options.vary, options.pool):
-        if not isinstance(batch, int) or not 1 <= batch <= limits.MAX_GLOBAL_BATCH:
+        if not isinstance(batch, int) or isinstance(batch, bool) \
+                or not 1 <= batch <= limits.MAX_GLOBAL_BATCH:
             raise BadInput("vary global_batch", "positive integers of at most "
                            f"{limits.MAX_GLOBAL_BATCH} (hyperpipe.core.limits)", batch)
         shown = tuple((printable(k), printable(v)) for k, v in combo)    # as printed
@@ -272,6 +276,12 @@ def whatif(model: ModelSpec, cluster: Cluster, options: SweepOptions, *, profile
             check_profile(profile, spec, variant, allow_mismatch=allow_profile_mismatch,
                           where=f"{profile_source} (vary "
                           f"{', '.join(f'{k}={v}' for k, v in combo)})")
+        if profile is not None:       # what its fits price, a sweep cannot vary
+            kinds = {layer.kind for layer in spec.layers}
+            for key, _ in combo:
+                if key not in ("global_batch", "use") and key.split(".")[0] != "model":
+                    check_profile_fit(key, profile, cluster.source, kinds,
+                                      source=profile_source)
         tasks.append(VariantTask(shown, spec, variant,
                                  replace(c, global_batch=batch), profile, one, plan))
     given = VariantTask((), model, cluster, c, profile, one, None)
@@ -367,12 +377,17 @@ def format_whatif(result: WhatIfResult) -> str:
                    f"  {m.throughput_samples_per_s:9.2f}  {speed}  {cost}  "
                    f"{r.description}{star}")
     if len(result.pareto) > 1:
-        out += ["", "* on the Pareto front of iteration time and cost per million tokens"]
+        out += ["", "* on the Pareto front of tokens/s and cost per million tokens"]
     ok = [r for r in result.rows if r.best is not None]
     if ok:
-        fastest = min(ok, key=lambda r: r.best.metrics.iteration_time_s)
-        out += ["", f"fastest: {fastest.label} ({fastest.best.metrics.throughput_samples_per_s:.2f}"
-                f" samples/s)"]
+        # by the work done per second: variants may train other batches or sequences
+        # in an iteration, so the least iteration time is not the most training
+        fastest = max(ok, key=lambda r: r.best.metrics.tokens_per_s)
+        m = fastest.best.metrics
+        tokens = f"{m.tokens_per_s:,.0f}" if m.tokens_per_s >= 1000 else \
+            f"{m.tokens_per_s:.4g}"               # no exponent, as `simulate` shows it
+        out += ["", f"fastest: {fastest.label} ({tokens} tokens/s, "
+                f"{m.throughput_samples_per_s:.2f} samples/s)"]
         priced = [r for r in ok if r.best.metrics.cost_per_million_tokens is not None]
         if priced:
             cheapest = min(priced, key=lambda r: r.best.metrics.cost_per_million_tokens)

@@ -93,7 +93,7 @@ class WhatIfResult:
     model: str
     cluster: str
     rows: list[Row]
-    pareto: list[int] = field(default_factory=list)    # rows on the (time, cost) front
+    pareto: list[int] = field(default_factory=list)    # rows on the (tokens/s, cost) front
     kind: str = "sweep"          # "stragglers": rows carry today's plan kept as well
 
     def to_dict(self) -> dict[str, Any]:

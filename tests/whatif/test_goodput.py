@@ -136,6 +136,41 @@ def test_whatif_failures_cli(tmp_path, capsys):
         assert rc == 2 and len(err) == 1 and missing in err[0], err
 
 
+@pytest.mark.parametrize("flag,value", [
+    ("--mtbf", "5 days"), ("--storage-bandwidth", "1 GB/s"), ("--checkpoint-size", "1 GB"),
+    ("--checkpoint-write-time", "30 s"), ("--restart-time", "10 min"),
+    ("--checkpoint-interval", "1 h")])
+def test_a_failures_flag_without_failures_is_refused(flag, value, tmp_path, capsys):
+    """A sweep read none of them: accepted and ignored, as if it had studied them.
+    Refused in one line naming the flag, before the sweep writes anything."""
+    png = tmp_path / "sweep.png"
+    rc = main(["whatif", *_files(tmp_path), "--vary", "global_batch=4,8", flag, value,
+               "--plot", str(png)])
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
+    assert rc == 2 and out == "" and err == [
+        f"hyperpipe: error: {flag}: expected --failures beside it (only the failure study "
+        "reads it; a sweep does not)"], err
+    assert not png.exists()
+
+
+def test_storage_bandwidth_beside_a_write_time_is_refused(tmp_path, capsys):
+    """The write time given is the write time (`FailureOptions.write_s`): a storage
+    bandwidth beside it went unread."""
+    png = tmp_path / "goodput.png"
+    flags = ["whatif", "--failures", *_files(tmp_path), "--restart-time", "10 min",
+             "--checkpoint-write-time", "30 s", "--plot", str(png)]
+    rc = main([*flags, "--storage-bandwidth", "1 GB/s"])
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(err) == 1 and err[0].startswith(
+        "hyperpipe: error: --storage-bandwidth: expected no --checkpoint-write-time beside "
+        "it (which gives the write time itself"), err
+    assert not png.exists()
+    assert main(flags) == 0                      # the write time alone: the study runs
+    assert "written in 30 s" in capsys.readouterr().out and png.exists()
+
+
 def _four_replicas(tmp_path):
     """The `_files` cluster and model, and a plan of four one-stage replicas, one per
     device (a/0 a/1 b/0 b/1), micro-batch 1, the global batch of 8 as 3, 1, 2, 2."""

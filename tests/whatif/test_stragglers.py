@@ -302,3 +302,27 @@ def test_straggler_whatif_cli(tmp_path, capsys):
                "8", "--vary", "nodes.a.slowdown=1.0,0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "slowdown" in err[0]
+
+
+def test_straggler_table_shows_short_iterations_to_the_digits_of_their_gap():
+    """Iterations of a few ms printed as '0.004 s' next to '0.003 s' read +33% beside a
+    gap of +18.6%: each is shown in ms to at least 5 significant digits, so the two shown
+    give the gap shown (to its 0.1%)."""
+    import re
+    spec = synthetic_model(4, fwd_flops_per_sample=1e8, activation_bytes_per_sample=0.0,
+                           params_per_layer=0)
+    res = whatif(load_model(spec), load_cluster(doc(nodes=2, count=2)), SweepOptions(
+        Planning(global_batch=8, micro_batch=1), vary=("nodes.n0.slowdown=1,1.5",)))
+    assert all(r.best.metrics.iteration_time_s < 0.01 for r in res.rows)
+    lines = format_stragglers(res).splitlines()
+    assert "keep (ms)" in lines[3] and "re-plan (ms)" in lines[3]
+    gaps = []
+    for r, line in zip(res.rows, lines[4:], strict=False):
+        numbers = re.findall(r" (\d+\.\d+)", line[len(r.label):])
+        keep, best = float(numbers[0]), float(numbers[2])
+        gap = float(re.search(r"([+-]\d+\.\d)%", line).group(1))
+        assert keep == pytest.approx(r.kept.metrics.iteration_time_s * 1e3, rel=1e-4)
+        assert best == pytest.approx(r.best.metrics.iteration_time_s * 1e3, rel=1e-4)
+        assert abs((keep / best - 1) * 100 - gap) <= 0.06, line
+        gaps.append(gap)
+    assert gaps[0] == 0.0 and gaps[1] > 1.0          # a gap that the digits must carry

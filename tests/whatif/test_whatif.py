@@ -153,3 +153,41 @@ def test_a_field_varied_twice_or_a_bad_model_field_is_named(vary, line, capsys):
                *[a for v in vary for a in ("--vary", v)]])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and line in err[0], err
+
+
+@pytest.mark.parametrize("vary,first_faster", [("global_batch=2,32", True),
+                                               ("model.seq_len=1,4", False)])
+def test_fastest_is_the_most_work_per_second_not_the_shortest_iteration(vary, first_faster):
+    """Variants that train other batches or sequences in an iteration: the fastest is
+    the one with the most tokens per second (samples/s x seq_len), shown in the line;
+    the shortest iteration (batch 2) or a tie (the same samples of 1 and 4 tokens) named
+    the variant that trains least."""
+    res = whatif(load_model(MODEL), load_cluster(_cluster()), SweepOptions(
+        Planning(global_batch=8, micro_batch=1), vary=(vary,)))
+    first, second = (r.best.metrics for r in res.rows)
+    # the oracle: the iteration times, and the work each variant does per iteration
+    assert (first.iteration_time_s < second.iteration_time_s) is first_faster or \
+        first.iteration_time_s == second.iteration_time_s
+    assert second.tokens_per_s > first.tokens_per_s
+    work = 32 if vary.startswith("global_batch") else 8 * 4       # tokens per iteration
+    assert second.tokens_per_s == pytest.approx(work / second.iteration_time_s)
+    (line,) = [x for x in format_whatif(res).splitlines() if x.startswith("fastest:")]
+    assert line == (f"fastest: {res.rows[1].label} ({second.tokens_per_s:.4g} tokens/s, "
+                    f"{second.throughput_samples_per_s:.2f} samples/s)"), line
+
+
+def test_the_pareto_front_ranks_variants_by_tokens_per_second():
+    """A global_batch sweep on a priced cluster: a smaller batch's shorter iteration
+    trains less; the front keeps what no variant beats on both tokens/s and cost per
+    million tokens (by hand over the rows), fastest first. Ranked by iteration time,
+    the batch of 2 had joined it beside the batch of 32 that beats it on both."""
+    res = whatif(load_model(MODEL), load_cluster(_cluster()), SweepOptions(
+        Planning(global_batch=8, micro_batch=1), vary=("global_batch=2,32",)))
+    ms = [r.best.metrics for r in res.rows]
+    beaten = [any(o.tokens_per_s >= m.tokens_per_s and o.cost_per_million_tokens <=
+                  m.cost_per_million_tokens and o is not m and
+                  (o.tokens_per_s, o.cost_per_million_tokens) !=
+                  (m.tokens_per_s, m.cost_per_million_tokens) for o in ms) for m in ms]
+    assert sorted(res.pareto) == [i for i, b in enumerate(beaten) if not b]
+    front = [ms[i] for i in res.pareto]
+    assert all(a.tokens_per_s >= b.tokens_per_s for a, b in itertools.pairwise(front))

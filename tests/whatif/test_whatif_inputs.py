@@ -10,6 +10,7 @@ against a sweep of the same value written another way.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from factories import FREE_LINK, cluster_doc, device_type
@@ -94,6 +95,137 @@ def test_whatif_cli_refuses_a_profile_for_another_variant_unless_allowed(tmp_pat
     assert main([*base, "--allow-profile-mismatch"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["settings"] for r in rows] == [{"model.layers": "8"}, {"model.layers": "4"}]
+
+
+# ------------------------------------------------- what a profile's fits price instead
+
+def _linked_profile(spec, links: dict[str, float]):
+    """`_profile(spec)` with fitted links: class -> bandwidth (bytes/s), 10 us each."""
+    profile = _profile(spec)
+    doc = profile.to_dict()
+    doc["links"] = {k: {"bandwidth_bytes_per_s": bw, "latency_s": 1e-5}
+                    for k, bw in links.items()}
+    return profile_from_dict(doc, where="p.json")
+
+
+def _doc_with_paths() -> dict:
+    """`_cluster()` with region paths, NICs, and node b's intra link left to its type."""
+    doc = _cluster()
+    doc["links"] = [{"between": ["a", "b"], "bandwidth": "10 Gbit/s"}]
+    doc["nodes"][0]["nics"] = {"count": 2, "bandwidth": "100 Gbit/s"}
+    del doc["nodes"][1]["intra_link"]
+    return doc
+
+
+@pytest.mark.parametrize("links,vary,fit", [
+    ({"inter": 1e9}, "inter_node.bandwidth=1 Gbit/s,100 Gbit/s", "inter"),
+    ({"*": 1e9}, "inter_node.latency=1 us,1 ms", "*"),
+    ({"inter": 1e9}, "nodes.a.nic.bandwidth=1 Gbit/s,100 Gbit/s", "inter"),
+    ({"inter": 1e9}, "nodes.a.nics.bandwidth=1 Gbit/s,100 Gbit/s", "inter"),
+    ({"inter": 1e9}, "nodes.a.nics.latency=1 us,1 ms", "inter"),
+    ({"inter": 1e9}, "links.0.bandwidth=1 Gbit/s,100 Gbit/s", "inter"),
+    ({"intra:a": 1e9}, "nodes.a.intra_link.bandwidth=1 GB/s,100 GB/s", "intra:a"),
+    ({"*": 1e9}, "nodes.1.intra_link.latency=1 us,1 ms", "*"),
+    # node b's intra link is its type's
+    ({"intra:b": 1e9}, "device_types.slow.link_bandwidth=1 GB/s,100 GB/s", "intra:b")])
+def test_a_sweep_of_what_a_fitted_link_prices_is_refused(links, vary, fit):
+    """A fitted link replaces the bandwidth and latency of every route of its class
+    (`CostModel.route`): a sweep of them beside it printed identical rows (and named the
+    slowest value fastest). Refused before any search, naming the path and the fit."""
+    spec = load_model(MODEL)
+    key = vary.split("=", 1)[0]
+    routes = "between nodes" if key.split(".")[0] in ("inter_node", "links") or \
+        ".nic" in key else f"inside node {'a' if '.a.' in key else 'b'}"
+    with pytest.raises(BadInput, match=f"^vary {re.escape(key)}: expected a field that "
+                       f"profile does not fit: its fitted link for the routes {routes} "
+                       f"{re.escape(f'(links.{fit}) prices them')}"):
+        whatif(spec, load_cluster(_doc_with_paths()), SweepOptions(PLANNING, vary=(vary,)),
+               profile=_linked_profile(spec, links))
+
+
+@pytest.mark.parametrize("vary", [
+    "device_types.slow.peak_flops=1 TFLOP/s,4 TFLOP/s",
+    "device_types.slow.peak_flops.fp32=1 TFLOP/s,4 TFLOP/s",
+    "device_types.fast.efficiency=0.5,1.0",
+    "device_types.fast.mem_bandwidth=1 TB/s,2 TB/s"])
+def test_a_sweep_of_what_compute_fits_price_is_refused(vary):
+    """A device type's compute fits price its layers in place of its peak, efficiency
+    and memory bandwidth (`CostModel.layer_time_s`): refused beside them, whatever
+    `allow_profile_mismatch` says (it is about what the profile was measured on)."""
+    spec = load_model(MODEL)
+    key = vary.split("=", 1)[0]
+    dtype = key.split(".")[1]
+    for allow in (False, True):
+        with pytest.raises(BadInput, match=f"^vary {key}: expected a field that profile "
+                           f"does not fit: its compute fits of device type {dtype} "):
+            whatif(spec, load_cluster(_cluster()), SweepOptions(PLANNING, vary=(vary,)),
+                   profile=_profile(spec), allow_profile_mismatch=allow)
+
+
+@pytest.mark.parametrize("vary", [
+    "nodes.b.slowdown=1,4",                        # stretches the fitted times
+    "nodes.b.count=1,2",
+    "nodes.a.nics.count=1,2",                      # how routes share the NICs
+    "nodes.a.intra_link.bandwidth=1 MB/s,1e15 B/s",   # fitted: inter only
+    "device_types.fast.memory=20 GB,100 GB"])
+def test_a_sweep_of_what_the_profile_leaves_to_the_cluster_still_runs(vary):
+    """What the profile does not price stays a what-if beside it: each value is what
+    the cluster so set gives under the profile (the sweep's row against a search of
+    that cluster with the same profile)."""
+    spec = load_model(MODEL)
+    profile = _linked_profile(spec, {"inter": 1e9})
+    res = whatif(spec, load_cluster(_doc_with_paths()), SweepOptions(PLANNING, vary=(vary,)),
+                 profile=profile)
+    key, values = vary.split("=", 1)
+    from hyperpipe.search.search import search
+    for row, value in zip(res.rows, values.split(","), strict=True):
+        doc = _doc_with_paths()
+        set_path(doc, key, value)
+        alone = search(spec, cluster_from_dict(doc, where="c", name="two-nodes"),
+                       PLANNING.constraints(), profile=profile, top=1, peers=False).best
+        assert row.best.metrics.iteration_time_s == pytest.approx(
+            alone.metrics.iteration_time_s, rel=1e-9), (vary, value)
+    times = [r.best.metrics.iteration_time_s for r in res.rows]
+    if key == "nodes.b.slowdown":
+        assert times[0] != pytest.approx(times[1], rel=1e-6), times    # it still counts
+
+
+def test_compute_fits_of_layer_kinds_the_model_lacks_leave_the_peak_to_the_cluster():
+    """Fits for another model's layer kinds (used with `allow_profile_mismatch`) price
+    nothing of this one: its peak still counts, so the sweep runs."""
+    spec = load_model(MODEL)
+    doc = _profile(spec).to_dict()
+    doc["compute"] = {k.replace("synthetic", "block"): v for k, v in doc["compute"].items()}
+    profile = profile_from_dict(doc, where="p.json")
+    res = whatif(spec, load_cluster(_cluster()), SweepOptions(
+        PLANNING, vary=("device_types.slow.peak_flops=1 TFLOP/s,4 TFLOP/s",)),
+        profile=profile, allow_profile_mismatch=True)
+    assert len(res.rows) == 2 and all(r.best is not None for r in res.rows)
+
+
+def test_whatif_cli_refuses_a_sweep_the_profile_prices(tmp_path, capsys):
+    spec = load_model(MODEL)
+    (tmp_path / "c.json").write_text(json.dumps(_cluster()))
+    (tmp_path / "m.json").write_text(json.dumps(MODEL))
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(_linked_profile(spec, {"inter": 1e9}).to_dict()))
+    png = tmp_path / "sweep.png"
+    base = ["whatif", "--cluster", str(tmp_path / "c.json"), "--model",
+            str(tmp_path / "m.json"), "--global-batch", "8", "--micro-batch", "1",
+            "--profile", str(profile), "--plot", str(png)]
+    for vary, fit in (("inter_node.bandwidth=1 Gbit/s,100 Gbit/s", "fitted link"),
+                      ("device_types.slow.peak_flops=1 TFLOP/s,4 TFLOP/s",
+                       "compute fits of device type slow")):
+        assert main([*base, "--vary", vary]) == 2
+        out, err = capsys.readouterr()
+        err = err.strip().splitlines()
+        assert out == "" and len(err) == 1 and err[0].startswith(
+            f"hyperpipe: error: --vary {vary.split('=')[0]}: expected a field that "
+            f"--profile {profile} does not fit: its {fit}") and \
+            err[0].endswith("drop --profile or vary something it does not fit"), err
+        assert not png.exists()
+    assert main([*base, "--vary", "nodes.b.slowdown=1,2"]) == 0
+    assert png.exists()
 
 
 # ------------------------------------------------ fields of one value or a table of them
@@ -182,6 +314,23 @@ def test_default_node_names_are_paths_of_a_sweep():
         PLANNING, vary=("nodes.n1.count=0,2",)))
     assert [r.devices for r in res.rows] == [2, 4]
     assert {d.split("/")[0] for d in res.rows[0].best.plan.devices} == {"n0"}
+
+
+def test_integer_vary_values_read_as_files_read_them():
+    """`1e2` and `100.0` are 100 for a global batch as for a node count (the loader's
+    `whole_number`); 2.5 and `true` are refused for both."""
+    res = whatif(load_model(MODEL), load_cluster(_cluster()), SweepOptions(
+        PLANNING, vary=("global_batch=1e1,16.0", "nodes.b.count=1e0,2.0")))
+    assert [r.best.plan.global_batch for r in res.rows] == [10, 10, 16, 16]
+    assert [r.devices for r in res.rows] == [3, 4, 3, 4]
+    assert [r.label for r in res.rows][0] == "global_batch=1e1, nodes.b.count=1e0"
+    for vary in ("global_batch=2.5", "global_batch=true"):
+        with pytest.raises(BadInput, match="^vary global_batch: expected positive integers"):
+            whatif(load_model(MODEL), load_cluster(_cluster()), SweepOptions(
+                PLANNING, vary=(vary,)))
+    with pytest.raises(BadInput, match=r"count\): expected a positive integer, got 2.5"):
+        whatif(load_model(MODEL), load_cluster(_cluster()), SweepOptions(
+            PLANNING, vary=("nodes.b.count=2.5",)))
 
 
 @pytest.mark.parametrize("path,example", [
