@@ -259,36 +259,41 @@ class DeviceType:
         """Dense FLOP/s per dtype the part computes in (empty: one peak for all)."""
         return {d: self.peak_flops * r for d, r in self.peak_ratios}
 
-    def peak_for(self, dtype: str) -> float:
-        """Dense FLOP/s of GEMMs in `dtype` ("fp32", "tf32", "fp16", "bf16", "fp8"):
-        the table's entry, else its `DTYPE_FALLBACK` chain's; `peak_flops` for a type
-        without a table. Raises BadInput if the chain ends without an entry."""
-        if not self.peak_ratios:
-            return self.peak_flops
+    def computes_in(self, dtype: str) -> str | None:
+        """The dtype of this part's table that GEMMs in `dtype` run at: `dtype`, else the
+        first of its `DTYPE_FALLBACK` chain the table has (None: none has it); `dtype`
+        itself for a type without a table (one peak for every dtype)."""
         ratios = dict(self.peak_ratios)
         d: str | None = dtype
-        while d is not None and d not in ratios:
+        while ratios and d is not None and d not in ratios:
             d = DTYPE_FALLBACK.get(d)
+        return d
+
+    def peak_for(self, dtype: str) -> float:
+        """Dense FLOP/s of GEMMs in `dtype` ("fp32", "tf32", "fp16", "bf16", "fp8"):
+        the table's entry, else its `DTYPE_FALLBACK` chain's (`computes_in`);
+        `peak_flops` for a type without a table. Raises BadInput if the chain ends
+        without an entry."""
+        if not self.peak_ratios:
+            return self.peak_flops
+        d = self.computes_in(dtype)
         if d is None:
             chain = _chain(dtype)[1:]
             falls = f" or one it falls back to ({' -> '.join(chain)})" if chain else \
                 " (no other dtype stands in for it)"
             raise BadInput(f"device type {self.name}: peak_flops",
-                           f"an entry for the model's dtype {dtype}{falls}", ", ".join(ratios))
-        return self.peak_flops * ratios[d]
+                           f"an entry for the model's dtype {dtype}{falls}",
+                           ", ".join(d for d, _ in self.peak_ratios))
+        return self.peak_flops * dict(self.peak_ratios)[d]
 
     def gemm_for(self, dtype: str | None) -> GemmCurve | None:
         """The curve of GEMMs in `dtype` (None: the headline dtype): `simt_gemm` where
-        the part computes `dtype` in fp32 (fp32, or tf32 on a part without TF32: its
-        `DTYPE_FALLBACK`) and has one, else `gemm` (None: the flat `efficiency`). The
+        the part computes `dtype` in fp32 (fp32, or tf32 on a part without TF32:
+        `computes_in`) and has one, else `gemm` (None: the flat `efficiency`). The
         tensor-core curve, measured in fp16/bf16, stands for tf32 and fp8 too."""
-        if self.simt_gemm is not None and dtype is not None:
-            ratios = dict(self.peak_ratios)
-            d: str | None = dtype
-            while ratios and d is not None and d not in ratios:
-                d = DTYPE_FALLBACK.get(d)
-            if d == "fp32":
-                return self.simt_gemm
+        if self.simt_gemm is not None and dtype is not None and \
+                self.computes_in(dtype) == "fp32":
+            return self.simt_gemm
         return self.gemm
 
     @property

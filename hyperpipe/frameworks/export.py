@@ -309,11 +309,10 @@ def _flavor(spec: ModelSpec) -> str | None:
 
 def torchtitan_schedule_class(plan: Plan) -> str:
     """The pipelining class named beside the CSV: the kind's own where torch has one
-    (`torchtitan.torch_class`, the name the import reads back), else one whose stage
+    (`ScheduleKind.torch_schedule`, the name the import reads back), else one whose stage
     placement matches (torchtitan places V stages only for ZBVZeroBubble and DualPipeV;
     distributed/pipeline_parallel.py, pipeline_module_split)."""
-    from hyperpipe.frameworks.torchtitan import torch_class
-    own = torch_class(schedule_kind(plan.schedule))
+    own = schedule_kind(plan.schedule).torch_schedule
     if own is not None:
         return own
     from hyperpipe.plan.plan import pipeline_placement
@@ -602,7 +601,7 @@ def _deepspeed(plan: Plan, lay: Layout, spec: ModelSpec, stem: str, main: str
     world = lay.dp * lay.pp * lay.tp
     # bf16 at ZeRO stage 0 runs BF16_Optimizer, pipeline or not, which shards the fp32
     # state as ZeRO-1 does (`ds.bf16_sharded`): the import reads it back as zero 1
-    bf16 = ds.bf16_sharded(spec.dtype, 0)
+    bf16 = ds.bf16_sharded(spec.storage_dtype, 0)
     if bf16 and not plan.distributed_optimizer and lay.dp > 1:
         lost.append("a whole optimizer state per replica: DeepSpeed's bf16 optimizer "
                     "(BF16_Optimizer, at ZeRO stage 0) shards it over the data-parallel "

@@ -55,25 +55,14 @@ LLAMA3_FLAVORS: dict[str, tuple[int, int, int, int | None, float | None, int, fl
 }
 
 
-# torch.distributed.pipelining schedule classes (``get_schedule_class`` names) whose
-# order a kind generates though its record names no torch class
-# (`ScheduleKind.torch_schedule`): ScheduleDualPipeV runs dualpipe-v's order
-# (hyperpipe/plan/generators_v.py; tests/plan/test_schedule_v.py compares the two).
 # torch's LoopedBFS and InterleavedZeroBubble (looped stages, the latter with the
 # backward split) have no kind: their orders import as a schedule CSV.
-TORCH_CLASS_KINDS = {"DualPipeV": "dualpipe-v"}
-
-
-def torch_class(kind: ScheduleKind) -> str | None:
-    """The torch.distributed.pipelining class that runs `kind`'s order, or None."""
-    return kind.torch_schedule or next(
-        (cls for cls, name in TORCH_CLASS_KINDS.items() if name == kind.name), None)
 
 
 def _runs_class(kind: ScheduleKind, name: str) -> bool:
-    """Whether torch's class `name` runs `kind`'s order (torch's ``get_schedule_class``
-    reads names case-insensitively)."""
-    own = torch_class(kind)
+    """Whether torch's class `name` runs `kind`'s order (`ScheduleKind.torch_schedule`;
+    torch's ``get_schedule_class`` reads names case-insensitively)."""
+    own = kind.torch_schedule
     return own is not None and own.lower() == name.lower()
 
 
@@ -255,7 +244,8 @@ def _precision(mixed: tuple[str, str], notes: Notes, *, fsdp: bool, tp: int, pp:
         return {"dtype": dtype, "optimizer_state": "mixed"}
     if tp > 1 or pp > 1:
         notes.assumed.append(
-            f"precision fp32, not mixed_precision_param {param}: without FSDP "
+            f"precision fp32, not mixed_precision_param {param}"
+            f"{' and its float8 converter' if dtype == 'fp8' else ''}: without FSDP "
             "(data_parallel_shard_degree or context_parallel_degree above 1) torchtitan "
             "trains TP and PP jobs in fp32 (maybe_enable_amp)")
         return {"dtype": "fp32", "optimizer_state": "mixed"}
@@ -311,7 +301,7 @@ def _schedule(take, src: str, toml: Path, pp: int, notes: Notes
         if _runs_class(kind, name):
             chunks = None if kind.takes_chunks else kind.default_chunks
             return kind.name, chunks, None, single
-    accepted = [cls for cls in map(torch_class, KINDS.values()) if cls]
+    accepted = [kind.torch_schedule for kind in KINDS.values() if kind.torch_schedule]
     raise BadInput(f"{src}: parallelism.pipeline_parallel_schedule", "a schedule HyperPipe "
                    f"runs ({', '.join(accepted)}), or any other order as a schedule CSV "
                    "(pipeline_parallel_schedule_csv)", name)

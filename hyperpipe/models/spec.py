@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from math import comb
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from hyperpipe.core import limits
@@ -36,11 +37,12 @@ from hyperpipe.core.files import check_int
 # "float8" converter), the attention core and the logits staying in bf16
 # (`hyperpipe.models.ops.Gemm.linear`). The dtype picks a device's peak
 # (`DeviceType.peak_for`); the storage dtype sets bytes and optimizer state.
-STORAGE_DTYPES: Mapping[str, str] = {"fp32": "fp32", "tf32": "fp32", "bf16": "bf16",
-                                     "fp16": "fp16", "fp8": "bf16"}
-_STORAGE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+STORAGE_DTYPES: Mapping[str, str] = MappingProxyType({
+    "fp32": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16"})
+_STORAGE_BYTES = MappingProxyType({"fp32": 4, "bf16": 2, "fp16": 2})
 # Bytes per stored element of each training dtype (its storage dtype's).
-DTYPE_BYTES: Mapping[str, int] = {d: _STORAGE_BYTES[s] for d, s in STORAGE_DTYPES.items()}
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
+    {d: _STORAGE_BYTES[s] for d, s in STORAGE_DTYPES.items()})
 # What the optimizer keeps per parameter (`hyperpipe.sim.costmodel.param_bytes`):
 # "mixed" fp32 master weights and Adam moments; "bf16-moments" fp32 master weights with
 # 2-byte moments (DeepSeek-V3); "model-dtype" no master copy, everything in the dtype;

@@ -109,7 +109,8 @@ KINDS: Mapping[str, ScheduleKind] = MappingProxyType({k.name: k for k in (
                  torch_schedule="ZBVZeroBubble", built_microbatches=zb_v_built),
     ScheduleKind("dualpipe-v", "DualPipe's V-shaped variant: 2 chunks per device",
                  dualpipe_v, default_chunks=2, placement="v", splits_backward=True,
-                 overlaps_alltoall=True, built_microbatches=dualpipe_v_built),
+                 torch_schedule="DualPipeV", overlaps_alltoall=True,
+                 built_microbatches=dualpipe_v_built),
     ScheduleKind(SYNTH, "synthesised for one plan by the simulator (plan schedule.actions)",
                  None, takes_chunks=True),
 )})

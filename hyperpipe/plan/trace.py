@@ -148,7 +148,7 @@ def trace_from_dict(data: Any, *, where: str) -> Trace:
     (`_check_meta`) a `first_step`, `emulated` or `emulation_scale` of another type or
     range. Other meta keys are kept as they are. What needs the plan or the shape of a
     measured run (devices, stages, micro-batches in range, steps one after another from
-    `first_step`, each action once) the calibration checks (`sim.calibrate`)."""
+    `first_step`, each action once) the calibration checks (`sim.recorded.check_recorded`)."""
     top = Fields(data, where, ("format", "meta", "columns", "events"))
     if top.raw("format", None) != TRACE_FORMAT:
         raise BadInput(top.at("format"), repr(TRACE_FORMAT), top.raw("format", None))
@@ -200,7 +200,8 @@ def _check_meta(meta: dict[str, Any], where: str) -> None:
     if not isinstance(meta.get("emulated", False), bool):
         raise BadInput(f"{where}.emulated", "true or false", meta["emulated"])
     scale = meta.get("emulation_scale", 1.0)
-    if not _finite_number(scale) or not 1.0 <= scale <= limits.MAX_EMULATION_SCALE:
+    if isinstance(scale, bool) or not _finite_number(scale) or \
+            not 1.0 <= scale <= limits.MAX_EMULATION_SCALE:
         raise BadInput(f"{where}.emulation_scale", "the run's --emulation-scale, a number "
                        f"from 1 to {limits.MAX_EMULATION_SCALE:g}", scale)
     types = meta.get("device_types", {})

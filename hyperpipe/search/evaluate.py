@@ -5,10 +5,10 @@ pool), the ranking key of an objective, the (time, cost) Pareto front, duplicate
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from hyperpipe.plan.kinds import DEFAULT_KIND
+from hyperpipe.plan.kinds import DEFAULT_KIND, schedule_kind
 from hyperpipe.plan.plan import Plan
 from hyperpipe.search.space import SearchConstraints
 from hyperpipe.sim.costmodel import CostModel
@@ -60,8 +60,6 @@ def rank_key(c: SearchConstraints, m: Metrics) -> tuple:
     return (not m.feasible, value, m.iteration_time_s)
 
 
-
-
 def improves(c: SearchConstraints, new: Metrics, old: Metrics,
              rel: float = IMPROVEMENT_REL) -> bool:
     """Whether `new` ranks before `old` by more than `rel` of its objective (default:
@@ -103,10 +101,6 @@ def as_default_kind(cands: list[Candidate], cost: CostModel) -> list[Candidate]:
     simulates to the same time and peak memory (on one stage a kind only orders one
     device's actions): such a plan is listed under the kind a reader expects. A plan
     whose pricing tells the kinds apart (B unlike I + W under a profile) keeps its own."""
-    from dataclasses import replace
-
-    from hyperpipe.plan.kinds import schedule_kind
-    from hyperpipe.sim.simulator import simulate
     out = []
     for cand in cands:
         p = cand.plan
@@ -114,7 +108,7 @@ def as_default_kind(cands: list[Candidate], cost: CostModel) -> list[Candidate]:
                 not schedule_kind(p.schedule).carries_actions and \
                 all(len(pipe.stages) == 1 for pipe in p.pipelines):
             plain = replace(p, schedule=DEFAULT_KIND)
-            m = simulate(plain, cost).metrics
+            m = simulate_one(plain, cost)
             if m.peak_memory_bytes == cand.metrics.peak_memory_bytes and \
                     abs(m.iteration_time_s - cand.metrics.iteration_time_s) <= \
                     IMPROVEMENT_REL * cand.metrics.iteration_time_s:

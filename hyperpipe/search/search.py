@@ -355,7 +355,7 @@ def search(model, cluster, constraints: SearchConstraints, *, profile=None, top:
                         candidates_evaluated=sum(p.seen for p in phases),
                         search_time_s=time.perf_counter() - start,
                         phases=[p.as_dict() for p in phases],
-                        pareto=pareto_front(ranked + list(baselines.values())),
+                        pareto=pareto_front(feasible + list(baselines.values())),
                         simulated=feasible, constraints=c,
                         seeded_from=origin[0],
                         own_best=next((cand for cand, seed in zip(feasible, origin,

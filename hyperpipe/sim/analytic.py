@@ -269,7 +269,8 @@ def _class_estimate(plan: Plan, cost: CostModel, members: list[int],
     # theirs: a rank's chunks end their backwards (and start their rings) apart. A
     # split kind's W's wait to fill that wave: stage s ends what the stages below
     # take longer over their I's than over their W's before the end (exact on equal
-    # stages with I >= W; all end together when I = W).
+    # stages with I >= W; all end together when I = W; with W > I the generated orders
+    # end them apart again, the last stage last, which is not modelled).
     if times.split and sched is None and v == 1:
         below = [0.0, *accumulate(max(i - w, 0.0)
                                   for i, w in zip(times.i, times.w, strict=True))]

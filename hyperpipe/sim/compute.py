@@ -9,7 +9,9 @@ device's `kernel_floor_s` (a kernel's launch); the memory-bound kernels' bytes o
 achievable memory bandwidth are ADDED (they run between the GEMMs, not under them).
 
 Devices without a GEMM curve, and layers without shapes (synthetic), keep the flat
-roofline: max(FLOPs / (peak · efficiency), bytes / bandwidth). A calibration profile,
+roofline: max(FLOPs / (peak · efficiency), bytes / bandwidth), every FLOP at the
+model dtype's peak (an fp8 model's attention core too: the flat path has no GEMMs to
+tell apart). A calibration profile,
 when present, overrides all of this in `CostModel`. Every function here is pure.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from hyperpipe.cluster.catalog import DeviceType
 from hyperpipe.models.ops import PassWork
+from hyperpipe.models.spec import STORAGE_DTYPES
 
 
 def gemm_time_s(dev: DeviceType, m: float, n: float, k: float, batch: float,
@@ -36,20 +39,21 @@ def gemm_time_s(dev: DeviceType, m: float, n: float, k: float, batch: float,
 
 def gemm_dtype(dtype: str | None, linear: bool) -> str | None:
     """The dtype a GEMM of a model in `dtype` multiplies in: an fp8 model's linear
-    layers in fp8 and its other GEMMs (`models.ops.Gemm.linear`) in bf16, its storage
-    dtype; any other model's all in its dtype."""
-    return "bf16" if dtype == "fp8" and not linear else dtype
+    layers in fp8 and its other GEMMs (`models.ops.Gemm.linear`) in its storage dtype
+    (bf16); any other model's all in its dtype."""
+    return STORAGE_DTYPES["fp8"] if dtype == "fp8" and not linear else dtype
 
 
 def pass_time_s(dev: DeviceType, work: PassWork, dtype_bytes: int,
                 dtype: str | None = None) -> float:
     """Seconds of one pass: its GEMMs one after another (each in its `gemm_dtype`, an
-    fp8 GEMM's operands 1 byte each), plus its memory-bound bytes."""
+    fp8 GEMM's operands 1 byte each where the part computes in fp8), plus its
+    memory-bound bytes."""
     t = 0.0
     for g in work.gemms:
         in_dtype = gemm_dtype(dtype, g.linear)
-        t += gemm_time_s(dev, g.m, g.n, g.k, g.batch, 1 if in_dtype == "fp8" else dtype_bytes,
-                         in_dtype)
+        fp8 = in_dtype is not None and dev.computes_in(in_dtype) == "fp8"
+        t += gemm_time_s(dev, g.m, g.n, g.k, g.batch, 1 if fp8 else dtype_bytes, in_dtype)
     return t + work.mem_bytes / dev.achievable_mem_bandwidth_bytes_per_s
 
 

@@ -32,7 +32,7 @@ from hyperpipe.models.ops import LOGIT_BYTES, block_launches, layer_work, pass_l
 from hyperpipe.models.spec import DTYPE_BYTES, STORAGE_DTYPES
 from hyperpipe.plan.profile import Fit, Profile
 from hyperpipe.plan.stack import DEFAULT_STACK, Runtime, resolve_runtime
-from hyperpipe.sim.compute import pass_time_s
+from hyperpipe.sim.compute import gemm_dtype, pass_time_s
 
 # Bytes per parameter as Megatron-LM keeps them, per training dtype: (kept on every
 # data-parallel replica, shardable by the distributed optimizer). Megatron Core user
@@ -198,11 +198,12 @@ class CostModel:
 
     def __post_init__(self) -> None:
         """BadInput naming the cluster's file (`Cluster.where`) when a device type has no
-        peak for the model's dtype (a file's `peak_flops` table without it or its
-        fallback)."""
+        peak for a dtype the model's GEMMs run in (a file's `peak_flops` table without it
+        or its fallback: an fp8 model's other GEMMs run in bf16, `compute.gemm_dtype`)."""
         for dev in self.cluster.device_types.values():
             try:
-                dev.peak_for(self.model.dtype)
+                for linear in (True, False):
+                    dev.peak_for(gemm_dtype(self.model.dtype, linear))
             except BadInput as exc:
                 raise BadInput(f"{self.cluster.where}: device_types.{dev.name}."
                                "peak_flops", exc.expected, exc.got) from None

@@ -153,14 +153,14 @@ def _fitted_by(parts: list[str], profile: Profile, doc: dict, kinds: set[str]
     elif head == "nodes" and len(parts) == 4 and parts[2] == "intra_link":
         classes = [f"intra:{n}" for e in _entries(doc, parts[1]) for n in _node_names(e)]
     elif head == "device_types" and len(parts) >= 3:
-        dtype = printable(parts[1])
-        if parts[2] in COMPUTE_FIELDS and any(
-                k.split("|")[0] == dtype and k.split("|")[1] in kinds for k in profile.compute):
-            return (f"compute fits of device type {dtype} (compute.{dtype}|...) price "
-                    f"that type's layers in place of its {parts[2]}")
+        type_name = printable(parts[1])
+        if parts[2] in COMPUTE_FIELDS and any(k.split("|")[0] == type_name and
+                                              k.split("|")[1] in kinds for k in profile.compute):
+            return (f"compute fits of device type {type_name} (compute.{type_name}|...) "
+                    f"price that type's layers in place of its {parts[2]}")
         if parts[2] in ("link_bandwidth", "link_latency"):
             sub = parts[2].split("_")[1]          # the intra_link field it defaults
-            classes = [f"intra:{n}" for e in _entries_of_type(doc, dtype)
+            classes = [f"intra:{n}" for e in _entries_of_type(doc, type_name)
                        if not (isinstance(e.get("intra_link"), dict) and sub in e["intra_link"])
                        for n in _node_names(e)]
     for c in classes:
@@ -182,12 +182,12 @@ def _entries(doc: dict, part: str) -> list[dict]:
     return [n for n in match if isinstance(n, dict)]
 
 
-def _entries_of_type(doc: dict, dtype: str) -> list[dict]:
-    """The node entries whose `device` names device type `dtype` (as the loader reads
+def _entries_of_type(doc: dict, type_name: str) -> list[dict]:
+    """The node entries whose `device` names device type `type_name` (as the loader reads
     it: `cluster.device_type_name`)."""
     names = [*builtin_device_types(), *(printable(k) for k in doc.get("device_types", {}))]
     return [n for n in doc.get("nodes", []) if isinstance(n, dict)
-            and cluster_format.device_type_name(str(n.get("device")), names) == dtype]
+            and cluster_format.device_type_name(str(n.get("device")), names) == type_name]
 
 
 def _node_names(entry: dict) -> list[str]:

@@ -225,3 +225,28 @@ def test_an_fp8_model_multiplies_its_linears_in_fp8_and_the_rest_in_bf16():
     assert block_bf16 / 2.2 < block_fp8 < block_bf16
     assert CostModel(fp8, cluster).state_bytes((0, 3)) == \
         CostModel(bf16, cluster).state_bytes((0, 3))
+
+
+def test_fp8_on_a_part_without_fp8_multiplies_at_its_fallback_with_its_bytes():
+    """An A100 has no fp8: an fp8 model's linears run at the bf16 entry they fall back
+    to, with 2-byte operands (1 byte only where the part computes fp8), so its block
+    takes a bf16 model's time (8 tokens: GEMMs bound by their operand bytes)."""
+    cluster = load_cluster({"nodes": [{"name": "n", "device": "A100-80GB", "count": 1}]})
+    fp8, bf16 = (CostModel(load_model({"kind": "gpt", "vocab_size": 1024, "n_layer": 1,
+                                       "n_head": 32, "d_model": 4096, "seq_len": 8,
+                                       "dtype": d}), cluster) for d in ("fp8", "bf16"))
+    for op in "FIW":
+        assert fp8.layer_time_s(1, "A100-80GB", 1, op) == pytest.approx(
+            bf16.layer_time_s(1, "A100-80GB", 1, op), rel=1e-12)
+
+
+def test_an_fp8_model_needs_the_bf16_entry_too_and_the_error_names_the_file():
+    """A table with fp8 but no bf16 (nor fp16): the fp8 model's attention core and logits
+    run in bf16, so the cluster is refused when the cost model is made, naming its file,
+    not later while a layer is priced."""
+    cluster = load_cluster({"device_types": {"x": {"base": "H100-SXM", "peak_flops": {
+        "fp8": "1979 TFLOP/s", "fp32": "67 TFLOP/s"}}},
+        "nodes": [{"name": "n", "device": "x", "count": 1}]})
+    with pytest.raises(BadInput, match="device_types.x.peak_flops") as err:
+        CostModel(_gpt("fp8"), cluster)
+    assert "bf16" in str(err.value)

@@ -312,6 +312,8 @@ def test_an_fp8_model_exports_as_each_framework_trains_fp8(tmp_path, framework, 
     assert said in text
     assert ("cannot express: dtype fp8" in text) == (back != "fp8")
     assert got.load_model().dtype == back
+    if framework == "deepspeed":        # bf16 storage: BF16_Optimizer shards, as for bf16
+        assert "BF16_Optimizer" in text
 
 
 @pytest.mark.parametrize("framework", ["megatron", "torchtitan", "deepspeed"])

@@ -36,7 +36,7 @@ def test_the_properties_the_string_sets_held():
     assert names(lambda k: k.carries_actions) == {"synth"}
     assert {n: k.torch_schedule for n, k in KINDS.items() if k.torch_schedule} == {
         "gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-        "zb-v": "ZBVZeroBubble"}
+        "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
     assert names(lambda k: "megatron" in k.runs_in) == {"1f1b", "interleaved-1f1b"}
     assert names(lambda k: "deepspeed" in k.runs_in) == {"1f1b"}
 
