@@ -187,7 +187,8 @@ def key_bound(ctx, types: tuple[str, ...], config: tuple[str, int, int], tp: int
         load = max(got.load_s, 1.0 / sum(recipe[t] / whole[t] for t in used),
                    _chunks_floor_s(ctx, used, fast, mb, mode, shards, cache, recipe, v))
         fill = fill_bound_s(kind, v, whole, dict(zip(used, got.forward_s, strict=True)))
-        trip = got.split_trip_s if schedule_kind(kind).splits_backward else got.trip_s
+        trip = got.split_trip_s if schedule_kind(kind).splits_backward and v == 1 \
+            else got.trip_s
         value = max((m - 1) * load + fill, trip, m * load) + sync
         if value <= cutoff_s:
             load = max(load, zero_collectives_s(ctx, kind, used, recipe, pools, tp, dp,
@@ -445,7 +446,7 @@ def order_may_fit(ctx, kind: str, v: int, mb: int, tp: int, dp: int, order: tupl
         sync = optimizer_floor_s(units, shards if mode.zero else 1, optimizer_s)
         fill = work_bound(ctx, used, pools, kind, v, mb, mode)[1]
         left_s = cutoff_s - sync
-        if max(fill, _trip_floor_s(list(tables.values()), splits)) > left_s:
+        if max(fill, _trip_floor_s(list(tables.values()), splits and v == 1)) > left_s:
             continue
         budget = left_s if m == 1 else min((left_s - fill) / (m - 1), left_s / m)
         rows = [ctx.probe_rows.memo((fast[t], mb, mode, shards, inflight[k], splits),

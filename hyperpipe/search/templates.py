@@ -185,8 +185,10 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
             bounds = _cut(ctx, keys, tables, P.shared_slots(tables, rooms, homes), links,
                           homes, weight)
         if bounds is not None:
+            # one chunk per device: the W's of the later stages run beside the way back
+            # (V placements keep them on it: a device's two chunks share its stream)
             return RowCut(mode, P.describe(bounds, tables, links, [k[2] for k in keys],
-                                           splits))
+                                           splits and v == 1))
     return None
 
 
