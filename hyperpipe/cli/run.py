@@ -141,13 +141,13 @@ def run(opts: RunCommandOptions) -> int:
     plan = load_plan(opts.plan)
     # every check of bad input (the outputs, the checkpoint folder and whose it is, the
     # plan) before anything is printed: a refusal comes alone, not after the memory line
-    # (run_plan repeats them, cheaply, as any caller of it gets them)
-    prepare(plan, options)
+    # (run_plan takes them from here)
+    prepared = prepare(plan, options)
     monitor = None
     if env is None or env[0] == 0:
         monitor = _console(plan, opts)
     try:
-        result = run_plan(plan, options, monitor)
+        result = run_plan(plan, options, monitor, prepared=prepared)
     except RunFailed as exc:
         if exc.cause.startswith(_BAD_INPUT):     # a rank read a bad file (a rank file)
             print(f"hyperpipe: error: {exc.cause[len(_BAD_INPUT):]} (read by rank "

@@ -72,7 +72,8 @@ class RunFailed(HyperPipeError):
         self.exit_codes = exit_codes or {}
 
 
-def run_plan(plan: Plan, options: RunOptions, monitor: Monitor | None = None) -> RunResult:
+def run_plan(plan: Plan, options: RunOptions, monitor: Monitor | None = None, *,
+             prepared: Prepared | None = None) -> RunResult:
     """Run `plan` for `options.steps` steps on real ranks and return the gathered result.
 
     Under torchrun this process is one rank (every rank gets the whole result); otherwise
@@ -83,9 +84,9 @@ def run_plan(plan: Plan, options: RunOptions, monitor: Monitor | None = None) ->
     on rank 0, each step gathered from every rank: `_gathering_reporter`). A checkpoint
     directory is locked and stamped with this run for as long as it runs. Raises
     BadInput for a bad plan or options (before any rank starts), RunFailed when a rank
-    fails.
+    fails. `prepared`: `prepare(plan, options)` where the caller made it already.
     """
-    prep = prepare(plan, options)
+    prep = prepared if prepared is not None else prepare(plan, options)
     if monitor is not None and options.resume:
         monitor.phase(f"resuming from the checkpoint in {options.checkpoint_dir}, which "
                       f"holds {checkpoint.steps_done(prep.resume_from)}: next is step "
