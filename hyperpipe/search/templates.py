@@ -121,8 +121,9 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
               start: int = 0, placement: tuple | None = None,
               cutoff: float = math.inf, cp: int = 1, ep: int = 1
               ) -> Template | Skipped | None:
-    """Cut the layers for `dp` pipelines like `row` (replica 0 stands for all; their
-    slots, from `all_slots()`, are built only once the cut fits) in the first memory
+    """Cut the layers for `dp` pipelines like `row` (one row stands for all,
+    `_priced_row`; their slots, from `all_slots()`, are built only once the cut fits) in
+    the first memory
     mode that fits (`SearchContext.modes`, from `start`); None if none fits.
     The cut depends on replica 0's row only through `SearchContext.row_signature`, so
     rows alike (other replica counts, layouts, units of the same classes) share one
@@ -730,6 +731,20 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
     return kept
 
 
+def _priced_row(ctx: SearchContext, shape: Shape, order: tuple[str, ...], layout: str
+                ) -> list[tuple[str, ...]]:
+    """The row a template is cut and priced on: replica 0's where every class of the
+    recipe has units of one slowdown; else (stragglers) at each position the slowest
+    unit any replica puts there (the first on ties), so that the replicas' shared cut
+    is priced for the slowest of them, not for the first."""
+    row = _assign(shape.pools, shape.recipe, shape.dp, order, layout, range(1))[0]
+    if shape.dp == 1 or all(ctx.classes[t].slowdown == ctx.classes[t].least_slowdown
+                            for t in shape.recipe):
+        return row
+    rows = _assign(shape.pools, shape.recipe, shape.dp, order, layout)
+    return [max(units, key=ctx.cluster.slowdown) for units in zip(*rows, strict=True)]
+
+
 def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: list,
              shape: Shape) -> list[float]:
     """Cut the layers for each (order, layout) in `tries`; add the templates to `race`
@@ -738,7 +753,7 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: 
     values = []
     recipe = tuple(sorted(shape.recipe.items()))
     for order, layout in tries:
-        row = _assign(shape.pools, shape.recipe, shape.dp, order, layout, range(1))[0]
+        row = _priced_row(ctx, shape, order, layout)
         phase.seen += 1
         tpl = _template(ctx, shape.kind, shape.v, shape.mb, shape.tp, shape.types, row,
                         shape.dp, partial(_assign, shape.pools, shape.recipe, shape.dp,

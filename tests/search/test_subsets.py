@@ -95,6 +95,37 @@ def test_a_very_slow_node_is_left_idle_and_the_pick_matches_brute_force():
     assert "idle: 1 x x (x20 slow) on n2" in lines[1]
 
 
+def test_a_straggler_inside_a_node_is_priced_on_its_own_replica():
+    """One A100 of a two-A100 node runs 10x slow, beside two V100s over 10 Gbit/s. The
+    replicas of a template share one cut, priced on one row of units: it was replica 0's,
+    so two replicas of (A100, V100) were priced as if both had the healthy A100 (1.46 s
+    against 7.7 s simulated), their values crowded the band and the search picked two
+    V100 replicas at 3.946 s. Oracle: fixing a dimension only narrows the search, so the
+    free pick is at least as fast as every pick with the replica count fixed (dp 1 finds
+    one pipeline over all four devices, the straggler holding one layer, 1.852 s)."""
+    cluster = load_cluster({"name": "straggler-in-node", "nodes": [
+        {"name": "a100", "device": "A100-80GB", "count": 2, "slowdown": {"1": 10}},
+        {"name": "v100", "device": "V100-32GB", "count": 2}],
+        "inter_node": {"bandwidth": "10 Gbit/s", "latency": "10 us"}})
+    model = load_model("gpt3-1.3b")
+    free = search(model, cluster, SearchConstraints(global_batch=32), top=1, quiet=True)
+    fixed = [search(model, cluster, SearchConstraints(global_batch=32, dp=dp), top=1,
+                    quiet=True).best.metrics.iteration_time_s for dp in (1, 2)]
+    assert free.best.metrics.iteration_time_s <= min(fixed) * (1 + 1e-9)
+    assert "a100/0" in free.best.plan.devices
+    # the row a two-replica template is priced on holds the straggler, not replica 0's A100
+    ctx = SearchContext(CostModel(model, cluster), SearchConstraints(global_batch=32))
+    pools = ctx.pools(1)
+    shape = T.Shape("1f1b", 1, 1, 1, 2, ("A100-80GB", "V100-32GB"), 16, 0.0,
+                    {"A100-80GB": 1, "V100-32GB": 1}, pools, 0)
+    order = ("A100-80GB", "V100-32GB")
+    layout = space.layouts(2, shape.recipe)[0]
+    first = T._assign(pools, shape.recipe, 2, order, layout, range(1))[0]
+    priced = T._priced_row(ctx, shape, order, layout)
+    assert cluster.slowdown(first[0]) == 1.0 and cluster.slowdown(priced[0]) == 10.0
+    assert priced[1] == first[1]
+
+
 def test_device_classes_split_a_type_by_what_the_cost_model_sees():
     cluster = load_cluster({"nodes": [
         {"name": "a", "device": "A100-80GB", "count": 4, "repeat": 3},
