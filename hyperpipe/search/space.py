@@ -3,7 +3,9 @@
 `schedule_options` (kind, chunks), `micro_batches` (divisors of the global batch),
 `tp_options` (degrees that fit a node), `device_classes` (nodes the cost model cannot
 tell apart: same device type, size, links, NICs, slowdowns and price), `unit_pools` (per
-device class, its tp groups, node by node: only counts per class matter), `type_groups`
+device class, its tp groups, node by node, least slowed first: only counts per class
+matter), `slowdown_levels` (how many of a class's units a template may take: all, or
+those up to a slowdown, leaving a straggler inside a node idle), `type_groups`
 (every set partition of every non-empty subset of the device classes: a class left out
 sits idle), `dp_recipes` (replicas per group and units of
 each type per pipeline), `stage_orders` (which type takes which stage), `layouts`
@@ -249,7 +251,8 @@ class DeviceClass:
     """Nodes whose devices the cost model cannot tell apart: the same device type, device
     count, intra-node link, NICs, per-device slowdowns and price. The search chooses
     devices class by class (all of a class's nodes, some or none), so a slow node, a slow
-    link or a memory-poor part is one class that the search may leave idle."""
+    link or a memory-poor part is one class that the search may leave idle; inside a
+    class, it may leave the most slowed units idle (`slowdown_levels`)."""
 
     name: str                     # the type's name; "TYPE@xS" (slowed) or "TYPE#k" else
     type_name: str
@@ -379,7 +382,9 @@ def unit_pools(cluster, tp: int, classes: dict[str, DeviceClass] | None = None,
     leftover devices unused), and with cp > 1 each cp consecutive tp groups of the class
     one unit (context rank c's tp group at positions c tp .. c tp + tp - 1, tensor rank
     innermost as in Megatron's rank order; inside a node when tp cp fits one, else over
-    consecutive nodes; leftover groups unused)."""
+    consecutive nodes; leftover groups unused). A class whose units differ in slowdown
+    (a straggler inside a node) lists them least slowed first, so that a template taking
+    fewer units than the pool holds (`slowdown_levels`) leaves the slowest idle."""
     classes = device_classes(cluster) if classes is None else classes
     groups: dict[str, list[tuple[str, ...]]] = {}
     for cls in classes.values():
@@ -391,7 +396,16 @@ def unit_pools(cluster, tp: int, classes: dict[str, DeviceClass] | None = None,
     if cp > 1:
         groups = {t: [tuple(d for g in u[k:k + cp] for d in g)
                       for k in range(0, len(u) - cp + 1, cp)] for t, u in groups.items()}
-    return {t: UnitPool(t, tp, tuple(u), cp) for t, u in groups.items() if u}
+    return {t: UnitPool(t, tp, tuple(sorted(u, key=cluster.slowdown)), cp)
+            for t, u in groups.items() if u}
+
+
+def slowdown_levels(cluster, pool: UnitPool) -> tuple[int, ...]:
+    """How many units of `pool` a template may take: the units up to each slowdown the
+    pool's units have (least first; the last is all of them). One level where every
+    unit has the same slowdown."""
+    slow = [cluster.slowdown(unit) for unit in pool.units]
+    return tuple(sum(1 for x in slow if x <= level) for level in sorted(set(slow)))
 
 
 def set_partitions(items: list[str]) -> Iterator[list[tuple[str, ...]]]:

@@ -534,16 +534,24 @@ def _keys_at(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...],
     pools = ctx.pools(tp, cp)
     if any(t not in pools for t in types):
         return keys
-    counts = {t: len(pools[t].units) for t in types}
+    # each class's units up to each of its slowdowns (a straggler inside a node left
+    # idle or not); one count per class on a cluster without stragglers
+    variants = [dict(zip(types, ns, strict=True)) for ns in itertools.product(
+        *(space.slowdown_levels(ctx.cluster, pools[t]) for t in types))]
     node_units = {t: space.first_node_units(ctx.cluster, pools[t]) for t in types}
     opt = _optimizer_s(ctx, types, pools, tp)
     price_of = {t: ctx.cluster.price_per_hour(pools[t].units[0][0]) for t in types}
     room = {t: ctx.type_of(t).free_bytes for t in types}
-    for kind, v, mb in configs:
+    made: set[tuple] = set()
+    for (kind, v, mb), counts in itertools.product(configs, variants):
         big_m = c.global_batch // mb
         for dp, recipe in space.dp_recipes(counts, num_layers=model.num_layers,
                                            chunks=v, pp=c.pp, dp=c.dp, max_dp=big_m,
                                            node_units=node_units):
+            if len(variants) > 1:      # recipes of two variants may take the same units
+                if (mine := (kind, v, mb, dp, tuple(recipe.items()))) in made:
+                    continue
+                made.add(mine)
             phase.seen += 1
             p = sum(recipe.values())
             m = -(-big_m // dp)

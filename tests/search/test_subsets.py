@@ -126,6 +126,42 @@ def test_a_straggler_inside_a_node_is_priced_on_its_own_replica():
     assert priced[1] == first[1]
 
 
+def test_a_straggler_inside_a_node_is_left_idle_where_that_is_faster():
+    """A node of four devices whose first runs SLOW times slower, data parallelism only
+    (pp 1, tp 1, micro-batch 1, 12 samples). Brute force: every non-empty set of devices
+    as replicas that split the batch evenly, each replica's time m (F + B) at its
+    device's speed, the slowest replica's setting the iteration. The search takes a
+    class's units least slowed first and may stop short of the slowed ones
+    (`space.slowdown_levels`); before, a class was taken whole or not at all, and its
+    first units in node order (the straggler among them)."""
+    flops = [1.0, 2.0, 1.0]                          # TFLOP per sample, forward, per layer
+    cluster = load_cluster({"name": "straggler-node",
+                            "device_types": {"x": device_type("2 TFLOP/s",
+                                                              mem_bandwidth="1e15 B/s")},
+                            "nodes": [{"name": "n", "device": "x", "count": 4,
+                                       "intra_link": FREE_LINK, "slowdown": {"0": SLOW}}],
+                            "inter_node": FREE_LINK})
+    model = load_model(synthetic_doc([{"fwd_flops_per_sample": f * 1e12} for f in flops],
+                                     name="dp", activation_bytes_per_sample=0,
+                                     params_per_layer=0))
+    speed = {f"n/{i}": 2e12 / (SLOW if i == 0 else 1.0) for i in range(4)}
+    best = (np.inf, None)
+    for r in range(1, 5):
+        if 12 % r:
+            continue
+        for devices in itertools.combinations(speed, r):
+            t = max(_one_f_one_b_s([sum(flops) * 1e12 / speed[d]], 12 // r) for d in devices)
+            best = min(best, (t, devices), key=lambda x: x[0])
+    assert best[1] == ("n/1", "n/2", "n/3")
+    res = search(model, cluster, SearchConstraints(global_batch=12, micro_batch=1, pp=1,
+                                                   tp=1, schedule="1f1b"))
+    assert idle_devices(cluster, res.best.plan) == ["n/0"]
+    assert res.best.metrics.iteration_time_s == pytest.approx(best[0], rel=1e-6)
+    pools = space.unit_pools(cluster, 1)
+    assert [u for pool in pools.values() for u in pool.units][-1] == ("n/0",)
+    assert space.slowdown_levels(cluster, next(iter(pools.values()))) == (3, 4)
+
+
 def test_device_classes_split_a_type_by_what_the_cost_model_sees():
     cluster = load_cluster({"nodes": [
         {"name": "a", "device": "A100-80GB", "count": 4, "repeat": 3},
