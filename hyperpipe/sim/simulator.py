@@ -480,10 +480,14 @@ class _Engine:
                 events.extend(sent.get(r.d, ()))
                 events.extend(TraceEvent(dev, "optimizer", s, 0, t0, t1)
                               for s, t0, t1 in r.opt_log)
+        # the step's data-parallel sync as the executor names it: ZeRO-2's is the
+        # updated weights' all-gather, ZeRO-3's (gathering once per step) the gradients'
+        # reduce-scatter (`CostModel.dp_sync_bytes_per_param`)
+        sync = {2: "allgather", 3: "reducescatter"}.get(self.ex.zero, "allreduce")
         for seg in self.segments:
             for pipe, s in seg.parts:
                 dev = plan.pipelines[pipe.index].stages[s].devices[0]
-                events.extend(TraceEvent(dev, "allreduce", s, j, t0, t1,
+                events.extend(TraceEvent(dev, sync, s, j, t0, t1,
                                          seg.full.nbytes if j < seg.k - 1 else seg.last.nbytes)
                               for j, t0, t1 in seg.log)
         for pipe in self.pipes:               # tied embeddings: micro-batch -1

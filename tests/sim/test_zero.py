@@ -97,15 +97,20 @@ def test_zero3_peak_is_shards_plus_unsharded_working_set(reshard):
     assert peak0 - peak3 == pytest.approx(16 * params - 16 * params / dp - working)
 
 
-@pytest.mark.parametrize("zero,reshard,per_param", [(2, True, 4 / 2), (3, False, 4 / 2),
-                                                    (3, True, 0.0)])
-def test_step_end_sync_bytes(zero, reshard, per_param):
+@pytest.mark.parametrize("zero,reshard,per_param,op", [
+    (2, True, 4 / 2, "allgather"), (3, False, 4 / 2, "reducescatter"),
+    (3, True, 0.0, "reducescatter"), (1, True, (4 + 4) / 2, "allreduce")])
+def test_step_end_sync_bytes(zero, reshard, per_param, op):
     # zero 2: the updated weights' all-gather (weight bytes / 2 in all-reduce terms);
     # zero 3 without resharding: the gradients' one reduce-scatter (grad bytes / 2);
-    # with resharding nothing is left for the end of the step
+    # with resharding nothing is left for the end of the step. The trace names each as
+    # the executor does (`exec.dataparallel`: allgather, reducescatter), and no other
+    # step-end collective appears
     plan, cost = _gpt_plan(zero, 2, reshard_after_forward=reshard)
     events = simulate(plan, cost, SimOptions(bucket_bytes=1e15)).trace.events
-    reduced = [e for e in events if e.op == "allreduce" and e.device == "n0/0"]
+    step_end = {"allreduce", "allgather", "reducescatter"}
+    assert {e.op for e in events if e.op in step_end} <= {op}
+    reduced = [e for e in events if e.op == op and e.device == "n0/0"]
     params = sum(layer.params for layer in cost.model.layers)
     assert sum(e.bytes for e in reduced) == pytest.approx(params * per_param)
 
