@@ -88,7 +88,13 @@ def synthesise_top(ctx: SearchContext, phase: PhaseStats, ranked: list[Candidate
     # while their schedule actions fit in `budget`: what the simulator's short list and
     # polish left of theirs) and each other baseline whose schedule bound is still below
     # the best of its side
-    cands = [c for c in ranked if c.metrics.feasible][:top]
+    # the first `top` distinct shapes: plans that differ only in their kind share one
+    # synthesis, so the same stages listed under three kinds take one place, not three
+    shapes: dict[str, Candidate] = {}
+    for c in ranked:
+        if c.metrics.feasible and len(shapes) < top:
+            shapes.setdefault(_shape(c.plan), c)
+    cands = list(shapes.values())
     named = [(k, baselines[k]) for k in SYNTHESISED_BASELINES
              if k in baselines and baselines[k].metrics.feasible]
     others = sorted((c for c in baselines.values() if c.metrics.feasible),
