@@ -869,7 +869,9 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
                 too_big[pipes] = min(mb, too_big.get(pipes, mb))
             continue
         if min(values) > race.cutoff():
-            continue                       # the other orders only move links and memory
+            # a heuristic, not a bound: the other orders move links and memory, and
+            # also which device takes the uneven layers (embedding, head)
+            continue
         more = [(o, lay) for o in space.stage_orders(recipe) if o != first
                 for lay in space.layouts(dp, recipe, key.ep)]
         _cut_all(ctx, phase, race, serial, more, shape)
