@@ -183,10 +183,6 @@ class SearchContext:
         """Node name -> the name of its device class."""
         return {nd: cls.name for cls in self.classes.values() for nd in cls.nodes}
 
-    def unit_class(self, unit: tuple[str, ...]) -> str:
-        """The name of the device class a unit (devices of one node) belongs to."""
-        return self.class_of_node[self.cluster.device(unit[0]).node]
-
     def _unit_sign(self, unit: tuple[str, ...]) -> tuple:
         """(class, slowdown, node) of a unit (a tp group inside one node); the node's name
         is part of what it costs only under a profile (per-node intra-node links)."""

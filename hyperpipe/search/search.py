@@ -66,7 +66,6 @@ from hyperpipe.search.templates import (
     PhaseStats,
     SearchContext,
     Template,
-    combined_time_s,
     kept_at,
     objective_value,
     start_book,
@@ -120,6 +119,30 @@ class SearchResult:
 
 # ---------------------------------------------------------------------------- assembling
 
+def _combined_time(tpls: tuple[Template, ...], big_m: int) -> float:
+    """Iteration time when M micro-batches are spread over all pipelines so that they
+    finish together: a continuous relaxation of the water-filling split, by bisection on
+    the time T, pipeline i taking m_i(T) micro-batches (the inverse of its
+    `Template.time_s`), and every pipeline at least one."""
+    def share(t: Template, total: float) -> float:
+        room = total - t.sync_s
+        if room < t.part.trip_s:
+            return 0.0
+        return min((room - t.fill_s) / t.device_load_s + 1, room / t.device_load_s)
+
+    lo = max(t.time_s(1) for t in tpls)          # every pipeline does one micro-batch
+    hi = max(t.time_s(big_m) for t in tpls)
+    if sum(t.dp * share(t, lo) for t in tpls) >= big_m:
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(t.dp * share(t, mid) for t in tpls) >= big_m:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def split_batch(times: list, big_m: int) -> list[int]:
     """Integer micro-batch counts (each >= 1, summing to big_m) minimising the slowest
     pipeline, `times[i](m)` being pipeline i's time for m micro-batches (greedy
@@ -140,7 +163,7 @@ def split_batch(times: list, big_m: int) -> list[int]:
 def _build_plan(ctx: SearchContext, tpls: tuple[Template, ...]) -> Plan:
     mb = tpls[0].micro_batch
     rows = [(t, r) for t in tpls for r in range(t.dp)]
-    counts = split_batch([t.pace(r).time_s for t, r in rows], ctx.c.global_batch // mb)
+    counts = split_batch([t.time_s for t, _ in rows], ctx.c.global_batch // mb)
     pipes = [PipelinePlan(mb, m, t.stages(r)) for (t, r), m in zip(rows, counts, strict=True)]
     plan = Plan(model=ctx.refs[0], cluster=ctx.refs[1],
                 global_batch=ctx.c.global_batch, schedule=tpls[0].kind,
@@ -187,7 +210,7 @@ def _combinations(ctx: SearchContext, phase: PhaseStats, types: list[str]
             if (c.dp is not None and n_pipes != c.dp) or n_pipes > big_m:
                 phase.infeasible += 1
                 continue
-            total = combined_time_s([pc for t in tpls for pc in t.pace_counts()], big_m)
+            total = _combined_time(tpls, big_m)
             price = sum(t.price_per_hour for t in tpls)
             yield Combo(objective_value(ctx, total, price), tpls)
 

@@ -2,7 +2,7 @@
 
 `schedule_options` (kind, chunks), `micro_batches` (divisors of the global batch),
 `tp_options` (degrees that fit a node), `device_classes` (nodes the cost model cannot
-tell apart: same device type, size, links, NICs, least slowdown and price), `unit_pools` (per
+tell apart: same device type, size, links, NICs, slowdowns and price), `unit_pools` (per
 device class, its tp groups, node by node, least slowed first: only counts per class
 matter), `slowdown_levels` (how many of a class's units a template may take: all, or
 those up to a slowdown, leaving a straggler inside a node idle), `type_groups`
@@ -248,12 +248,11 @@ def cp_options(model, c: SearchConstraints, long_sequence: bool | None = None
 
 @dataclass(frozen=True)
 class DeviceClass:
-    """Nodes whose devices the cost model cannot tell apart but for stragglers inside
-    them: the same device type, device count, intra-node link, NICs, least slowdown and
-    price (`class_key`). The search chooses devices class by class (all of a class's
-    nodes, some or none), so a slow node, a slow link or a memory-poor part is one class
-    that the search may leave idle; inside a class, it may leave the most slowed units
-    idle (`slowdown_levels`)."""
+    """Nodes whose devices the cost model cannot tell apart: the same device type, device
+    count, intra-node link, NICs, per-device slowdowns and price. The search chooses
+    devices class by class (all of a class's nodes, some or none), so a slow node, a slow
+    link or a memory-poor part is one class that the search may leave idle; inside a
+    class, it may leave the most slowed units idle (`slowdown_levels`)."""
 
     name: str                     # the type's name; "TYPE@xS" (slowed) or "TYPE#k" else
     type_name: str
@@ -273,7 +272,7 @@ def device_classes(cluster) -> dict[str, DeviceClass]:
     names: dict[tuple, str] = {}
     for type_name in dict.fromkeys(k[0] for k in keys):
         mine = [k for k in keys if k[0] == type_name]
-        healthy = [k for k in mine if k[5] == 1.0]
+        healthy = [k for k in mine if max(k[5], default=1.0) == 1.0]
         plain = max(healthy, key=lambda k: k[1] * len(keys[k]), default=None) \
             if len(mine) > 1 else mine[0]
         taken = {type_name} if plain is not None else set()
@@ -281,31 +280,24 @@ def device_classes(cluster) -> dict[str, DeviceClass]:
             if k == plain:
                 names[k] = type_name
                 continue
-            base = f"{type_name}@x{k[5]:g}" if k[5] != 1.0 else type_name
+            slow = max(k[5], default=1.0)
+            base = f"{type_name}@x{slow:g}" if slow != 1.0 else type_name
             name, n = base, 2
             while name in taken:
                 name, n = f"{base}#{n}", n + 1
             taken.add(name)
             names[k] = name
-    def slowdowns(nodes: list[str]) -> list[float]:
-        return [n.device_slowdown(i) for n in map(cluster.node, nodes)
-                for i in range(n.count)]
-
-    return {names[k]: DeviceClass(names[k], k[0], tuple(nodes), max(slowdowns(nodes)),
-                                  min(slowdowns(nodes)))
+    return {names[k]: DeviceClass(names[k], k[0], tuple(nodes), max(k[5], default=1.0),
+                                  min(k[5], default=1.0))
             for k, nodes in keys.items()}
 
 
 def class_key(cluster, node) -> tuple:
     """What puts a node in its device class: its device type, device count, intra-node
-    link, NICs, least device slowdown and price, and its region where a path of the
-    cluster's `links` names it (`Cluster.linked_region`). A node with some devices slowed
-    (stragglers inside it) so joins the class of nodes like its healthiest devices: the
-    search takes a class's units least slowed first (`unit_pools`), may leave the
-    slowest idle (`slowdown_levels`), and gives a replica on a slowed unit its own pace
-    (`templates.Pace`); a node slowed as a whole is a class apart."""
+    link, NICs, per-device slowdowns and price, and its region where a path of the
+    cluster's `links` names it (`Cluster.linked_region`)."""
     return (node.device_type, node.count, node.intra_link, node.nic, node.nics,
-            min(node.slowdown, default=1.0), cluster.price_per_hour(f"{node.name}/0"),
+            node.slowdown, cluster.price_per_hour(f"{node.name}/0"),
             cluster.linked_region(node.name))
 
 
@@ -392,8 +384,7 @@ def unit_pools(cluster, tp: int, classes: dict[str, DeviceClass] | None = None,
     innermost as in Megatron's rank order; inside a node when tp cp fits one, else over
     consecutive nodes; leftover groups unused). A class whose units differ in slowdown
     (a straggler inside a node) lists them least slowed first, so that a template taking
-    fewer units than the pool holds (`slowdown_levels`) leaves the slowest idle; among
-    units of one slowdown, those of nodes without a straggler come first."""
+    fewer units than the pool holds (`slowdown_levels`) leaves the slowest idle."""
     classes = device_classes(cluster) if classes is None else classes
     groups: dict[str, list[tuple[str, ...]]] = {}
     for cls in classes.values():
@@ -405,14 +396,7 @@ def unit_pools(cluster, tp: int, classes: dict[str, DeviceClass] | None = None,
     if cp > 1:
         groups = {t: [tuple(d for g in u[k:k + cp] for d in g)
                       for k in range(0, len(u) - cp + 1, cp)] for t, u in groups.items()}
-    def slowest_node(unit: tuple[str, ...]) -> float:
-        return max(max(cluster.node(cluster.device(d).node).slowdown, default=1.0)
-                   for d in unit)
-
-    # least slowed first; among equals, units of nodes without stragglers first, so
-    # that a straggler's healthy node mates stay together at the end of the healthy run
-    return {t: UnitPool(t, tp, tuple(sorted(u, key=lambda unit: (cluster.slowdown(unit),
-                                                               slowest_node(unit)))), cp)
+    return {t: UnitPool(t, tp, tuple(sorted(u, key=cluster.slowdown)), cp)
             for t, u in groups.items() if u}
 
 

@@ -72,53 +72,9 @@ KEEP_MAX = 32             # ... or up to this many when within TOLERANCE of the 
 TOLERANCE = 0.10          # why: the closed form ties plans the simulator tells apart
 
 
-class Pace(NamedTuple):
-    """What one pipeline's iteration time follows from (seconds): its busiest device's
-    per-micro-batch load, the fill, one micro-batch's whole trip and the gradient sync."""
-
-    load_s: float
-    fill_s: float
-    trip_s: float
-    sync_s: float
-
-    def time_s(self, m: float) -> float:
-        """The iteration time for m micro-batches: (m - 1) x load + fill, but at least
-        the trip and m x load; then the sync."""
-        return max((m - 1) * self.load_s + self.fill_s, self.trip_s,
-                   m * self.load_s) + self.sync_s
-
-    def share(self, total_s: float) -> float:
-        """The micro-batches (a real number) this pipeline takes in `total_s`, the
-        inverse of `time_s`; 0 where not even one fits."""
-        room = total_s - self.sync_s
-        if room < self.trip_s:
-            return 0.0
-        return min((room - self.fill_s) / self.load_s + 1, room / self.load_s)
-
-
-def combined_time_s(paces: list[tuple[Pace, int]], big_m: int) -> float:
-    """Iteration time when M micro-batches are spread over pipelines (each `Pace` with
-    how many pipelines run at it) so that they finish together: a continuous relaxation
-    of the water-filling split (`search.split_batch`), by bisection on the time T,
-    pipeline i taking m_i(T) micro-batches (`Pace.share`), and every pipeline at least
-    one."""
-    lo = max(pace.time_s(1) for pace, _ in paces)    # every pipeline does one micro-batch
-    hi = max(pace.time_s(big_m) for pace, _ in paces)
-    if sum(n * pace.share(lo) for pace, n in paces) >= big_m:
-        return lo
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(n * pace.share(mid) for pace, n in paces) >= big_m:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
 @dataclass(frozen=True)
 class Template:
-    """`dp` pipelines over one group of device types, with one layer cut: alike, or,
-    where a class's units differ in slowdown (a straggler), each at its own `Pace`."""
+    """`dp` identical pipelines over one group of device types, with one layer cut."""
 
     kind: str
     chunks: int
@@ -132,9 +88,6 @@ class Template:
     sync_s: float                 # gradient all-reduce + optimizer step of the busiest stage
     price_per_hour: float         # all devices of all replicas, USD
     mode: MemoryMode = MemoryMode()   # recompute, sequence parallelism, ZeRO stage, cp
-    # per replica, where the replicas' rows differ in slowdown (else empty: each runs at
-    # the times above, those of replica 0's row, the least slowed)
-    paces: tuple[Pace, ...] = ()
 
     @property
     def dp(self) -> int:
@@ -146,33 +99,12 @@ class Template:
         return (self.kind, self.chunks, self.micro_batch)
 
     def time_s(self, m: float) -> float:
-        """Replica 0's iteration time for m micro-batches: (m - 1) x load + fill, but
+        """One pipeline's iteration time for m micro-batches: (m - 1) x load + fill, but
         at least one micro-batch's whole trip (F and B through every stage, a split
         backward's W's beside the I's: `Partition.trip_s`) and the busiest device's
         m x load; then the gradient sync."""
-        return self.pace(0).time_s(m)
-
-    def pace(self, replica: int) -> Pace:
-        """What `replica`'s iteration time follows from."""
-        if self.paces:
-            return self.paces[replica]
-        return Pace(self.device_load_s, self.fill_s, self.part.trip_s, self.sync_s)
-
-    def pace_counts(self) -> list[tuple[Pace, int]]:
-        """The template's paces, each with how many replicas run at it."""
-        if not self.paces:
-            return [(self.pace(0), self.dp)]
-        counts: dict[Pace, int] = {}
-        for pace in self.paces:
-            counts[pace] = counts.get(pace, 0) + 1
-        return list(counts.items())
-
-    def value_time_s(self, m: int) -> float:
-        """The iteration time of this template alone with m micro-batches per replica:
-        `time_s`, or with paces, dp x m spread over them (`combined_time_s`)."""
-        if not self.paces:
-            return self.time_s(m)
-        return combined_time_s(self.pace_counts(), self.dp * m)
+        return max((m - 1) * self.device_load_s + self.fill_s, self.part.trip_s,
+                   m * self.device_load_s) + self.sync_s
 
     def stages(self, replica: int) -> tuple[StagePlan, ...]:
         row = self.slots[replica]
@@ -189,10 +121,10 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
               start: int = 0, placement: tuple | None = None,
               cutoff: float = math.inf, cp: int = 1, ep: int = 1
               ) -> Template | Skipped | None:
-    """Cut the layers for `dp` pipelines like `row` (replica 0's, the least slowed, stands
-    for all; their slots, from `all_slots()`, are built only once the cut fits, and
-    replicas slowed otherwise get their own `Pace`s) in the first memory mode that fits
-    (`SearchContext.modes`, from `start`); None if none fits.
+    """Cut the layers for `dp` pipelines like `row` (one row stands for all,
+    `_priced_row`; their slots, from `all_slots()`, are built only once the cut fits) in
+    the first memory
+    mode that fits (`SearchContext.modes`, from `start`); None if none fits.
     The cut depends on replica 0's row only through `SearchContext.row_signature`, so
     rows alike (other replica counts, layouts, units of the same classes) share one
     (`RowKey`); `placement` names `slots` for the gradient sync's cache (`_sync_s`).
@@ -261,23 +193,6 @@ def _row_cut(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str
     return None
 
 
-def _row_part(ctx: SearchContext, kind: str, v: int, mb: int, row: list[tuple[str, ...]],
-              mode: MemoryMode, dp: int, bounds: tuple[int, ...]) -> P.Partition:
-    """`row`'s stage times under a cut made for another row of the same classes
-    (`bounds`, in `mode`; `dp` as `_row_cut`'s): a replica of a template whose units
-    are slowed otherwise than replica 0's."""
-    p = len(row)
-    place = schedule_kind(kind).placement
-    homes = [stage_rank(k, p, place) for k in range(p * v)]
-    splits = schedule_kind(kind).splits_backward
-    links = [ctx.link_of(ctx.link_key(row[homes[k]][-1], row[homes[k + 1]][0], mb),
-                         row[homes[k]][-1], row[homes[k + 1]][0])
-             for k in range(p * v - 1)] + [None]
-    tables = [ctx.table_of(ctx.table_key(row[h], mb, mode, dp), row[h]) for h in homes]
-    return P.describe(bounds, tables, links, [t.splits(splits) for t in tables],
-                      splits and v == 1)
-
-
 def _cut(ctx: SearchContext, keys: list[tuple[TableKey, LinkKey | None, bool]],
          tables: list[P.LayerTables], slots: list[P.Slot], links: list,
          homes: list[int], sum_per_load: float) -> tuple[int, ...] | None:
@@ -335,64 +250,9 @@ def _finish(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tupl
                                             placement)
         load = _device_loads_s(part, homes, p)
         fill = _fill_s(kind, v, part, max(load)) + once
-    sync = _sync_s(ctx, slots, part, tp, mode, kind, placement)
-    slots, paces = _paces(ctx, kind, v, mb, tp, types, tuple(tuple(r) for r in slots), part,
-                          mode, sync, placement)
-    return Template(kind, v, mb, tp, types, slots, part, max(load), fill, sync, price,
-                    mode, paces)
-
-
-def _paces(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tuple[str, ...],
-           slots, part: P.Partition, mode: MemoryMode, sync_s: float,
-           placement: tuple | None) -> tuple[tuple, tuple[Pace, ...]]:
-    """(slots, paces): where some replica's row differs from replica 0's in slowdown (a
-    straggler inside a device class of `types`), each replica's `Pace` under replica 0's
-    cut `part`, its stages timed on its own units (`_row_part`), and the slots with each
-    such row's slowest unit swapped to the position of its class where the replica runs
-    fastest (a light stage the cut left slack on); else (slots, ()): every replica
-    alike."""
-    if len(slots) == 1 or all(ctx.classes[t].slowdown == ctx.classes[t].least_slowdown
-                              for t in types):
-        return slots, ()
-    p = len(slots[0])
-    place = schedule_kind(kind).placement
-    homes = [stage_rank(k, p, place) for k in range(len(part.stage_s))]
-    dp = len(slots) * mode.cp
-    slow = ctx.cluster.slowdown
-
-    def pace_of(row: list[tuple[str, ...]]) -> Pace:
-        mine = _row_part(ctx, kind, v, mb, row, mode, dp, part.bounds)
-        once = 0.0
-        if mode.zero >= 2:
-            mine, once = _with_zero_collectives(ctx, kind, slots, mine, tp, mode, mb,
-                                                placement)
-        load = max(_device_loads_s(mine, homes, p))
-        return Pace(load, _fill_s(kind, v, mine, load) + once, mine.trip_s, sync_s)
-
-    def swapped(row: list, j: int, k: int) -> list:
-        out = list(row)
-        out[j], out[k] = out[k], out[j]
-        return out
-
-    first = tuple(map(slow, slots[0]))
-    by_sign: dict[tuple, tuple[tuple[int, int], Pace]] = {}
-    rows, paces = [], []
-    for row in map(list, slots):
-        sign = tuple(map(slow, row))
-        if sign == first and sign not in by_sign:
-            by_sign[sign] = ((0, 0), pace_of(row))
-        elif sign not in by_sign:
-            j = max(range(p), key=lambda i: sign[i])
-            cls = ctx.unit_class(row[j])
-            options = [(j, k) for k in range(p) if ctx.unit_class(row[k]) == cls]
-            by_sign[sign] = min(((jk, pace_of(swapped(row, *jk))) for jk in options),
-                                key=lambda got: (got[1].load_s, got[1].fill_s))
-        (j, k), pace = by_sign[sign]
-        rows.append(tuple(swapped(row, j, k)))
-        paces.append(pace)
-    if len(by_sign) == 1:
-        return slots, ()
-    return tuple(rows), tuple(paces)
+    return Template(kind, v, mb, tp, types, tuple(tuple(r) for r in slots), part,
+                    max(load), fill, _sync_s(ctx, slots, part, tp, mode, kind, placement),
+                    price, mode)
 
 
 def _zero_cost(ctx: SearchContext, st: StagePlan, group: tuple[str, ...],
@@ -802,10 +662,8 @@ class _Race:
 def canonical_order(ctx: SearchContext, recipe: dict[str, int]) -> tuple[str, ...]:
     """The stage order tried first: most memory first (1F1B's early stages stash the
     most micro-batches), then the faster type, each type's units together."""
-    def speed(t: str) -> float:
-        return ctx.type_of(t).peak_flops / ctx.classes[t].least_slowdown
-
-    types = sorted(recipe, key=lambda t: (-ctx.type_of(t).memory_bytes, -speed(t)))
+    types = sorted(recipe, key=lambda t: (-ctx.type_of(t).memory_bytes,
+                                          -ctx.type_of(t).peak_flops / ctx.classes[t].slowdown))
     return tuple(t for t in types for _ in range(recipe[t]))
 
 
@@ -883,6 +741,20 @@ def group_templates(ctx: SearchContext, phase: PhaseStats, types: tuple[str, ...
     return kept
 
 
+def _priced_row(ctx: SearchContext, shape: Shape, order: tuple[str, ...], layout: str
+                ) -> list[tuple[str, ...]]:
+    """The row a template is cut and priced on: replica 0's where every class of the
+    recipe has units of one slowdown; else (stragglers) at each position the slowest
+    unit any replica puts there (the first on ties), so that the replicas' shared cut
+    is priced for the slowest of them, not for the first."""
+    row = _assign(shape.pools, shape.recipe, shape.dp, order, layout, range(1))[0]
+    if shape.dp == 1 or all(ctx.classes[t].slowdown == ctx.classes[t].least_slowdown
+                            for t in shape.recipe):
+        return row
+    rows = _assign(shape.pools, shape.recipe, shape.dp, order, layout)
+    return [max(units, key=ctx.cluster.slowdown) for units in zip(*rows, strict=True)]
+
+
 def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: list,
              shape: Shape) -> list[float]:
     """Cut the layers for each (order, layout) in `tries`; add the templates to `race`
@@ -891,7 +763,7 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: 
     values = []
     recipe = tuple(sorted(shape.recipe.items()))
     for order, layout in tries:
-        row = _assign(shape.pools, shape.recipe, shape.dp, order, layout, range(1))[0]
+        row = _priced_row(ctx, shape, order, layout)
         phase.seen += 1
         tpl = _template(ctx, shape.kind, shape.v, shape.mb, shape.tp, shape.types, row,
                         shape.dp, partial(_assign, shape.pools, shape.recipe, shape.dp,
@@ -906,7 +778,7 @@ def _cut_all(ctx: SearchContext, phase: PhaseStats, race: _Race, serial, tries: 
             phase.pruned += 1
             values.append(tpl.value_lb)
             continue
-        value = objective_value(ctx, tpl.value_time_s(m), tpl.price_per_hour)
+        value = objective_value(ctx, tpl.time_s(m), tpl.price_per_hour)
         race.add(value, next(serial), tpl)
         values.append(value)
     return values
