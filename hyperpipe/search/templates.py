@@ -123,8 +123,8 @@ def _template(ctx: SearchContext, kind: str, v: int, mb: int, tp: int, types: tu
               ) -> Template | Skipped | None:
     """Cut the layers for `dp` pipelines like `row` (one row stands for all,
     `_priced_row`; their slots, from `all_slots()`, are built only once the cut fits) in
-    the first memory
-    mode that fits (`SearchContext.modes`, from `start`); None if none fits.
+    the first memory mode that fits (`SearchContext.modes`, from `start`); None if none
+    fits.
     The cut depends on replica 0's row only through `SearchContext.row_signature`, so
     rows alike (other replica counts, layouts, units of the same classes) share one
     (`RowKey`); `placement` names `slots` for the gradient sync's cache (`_sync_s`).

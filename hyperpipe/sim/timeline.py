@@ -29,7 +29,7 @@ _COMM_LANE = ("send", "recv", *_COLLECTIVES)
 OP_LABELS = {"F": "F forward", "B": "B full backward", "I": "I backward: input grad",
              "W": "W backward: weight grad", "optimizer": "optimizer", "send": "send",
              "recv": "recv (waiting)", "allreduce": "all-reduce",
-             "allgather": "all-gather (ZeRO-3)", "reducescatter": "reduce-scatter (ZeRO-2/3)",
+             "allgather": "all-gather (ZeRO-2/3)", "reducescatter": "reduce-scatter (ZeRO-2/3)",
              "alltoall": "all-to-all (experts)"}
 
 

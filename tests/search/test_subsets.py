@@ -36,6 +36,14 @@ def _straggler_cluster() -> dict:
             "inter_node": FREE_LINK}
 
 
+def _flops_model(flops: list[float], name: str):
+    """A synthetic model of one layer per entry of `flops` (TFLOP per sample, forward),
+    without activations or parameters."""
+    return load_model(synthetic_doc([{"fwd_flops_per_sample": f * 1e12} for f in flops],
+                                    name=name, activation_bytes_per_sample=0,
+                                    params_per_layer=0))
+
+
 def _one_f_one_b_s(stage_s: list[float], m: int) -> float:
     """1F1B makespan with stage s taking F = t_s and B = 2 t_s, free links: the per-rank
     orders of `generate` list-scheduled here (apart from the simulator)."""
@@ -65,9 +73,7 @@ def test_a_very_slow_node_is_left_idle_and_the_pick_matches_brute_force():
     mb, m = 1, 6
     doc = _straggler_cluster()
     cluster = load_cluster(doc)
-    model = load_model(synthetic_doc([{"fwd_flops_per_sample": f * 1e12} for f in flops],
-                                     name="bf", activation_bytes_per_sample=0,
-                                     params_per_layer=0))
+    model = _flops_model(flops, "bf")
     # brute force: every non-empty subset of the devices, in every order, every cut
     speed = {f"n{i}/0": 2e12 / (SLOW if i == 2 else 1.0) for i in range(3)}
     best = (np.inf, None)
@@ -141,9 +147,7 @@ def test_a_straggler_inside_a_node_is_left_idle_where_that_is_faster():
                             "nodes": [{"name": "n", "device": "x", "count": 4,
                                        "intra_link": FREE_LINK, "slowdown": {"0": SLOW}}],
                             "inter_node": FREE_LINK})
-    model = load_model(synthetic_doc([{"fwd_flops_per_sample": f * 1e12} for f in flops],
-                                     name="dp", activation_bytes_per_sample=0,
-                                     params_per_layer=0))
+    model = _flops_model(flops, "dp")
     speed = {f"n/{i}": 2e12 / (SLOW if i == 0 else 1.0) for i in range(4)}
     best = (np.inf, None)
     for r in range(1, 5):
